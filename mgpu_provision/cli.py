@@ -1,0 +1,55 @@
+"""The `mgpu-provision` command line: parse, dispatch to a command module, turn errors into messages.
+
+Each command lives in `mgpu_provision/commands/<name>.py` with a `register(subparsers)` function that adds
+its parser and sets `func`; this module only wires them together, so commands stay small and separate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .errors import ProvisionError
+
+# Order here is the order in `--help`.
+COMMANDS = ("validate", "schema", "facts", "plan", "apply", "smoke", "reclaim", "init", "demo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mgpu-provision",
+        description="Declarative provisioning for multi-GPU training boxes.",
+        epilog="Run `mgpu-provision COMMAND --help` for a command's options and examples.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"mgpu_provision.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"mgpu_provision.commands.{name}":
+                continue  # command not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ProvisionError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

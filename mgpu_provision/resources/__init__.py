@@ -1,0 +1,1 @@
+"""One module per managed concern; each turns desired state and facts into Changes, purely."""

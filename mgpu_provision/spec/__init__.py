@@ -1,0 +1,1 @@
+"""Rig file: models, loading with line numbers, cross-field rules."""

@@ -1,0 +1,240 @@
+"""Pydantic models of the rig file: what a fleet of GPU boxes must look like.
+
+These models are the language of the whole tool and the source of `schemas/rig.schema.json`.
+Field-local rules (types, ranges, patterns) live here; rules that relate several fields live in
+`spec/rules.py`, so that each rule has its own message and test.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
+SAFE_TOKEN = r"^[A-Za-z0-9_.,:=@%+/^-]*$"
+HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+GPU_UUID = r"^(GPU|MIG)-[0-9a-fA-F-]{8,}$"
+DRIVER_VERSION = r"^\d{3,4}(\.\d{1,3}){1,2}$"
+DRIVER_BRANCH = r"^\d{3,4}$"
+ABS_OR_RELATIVE_PATH = r"^[A-Za-z0-9_./~+-][A-Za-z0-9_./+-]*$"
+
+Port = Annotated[int, Field(ge=1, le=65535, description="TCP port, 1-65535")]
+PathStr = Annotated[
+    str,
+    Field(
+        pattern=ABS_OR_RELATIVE_PATH,
+        max_length=4096,
+        description="a file path: letters, digits and _ . / + - only (no spaces, quotes or $)",
+    ),
+]
+HostName = Annotated[str, Field(pattern=HOST_NAME, description="host name: letters, digits, . _ -")]
+
+SCHEMA_COMMENT = "# yaml-language-server: $schema=https://mgpu-provision.dev/schemas/rig.schema.json"
+
+
+class Strict(BaseModel):
+    """Base of every rig-file model: unknown keys are errors, values are not coerced silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Connection(Strict):
+    """How to reach a host. Anything left out comes from `defaults`, then from ~/.ssh/config."""
+
+    user: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_.-]{0,31}$", description="SSH login user")
+    port: Port | None = None
+    identity_file: PathStr | None = Field(None, description="private key file; the SSH agent is used too")
+    jump: str | None = Field(
+        None,
+        pattern=r"^([a-z_][a-z0-9_.-]*@)?[A-Za-z0-9][A-Za-z0-9._-]*(:\d{1,5})?$",
+        description="jump host ([user@]host[:port] or an ~/.ssh/config alias), like ssh -J",
+    )
+    become: bool | None = Field(None, description="run the agent with `sudo -n` when the login is not root")
+    python: PathStr | None = Field(None, description="python3 (3.8+) on the node that runs the agent")
+
+
+class Defaults(Connection):
+    """Connection settings every host inherits."""
+
+    connect_timeout_s: float = Field(10.0, gt=0, le=600, description="TCP connect + SSH banner timeout")
+    command_timeout_s: float = Field(300.0, gt=0, le=7200, description="one agent command's limit")
+
+
+class Host(Connection):
+    """One box of the fleet."""
+
+    name: HostName
+    address: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$",
+        description="IP or DNS name; defaults to the name (so ~/.ssh/config aliases work)",
+    )
+    rig: str = Field(pattern=HOST_NAME, description="the rig type (a key of `rigs`) this box must match")
+    groups: list[Annotated[str, Field(pattern=HOST_NAME)]] = Field(
+        default_factory=list, description="extra group names for --limit"
+    )
+    connection: Literal["ssh", "local"] = Field(
+        "ssh", description="ssh (default) or local: run the agent on this machine (demos, the box itself)"
+    )
+    simulate: PathStr | None = Field(
+        None, description="twin file: simulate this node's NVIDIA layer (demos and rehearsal)"
+    )
+    os: Literal["linux", "windows"] = Field("linux", description="Windows boxes get manual steps for SLI")
+
+    @property
+    def target(self) -> str:
+        return self.address or self.name
+
+
+class Gpus(Strict):
+    model: str = Field(
+        min_length=1,
+        max_length=96,
+        pattern=r"^[A-Za-z0-9 ._()/+-]+$",
+        description='exact NVML name, e.g. "NVIDIA GeForce RTX 3090"',
+    )
+    count: int = Field(ge=1, le=64, description="number of GPUs every box of this rig has")
+    min_pcie_gen: int | None = Field(None, ge=1, le=7, description="lowest PCIe generation (judged by max)")
+    min_pcie_width: int | None = Field(None, ge=1, le=32, description="narrowest PCIe link width, e.g. 16")
+    persistence_mode: bool | None = Field(None, description="true: ensure persistence mode is on (Linux)")
+
+
+class Bridge(Strict):
+    """The GPU interconnect every box of the rig must have. Checked, never changed."""
+
+    kind: Literal["none", "nvlink-bridge", "nvlink", "nvswitch"] = Field(
+        "none",
+        description=(
+            "none (PCIe only), nvlink-bridge (bridged pairs), nvlink (direct mesh, e.g. DGX-1), "
+            "nvswitch (HGX/DGX: every link ends at a switch)"
+        ),
+    )
+    pairs: list[tuple[int, int]] = Field(
+        default_factory=list, description="GPU index pairs joined by NVLink (bridge or mesh)"
+    )
+    links: int | None = Field(
+        None, ge=1, le=36, description="active links per bridged pair, or per GPU to the switches"
+    )
+    p2p: bool = Field(True, description="expect peer-to-peer over NVLink between bridged pairs")
+    topology_file: PathStr | None = Field(
+        None,
+        description="`nvidia-smi topo -m` captured from a known-good box (relative to the rig file)",
+    )
+
+
+class Driver(Strict):
+    version: str | None = Field(None, pattern=DRIVER_VERSION, description='exact version, e.g. "550.54.15"')
+    branch: str | None = Field(None, pattern=DRIVER_BRANCH, description='a branch, e.g. "550" (any 550.x)')
+    method: Literal["apt", "dnf", "runfile"] = "apt"
+    flavor: Literal["default", "server", "open", "server-open"] = Field(
+        "server", description="apt package variant: nvidia-driver-<branch>[-server][-open]"
+    )
+    hold: bool = Field(True, description="hold/version-lock the packages so upgrades cannot move them")
+    reboot: Literal["allowed", "never"] = Field(
+        "never", description='allowed: reboot to load a new driver; never: report "reboot required"'
+    )
+    fabricmanager: bool = Field(False, description="install Fabric Manager at exactly the driver's version")
+    runfile_url: str | None = Field(None, pattern=r"^(https://|/)[^\s'\"`$;]+$", description="runfile source")
+    runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+
+
+class Sli(Strict):
+    mode: str = Field(
+        "Off", description="Off or Mosaic (NVIDIA drivers since 455 accept no other mode); graphics only"
+    )
+
+
+class Ddp(Strict):
+    """How PyTorch DDP finds its peers; written into each node's torchrun launcher and env files."""
+
+    master: HostName = Field(description="host (of the fleet) that runs rank 0 and the rendezvous store")
+    port: Port = 29500
+    backend: Literal["nccl", "gloo"] = "nccl"
+    nproc_per_node: int | None = Field(None, ge=1, le=64, description="defaults to the visible GPU count")
+    rdzv_backend: Literal["static", "c10d"] = Field(
+        "static", description="static: --node-rank per node; c10d: elastic rendezvous on master:port"
+    )
+    rdzv_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    ifname: str | None = Field(
+        None,
+        pattern=r"^[=^]?[A-Za-z0-9_.,:-]{1,64}$",
+        description="network interface(s) for NCCL and Gloo (NCCL_SOCKET_IFNAME syntax)",
+    )
+
+
+EnvValue = Annotated[str, Field(max_length=4096)]
+
+
+class Files(Strict):
+    """Where the managed files go on each node. Relative paths are only allowed for local hosts."""
+
+    profile_d: PathStr | None = "/etc/profile.d/mgpu-provision.sh"
+    environment_file: PathStr | None = "/etc/mgpu-provision/environment"
+    launcher: PathStr | None = "/usr/local/bin/mgpu-torchrun"
+    xorg_conf: PathStr = "/etc/X11/xorg.conf.d/20-mgpu-provision.conf"
+    state_dir: PathStr = Field("/var/lib/mgpu-provision", description="lock file and backups")
+
+
+class Rig(Strict):
+    """A rig type: what every box that names it must look like."""
+
+    gpus: Gpus
+    bridge: Bridge = Bridge()
+    driver: Driver | None = None
+    sli: Sli | None = None
+    visible_devices: list[int | Annotated[str, Field(pattern=GPU_UUID)]] | None = Field(
+        None, description="GPU indices or UUIDs CUDA may see (CUDA_VISIBLE_DEVICES); default all"
+    )
+    ddp: Ddp | None = None
+    env: dict[Annotated[str, Field(pattern=ENV_NAME)], EnvValue] = Field(
+        default_factory=dict, description="extra variables for this rig, merged over the fleet's `env`"
+    )
+
+
+class Smoke(Strict):
+    python: PathStr = Field("python3", description="interpreter with torch on the nodes")
+    timeout_s: float = Field(180.0, gt=0, le=7200)
+    batch_size: int = Field(8, ge=1, le=65536)
+    busbw_floor_gbps: float | None = Field(None, ge=0, description="fail when all_reduce busbw is below")
+    sizes_mib: list[Annotated[float, Field(gt=0, le=16384)]] = Field(
+        default_factory=lambda: [0.25, 1.0, 4.0, 16.0], description="all_reduce sizes to time"
+    )
+
+
+class Reclaim(Strict):
+    policy: Literal["never", "orphans", "orphans+patterns"] = "orphans"
+    patterns: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list, description="regexes on the command line (with orphans+patterns)"
+    )
+    grace_s: float = Field(10.0, ge=0, le=600, description="SIGTERM, then SIGKILL after this long")
+
+    @field_validator("patterns")
+    @classmethod
+    def _patterns_compile(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {exc}") from exc
+        return value
+
+
+class RigFile(Strict):
+    """The whole rig file."""
+
+    version: Literal[1] = Field(1, description="rig file format version")
+    defaults: Defaults = Defaults()
+    hosts: list[Host] = Field(min_length=1)
+    groups: dict[Annotated[str, Field(pattern=HOST_NAME)], list[HostName]] = Field(
+        default_factory=dict, description="named groups of hosts, for --limit"
+    )
+    rigs: dict[Annotated[str, Field(pattern=HOST_NAME)], Rig] = Field(min_length=1)
+    env: dict[Annotated[str, Field(pattern=ENV_NAME)], EnvValue] = Field(
+        default_factory=dict, description="variables for every node (NCCL_*, GLOO_*, ...)"
+    )
+    files: Files = Files()
+    smoke: Smoke = Smoke()
+    reclaim: Reclaim = Reclaim()
