@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 SAFE_TOKEN = r"^[A-Za-z0-9_.,:=@%+/^-]*$"
 HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-GPU_UUID = r"^(GPU|MIG)-[0-9a-fA-F-]{8,}$"
+# GPU-<uuid>, MIG-<uuid>, or the older MIG-GPU-<uuid>/<gpu instance>/<compute instance> (CUDA accepts all)
+GPU_UUID = r"^(GPU|MIG|MIG-GPU)-[0-9a-fA-F-]{8,}(/[0-9]+/[0-9]+)?$"
 DRIVER_VERSION = r"^\d{3,4}(\.\d{1,3}){1,2}$"
 DRIVER_BRANCH = r"^\d{3,4}$"
 ABS_OR_RELATIVE_PATH = r"^[A-Za-z0-9_./~+-][A-Za-z0-9_./+-]*$"
@@ -141,10 +142,24 @@ class Driver(Strict):
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
 
 
+SLI_MODES = ("Off", "Mosaic")
+
+
 class Sli(Strict):
     mode: str = Field(
         "Off", description="Off or Mosaic (NVIDIA drivers since 455 accept no other mode); graphics only"
     )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _canonical_mode(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `Off`/`On` as a boolean; nvidia-xconfig takes the modes in any case.
+        # Unknown modes pass through unchanged so that spec/rules.py can explain why they are refused.
+        if isinstance(value, bool):
+            return "On" if value else "Off"
+        if isinstance(value, str):
+            return next((mode for mode in SLI_MODES if mode.lower() == value.lower()), value)
+        return value
 
 
 class Ddp(Strict):

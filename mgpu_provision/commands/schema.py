@@ -1,0 +1,47 @@
+"""`mgpu-provision schema`: print the JSON Schema of the rig file, generated from the models.
+
+Editors (yaml-language-server) and CI use the schema to complete and check rig files; generating it from the
+pydantic models keeps it from drifting from what `validate` accepts. `schemas/rig.schema.json` is this
+command's output, committed, and a test fails when it is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..spec.models import RigFile
+
+SCHEMA_ID = "https://mgpu-provision.dev/schemas/rig.schema.json"
+
+
+def rig_schema() -> dict[str, Any]:
+    """The rig file's JSON Schema (draft 2020-12, which pydantic generates)."""
+    schema = RigFile.model_json_schema()
+    schema.pop("title", None)  # pydantic's is the class name; ours goes first with the ids
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "mgpu-provision rig file",
+        **schema,
+    }
+
+
+def schema_text() -> str:
+    return json.dumps(rig_schema(), indent=2, sort_keys=False) + "\n"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "schema",
+        help="print the rig file's JSON Schema",
+        description="Print the JSON Schema of rig files (for editors and CI).",
+        epilog="Regenerate the committed copy: mgpu-provision schema > schemas/rig.schema.json",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(schema_text(), end="")
+    return 0

@@ -1,0 +1,400 @@
+"""Cross-field rules of the rig file: what no single field can check on its own.
+
+The models check each value alone; a rig file can still be wrong as a whole (a host naming a rig that does
+not exist, a visible device beyond the GPU count, an SLI mode that drivers dropped years ago). Each rule here
+is its own small pure function with its own message, so that each can be tested with one bad file. A rule
+returns findings located by their path in the document; the loader turns paths into file:line:column.
+
+Rules also run on a partially valid file (the loader leaves out hosts, rigs and sections that failed the
+schema), so that a file's schema errors and rule errors are reported together. Rules therefore check
+references against every name the file declares (`declared_hosts`, `declared_rigs`), valid or not.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..topology import TopologyParseError, parse_topology
+from .models import SLI_MODES, Host, Rig, RigFile
+
+Loc = tuple[str | int, ...]
+
+# Env values are written into a shell file (`export NAME="value"`) and a systemd EnvironmentFile; these
+# characters would end the quoting, run commands, or mean different things in the two files.
+ENV_VALUE_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\"'`\\$]")
+# Variables the tool writes itself from other fields; setting them in `env` would fight those fields.
+MANAGED_ENV = {
+    "CUDA_VISIBLE_DEVICES": "visible_devices",
+    "CUDA_DEVICE_ORDER": "visible_devices (the tool always writes PCI_BUS_ID)",
+}
+NVLINK_KINDS = ("nvlink-bridge", "nvlink", "nvswitch")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule violation: where in the document (a path of keys and indices) and what is wrong."""
+
+    loc: Loc
+    message: str
+    at_key: bool = False  # point at the key itself (a bad name) rather than at its value
+
+
+@dataclass(frozen=True)
+class RuleInput:
+    """What the rules see: the (possibly partial) spec and the names the file declares."""
+
+    spec: RigFile
+    host_index: tuple[int, ...]  # position in the file's `hosts:` list of each entry of spec.hosts
+    declared_hosts: frozenset[str]
+    declared_rigs: frozenset[str]
+    base_dir: Path
+
+    def hosts(self) -> Iterator[tuple[Loc, Host]]:
+        for index, host in zip(self.host_index, self.spec.hosts, strict=True):
+            yield ("hosts", index), host
+
+    def rigs(self) -> Iterator[tuple[Loc, Rig]]:
+        for name, rig in self.spec.rigs.items():
+            yield ("rigs", name), rig
+
+
+Rule = Callable[[RuleInput], Iterable[Finding]]
+
+
+def resolve_path(base_dir: Path, path: str) -> Path:
+    """Relative paths in a rig file are relative to the rig file's folder, not to the working directory."""
+    expanded = Path(path).expanduser()
+    return expanded if expanded.is_absolute() else base_dir / expanded
+
+
+def visible_count(rig: Rig) -> int:
+    """GPUs per node that CUDA sees: the visible device list, or every GPU of the rig."""
+    return len(rig.visible_devices) if rig.visible_devices is not None else rig.gpus.count
+
+
+def host_rig_exists(inp: RuleInput) -> Iterator[Finding]:
+    known = ", ".join(sorted(inp.declared_rigs)) or "none"
+    for loc, host in inp.hosts():
+        if host.rig not in inp.declared_rigs:
+            yield Finding((*loc, "rig"), f"rig '{host.rig}' is not defined under `rigs` (defined: {known})")
+
+
+def host_names_unique(inp: RuleInput) -> Iterator[Finding]:
+    first: dict[str, Loc] = {}
+    for loc, host in inp.hosts():
+        if host.name in first:
+            yield Finding(
+                (*loc, "name"), f"host name '{host.name}' is already used by hosts[{first[host.name][1]}]"
+            )
+        else:
+            first[host.name] = loc
+
+
+def group_members_exist(inp: RuleInput) -> Iterator[Finding]:
+    for group, members in inp.spec.groups.items():
+        for index, member in enumerate(members):
+            if member not in inp.declared_hosts:
+                yield Finding(("groups", group, index), f"group member '{member}' is not a host of the fleet")
+
+
+def group_names_distinct_from_hosts(inp: RuleInput) -> Iterator[Finding]:
+    for group in inp.spec.groups:
+        if group in inp.declared_hosts:
+            yield Finding(
+                ("groups", group),
+                f"group '{group}' has the name of a host, so --limit {group} would be ambiguous",
+                at_key=True,
+            )
+
+
+def ddp_master_in_fleet(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.ddp is not None and rig.ddp.master not in inp.declared_hosts:
+            yield Finding(
+                (*loc, "ddp", "master"), f"ddp master '{rig.ddp.master}' is not a host of the fleet"
+            )
+
+
+def ddp_master_uses_rig(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.ddp is None:
+            continue
+        rig_name = loc[1]
+        for _, host in inp.hosts():
+            if host.name == rig.ddp.master and host.rig != rig_name:
+                yield Finding(
+                    (*loc, "ddp", "master"),
+                    f"ddp master '{host.name}' is a '{host.rig}' host; the master of rig '{rig_name}' "
+                    "must be one of its own hosts",
+                )
+                break
+
+
+def visible_devices_valid(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        seen: set[int | str] = set()
+        for index, device in enumerate(rig.visible_devices or []):
+            where = (*loc, "visible_devices", index)
+            if device in seen:
+                yield Finding(where, f"visible device {device} is listed twice")
+            seen.add(device)
+            if isinstance(device, int) and not 0 <= device < rig.gpus.count:
+                yield Finding(
+                    where,
+                    f"visible device {device} does not exist: the rig has {rig.gpus.count} GPU(s), "
+                    f"indices 0-{rig.gpus.count - 1}",
+                )
+
+
+def batch_size_covers_gpus(inp: RuleInput) -> Iterator[Finding]:
+    batch = inp.spec.smoke.batch_size
+    for loc, rig in inp.rigs():
+        gpus = visible_count(rig)
+        if batch < gpus:
+            yield Finding(
+                ("smoke", "batch_size"),
+                f"batch size {batch} is smaller than the {gpus} GPUs per node of rig '{loc[1]}'; "
+                "every GPU needs at least one sample",
+            )
+
+
+def nproc_within_visible(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.ddp is not None and rig.ddp.nproc_per_node is not None:
+            gpus = visible_count(rig)
+            if rig.ddp.nproc_per_node > gpus:
+                yield Finding(
+                    (*loc, "ddp", "nproc_per_node"),
+                    f"nproc_per_node {rig.ddp.nproc_per_node} is more than the {gpus} visible GPU(s) "
+                    "per node",
+                )
+
+
+def sli_mode_supported(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.sli is not None and rig.sli.mode not in SLI_MODES:
+            yield Finding(
+                (*loc, "sli", "mode"),
+                f"SLI mode '{rig.sli.mode}' is not supported: NVIDIA drivers since 455 accept only Off and "
+                "Mosaic (On, Auto, AFR, SFR, AA and AFRofAA were removed)",
+            )
+
+
+def _sli_enabled(rig: Rig) -> bool:
+    return rig.sli is not None and rig.sli.mode != "Off"
+
+
+def sli_needs_two_gpus(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if _sli_enabled(rig) and rig.gpus.count < 2:
+            yield Finding((*loc, "sli", "mode"), "SLI needs at least 2 GPUs of one model; this rig has 1")
+
+
+def sli_needs_bridge(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if _sli_enabled(rig) and rig.bridge.kind == "none":
+            yield Finding((*loc, "sli", "mode"), "SLI needs a bridge: set bridge.kind (e.g. nvlink-bridge)")
+
+
+def bridge_pairs_in_range(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        for index, pair in enumerate(rig.bridge.pairs):
+            for side, gpu in enumerate(pair):
+                if not 0 <= gpu < rig.gpus.count:
+                    yield Finding(
+                        (*loc, "bridge", "pairs", index, side),
+                        f"GPU {gpu} does not exist: the rig has {rig.gpus.count} GPU(s), "
+                        f"indices 0-{rig.gpus.count - 1}",
+                    )
+
+
+def bridge_pairs_distinct(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        seen: set[frozenset[int]] = set()
+        for index, (a, b) in enumerate(rig.bridge.pairs):
+            where = (*loc, "bridge", "pairs", index)
+            if a == b:
+                yield Finding(where, f"GPU {a} cannot be bridged to itself")
+            elif frozenset((a, b)) in seen:
+                yield Finding(where, f"pair [{a}, {b}] is listed twice")
+            seen.add(frozenset((a, b)))
+
+
+def bridge_links_given(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.bridge.kind in NVLINK_KINDS and rig.bridge.links is None:
+            yield Finding(
+                (*loc, "bridge"),
+                f"bridge kind {rig.bridge.kind} needs `links`: the active NVLinks expected per "
+                + ("GPU (to the switches)" if rig.bridge.kind == "nvswitch" else "bridged pair"),
+            )
+
+
+def bridge_pairs_given(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        bridge = rig.bridge
+        if bridge.kind in ("nvlink-bridge", "nvlink") and not bridge.pairs and bridge.topology_file is None:
+            yield Finding(
+                (*loc, "bridge"),
+                f"bridge kind {bridge.kind} needs `pairs` (which GPUs are joined) or a `topology_file`",
+            )
+
+
+def nvswitch_has_no_pairs(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.bridge.kind == "nvswitch" and rig.bridge.pairs:
+            yield Finding(
+                (*loc, "bridge", "pairs"),
+                "nvswitch bridges take no `pairs`: every NVLink ends at a switch, not at another GPU",
+            )
+
+
+def no_bridge_has_no_links(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.bridge.kind == "none":
+            for key in ("pairs", "links"):
+                if getattr(rig.bridge, key):
+                    yield Finding(
+                        (*loc, "bridge", key),
+                        f"`{key}` needs an NVLink bridge kind; bridge.kind is none (PCIe only)",
+                    )
+
+
+def driver_version_or_branch(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None:
+            continue
+        if driver.version is None and driver.branch is None:
+            yield Finding(
+                (*loc, "driver"), 'driver needs `version` (e.g. "550.54.15") or `branch` (e.g. "550")'
+            )
+        elif driver.version is not None and driver.branch is not None:
+            yield Finding((*loc, "driver", "branch"), "give either `version` or `branch`, not both")
+
+
+def runfile_complete(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None:
+            continue
+        if driver.method == "runfile":
+            missing = [key for key in ("runfile_url", "runfile_sha256") if getattr(driver, key) is None]
+            if missing:
+                yield Finding(
+                    (*loc, "driver", "method"),
+                    f"method runfile needs {' and '.join(missing)}: the installer is checked before it runs",
+                )
+            if driver.branch is not None:
+                yield Finding(
+                    (*loc, "driver", "branch"), "method runfile installs one exact `version`, not a branch"
+                )
+        else:
+            for key in ("runfile_url", "runfile_sha256"):
+                if getattr(driver, key) is not None:
+                    yield Finding(
+                        (*loc, "driver", key),
+                        f"`{key}` is only used with method runfile (method is {driver.method})",
+                    )
+
+
+def fabricmanager_needs_nvswitch(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.driver is not None and rig.driver.fabricmanager and rig.bridge.kind != "nvswitch":
+            yield Finding(
+                (*loc, "driver", "fabricmanager"),
+                f"Fabric Manager only runs NVSwitch boxes; bridge.kind is {rig.bridge.kind}",
+            )
+
+
+def _env_findings(loc: Loc, env: dict[str, str]) -> Iterator[Finding]:
+    for name, value in env.items():
+        if name in MANAGED_ENV:
+            yield Finding(
+                (*loc, name),
+                f"{name} is written by the tool from {MANAGED_ENV[name]}; set it there",
+                at_key=True,
+            )
+        bad = ENV_VALUE_FORBIDDEN.search(value)
+        if bad:
+            yield Finding(
+                (*loc, name),
+                f"value of {name} contains {bad.group()!r}: env values may not contain quotes, backticks, "
+                "backslashes, $ or control characters (they are written into a shell file)",
+            )
+
+
+def env_safe(inp: RuleInput) -> Iterator[Finding]:
+    yield from _env_findings(("env",), inp.spec.env)
+    for loc, rig in inp.rigs():
+        yield from _env_findings((*loc, "env"), rig.env)
+
+
+def topology_file_matches(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.bridge.topology_file is None:
+            continue
+        where = (*loc, "bridge", "topology_file")
+        path = resolve_path(inp.base_dir, rig.bridge.topology_file)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            yield Finding(where, f"cannot read topology file {path}: {reason}")
+            continue
+        try:
+            matrix = parse_topology(text)
+        except TopologyParseError as exc:
+            yield Finding(where, f"{path} is not `nvidia-smi topo -m` output: {exc}")
+            continue
+        if matrix.gpu_count != rig.gpus.count:
+            yield Finding(where, f"{path} shows {matrix.gpu_count} GPU(s) but gpus.count is {rig.gpus.count}")
+
+
+def ssh_files_absolute(inp: RuleInput) -> Iterator[Finding]:
+    ssh_hosts = [host.name for _, host in inp.hosts() if host.connection == "ssh"]
+    if not ssh_hosts:
+        return
+    for key, value in inp.spec.files:
+        if isinstance(value, str) and not value.startswith("/"):
+            yield Finding(
+                ("files", key),
+                f"'{value}' must be an absolute path (start with /): it is a path on ssh hosts "
+                f"such as {ssh_hosts[0]}; only local hosts may use relative paths",
+            )
+
+
+RULES: tuple[Rule, ...] = (
+    host_rig_exists,
+    host_names_unique,
+    group_members_exist,
+    group_names_distinct_from_hosts,
+    ddp_master_in_fleet,
+    ddp_master_uses_rig,
+    visible_devices_valid,
+    batch_size_covers_gpus,
+    nproc_within_visible,
+    sli_mode_supported,
+    sli_needs_two_gpus,
+    sli_needs_bridge,
+    bridge_pairs_in_range,
+    bridge_pairs_distinct,
+    bridge_links_given,
+    bridge_pairs_given,
+    nvswitch_has_no_pairs,
+    no_bridge_has_no_links,
+    driver_version_or_branch,
+    runfile_complete,
+    fabricmanager_needs_nvswitch,
+    env_safe,
+    topology_file_matches,
+    ssh_files_absolute,
+)
+
+
+def check_rules(inp: RuleInput) -> list[Finding]:
+    """Every finding of every rule, in rule order."""
+    return [finding for rule in RULES for finding in rule(inp)]

@@ -1,0 +1,52 @@
+"""`--limit`: choose hosts of the fleet by name, group, rig type or glob, with `!` to leave some out.
+
+Every command that talks to hosts takes the same pattern, as Ansible's `--limit` does, so its meaning lives
+in one place. A term that matches nothing is an error rather than an empty run: a typo must not silently
+skip a box.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from ..errors import ProvisionError
+from .loader import LoadedRig
+from .models import Host
+
+
+def _groups_of(loaded: LoadedRig, host: Host) -> set[str]:
+    """Every name a host answers to: its own, its groups (both kinds) and its rig type."""
+    named = {group for group, members in loaded.spec.groups.items() if host.name in members}
+    return {host.name, host.rig, *host.groups, *named}
+
+
+def _matches(answers: set[str], pattern: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for name in answers)
+
+
+def select_hosts(loaded: LoadedRig, limit: str | None) -> list[Host]:
+    """Hosts matched by `limit` ("gpu-a,rtx*,!gpu-c"), in file order; all hosts when limit is None.
+
+    Terms are comma-separated host names, group names or rig names, with shell globs. Terms starting
+    with `!` remove hosts; a limit made only of removals starts from the whole fleet.
+    """
+    hosts = list(loaded.spec.hosts)
+    if limit is None:
+        return hosts
+    terms = [term.strip() for term in limit.split(",") if term.strip()]
+    if not terms:
+        raise ProvisionError("--limit is empty; give host names, groups or patterns")
+    names = {host.name: _groups_of(loaded, host) for host in hosts}
+    include = [term for term in terms if not term.startswith("!")]
+    exclude = [term[1:] for term in terms if term.startswith("!")]
+    for term in include + exclude:
+        if not any(_matches(answers, term) for answers in names.values()):
+            raise ProvisionError(f"--limit: '{term}' matches no host, group or rig of {loaded.path}")
+
+    def chosen_by(host: Host, patterns: list[str]) -> bool:
+        return any(_matches(names[host.name], pattern) for pattern in patterns)
+
+    chosen = [h for h in hosts if (not include or chosen_by(h, include)) and not chosen_by(h, exclude)]
+    if not chosen:
+        raise ProvisionError(f"--limit '{limit}' leaves no hosts")
+    return chosen

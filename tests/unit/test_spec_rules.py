@@ -1,0 +1,340 @@
+"""Each cross-field rule gets a rig file that breaks it; the problem must name its line, field and cause.
+
+The offending line of each case carries a `# <-` marker, so the expected line number is read from the text
+itself rather than counted by hand.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mgpu_provision.errors import SpecError, SpecProblem
+from mgpu_provision.spec import load_rig
+
+RIGS = Path(__file__).parent / "rigs"
+HEAD = """\
+version: 1
+hosts:
+  - {name: gpu-a, rig: pair}
+  - {name: gpu-b, rig: pair}
+"""
+GPUS = '    gpus: {model: "NVIDIA GeForce RTX 3090", count: 2}\n'
+
+
+def problems_of(tmp_path: Path, text: str) -> list[SpecProblem]:
+    path = tmp_path / "rig.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_rig(path)
+    return info.value.problems
+
+
+def marked_line(text: str) -> int:
+    lines = [n for n, line in enumerate(text.splitlines(), 1) if "# <-" in line]
+    assert len(lines) == 1, "each case marks exactly one line"
+    return lines[0]
+
+
+def rig(*lines: str, tail: str = "") -> str:
+    """HEAD plus a rig `pair` with the given lines (8-space indented keys of the rig)."""
+    return HEAD + "rigs:\n  pair:\n" + "".join(f"    {line}\n" for line in lines) + tail
+
+
+CASES = {
+    "host-rig-exists": (
+        HEAD + "  - {name: gpu-c, rig: a100}  # <-\nrigs:\n  pair:\n" + GPUS,
+        "hosts[2].rig",
+        "rig 'a100' is not defined under `rigs` (defined: pair)",
+    ),
+    "host-names-unique": (
+        HEAD + "  - {name: gpu-a, rig: pair}  # <-\nrigs:\n  pair:\n" + GPUS,
+        "hosts[2].name",
+        "host name 'gpu-a' is already used by hosts[0]",
+    ),
+    "group-members-exist": (
+        rig(GPUS.strip(), tail="groups:\n  lab: [gpu-a, gpu-z]  # <-\n"),
+        "groups.lab[1]",
+        "group member 'gpu-z' is not a host of the fleet",
+    ),
+    "group-name-is-not-a-host": (
+        rig(GPUS.strip(), tail="groups:\n  gpu-a: [gpu-b]  # <-\n"),
+        "groups.gpu-a",
+        "group 'gpu-a' has the name of a host",
+    ),
+    "ddp-master-in-fleet": (
+        rig(GPUS.strip(), "ddp: {master: gpu-z}  # <-"),
+        "rigs.pair.ddp.master",
+        "ddp master 'gpu-z' is not a host of the fleet",
+    ),
+    "ddp-master-uses-rig": (
+        HEAD
+        + "  - {name: big-1, rig: big}\nrigs:\n  pair:\n"
+        + GPUS
+        + "    ddp: {master: big-1}  # <-\n  big:\n"
+        + GPUS,
+        "rigs.pair.ddp.master",
+        "ddp master 'big-1' is a 'big' host; the master of rig 'pair' must be one of its own hosts",
+    ),
+    "visible-devices-in-range": (
+        rig(GPUS.strip(), "visible_devices: [0, 2]  # <-"),
+        "rigs.pair.visible_devices[1]",
+        "visible device 2 does not exist: the rig has 2 GPU(s), indices 0-1",
+    ),
+    "visible-devices-not-negative": (
+        rig(GPUS.strip(), "visible_devices: [-1]  # <-"),
+        "rigs.pair.visible_devices[0]",
+        "visible device -1 does not exist",
+    ),
+    "visible-devices-unique": (
+        rig(GPUS.strip(), "visible_devices: [GPU-1aff65f8-8897, GPU-1aff65f8-8897]  # <-"),
+        "rigs.pair.visible_devices[1]",
+        "visible device GPU-1aff65f8-8897 is listed twice",
+    ),
+    "batch-size-covers-gpus": (
+        rig(GPUS.strip(), tail="smoke: {batch_size: 1}  # <-\n"),
+        "smoke.batch_size",
+        "batch size 1 is smaller than the 2 GPUs per node of rig 'pair'",
+    ),
+    "nproc-within-visible": (
+        rig(GPUS.strip(), "visible_devices: [0]", "ddp: {master: gpu-a, nproc_per_node: 2}  # <-"),
+        "rigs.pair.ddp.nproc_per_node",
+        "nproc_per_node 2 is more than the 1 visible GPU(s) per node",
+    ),
+    "sli-mode-supported": (
+        rig(
+            GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}", "sli: {mode: AFR}  # <-"
+        ),
+        "rigs.pair.sli.mode",
+        "SLI mode 'AFR' is not supported: NVIDIA drivers since 455 accept only Off and Mosaic",
+    ),
+    "sli-mode-on-from-yaml-bool": (
+        rig(
+            GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}", "sli: {mode: on}  # <-"
+        ),
+        "rigs.pair.sli.mode",
+        "SLI mode 'On' is not supported",
+    ),
+    "sli-needs-two-gpus": (
+        rig(
+            'gpus: {model: "NVIDIA RTX A6000", count: 1}',
+            "bridge: {kind: nvlink-bridge, pairs: [[0, 0]], links: 4}",
+            "sli: {mode: Mosaic}  # <-",
+        ),
+        "rigs.pair.sli.mode",
+        "SLI needs at least 2 GPUs of one model; this rig has 1",
+    ),
+    "sli-needs-bridge": (
+        rig(GPUS.strip(), "sli: {mode: mosaic}  # <-"),
+        "rigs.pair.sli.mode",
+        "SLI needs a bridge: set bridge.kind",
+    ),
+    "bridge-pairs-in-range": (
+        rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[0, 3]], links: 4}  # <-"),
+        "rigs.pair.bridge.pairs[0][1]",
+        "GPU 3 does not exist: the rig has 2 GPU(s), indices 0-1",
+    ),
+    "bridge-pairs-no-self": (
+        rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[1, 1]], links: 4}  # <-"),
+        "rigs.pair.bridge.pairs[0]",
+        "GPU 1 cannot be bridged to itself",
+    ),
+    "bridge-pairs-no-duplicates": (
+        rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[0, 1], [1, 0]], links: 4}  # <-"),
+        "rigs.pair.bridge.pairs[1]",
+        "pair [1, 0] is listed twice",
+    ),
+    "bridge-nvlink-needs-links": (
+        rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[0, 1]]}  # <-"),
+        "rigs.pair.bridge",
+        "bridge kind nvlink-bridge needs `links`",
+    ),
+    "bridge-nvlink-needs-pairs": (
+        rig(GPUS.strip(), "bridge: {kind: nvlink, links: 4}  # <-"),
+        "rigs.pair.bridge",
+        "bridge kind nvlink needs `pairs` (which GPUs are joined) or a `topology_file`",
+    ),
+    "nvswitch-has-no-pairs": (
+        rig(GPUS.strip(), "bridge: {kind: nvswitch, links: 18, pairs: [[0, 1]]}  # <-"),
+        "rigs.pair.bridge.pairs",
+        "nvswitch bridges take no `pairs`",
+    ),
+    "no-bridge-has-no-links": (
+        rig(GPUS.strip(), "bridge: {links: 4}  # <-"),
+        "rigs.pair.bridge.links",
+        "`links` needs an NVLink bridge kind; bridge.kind is none",
+    ),
+    "driver-needs-version-or-branch": (
+        rig(GPUS.strip(), "driver: {method: apt}  # <-"),
+        "rigs.pair.driver",
+        "driver needs `version`",
+    ),
+    "driver-not-both": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", branch: "550"}  # <-'),
+        "rigs.pair.driver.branch",
+        "give either `version` or `branch`, not both",
+    ),
+    "runfile-needs-url-and-sha": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", method: runfile}  # <-'),
+        "rigs.pair.driver.method",
+        "method runfile needs runfile_url and runfile_sha256",
+    ),
+    "runfile-needs-exact-version": (
+        rig(
+            GPUS.strip(),
+            "driver:",
+            '  branch: "550"  # <-',
+            "  method: runfile",
+            "  runfile_url: https://example.com/NVIDIA-Linux-x86_64-550.54.15.run",
+            "  runfile_sha256: " + "a" * 64,
+        ),
+        "rigs.pair.driver.branch",
+        "method runfile installs one exact `version`, not a branch",
+    ),
+    "runfile-url-only-with-runfile": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", runfile_url: /srv/nv.run}  # <-'),
+        "rigs.pair.driver.runfile_url",
+        "`runfile_url` is only used with method runfile (method is apt)",
+    ),
+    "fabricmanager-needs-nvswitch": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", fabricmanager: true}  # <-'),
+        "rigs.pair.driver.fabricmanager",
+        "Fabric Manager only runs NVSwitch boxes; bridge.kind is none",
+    ),
+    "env-value-no-command-substitution": (
+        rig(GPUS.strip(), tail='env:\n  NCCL_DEBUG: "$(reboot)"  # <-\n'),
+        "env.NCCL_DEBUG",
+        "value of NCCL_DEBUG contains '$': env values may not contain quotes",
+    ),
+    "env-value-no-backtick": (
+        rig(GPUS.strip(), "env: {NCCL_DEBUG: '`id`'}  # <-"),
+        "rigs.pair.env.NCCL_DEBUG",
+        "contains '`'",
+    ),
+    "env-value-no-quote": (
+        rig(GPUS.strip(), tail="env:\n  A: 'x\"y'  # <-\n"),
+        "env.A",
+        "contains '\"'",
+    ),
+    "env-value-no-newline": (
+        rig(GPUS.strip(), tail='env:\n  A: "x\\ny"  # <-\n'),
+        "env.A",
+        "contains '\\n'",
+    ),
+    "env-not-managed-name": (
+        rig(GPUS.strip(), tail='env:\n  CUDA_VISIBLE_DEVICES: "0"  # <-\n'),
+        "env.CUDA_VISIBLE_DEVICES",
+        "CUDA_VISIBLE_DEVICES is written by the tool from visible_devices; set it there",
+    ),
+    "topology-file-exists": (
+        rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, links: 4, topology_file: missing.txt}  # <-"),
+        "rigs.pair.bridge.topology_file",
+        "cannot read topology file",
+    ),
+    "topology-file-parses": (
+        rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, links: 4, topology_file: rig.yaml}  # <-"),
+        "rigs.pair.bridge.topology_file",
+        "is not `nvidia-smi topo -m` output",
+    ),
+    "topology-file-gpu-count": (
+        rig(
+            'gpus: {model: "NVIDIA GeForce RTX 3090", count: 4}',
+            "bridge: {kind: nvlink-bridge, links: 4, topology_file: topo.txt}  # <-",
+        ),
+        "rigs.pair.bridge.topology_file",
+        "topo.txt shows 2 GPU(s) but gpus.count is 4",
+    ),
+    "ssh-files-absolute": (
+        rig(GPUS.strip(), tail="files:\n  launcher: bin/mgpu-torchrun  # <-\n"),
+        "files.launcher",
+        "'bin/mgpu-torchrun' must be an absolute path (start with /): it is a path on ssh hosts "
+        "such as gpu-a",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rule(tmp_path: Path, name: str) -> None:
+    text, field, message = CASES[name]
+    shutil.copy(RIGS / "topo-2x-rtx3090.txt", tmp_path / "topo.txt")
+    problems = problems_of(tmp_path, text)
+    matching = [p for p in problems if p.field == field and message in p.message]
+    assert matching, f"no problem at {field} with {message!r}; got {problems}"
+    assert matching[0].line == marked_line(text)
+    assert matching[0].file.endswith("rig.yaml")
+
+
+def test_every_rule_file_reports_all_problems_at_once() -> None:
+    path = RIGS / "every-rule.yaml"
+    with pytest.raises(SpecError) as info:
+        load_rig(path)
+    found = {(p.line, p.field) for p in info.value.problems}
+    assert found == {
+        (5, "hosts[1].name"),
+        (6, "hosts[2].rig"),
+        (8, "groups.lab[1]"),
+        (12, "rigs.pair.sli.mode"),  # not Off or Mosaic
+        (13, "rigs.pair.visible_devices[1]"),
+        (14, "rigs.pair.ddp.master"),
+        (14, "rigs.pair.ddp.nproc_per_node"),
+        (15, "smoke.batch_size"),
+    }
+
+
+def test_schema_errors_and_rule_errors_come_together(tmp_path: Path) -> None:
+    text = rig(
+        'gpus: {model: "NVIDIA GeForce RTX 3090", count: 2, colour: red}',
+        "visible_devices: [0, 5]",
+        tail="hosts_extra: 1\n",
+    )
+    problems = problems_of(tmp_path, text)
+    fields = {p.field for p in problems}
+    assert {"rigs.pair.gpus.colour", "hosts_extra"} <= fields
+    # the rig failed the schema (an unknown key), but its other fields still get their rules
+    assert "rigs.pair.visible_devices[1]" in fields
+
+
+def test_rules_stay_quiet_about_values_that_failed_the_schema(tmp_path: Path) -> None:
+    text = (
+        HEAD + "  - {name: gpu-c, rig: pair, port: 0}\nrigs:\n  pair:\n" + GPUS + "    ddp: {master: gpu-c}\n"
+    )
+    problems = problems_of(tmp_path, text)
+    # gpu-c is declared (with a bad port): the master rule must not claim it is missing from the fleet
+    assert [p.field for p in problems] == ["hosts[2].port"]
+
+
+def test_sli_off_and_mosaic_in_any_case_are_accepted(tmp_path: Path) -> None:
+    for mode, canonical in (("off", "Off"), ("OFF", "Off"), ("Off", "Off"), ("mosaic", "Mosaic")):
+        path = tmp_path / "rig.yaml"
+        path.write_text(
+            rig(
+                GPUS.strip(),
+                "bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}",
+                f"sli: {{mode: {mode}}}",
+            )
+        )
+        loaded = load_rig(path)
+        sli = loaded.spec.rigs["pair"].sli
+        assert sli is not None and sli.mode == canonical
+
+
+def test_local_host_may_use_relative_files(tmp_path: Path) -> None:
+    path = tmp_path / "rig.yaml"
+    path.write_text(
+        "hosts: [{name: ws, rig: pair, connection: local}]\nrigs:\n  pair:\n"
+        + GPUS
+        + "files: {launcher: bin/run}\n"
+    )
+    assert load_rig(path).spec.files.launcher == "bin/run"
+
+
+def test_topology_file_relative_to_rig_file_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sub").mkdir()
+    shutil.copy(RIGS / "topo-2x-rtx3090.txt", tmp_path / "sub" / "topo.txt")
+    path = tmp_path / "sub" / "rig.yaml"
+    path.write_text(rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, links: 4, topology_file: topo.txt}"))
+    monkeypatch.chdir(tmp_path)  # the working directory must not matter
+    loaded = load_rig("sub/rig.yaml")
+    assert loaded.resolve("topo.txt") == (tmp_path / "sub" / "topo.txt").resolve()
