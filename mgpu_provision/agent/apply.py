@@ -1,0 +1,130 @@
+"""The `apply` and `reboot` verbs: carry out a host's planned steps in order, under the host lock.
+
+Steps are data from the control side's plan (`file`, `driver`, `persistence`). Each reports whether it
+changed anything, so a second apply of the same plan reports (and writes) nothing; the first failure stops
+the rest, which are reported as skipped, because later steps may depend on earlier ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .atomic import HostLock, atomic_write
+from .backend import Backend, NvmlUnavailable
+from .errors import AgentFailure
+
+BACKUP_SUFFIX = ".mgpu-provision.bak"
+DEFAULT_LOCK_WAIT_S = 10.0
+
+StepResult = Tuple[bool, str]
+
+
+def apply(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
+    lock = args.get("lock")
+    if not lock:
+        raise AgentFailure("bad-request", "apply needs `lock`, the path of the host lock file")
+    steps = args.get("steps") or []
+    results: List[Dict[str, Any]] = []
+    with HostLock(str(lock), float(args.get("lock_wait_s", DEFAULT_LOCK_WAIT_S))):
+        failed = False
+        for index, step in enumerate(steps):
+            kind = step.get("kind") if isinstance(step, dict) else None
+            entry: Dict[str, Any] = {"index": index, "kind": kind, "changed": False, "error": None}
+            if failed:
+                entry.update(message="skipped: an earlier step failed", skipped=True)
+            else:
+                try:
+                    changed, message = run_step(step, backend)
+                    entry.update(changed=changed, message=message)
+                except AgentFailure as exc:
+                    entry.update(message=f"{kind} step failed", error=exc.message)
+                    failed = True
+                except OSError as exc:
+                    entry.update(message=f"{kind} step failed", error=f"{exc.filename or ''}: {exc.strerror}")
+                    failed = True
+                except Exception as exc:  # e.g. an NVML error: reported on the step, the lock is released
+                    entry.update(message=f"{kind} step failed", error=f"{type(exc).__name__}: {exc}")
+                    failed = True
+            results.append(entry)
+    return {"results": results}
+
+
+def run_step(step: Any, backend: Backend) -> StepResult:
+    kinds: Dict[str, Callable[[Dict[str, Any], Backend], StepResult]] = {
+        "file": file_step,
+        "driver": lambda s, b: b.install_driver(s),
+        "persistence": set_persistence,
+    }
+    if not isinstance(step, dict) or step.get("kind") not in kinds:
+        raise AgentFailure("bad-request", f"unknown step {step!r}; kinds are {', '.join(sorted(kinds))}")
+    if step["kind"] == "file" and not step.get("path"):
+        raise AgentFailure("bad-request", "a file step needs `path`")
+    return kinds[step["kind"]](step, backend)
+
+
+def file_step(step: Dict[str, Any], _backend: Backend) -> StepResult:
+    return write_file(str(step["path"]), str(step.get("content", "")), parse_mode(step.get("mode")))
+
+
+def parse_mode(mode: Optional[str]) -> int:
+    text = str(mode or "0644")
+    try:
+        value = int(text, 8)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 0o7777:
+        raise AgentFailure("bad-request", f"file mode {text!r} is not an octal permission like 0644")
+    return value
+
+
+def write_file(path: str, content: str, mode: int) -> StepResult:
+    """Make `path` hold `content` with `mode`; an equal file is not touched (its mtime stays)."""
+    data = content.encode("utf-8")
+    try:
+        with open(path, "rb") as handle:
+            old: Optional[bytes] = handle.read()
+            old_mode = stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
+    except FileNotFoundError:
+        old, old_mode = None, 0
+    if old == data:
+        if old_mode == mode:
+            return False, f"{path} is up to date"
+        os.chmod(path, mode)
+        return True, f"{path}: mode {old_mode:04o} -> {mode:04o}"
+    if old is not None:
+        atomic_write(path + BACKUP_SUFFIX, old, old_mode)
+    atomic_write(path, data, mode)
+    digest = hashlib.sha256(data).hexdigest()[:12]
+    return True, f"{'updated' if old is not None else 'created'} {path} (sha256 {digest}…)"
+
+
+def set_persistence(step: Dict[str, Any], backend: Backend) -> StepResult:
+    enabled = bool(step.get("enabled", True))
+    try:
+        backend.open()
+    except NvmlUnavailable as exc:
+        raise AgentFailure("nvml", f"cannot set persistence mode: {exc.message}") from None
+    try:
+        gpus = step.get("gpus") or list(range(backend.device_count()))
+        changed = [gpu for gpu in gpus if backend.persistence_mode(int(gpu)) is not enabled]
+        for gpu in changed:
+            backend.set_persistence_mode(int(gpu), enabled)
+    finally:
+        backend.close()
+    word = "enabled" if enabled else "disabled"
+    if not changed:
+        return False, f"persistence mode already {word} on GPU {_list(gpus)}"
+    return True, f"persistence mode {word} on GPU {_list(changed)}"
+
+
+def _list(gpus: List[Any]) -> str:
+    return ",".join(str(g) for g in gpus)
+
+
+def reboot(args: Dict[str, Any], backend: Backend) -> Tuple[Dict[str, Any], Optional[Callable[[], None]]]:
+    """Reboot; the reply carries the old boot id so the control side can wait for a new one."""
+    old = backend.boot_id()
+    return {"boot_id": old}, backend.reboot()

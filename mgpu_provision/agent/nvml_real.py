@@ -1,0 +1,192 @@
+"""The real NVIDIA layer: NVML through the bundled pynvml, packages through apt/dnf, reboots through systemd.
+
+The traps are those of domain-facts.md §1 and §8: nvmlInit's failures are facts to report, not crashes;
+the NVLink loop ends on NotSupported (no NVLink) or InvalidArgument (past this GPU's links); struct bus ids
+are bytes; pynvml's P2P read index constant is a tuple, so the interface passes plain ints.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import driver, system
+from .backend import Backend, NoSuchLink, NvmlUnavailable, nvml_message
+
+_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
+_LIB_VERSION = re.compile(r"libnvidia-ml\.so\.([0-9]+\.[0-9]+(?:\.[0-9]+)?)$")
+_FM_SERVICE = "nvidia-fabricmanager"
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RealBackend(Backend):
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self._handles: Dict[int, Any] = {}
+
+    # --- outside NVML ---
+    def loaded_version(self) -> Optional[str]:
+        return system.parse_nvrm_version(system.read_text("/proc/driver/nvidia/version"))
+
+    def installed_version(self) -> Optional[str]:
+        versions = [
+            match.group(1)
+            for folder in _LIB_DIRS
+            for path in glob.glob(os.path.join(folder, "libnvidia-ml.so.*"))
+            for match in [_LIB_VERSION.search(path)]
+            if match
+        ]
+        return max(versions, key=driver.version_key) if versions else None
+
+    def fabric_manager(self) -> Optional[Dict[str, Any]]:
+        version = driver.installed_fabric_manager()
+        service = _service_state(_FM_SERVICE)
+        if version is None and service == "absent":
+            return None
+        return {"version": version, "service": service}
+
+    def board(self) -> Dict[str, Optional[str]]:
+        return system.dmi_board()
+
+    def boot_id(self) -> str:
+        return system.boot_id()
+
+    def install_driver(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        return driver.install(step, self.installed_version())
+
+    def reboot(self) -> Optional[Callable[[], None]]:
+        def later() -> None:
+            # Detached and delayed a little so the SSH session can carry the reply out before it goes down.
+            subprocess.Popen(
+                ["sh", "-c", "sleep 1; exec systemctl reboot"],
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+
+        return later
+
+    # --- NVML ---
+    def open(self) -> None:
+        try:
+            import pynvml
+        except ImportError:
+            raise NvmlUnavailable("error", "the pynvml module is missing from the agent bundle") from None
+        status_of = {
+            "NVMLError_LibraryNotFound": "no-driver",
+            "NVMLError_DriverNotLoaded": "driver-not-loaded",
+            "NVMLError_LibRmVersionMismatch": "version-mismatch",
+            "NVMLError_NoPermission": "no-permission",
+        }
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            status = status_of.get(type(exc).__name__)
+            if status is None:
+                raise NvmlUnavailable("error", f"NVML could not be initialised: {exc}") from None
+            raise NvmlUnavailable(status, nvml_message(status)) from None
+        self._nvml = pynvml
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            self._nvml.nvmlShutdown()
+            self._nvml = None
+
+    def _handle(self, gpu: int) -> Any:
+        if gpu not in self._handles:
+            self._handles[gpu] = self._nvml.nvmlDeviceGetHandleByIndex(gpu)
+        return self._handles[gpu]
+
+    def _optional(self, call: Callable[[], Any]) -> Any:
+        """Ask NVML something this GPU may not support; None instead of NotSupported."""
+        try:
+            return call()
+        except self._nvml.NVMLError_NotSupported:
+            return None
+
+    def driver_version(self) -> str:
+        return _decode(self._nvml.nvmlSystemGetDriverVersion())
+
+    def cuda_driver_version(self) -> Optional[int]:
+        return self._optional(self._nvml.nvmlSystemGetCudaDriverVersion)  # type: ignore[no-any-return]
+
+    def device_count(self) -> int:
+        return int(self._nvml.nvmlDeviceGetCount())
+
+    def name(self, gpu: int) -> str:
+        return _decode(self._nvml.nvmlDeviceGetName(self._handle(gpu)))
+
+    def uuid(self, gpu: int) -> str:
+        return _decode(self._nvml.nvmlDeviceGetUUID(self._handle(gpu)))
+
+    def pci_bus_id(self, gpu: int) -> str:
+        return _decode(self._nvml.nvmlDeviceGetPciInfo(self._handle(gpu)).busId)
+
+    def memory_total_bytes(self, gpu: int) -> int:
+        return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle(gpu)).total)
+
+    def persistence_mode(self, gpu: int) -> Optional[bool]:
+        mode = self._optional(lambda: self._nvml.nvmlDeviceGetPersistenceMode(self._handle(gpu)))
+        return None if mode is None else mode == self._nvml.NVML_FEATURE_ENABLED
+
+    def set_persistence_mode(self, gpu: int, enabled: bool) -> None:
+        nvml = self._nvml
+        mode = nvml.NVML_FEATURE_ENABLED if enabled else nvml.NVML_FEATURE_DISABLED
+        nvml.nvmlDeviceSetPersistenceMode(self._handle(gpu), mode)
+
+    def pcie_link(self, gpu: int) -> Dict[str, Optional[int]]:
+        handle, nvml = self._handle(gpu), self._nvml
+        calls = {
+            "gen": nvml.nvmlDeviceGetCurrPcieLinkGeneration,
+            "width": nvml.nvmlDeviceGetCurrPcieLinkWidth,
+            "max_gen": nvml.nvmlDeviceGetMaxPcieLinkGeneration,
+            "max_width": nvml.nvmlDeviceGetMaxPcieLinkWidth,
+        }
+        return {key: self._optional(lambda call=call: call(handle)) for key, call in calls.items()}  # type: ignore[misc]
+
+    def nvlink_active(self, gpu: int, link: int) -> bool:
+        nvml = self._nvml
+        try:
+            state = nvml.nvmlDeviceGetNvLinkState(self._handle(gpu), link)
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+            raise NoSuchLink() from None
+        return bool(state == nvml.NVML_FEATURE_ENABLED)
+
+    def nvlink_remote_type(self, gpu: int, link: int) -> Optional[int]:
+        call = self._nvml.nvmlDeviceGetNvLinkRemoteDeviceType
+        return self._optional(lambda: call(self._handle(gpu), link))  # type: ignore[no-any-return]
+
+    def nvlink_remote_bus_id(self, gpu: int, link: int) -> Optional[str]:
+        info = self._optional(lambda: self._nvml.nvmlDeviceGetNvLinkRemotePciInfo(self._handle(gpu), link))
+        return None if info is None else _decode(info.busId)
+
+    def common_ancestor(self, a: int, b: int) -> Optional[int]:
+        call = self._nvml.nvmlDeviceGetTopologyCommonAncestor
+        return self._optional(lambda: call(self._handle(a), self._handle(b)))  # type: ignore[no-any-return]
+
+    def p2p_status(self, a: int, b: int, index: int) -> Optional[int]:
+        call = self._nvml.nvmlDeviceGetP2PStatus
+        return self._optional(lambda: call(self._handle(a), self._handle(b), index))  # type: ignore[no-any-return]
+
+    def processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
+        found = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle(gpu))
+        return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in found]
+
+
+def _service_state(unit: str) -> str:
+    result = system.run(["systemctl", "is-active", unit], timeout=20)
+    if result.returncode == 127:
+        return "unknown"
+    state = result.stdout.strip()
+    if state in ("active", "failed"):
+        return state
+    # A unit that does not exist reads "inactive" on some systemd versions: ask whether it is installed.
+    listed = system.run(["systemctl", "list-unit-files", unit + ".service", "--no-legend"], timeout=20)
+    return "inactive" if listed.stdout.strip() else "absent"

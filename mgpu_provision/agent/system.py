@@ -1,0 +1,85 @@
+"""Small readers of the running Linux system that both kinds of node share (boot id, DMI board, OS).
+
+Kept apart from the NVIDIA backends because a simulated node is a real machine in everything but its
+NVIDIA layer: its host facts come from here unchanged, and a twin only overrides what it chooses to.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import platform
+import re
+import socket
+import subprocess
+from typing import Dict, List, Optional
+
+_NVRM = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+([0-9]+(?:\.[0-9]+)+)")
+
+
+def read_text(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def boot_id() -> str:
+    return (read_text("/proc/sys/kernel/random/boot_id") or "unknown").strip()
+
+
+def dmi_board() -> Dict[str, Optional[str]]:
+    def field(name: str) -> Optional[str]:
+        text = read_text(f"/sys/class/dmi/id/{name}")
+        return text.strip() or None if text is not None else None
+
+    return {"vendor": field("board_vendor") or field("sys_vendor"), "model": field("board_name")}
+
+
+def os_pretty_name(text: Optional[str]) -> str:
+    """PRETTY_NAME from /etc/os-release text, "unknown" when absent."""
+    for line in (text or "").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "PRETTY_NAME":
+            return value.strip().strip("\"'")
+    return "unknown"
+
+
+def parse_nvrm_version(text: Optional[str]) -> Optional[str]:
+    """The kernel module version in /proc/driver/nvidia/version (`NVRM version: ... Module  550.90.07`)."""
+    match = _NVRM.search(text or "")
+    return match.group(1) if match else None
+
+
+def host_info(simulated: bool, boot: str) -> Dict[str, object]:
+    uname = os.uname()
+    return {
+        "hostname": socket.gethostname(),
+        "os": os_pretty_name(read_text("/etc/os-release")),
+        "kernel": uname.release,
+        "arch": uname.machine,
+        "boot_id": boot,
+        "python": platform.python_version(),
+        "user": _user(),
+        "simulated": simulated,
+    }
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+def run(
+    argv: List[str], timeout: float = 600.0, env: Optional[Dict[str, str]] = None
+) -> "subprocess.CompletedProcess[str]":
+    """Run a command, capture its text output; a missing program reads as exit 127 rather than raising."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: command not found")
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]}: timed out after {timeout:g} s")

@@ -1,0 +1,303 @@
+"""The `apply` and `reboot` verbs: atomic file steps, the host lock, simulated drivers and persistence."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mgpu_provision.agent.__main__ import handle
+from mgpu_provision.agent.apply import BACKUP_SUFFIX, write_file
+from mgpu_provision.agent.backend import select_backend
+from mgpu_provision.agent.collect import collect
+from mgpu_provision.agent.driver import (
+    Command,
+    apt_commands,
+    dnf_commands,
+    pick_deb_version,
+    runfile_commands,
+)
+from mgpu_provision.agent.errors import AgentFailure
+from mgpu_provision.facts import Facts
+
+ROOT = Path(__file__).resolve().parents[2]
+TWINS = ROOT / "examples" / "twins"
+
+
+def call(verb: str, args: dict[str, Any], twin: Path | None = None) -> dict[str, Any]:
+    reply, _after = handle(verb, json.dumps({"args": args, "simulate": str(twin) if twin else None}))
+    return reply
+
+
+def apply_steps(
+    tmp_path: Path, steps: list[dict[str, Any]], twin: Path | None = None
+) -> list[dict[str, Any]]:
+    reply = call(
+        "apply", {"lock": str(tmp_path / "lock" / "apply.lock"), "lock_wait_s": 2, "steps": steps}, twin
+    )
+    assert reply["ok"], reply
+    results: list[dict[str, Any]] = reply["result"]["results"]
+    return results
+
+
+@pytest.fixture
+def twin(tmp_path: Path) -> Path:
+    """A private copy of an example twin (its overlay lands beside it)."""
+    path = tmp_path / "twin.yaml"
+    shutil.copy(TWINS / "h100-hgx.yaml", path)
+    return path
+
+
+def test_file_is_created_then_left_alone(tmp_path: Path) -> None:
+    target = tmp_path / "etc" / "profile.d" / "mgpu.sh"
+    step = {"kind": "file", "path": str(target), "content": "export A=1\n", "mode": "0644"}
+    first = apply_steps(tmp_path, [step])
+    assert first[0]["changed"] and first[0]["error"] is None and first[0]["message"].startswith("created")
+    assert target.read_text() == "export A=1\n" and oct(target.stat().st_mode & 0o777) == "0o644"
+    before = target.stat().st_mtime_ns
+    time.sleep(0.01)
+    second = apply_steps(tmp_path, [step])
+    assert second[0]["changed"] is False and second[0]["message"] == f"{target} is up to date"
+    assert target.stat().st_mtime_ns == before
+    assert not (tmp_path / "etc" / "profile.d" / ("mgpu.sh" + BACKUP_SUFFIX)).exists()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["mgpu.sh"]  # no temp files left behind
+
+
+def test_changed_file_keeps_a_backup_and_mode_only_changes_chmod(tmp_path: Path) -> None:
+    target = tmp_path / "env"
+    target.write_text("OLD=1\n")
+    target.chmod(0o600)
+    changed, message = write_file(str(target), "NEW=1\n", 0o640)
+    assert changed and message.startswith(f"updated {target}")
+    assert target.read_text() == "NEW=1\n" and target.stat().st_mode & 0o777 == 0o640
+    backup = Path(str(target) + BACKUP_SUFFIX)
+    assert backup.read_text() == "OLD=1\n" and backup.stat().st_mode & 0o777 == 0o600
+    inode = target.stat().st_ino
+    assert write_file(str(target), "NEW=1\n", 0o644) == (True, f"{target}: mode 0640 -> 0644")
+    assert target.stat().st_ino == inode  # chmod in place, no rewrite
+
+
+def test_write_is_a_rename_so_readers_never_see_half_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "big"
+    target.write_text("a" * 100_000)
+    old_inode = target.stat().st_ino
+    with open(target) as reader:  # an open reader keeps the complete old version
+        write_file(str(target), "b" * 100_000, 0o644)
+        assert reader.read() == "a" * 100_000
+    assert target.stat().st_ino != old_inode and target.read_text() == "b" * 100_000
+
+
+def test_first_failure_skips_the_rest(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    steps = [
+        {"kind": "file", "path": str(tmp_path / "ok"), "content": "x"},
+        {"kind": "file", "path": str(blocker / "f"), "content": "x"},
+        {"kind": "file", "path": str(tmp_path / "later"), "content": "x"},
+    ]
+    ok, failed, skipped = apply_steps(tmp_path, steps)
+    assert ok["changed"] and ok["error"] is None
+    assert failed["error"] is not None and "Not a directory" in failed["error"] and not failed["changed"]
+    assert skipped["message"] == "skipped: an earlier step failed" and skipped["skipped"] is True
+    assert not (tmp_path / "later").exists()
+
+
+@pytest.mark.parametrize(
+    "step, error",
+    [
+        ({"kind": "teleport"}, "unknown step"),
+        ({"kind": "file", "content": "x"}, "a file step needs `path`"),
+        (
+            {"kind": "file", "path": "/tmp/x", "content": "x", "mode": "rwx"},
+            "file mode 'rwx' is not an octal",
+        ),
+        ({"kind": "driver", "method": "apt"}, "a driver step needs `version`"),
+    ],
+)
+def test_bad_steps_fail_with_a_message(tmp_path: Path, twin: Path, step: dict[str, Any], error: str) -> None:
+    (result,) = apply_steps(tmp_path, [step], twin)
+    assert result["error"] is not None and error in result["error"]
+
+
+def test_apply_needs_a_lock_path() -> None:
+    reply = call("apply", {"steps": []})
+    assert reply["error"] == {
+        "kind": "bad-request",
+        "message": "apply needs `lock`, the path of the host lock file",
+    }
+
+
+def test_a_second_apply_waits_then_refuses_naming_the_holder(tmp_path: Path) -> None:
+    lock = tmp_path / "locks" / "apply.lock"
+    holder_code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "from mgpu_provision.agent.atomic import HostLock;"
+        "lock = HostLock(sys.argv[2], 1).__enter__(); print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", holder_code, str(ROOT), str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        reply = call("apply", {"lock": str(lock), "lock_wait_s": 0.5, "steps": []})
+        waited = time.monotonic() - started
+        assert reply["ok"] is False and reply["error"]["kind"] == "locked"
+        assert (
+            f"pid {holder.pid}" in reply["error"]["message"] and "waited 0.5 s" in reply["error"]["message"]
+        )
+        assert 0.5 <= waited < 3
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait()
+    # Once the holder is gone the lock is free again.
+    assert call("apply", {"lock": str(lock), "lock_wait_s": 0.5, "steps": []})["ok"]
+
+
+def facts(twin: Path) -> Facts:
+    return Facts.model_validate(collect({}, select_backend(str(twin))))
+
+
+def test_simulated_driver_install_mismatch_reboot_converged(tmp_path: Path, twin: Path) -> None:
+    original = twin.read_text()
+    step = {"kind": "driver", "method": "apt", "version": "550.90.07", "hold": True, "fabricmanager": True}
+    (result,) = apply_steps(tmp_path, [step], twin)
+    assert result["changed"] and "reboot required" in result["message"]
+    between = facts(twin)
+    assert between.driver.nvml == "version-mismatch" and between.driver.reboot_required
+    assert (between.driver.installed, between.driver.loaded) == ("550.90.07", "550.54.15")
+    assert between.gpus == []
+    assert between.fabricmanager is not None and between.fabricmanager.service == "failed"
+    old_boot = between.host.boot_id
+
+    reply = call("reboot", {}, twin)
+    assert reply == {"ok": True, "agent_version": reply["agent_version"], "result": {"boot_id": old_boot}}
+    after = facts(twin)
+    assert (
+        after.driver.nvml == "ok" and after.driver.version == "550.90.07" and not after.driver.reboot_required
+    )
+    assert after.host.boot_id != old_boot and len(after.gpus) == 8
+    assert after.fabricmanager is not None
+    assert (after.fabricmanager.version, after.fabricmanager.service) == ("550.90.07", "active")
+
+    (again,) = apply_steps(tmp_path, [step], twin)
+    assert again["changed"] is False and again["message"] == "driver 550.90.07 already installed"
+    assert twin.read_text() == original  # the twin is never written; the overlay holds the state
+    state = json.loads(Path(str(twin) + ".state.json").read_text())
+    assert state["driver_version"] == "550.90.07" and state["loaded"] == "550.90.07"
+
+
+def test_simulated_branch_install_picks_the_newest_available(tmp_path: Path, twin: Path) -> None:
+    (result,) = apply_steps(tmp_path, [{"kind": "driver", "method": "apt", "branch": "535"}], twin)
+    assert result["changed"] and result["message"].startswith("installed driver 535.161.08")
+    (missing,) = apply_steps(tmp_path, [{"kind": "driver", "method": "apt", "branch": "999"}], twin)
+    assert missing["error"] == "no driver of branch '999' is available (simulated: twin available_drivers)"
+
+
+def test_simulated_persistence_mode(tmp_path: Path, twin: Path) -> None:
+    step = {"kind": "persistence", "gpus": [0, 2], "enabled": True}
+    (first,) = apply_steps(tmp_path, [step], twin)
+    assert first == {
+        "index": 0,
+        "kind": "persistence",
+        "changed": True,
+        "error": None,
+        "message": "persistence mode enabled on GPU 0,2",
+    }
+    assert [g.persistence_mode for g in facts(twin).gpus][:3] == [True, False, True]
+    (second,) = apply_steps(tmp_path, [step], twin)
+    assert second["changed"] is False and second["message"] == "persistence mode already enabled on GPU 0,2"
+
+
+def test_persistence_without_nvml_fails_plainly(tmp_path: Path) -> None:
+    twin = tmp_path / "t.json"
+    twin.write_text(json.dumps({"driver": {"version": None}, "gpus": []}))
+    (result,) = apply_steps(tmp_path, [{"kind": "persistence", "enabled": True}], twin)
+    assert (
+        result["error"]
+        == "cannot set persistence mode: no NVIDIA driver is installed (libnvidia-ml.so.1 not found)"
+    )
+
+
+def test_apt_command_lines_pin_and_hold_every_versioned_piece() -> None:
+    step = {"method": "apt", "version": "550.54.15", "flavor": "server", "hold": True, "fabricmanager": True}
+    versions = {"nvidia-driver-550-server": "550.54.15-0ubuntu1", "nvidia-fabricmanager-550": "550.54.15-1"}
+    held = [
+        "nvidia-driver-550-server",
+        "libnvidia-compute-550",
+        "nvidia-dkms-550-server",
+        "nvidia-kernel-common-550",
+        "nvidia-fabricmanager-550",
+    ]
+    assert apt_commands(step, versions) == [
+        Command(["apt-mark", "unhold", *held], check=False),
+        Command(
+            [
+                "apt-get",
+                "install",
+                "-y",
+                "--allow-downgrades",
+                "--allow-change-held-packages",
+                "nvidia-driver-550-server=550.54.15-0ubuntu1",
+                "nvidia-fabricmanager-550=550.54.15-1",
+            ]
+        ),
+        Command(["apt-mark", "hold", *held]),
+    ]
+
+
+def test_dnf_and_runfile_command_lines() -> None:
+    step = {"method": "dnf", "version": "550.54.15", "hold": True, "fabricmanager": True}
+    assert [c.argv for c in dnf_commands(step)] == [
+        ["dnf", "-y", "versionlock", "delete", "*nvidia*550*"],
+        ["dnf", "-y", "module", "reset", "nvidia-driver"],
+        ["dnf", "-y", "module", "install", "nvidia-driver:550-dkms/fm"],
+        ["dnf", "-y", "install", "nvidia-driver-550.54.15"],
+        ["dnf", "-y", "versionlock", "add", "*nvidia*550.54.15*"],
+    ]
+    assert runfile_commands({"runfile": "/root/NVIDIA.run"})[0].argv == [
+        "sh",
+        "/root/NVIDIA.run",
+        "--silent",
+        "--dkms",
+    ]
+    with pytest.raises(AgentFailure, match="the runfile method needs `runfile`"):
+        runfile_commands({})
+
+
+def test_pick_deb_version_from_madison() -> None:
+    madison = (
+        " nvidia-driver-550 | 550.90.07-0ubuntu0.22.04.1 | http://archive jammy-updates/restricted amd64\n"
+        " nvidia-driver-550 | 550.54.15-0ubuntu0.22.04.2 | http://archive jammy-security/restricted amd64\n"
+    )
+    assert pick_deb_version(madison, "550.54.15") == "550.54.15-0ubuntu0.22.04.2"
+    assert pick_deb_version(madison, "550.54.1") is None
+
+
+def test_apply_is_atomic_under_sigkill(tmp_path: Path) -> None:
+    """Kill a writer at random moments: the file is always the whole old or the whole new content."""
+    target = tmp_path / "managed"
+    old, new = "old\n" * 50_000, "new\n" * 50_000
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "from mgpu_provision.agent.apply import write_file;"
+        "import itertools;"
+        "[write_file(sys.argv[2], c * 50_000, 0o644) for c in itertools.cycle(['old\\n', 'new\\n'])]"
+    )
+    target.write_text(old)
+    for delay in (0.05, 0.11, 0.17, 0.23, 0.31):
+        proc = subprocess.Popen([sys.executable, "-c", code, str(ROOT), str(target)])
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        assert target.read_text() in (old, new)

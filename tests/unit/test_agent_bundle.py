@@ -1,0 +1,160 @@
+"""The agent zipapp: deterministic bytes, the right files, and the protocol as the node's python3 runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mgpu_provision.agent.bundle import build_agent
+from mgpu_provision.facts import Facts
+
+ROOT = Path(__file__).resolve().parents[2]
+TWINS = ROOT / "examples" / "twins"
+NODE_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    bundle = build_agent()
+    path = tmp_path_factory.mktemp("cache") / bundle.name
+    path.write_bytes(bundle.data)
+    yield path
+
+
+def run_agent(pyz: Path, verb: str, request: Any, env: dict[str, str] | None = None) -> dict[str, Any]:
+    done = subprocess.run(
+        [NODE_PYTHON, str(pyz), verb],
+        input=request if isinstance(request, str) else json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd="/",  # nothing from the checkout may leak onto sys.path
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout  # exactly one JSON object
+    reply: dict[str, Any] = json.loads(lines[0])
+    return reply
+
+
+def test_bundle_is_deterministic_and_named_by_its_hash() -> None:
+    first, second = build_agent(), build_agent()
+    assert first.data == second.data
+    assert first.name == f"agent-{first.digest[:16]}.pyz"
+    import hashlib
+
+    assert first.digest == hashlib.sha256(first.data).hexdigest()
+
+
+def test_bundle_holds_the_node_modules_and_pynvml_only(pyz: Path) -> None:
+    names = zipfile.ZipFile(pyz).namelist()
+    assert names == sorted(names)
+    for required in (
+        "__main__.py",
+        "pynvml.py",
+        "mgpu_provision/__init__.py",
+        "mgpu_provision/topology.py",
+        "mgpu_provision/agent/__main__.py",
+        "mgpu_provision/agent/miniyaml.py",
+    ):
+        assert required in names
+    assert "mgpu_provision/agent/bundle.py" not in names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    allowed = ("mgpu_provision/agent/", "mgpu_provision/smoke/")
+    extra = {n for n in names if n.startswith("mgpu_provision/") and not n.startswith(allowed)}
+    assert extra == {"mgpu_provision/__init__.py", "mgpu_provision/topology.py"}
+    assert {i.date_time for i in zipfile.ZipFile(pyz).infolist()} == {(1980, 1, 1, 0, 0, 0)}
+
+
+@pytest.mark.parametrize("name", ["rtx3090-nvlink.yaml", "h100-hgx.yaml", "rtx4090-pcie.yaml"])
+def test_node_python_answers_facts_for_each_twin(pyz: Path, name: str) -> None:
+    reply = run_agent(pyz, "facts", {"args": {}, "simulate": str(TWINS / name)})
+    assert reply["ok"] and reply["agent_version"]
+    facts = Facts.model_validate(reply["result"])
+    assert facts.host.simulated and facts.driver.nvml == "ok" and facts.gpus
+
+
+def test_simulation_from_the_environment_and_request_wins(pyz: Path) -> None:
+    env = {"MGPU_PROVISION_SIMULATE": str(TWINS / "rtx4090-pcie.yaml")}
+    from_env = run_agent(pyz, "facts", {"args": {}}, env)
+    assert len(from_env["result"]["gpus"]) == 5
+    from_request = run_agent(pyz, "facts", {"args": {}, "simulate": str(TWINS / "rtx3090-nvlink.yaml")}, env)
+    assert len(from_request["result"]["gpus"]) == 2
+
+
+@pytest.mark.skipif(os.path.exists("/proc/driver/nvidia/version"), reason="this machine has an NVIDIA driver")
+def test_real_nvml_through_the_bundled_pynvml_reports_no_driver(pyz: Path) -> None:
+    reply = run_agent(
+        pyz, "facts", {"args": {"python": NODE_PYTHON}, "simulate": None}, {"MGPU_PROVISION_SIMULATE": ""}
+    )
+    facts = Facts.model_validate(reply["result"])
+    assert not facts.host.simulated
+    assert facts.driver.nvml == "no-driver" and facts.driver.message is not None
+    assert facts.torch is not None and facts.torch.python == NODE_PYTHON
+
+
+def test_apply_over_the_protocol(pyz: Path, tmp_path: Path) -> None:
+    target = tmp_path / "etc" / "mgpu.env"
+    request = {
+        "args": {
+            "lock": str(tmp_path / "lock"),
+            "lock_wait_s": 1,
+            "steps": [{"kind": "file", "path": str(target), "content": "A=1\n", "mode": "0600"}],
+        }
+    }
+    reply = run_agent(pyz, "apply", request)
+    assert reply["result"]["results"][0]["changed"] is True
+    assert target.read_text() == "A=1\n" and target.stat().st_mode & 0o777 == 0o600
+    assert run_agent(pyz, "apply", request)["result"]["results"][0]["changed"] is False
+
+
+@pytest.mark.parametrize(
+    "verb, request_text, kind, message",
+    [
+        (
+            "teleport",
+            "{}",
+            "bad-request",
+            "unknown verb 'teleport'; verbs are facts, apply, reboot, reclaim, smoke",
+        ),
+        ("facts", "{not json", "bad-request", "the request on stdin is not JSON"),
+        ("facts", '{"args": [1]}', "bad-request", "the request must be"),
+        ("facts", '{"args": {}, "simulate": "/nonexistent/twin.yaml"}', "twin", "cannot read twin file"),
+    ],
+)
+def test_errors_are_envelopes_not_tracebacks(
+    pyz: Path, verb: str, request_text: str, kind: str, message: str
+) -> None:
+    reply = run_agent(pyz, verb, request_text)
+    assert reply["ok"] is False
+    assert reply["error"]["kind"] == kind and message in reply["error"]["message"]
+
+
+def test_facts_imports_only_what_it_needs() -> None:
+    script = (
+        "import json, sys;"
+        "from mgpu_provision.agent.__main__ import handle;"
+        f"reply, _ = handle('facts', json.dumps({{'simulate': {str(TWINS / 'rtx3090-nvlink.yaml')!r}}}));"
+        "assert reply['ok'], reply;"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('mgpu_provision'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    loaded = set(json.loads(done.stdout))
+    assert "mgpu_provision.agent.collect" in loaded
+    assert not loaded & {
+        "mgpu_provision.agent.apply",
+        "mgpu_provision.agent.nvml_real",
+        "mgpu_provision.smoke.node",
+        "mgpu_provision.agent.bundle",
+    }

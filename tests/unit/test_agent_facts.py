@@ -1,0 +1,268 @@
+"""The `facts` verb on simulated nodes (the example twins, link by link) and on this driverless machine."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mgpu_provision.agent.backend import select_backend
+from mgpu_provision.agent.collect import collect
+from mgpu_provision.agent.errors import AgentFailure
+from mgpu_provision.facts import Facts
+from mgpu_provision.topology import parse_topology
+
+ROOT = Path(__file__).resolve().parents[2]
+TWINS = ROOT / "examples" / "twins"
+REFERENCE = ROOT.parent / "shared" / "reference" / "topologies"
+
+
+def facts_of(twin: Path | None, **args: Any) -> Facts:
+    raw = collect(args, select_backend(str(twin) if twin else None))
+    return Facts.model_validate(json.loads(json.dumps(raw)))
+
+
+def write_twin(tmp_path: Path, topology: str | None, gpu_count: int, **extra: Any) -> Path:
+    twin: dict[str, Any] = {
+        "driver": {"version": "550.54.15", "loaded": "550.54.15", "cuda": "12.4"},
+        "gpus": [{"name": "NVIDIA GeForce RTX 3090", "memory_mib": 24576} for _ in range(gpu_count)],
+        "topology": topology,
+    }
+    twin.update(extra)
+    path = tmp_path / "twin.json"
+    path.write_text(json.dumps(twin))
+    return path
+
+
+@pytest.mark.parametrize("name", ["rtx3090-nvlink.yaml", "h100-hgx.yaml", "rtx4090-pcie.yaml"])
+def test_example_twin_facts_equal_the_matrix_pair_by_pair(name: str) -> None:
+    facts = facts_of(TWINS / name)
+    twin = yaml.safe_load((TWINS / name).read_text())
+    matrix = parse_topology(twin["topology"])
+    assert facts.host.simulated and facts.driver.nvml == "ok"
+    assert facts.driver.version == twin["driver"]["version"] and facts.driver.cuda == twin["driver"]["cuda"]
+    assert [g.name for g in facts.gpus] == [g["name"] for g in twin["gpus"]]
+    assert [g.memory_mib for g in facts.gpus] == [g["memory_mib"] for g in twin["gpus"]]
+    assert facts.nvswitch is twin["nvswitch"]
+    for a in range(len(facts.gpus)):
+        for b in range(a + 1, len(facts.gpus)):
+            assert facts.cell(a, b) == matrix.gpu_cell(a, b)
+    assert len({g.uuid for g in facts.gpus}) == len(facts.gpus)
+    assert facts.gpus == facts_of(TWINS / name).gpus  # generated UUIDs and bus ids are stable
+
+
+def test_rtx3090_links_end_at_the_other_gpu() -> None:
+    facts = facts_of(TWINS / "rtx3090-nvlink.yaml")
+    gpu0, gpu1 = facts.gpus
+    assert [link.link for link in gpu0.nvlinks] == [0, 1, 2, 3]
+    for gpu, other in ((gpu0, gpu1), (gpu1, gpu0)):
+        assert all(link.active and link.remote_type == "gpu" for link in gpu.nvlinks)
+        assert {link.remote_pci_bus_id for link in gpu.nvlinks} == {other.pci_bus_id}
+    pair = facts.pair(0, 1)
+    assert pair is not None and pair.p2p_nvlink == "OK" and pair.p2p_read == "OK"
+    assert facts.board.vendor == "ASUSTeK COMPUTER INC."
+    assert facts.fabricmanager is None
+
+
+def test_h100_links_end_at_switches_and_fabric_manager_runs() -> None:
+    facts = facts_of(TWINS / "h100-hgx.yaml")
+    assert all(len(g.nvlinks) == 18 for g in facts.gpus)
+    assert {link.remote_type for g in facts.gpus for link in g.nvlinks} == {"switch"}
+    bus_ids = {g.pci_bus_id for g in facts.gpus}
+    assert not bus_ids & {link.remote_pci_bus_id for g in facts.gpus for link in g.nvlinks}
+    assert facts.fabricmanager is not None
+    assert (facts.fabricmanager.version, facts.fabricmanager.service) == ("550.54.15", "active")
+    assert facts.gpus[0].pcie.gen == 5
+
+
+def test_rtx4090_has_no_nvlink_and_reports_pcie_classes() -> None:
+    facts = facts_of(TWINS / "rtx4090-pcie.yaml")
+    assert all(g.nvlinks == [] for g in facts.gpus)
+    pair = facts.pair(1, 2)
+    assert pair is not None and (pair.pcie, pair.nvlinks, pair.p2p_nvlink) == ("PHB", 0, "NS")
+    assert facts.gpus[0].pcie.width == 16  # the default healthy x16 link
+
+
+def test_a_loose_bridge_takes_both_ends_down(tmp_path: Path) -> None:
+    text = (REFERENCE / "2x-rtx3090-nvlink-bridge.txt").read_text()
+    facts = facts_of(write_twin(tmp_path, text, 2, nvlink_down=[{"gpu": 1, "link": 2}]))
+    assert [link.active for link in facts.gpus[1].nvlinks] == [True, True, False, True]
+    assert [link.active for link in facts.gpus[0].nvlinks] == [True, True, False, True]
+    assert facts.gpus[1].nvlinks[2].remote_type is None  # NVML is not asked about an inactive link
+    assert facts.cell(0, 1) == "NV3"
+
+
+def test_a_down_switch_link_lowers_only_that_gpus_pairs(tmp_path: Path) -> None:
+    text = (REFERENCE / "8x-h100-hgx-nvswitch-with-nics.txt").read_text()
+    facts = facts_of(write_twin(tmp_path, text, 8, nvswitch=True, nvlink_down=[{"gpu": 3, "link": 0}]))
+    assert facts.cell(3, 5) == "NV17" and facts.cell(5, 3) == "NV17"
+    assert facts.cell(0, 1) == "NV18"
+
+
+def test_mesh_links_are_handed_out_in_peer_order(tmp_path: Path) -> None:
+    mesh = (
+        "\tGPU0\tGPU1\tGPU2\tCPU Affinity\n"
+        "GPU0\t X \tNV1\tNV2\t0\nGPU1\tNV1\t X \tSYS\t0\nGPU2\tNV2\tSYS\t X \t0\n"
+    )
+    facts = facts_of(write_twin(tmp_path, mesh, 3))
+    remotes = [link.remote_pci_bus_id for link in facts.gpus[0].nvlinks]
+    assert remotes == [facts.gpus[1].pci_bus_id, facts.gpus[2].pci_bus_id, facts.gpus[2].pci_bus_id]
+    assert (facts.cell(0, 1), facts.cell(0, 2), facts.cell(1, 2)) == ("NV1", "NV2", "SYS")
+
+
+def test_no_driver_twin_reads_like_a_box_without_driver(tmp_path: Path) -> None:
+    twin = write_twin(tmp_path, None, 2, driver={"version": None})
+    facts = facts_of(twin)
+    assert facts.driver.nvml == "no-driver"
+    assert facts.driver.message == "no NVIDIA driver is installed (libnvidia-ml.so.1 not found)"
+    assert facts.gpus == [] and facts.driver.loaded is None and not facts.driver.reboot_required
+
+
+def test_version_mismatch_hides_gpu_facts_and_asks_for_a_reboot(tmp_path: Path) -> None:
+    twin = write_twin(tmp_path, None, 2, driver={"version": "550.90.07", "loaded": "550.54.15"})
+    facts = facts_of(twin)
+    assert facts.driver.nvml == "version-mismatch"
+    assert facts.driver.message is not None and "reboot" in facts.driver.message
+    assert (facts.driver.installed, facts.driver.loaded, facts.driver.reboot_required) == (
+        "550.90.07",
+        "550.54.15",
+        True,
+    )
+    assert facts.gpus == [] and facts.pairs == []
+
+
+@pytest.mark.skipif(os.path.exists("/proc/driver/nvidia/version"), reason="this machine has an NVIDIA driver")
+def test_real_nvml_without_driver_is_a_fact_not_a_traceback() -> None:
+    facts = facts_of(None)
+    assert not facts.host.simulated
+    assert facts.driver.nvml == "no-driver"
+    assert facts.driver.message == "no NVIDIA driver is installed (libnvidia-ml.so.1 not found)"
+    assert facts.host.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_twin_processes_are_real_processes_read_from_proc(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    gone = 2**22 + 1  # above the largest pid_max Linux allows: never a live process
+    processes = [{"pid": sleeper.pid, "gpu": 1, "used_mib": 1200}, {"pid": gone, "gpu": 0, "used_mib": 5}]
+    facts = facts_of(write_twin(tmp_path, None, 2, processes=processes))
+    by_pid = {p.pid: p for p in facts.processes}
+    live = by_pid[sleeper.pid]
+    assert (live.gpu, live.used_mib, live.ppid, live.alive) == (1, 1200, os.getpid(), True)
+    assert live.command is not None and "time.sleep(60)" in live.command
+    assert live.owner is not None and live.start_time is not None and live.state in ("S", "R")
+    assert not live.orphaned
+    assert by_pid[gone].alive is False
+
+
+def test_files_sli_and_torch_facts(tmp_path: Path) -> None:
+    managed = tmp_path / "env.sh"
+    managed.write_text("export A=1\n")
+    managed.chmod(0o640)
+    binary = tmp_path / "blob"
+    binary.write_bytes(b"\xff\xfe")
+    xorg = tmp_path / "xorg.conf.d"
+    xorg.mkdir()
+    (xorg / "10-other.conf").write_text('Section "Screen"\n  # Option "SLI" "On"\nEndSection\n')
+    (xorg / "20-nvidia.conf").write_text('Section "Screen"\n    Option  "SLI" "Mosaic"\nEndSection\n')
+    facts = facts_of(
+        TWINS / "rtx3090-nvlink.yaml",
+        files=[str(managed), str(binary), str(tmp_path / "absent")],
+        include_content=True,
+        xorg_paths=[str(tmp_path / "xorg.conf"), str(xorg)],
+        python=str(tmp_path / "no-python"),
+    )
+    env, blob, absent = facts.files
+    assert (env.exists, env.mode, env.content) == (True, "0640", "export A=1\n")
+    assert env.sha256 == hashlib.sha256(b"export A=1\n").hexdigest()
+    assert blob.exists and blob.content is None
+    assert not absent.exists and absent.sha256 is None
+    assert (facts.sli.mode, facts.sli.file) == ("Mosaic", str(xorg / "20-nvidia.conf"))
+    assert facts.torch is not None and not facts.torch.ok
+    assert facts.torch.error == f"{tmp_path / 'no-python'} does not exist on this host"
+
+
+@pytest.mark.skipif(
+    subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True).returncode == 0,
+    reason="/usr/bin/python3 has torch here",
+)
+def test_torch_missing_is_said_plainly() -> None:
+    facts = facts_of(TWINS / "rtx4090-pcie.yaml", python="/usr/bin/python3")
+    assert facts.torch is not None
+    assert facts.torch.error == "torch is not installed in /usr/bin/python3"
+
+
+def test_torch_probe_reports_version_and_devices() -> None:
+    facts = facts_of(TWINS / "rtx4090-pcie.yaml", python=sys.executable)
+    assert facts.torch is not None and facts.torch.ok, facts.torch
+    import torch
+
+    assert facts.torch.version == torch.__version__
+    assert facts.torch.cuda_available is False and facts.torch.device_count == 0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"topology": "garbage"}, "topology: line 1: header has no 'CPU Affinity' column"),
+        ({"gpus": [{"name": "A", "memory_mib": 1}]}, "topology has 2 GPUs, gpus lists 1"),
+        ({"gpus": [{"memory_mib": 1}, {"name": "A", "memory_mib": 1}]}, "gpus[0].name must be a string"),
+        ({"gpus": [{"name": "A"}, {"name": "A", "memory_mib": 1}]}, "gpus[0].memory_mib must be an integer"),
+        ({"nvlink_down": [{"gpu": 0}]}, "nvlink_down[].link must be an integer"),
+        ({"processes": {"pid": 1}}, "processes must be a list"),
+        ({"topology": None, "topology_file": "missing.txt"}, "topology_file: cannot read"),
+    ],
+)
+def test_bad_twins_are_refused_with_the_field(tmp_path: Path, change: dict[str, Any], message: str) -> None:
+    change = dict(change)
+    text = change.pop("topology", (REFERENCE / "2x-rtx3090-nvlink-bridge.txt").read_text())
+    twin = write_twin(tmp_path, text, 2, **change)
+    with pytest.raises(AgentFailure) as caught:
+        select_backend(str(twin))
+    assert caught.value.kind == "twin"
+    assert message in caught.value.message
+
+
+def test_unreadable_twin_documents(tmp_path: Path) -> None:
+    bad_yaml = tmp_path / "twin.yaml"
+    bad_yaml.write_text("driver: &x 1\n")
+    with pytest.raises(AgentFailure, match="line 1: anchors"):
+        select_backend(str(bad_yaml))
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n")
+    with pytest.raises(AgentFailure, match="the document must be a mapping"):
+        select_backend(str(listed))
+    with pytest.raises(AgentFailure, match="cannot read twin file"):
+        select_backend(str(tmp_path / "nope.yaml"))
+
+
+def test_topology_file_is_relative_to_the_twin(tmp_path: Path) -> None:
+    (tmp_path / "topo.txt").write_text((REFERENCE / "5x-rtx4090-pcie-dual-socket.txt").read_text())
+    facts = facts_of(write_twin(tmp_path, None, 5, topology_file="topo.txt"))
+    assert facts.cell(3, 4) == "PHB"
+
+
+def test_schema_describes_every_field_the_examples_use() -> None:
+    schema = json.loads((ROOT / "schemas" / "twin.schema.json").read_text())
+    gpu_fields = set(schema["properties"]["gpus"]["items"]["properties"])
+    for path in TWINS.glob("*.yaml"):
+        twin = yaml.safe_load(path.read_text())
+        assert set(twin) <= set(schema["properties"]), path
+        assert all(set(gpu) <= gpu_fields for gpu in twin["gpus"]), path
+        assert set(schema["required"]) <= set(twin)

@@ -1,0 +1,166 @@
+"""The real NVML backend against a scripted pynvml: init failures as facts, the link loop's two endings,
+bytes bus ids, and plain-int P2P indices (domain-facts.md §1, §8)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+from mgpu_provision.agent.collect import nvidia_facts
+from mgpu_provision.agent.nvml_real import RealBackend
+from mgpu_provision.facts import DriverInfo, Gpu, GpuPair
+
+BUS = [b"00000000:01:00.0", b"00000000:21:00.0", b"00000000:41:00.0"]
+
+
+class ScriptedNvml:
+    """Two RTX 3090s joined by four links, and a third GPU without NVLink, as pynvml would answer."""
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        for name in dir(self):
+            if name.startswith("nvml"):
+                monkeypatch.setattr(pynvml, name, getattr(self, name))
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "550.54.15"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 12040
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 3
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return "NVIDIA GeForce RTX 3090" if handle < 2 else "NVIDIA GeForce RTX 2080 Ti"
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return f"GPU-0000000{handle}-0000-0000-0000-000000000000"
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> Any:
+        return SimpleNamespace(busId=BUS[handle])  # a ctypes struct field: bytes
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+        return SimpleNamespace(total=24 * 1024**3)
+
+    def nvmlDeviceGetPersistenceMode(self, handle: int) -> int:
+        if handle == 2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(pynvml.NVML_FEATURE_ENABLED)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: int) -> int:
+        return 3 if handle == 1 else 4  # a card that trained down a generation
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> int:
+        return 4
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: int) -> int:
+        return 16
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+        if handle == 2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # no NVLink on this GPU
+        if link >= 4:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # past this GPU's links
+        return int(pynvml.NVML_FEATURE_DISABLED if (handle, link) == (0, 3) else pynvml.NVML_FEATURE_ENABLED)
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: int, link: int) -> int:
+        return int(pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: int, link: int) -> Any:
+        return SimpleNamespace(busId=BUS[1 - handle])
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:
+        return int(pynvml.NVML_TOPOLOGY_HOSTBRIDGE if {a, b} == {0, 1} else pynvml.NVML_TOPOLOGY_SYSTEM)
+
+    def nvmlDeviceGetP2PStatus(self, a: int, b: int, index: Any) -> int:
+        if type(index) is not int:  # pynvml's NVML_P2P_CAPS_INDEX_READ is the tuple (0,)
+            raise TypeError(f"P2P index must be an int, got {index!r}")
+        linked = {a, b} == {0, 1}
+        return int(
+            pynvml.NVML_P2P_STATUS_OK if linked or index == 0 else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+        )
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        return [SimpleNamespace(pid=2**22 + 1, usedGpuMemory=None)] if handle == 2 else []
+
+
+def test_facts_from_a_scripted_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    ScriptedNvml().install(monkeypatch)
+    monkeypatch.setattr(RealBackend, "installed_version", lambda self: "550.54.15")
+    monkeypatch.setattr(RealBackend, "loaded_version", lambda self: "550.54.15")
+    raw = nvidia_facts(RealBackend())
+    driver = DriverInfo.model_validate(raw["driver"])
+    assert (driver.nvml, driver.version, driver.cuda, driver.reboot_required) == (
+        "ok",
+        "550.54.15",
+        "12.4",
+        False,
+    )
+    gpus = [Gpu.model_validate(g) for g in raw["gpus"]]
+    assert [g.pci_bus_id for g in gpus] == [b.decode() for b in BUS]
+    assert [len(g.nvlinks) for g in gpus] == [4, 4, 0]
+    assert [link.active for link in gpus[0].nvlinks] == [True, True, True, False]
+    assert gpus[1].nvlinks[0].remote_pci_bus_id == "00000000:01:00.0"
+    assert gpus[1].nvlinks[0].remote_type == "gpu"
+    assert (gpus[1].pcie.gen, gpus[1].pcie.max_gen, gpus[1].pcie.max_width) == (3, 4, None)
+    assert [g.persistence_mode for g in gpus] == [True, True, None]
+    pairs = {(p.a, p.b): p for p in (GpuPair.model_validate(p) for p in raw["pairs"])}
+    assert pairs[(0, 1)].cell == "NV3"  # one of the four links is down on GPU0's side
+    assert (pairs[(0, 1)].pcie, pairs[(0, 1)].p2p_read, pairs[(0, 1)].p2p_nvlink) == ("PHB", "OK", "OK")
+    assert (pairs[(0, 2)].cell, pairs[(1, 2)].p2p_nvlink) == ("SYS", "NS")
+    assert raw["nvswitch"] is False
+    assert raw["processes"] == [{"pid": 2**22 + 1, "gpu": 2, "used_mib": None, "alive": False}]
+
+
+@pytest.mark.parametrize(
+    "code, status, words",
+    [
+        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "no-driver", "no NVIDIA driver is installed"),
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "driver-not-loaded", "kernel module is not loaded"),
+        (
+            pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+            "version-mismatch",
+            "reboot to load the installed driver",
+        ),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "no-permission", "/dev/nvidia* permissions"),
+        (pynvml.NVML_ERROR_UNKNOWN, "error", "NVML could not be initialised: Unknown Error"),
+    ],
+)
+def test_init_failures_become_driver_facts(
+    monkeypatch: pytest.MonkeyPatch, code: int, status: str, words: str
+) -> None:
+    def fail() -> None:
+        raise pynvml.NVMLError(code)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", fail)
+    monkeypatch.setattr(RealBackend, "installed_version", lambda self: "550.90.07")
+    monkeypatch.setattr(RealBackend, "loaded_version", lambda self: "550.54.15")
+    raw = nvidia_facts(RealBackend())
+    driver = DriverInfo.model_validate(raw["driver"])
+    assert driver.nvml == status and driver.message is not None and words in driver.message
+    assert driver.reboot_required and raw["gpus"] == []
+
+
+def test_loaded_module_version_is_read_from_proc() -> None:
+    from mgpu_provision.agent.system import parse_nvrm_version
+
+    line = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.90.07  Fri May 31 09:35:42 UTC 2024\n"
+    assert parse_nvrm_version(line) == "550.90.07"
+    open_line = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build\n"
+    assert parse_nvrm_version(open_line) == "570.124.06"
+    assert parse_nvrm_version("") is None and parse_nvrm_version(None) is None
