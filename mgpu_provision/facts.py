@@ -159,3 +159,10 @@ class Facts(Fact):
     def pair(self, a: int, b: int) -> GpuPair | None:
         lo, hi = min(a, b), max(a, b)
         return next((p for p in self.pairs if p.a == lo and p.b == hi), None)
+
+    def cell(self, a: int, b: int) -> str:
+        """The `nvidia-smi topo -m` cell between GPU a and GPU b ("X" on the diagonal)."""
+        if a == b:
+            return "X"
+        pair = self.pair(a, b)
+        return pair.cell if pair is not None else "?"

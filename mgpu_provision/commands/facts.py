@@ -1,0 +1,143 @@
+"""`mgpu-provision facts RIG`: what each box is — GPUs, driver, links — read in one agent call per host.
+
+The first command a user runs against a fleet, and the one that shows whether the tool sees a box the way
+`nvidia-smi` does: a GPU table per host and the link matrix in `nvidia-smi topo -m` form. Unreachable hosts
+are listed with the reason and make the exit code 2; the others are shown regardless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from ..facts import Facts, Gpu, PcieLink
+from ..fleet import AgentSession, HostOutcome, read_facts, run_fleet
+from ..plan import facts_request
+from ..topology import format_topology, gpu_matrix
+from . import _common
+
+
+def collect(run: _common.FleetRun) -> dict[str, HostOutcome[Facts]]:
+    """Facts of every chosen host; the request per host comes from the plan so facts and plan agree."""
+
+    def one(session: AgentSession) -> Facts:
+        host = run.loaded.host(session.target.name)
+        return read_facts(session, facts_request(run.loaded, host))
+
+    return run_fleet(run.targets, one, run.options)
+
+
+def as_json(outcomes: dict[str, HostOutcome[Facts]]) -> dict[str, Any]:
+    hosts: dict[str, Any] = {}
+    for name, outcome in outcomes.items():
+        if outcome.status == "ok" and outcome.value is not None:
+            hosts[name] = {"status": "ok", "facts": outcome.value.model_dump(mode="json")}
+        else:
+            hosts[name] = {"status": outcome.status, "error": outcome.error}
+    return {"hosts": hosts}
+
+
+def _pcie(link: PcieLink) -> str:
+    def one(gen: int | None, width: int | None) -> str:
+        return f"Gen{gen or '?'} x{width or '?'}"
+
+    return f"{one(link.gen, link.width)} / {one(link.max_gen, link.max_width)}"
+
+
+def _persistence(gpu: Gpu) -> str:
+    return {True: "on", False: "off", None: "?"}[gpu.persistence_mode]
+
+
+def gpu_table(facts: Facts) -> Table:
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    for column in ("GPU", "Name", "Memory", "Bus id", "PCIe cur / max", "Persistence"):
+        table.add_column(column, justify="right" if column in ("GPU", "Memory") else "left")
+    for gpu in facts.gpus:
+        table.add_row(
+            str(gpu.index),
+            gpu.name,
+            f"{gpu.memory_mib} MiB",
+            gpu.pci_bus_id,
+            _pcie(gpu.pcie),
+            _persistence(gpu),
+        )
+    return table
+
+
+def driver_line(facts: Facts) -> str:
+    driver = facts.driver
+    if driver.nvml != "ok":
+        return f"driver: {driver.message or 'NVML unavailable'} ({driver.nvml})"
+    parts = [f"driver {driver.version}", f"CUDA {driver.cuda}"]
+    if driver.loaded and driver.loaded != driver.version:
+        parts.append(f"loaded module {driver.loaded}")
+    if driver.reboot_required:
+        parts.append("reboot required")
+    if facts.nvswitch:
+        parts.append("NVSwitch")
+    return ", ".join(parts)
+
+
+def link_matrix(facts: Facts) -> str:
+    """The GPU-to-GPU matrix as `nvidia-smi topo -m` prints it (cells the agent could not place: `?`)."""
+
+    def cell(i: int, j: int) -> str:
+        pair = facts.pair(i, j)
+        return pair.cell if pair is not None else "?"
+
+    # Facts carry no CPU/NUMA affinity, so the matrix is printed without those trailing columns.
+    return format_topology(dataclasses.replace(gpu_matrix(len(facts.gpus), cell), titles=()))
+
+
+def host_view(name: str, facts: Facts) -> RenderableType:
+    info = facts.host
+    title = Text.assemble(
+        (name, "bold cyan"),
+        f"  {info.hostname} · {info.os} · kernel {info.kernel} · python {info.python}",
+        (" · simulated" if info.simulated else "", "yellow"),
+    )
+    parts: list[RenderableType] = [title, Text(driver_line(facts))]
+    if facts.gpus:
+        parts += [gpu_table(facts), Text(link_matrix(facts).rstrip("\n"))]
+    else:
+        parts.append(Text("no GPUs"))
+    return Group(*parts)
+
+
+def render(outcomes: dict[str, HostOutcome[Facts]], console: Console) -> None:
+    for name, outcome in outcomes.items():
+        if outcome.status == "ok" and outcome.value is not None:
+            console.print(host_view(name, outcome.value))
+        else:
+            console.print(Text.assemble((name, "bold red"), f"  {outcome.status}: {outcome.error}"))
+        console.print()
+
+
+def run(args: argparse.Namespace) -> int:
+    fleet = _common.prepare(args)
+    outcomes = collect(fleet)
+    if args.json:
+        print(json.dumps(as_json(outcomes), indent=2))
+    else:
+        # Piped output has no terminal width; rich's 80-column default would cut GPU names.
+        width = None if sys.stdout.isatty() else 160
+        render(outcomes, Console(file=sys.stdout, highlight=False, width=width))
+    return 0 if all(o.status == "ok" for o in outcomes.values()) else 2
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "facts",
+        help="show what each box is: GPUs, driver, links (one SSH command per host)",
+        description="Read every chosen host (GPUs, driver, NVLink/PCIe matrix) and print it. "
+        "Exit 0 when every host answered, 2 when some were unreachable or failed, 1 on errors.",
+    )
+    _common.add_fleet_arguments(parser)
+    parser.set_defaults(func=run)

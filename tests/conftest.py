@@ -1,0 +1,46 @@
+"""Shared fixtures: the OpenSSH test hosts (tests/hosts.py) and the e2e skip-or-fail policy.
+
+e2e tests skip with a reason where the harness cannot run (not root, no sshd, no unshare), but under
+`CI=true` a missing harness is a failure: CI must never pass by skipping the tests that matter.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# `tests.hosts` must import the same way under `python -m pytest` (cwd on sys.path) and `pytest`.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests import hosts
+
+
+@pytest.fixture(scope="session")
+def _client_key() -> Iterator[hosts.ClientKey]:
+    hosts.require_harness()
+    key = hosts.ClientKey()
+    yield key
+    key.remove()
+
+
+@pytest.fixture(scope="session")
+def _address_pool() -> hosts._AddressPool:
+    return hosts._AddressPool()
+
+
+@pytest.fixture
+def test_hosts(
+    _client_key: hosts.ClientKey, _address_pool: hosts._AddressPool
+) -> Iterator[hosts.HostFactory]:
+    """Factory of real sshd test hosts: `test_hosts.start("gpu-a", twin)`; torn down after the test."""
+    hosts.require_harness()
+    yield from hosts.host_factory(_client_key, _address_pool)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/e2e/" in str(item.path):
+            item.add_marker(pytest.mark.e2e)

@@ -1,0 +1,279 @@
+"""The fleet layer against real sshd test hosts, with a tiny fake agent (independent of the real agent)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mgpu_provision.fleet import AgentSession, FleetOptions, HostTarget, run_fleet
+from tests.hosts import FakeAgent, HostFactory, TestHost, fake_agent
+
+
+def target(host: TestHost, factory: HostFactory, **changes: Any) -> HostTarget:
+    base = HostTarget(
+        name=host.name,
+        address=host.address,
+        port=host.port,
+        user="root",
+        identity_file=str(factory.client_key),
+        jump=None,
+        become=True,
+        python="/usr/bin/python3",
+        connection="ssh",
+        simulate=None,
+        connect_timeout_s=2.0,
+        command_timeout_s=20.0,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def options(factory: HostFactory, agent: FakeAgent, **changes: Any) -> FleetOptions:
+    return dataclasses.replace(FleetOptions(known_hosts=factory.known_hosts, agent=agent), **changes)
+
+
+Answer = tuple[dict[str, Any], int]
+
+
+def call(verb: str, args: dict[str, Any] | None = None) -> Callable[[AgentSession], Answer]:
+    def fn(session: AgentSession) -> Answer:
+        return session.call(verb, args or {}), session.commands
+
+    return fn
+
+
+def test_agent_is_uploaded_once_then_costs_one_command(test_hosts: HostFactory) -> None:
+    hosts = [test_hosts.start("gpu-a"), test_hosts.start("gpu-b")]
+    agent = fake_agent("upload-once")
+    targets = [target(h, test_hosts) for h in hosts]
+
+    first = run_fleet(targets, call("facts", {"n": 1}), options(test_hosts, agent))
+    second = run_fleet(targets, call("facts", {"n": 2}), options(test_hosts, agent))
+
+    for host in hosts:
+        assert first[host.name].status == "ok", first[host.name].error
+        empty: Answer = ({}, -1)
+        result, commands = first[host.name].value or empty
+        assert commands == 2  # missing (exit 97), upload over sftp, run again
+        assert result["hostname"] == host.name  # its own UTS namespace
+        assert result["env_simulate"] == str(host.twin_path)  # sshd's SetEnv reaches the agent
+        assert result["args"] == {"n": 1}
+        assert result["argv0"] == f"/root/.cache/mgpu-provision/{agent.name}"
+        result, commands = second[host.name].value or empty
+        assert commands == 1
+        assert result["args"] == {"n": 2}
+        mode = host.run_in_ns("stat -c %a /root/.cache/mgpu-provision").stdout.strip()
+        assert mode == "700"
+        assert host.run_in_ns("ls -A /root/.cache/mgpu-provision").stdout.split() == [agent.name]
+
+
+def test_request_simulate_field_is_sent(test_hosts: HostFactory) -> None:
+    host = test_hosts.start("gpu-a")
+    outcome = run_fleet(
+        [target(host, test_hosts, simulate="/srv/twin.yaml")],
+        call("facts"),
+        options(test_hosts, fake_agent()),
+    )["gpu-a"]
+    assert outcome.value is not None
+    assert outcome.value[0]["simulate"] == "/srv/twin.yaml"
+
+
+def test_dead_and_silent_hosts_are_unreachable_within_the_timeout(test_hosts: HostFactory) -> None:
+    live = test_hosts.start("gpu-a")
+    silent = test_hosts.silent_server()
+    dead = test_hosts.dead_address()
+    targets = [
+        target(live, test_hosts),
+        target(live, test_hosts, name="silent", address=silent.address),
+        target(live, test_hosts, name="dead", address=dead),
+    ]
+    started = time.monotonic()
+    outcomes = run_fleet(targets, call("facts"), options(test_hosts, fake_agent()))
+    elapsed = time.monotonic() - started
+
+    assert outcomes["gpu-a"].status == "ok"
+    assert outcomes["silent"].status == "unreachable"
+    assert "sent no SSH banner within 2s" in (outcomes["silent"].error or "")
+    assert outcomes["dead"].status == "unreachable"
+    assert "connection refused by dead" in (outcomes["dead"].error or "")
+    assert outcomes["silent"].elapsed_s < 2.0 + 1.5
+    assert outcomes["dead"].elapsed_s < 1.0
+    assert elapsed < 2.0 + 3.0
+
+
+def test_unknown_host_key_is_refused_with_advice_then_accepted_on_request(
+    test_hosts: HostFactory, tmp_path: Path
+) -> None:
+    host = test_hosts.start("gpu-a")
+    known_hosts = tmp_path / "ssh" / "known_hosts"
+    agent = fake_agent()
+    refused = run_fleet(
+        [target(host, test_hosts)], call("facts"), options(test_hosts, agent, known_hosts=known_hosts)
+    )
+    outcome = refused["gpu-a"]
+    assert outcome.status == "unreachable"
+    assert outcome.error is not None
+    assert f"host key of gpu-a ({host.address}:2222) is not in known_hosts" in outcome.error
+    assert "--accept-new-host-keys" in outcome.error
+    assert f"ssh-keyscan -p 2222 {host.address}" in outcome.error
+    assert not known_hosts.exists()
+
+    accept = options(test_hosts, agent, known_hosts=known_hosts, accept_new_host_keys=True)
+    assert run_fleet([target(host, test_hosts)], call("facts"), accept)["gpu-a"].status == "ok"
+    assert known_hosts.read_text().split() == host.known_hosts_line.split()
+
+    # Now known: the default (reject) policy connects without the flag.
+    again = run_fleet(
+        [target(host, test_hosts)], call("facts"), options(test_hosts, agent, known_hosts=known_hosts)
+    )
+    assert again["gpu-a"].status == "ok"
+
+
+def test_changed_host_key_is_refused_loudly_even_with_accept_new(
+    test_hosts: HostFactory, tmp_path: Path
+) -> None:
+    host = test_hosts.start("gpu-a")
+    other = test_hosts.start("gpu-b")
+    known_hosts = tmp_path / "known_hosts"
+    # gpu-b's key recorded under gpu-a's name: what a reinstalled box (or an impostor) looks like.
+    known_hosts.write_text(
+        f"[{host.address}]:2222 {other.host_key_pub.split()[0]} {other.host_key_pub.split()[1]}\n"
+    )
+    for accept in (False, True):
+        opts = options(test_hosts, fake_agent(), known_hosts=known_hosts, accept_new_host_keys=accept)
+        outcome = run_fleet([target(host, test_hosts)], call("facts"), opts)["gpu-a"]
+        assert outcome.status == "unreachable"
+        assert outcome.error is not None
+        assert outcome.error.startswith(f"HOST KEY CHANGED for gpu-a ({host.address}:2222)")
+        assert "man-in-the-middle" in outcome.error
+        assert f"ssh-keygen -R '[{host.address}]:2222'" in outcome.error
+    assert len(known_hosts.read_text().splitlines()) == 1
+
+
+def test_wrong_key_is_an_authentication_failure(test_hosts: HostFactory, tmp_path: Path) -> None:
+    host = test_hosts.start("gpu-a")
+    stranger = tmp_path / "id_other"
+    import subprocess
+
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    outcome = run_fleet(
+        [target(host, test_hosts, identity_file=str(stranger))],
+        call("facts"),
+        options(test_hosts, fake_agent()),
+    )["gpu-a"]
+    assert outcome.status == "unreachable"
+    assert (outcome.error or "").startswith(f"authentication failed on gpu-a ({host.address}:2222) as root")
+
+
+@pytest.mark.parametrize(
+    ("verb", "args", "message"),
+    [
+        (
+            "crash",
+            {},
+            "agent crash crashed on gpu-a ({addr}:2222) (exit 3): RuntimeError: the fake agent crashed",
+        ),
+        ("garbage", {}, "agent garbage on gpu-a ({addr}:2222) answered something that is not JSON"),
+        ("refuse", {}, "agent refuse failed on gpu-a ({addr}:2222) (locked): held by 42"),
+        ("sleep", {"seconds": 30}, "agent sleep did not finish within 1s on gpu-a ({addr}:2222)"),
+    ],
+)
+def test_agent_failures_are_plain_messages(
+    test_hosts: HostFactory, verb: str, args: dict[str, Any], message: str
+) -> None:
+    host = test_hosts.start("gpu-a")
+    tgt = target(host, test_hosts, command_timeout_s=1.0)
+    started = time.monotonic()
+    outcome = run_fleet([tgt], call(verb, args), options(test_hosts, fake_agent()))["gpu-a"]
+    assert outcome.status == "failed"
+    assert (outcome.error or "").startswith(message.format(addr=host.address))
+    assert time.monotonic() - started < 10
+
+
+def test_forks_bound_the_worker_pool(test_hosts: HostFactory) -> None:
+    hosts = [test_hosts.start(f"gpu-{i}") for i in range(3)]
+    agent = fake_agent()
+    targets = [target(h, test_hosts) for h in hosts]
+    run_fleet(targets, call("facts"), options(test_hosts, agent))  # upload first, so timings are comparable
+    started = time.monotonic()
+    outcomes = run_fleet(targets, call("sleep", {"seconds": 1}), options(test_hosts, agent, forks=1))
+    assert all(o.status == "ok" for o in outcomes.values())
+    assert time.monotonic() - started >= 3.0
+    assert list(outcomes) == [h.name for h in hosts]
+
+
+def test_jump_host_is_a_gateway_with_its_key_checked(test_hosts: HostFactory, tmp_path: Path) -> None:
+    jump, inner = test_hosts.start("bastion"), test_hosts.start("gpu-b")
+    via = target(inner, test_hosts, jump=f"root@{jump.address}:{jump.port}")
+    outcome = run_fleet([via], call("facts"), options(test_hosts, fake_agent()))["gpu-b"]
+    assert outcome.status == "ok", outcome.error
+    assert outcome.value is not None and outcome.value[0]["hostname"] == "gpu-b"
+    assert "Accepted publickey for root" in jump.log()  # only the gateway hop ever logs in to the bastion
+
+    # The jump host's own key is checked too.
+    only_inner = tmp_path / "known_hosts"
+    only_inner.write_text(inner.known_hosts_line + "\n")
+    opts = options(test_hosts, fake_agent(), known_hosts=only_inner)
+    refused = run_fleet([via], call("facts"), opts)["gpu-b"]
+    assert refused.status == "unreachable"
+    assert f"host key of jump host {jump.address} ({jump.address}:2222) is not in known_hosts" in (
+        refused.error or ""
+    )
+
+
+def test_ssh_config_alias_user_port_and_key_are_honoured(test_hosts: HostFactory, tmp_path: Path) -> None:
+    host = test_hosts.start("gpu-a")
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host box-alias\n  HostName {host.address}\n  Port {host.port}\n  User root\n"
+        f"  IdentityFile {test_hosts.client_key}\n"
+    )
+    aliased = target(
+        host, test_hosts, name="box", address="box-alias", port=None, user=None, identity_file=None
+    )
+    outcome = run_fleet([aliased], call("facts"), options(test_hosts, fake_agent(), ssh_config=config))["box"]
+    assert outcome.status == "ok", outcome.error
+    assert outcome.value is not None and outcome.value[0]["hostname"] == "gpu-a"
+
+
+def test_become_with_a_non_root_login_uses_sudo_n(test_hosts: HostFactory) -> None:
+    host = test_hosts.start("gpu-a", login_user="ops", sudo="nopasswd")
+    agent = fake_agent()
+    ops = target(host, test_hosts, user="ops")
+    outcome = run_fleet([ops], call("facts"), options(test_hosts, agent))["gpu-a"]
+    assert outcome.status == "ok", outcome.error
+    assert outcome.value is not None and outcome.value[0]["uid"] == 1000
+    home = host.dir / "home-ops"
+    cached = f"{home}/.cache/mgpu-provision/{agent.name}"
+    assert (home / "sudo.log").read_text() == f"-n /usr/bin/python3 {cached} facts\n"
+
+    plain = run_fleet(
+        [target(host, test_hosts, user="ops", become=False)], call("facts"), options(test_hosts, agent)
+    )["gpu-a"]
+    assert plain.status == "ok"
+    assert len((home / "sudo.log").read_text().splitlines()) == 1  # no sudo without become
+
+
+def test_sudo_that_wants_a_password_is_a_clear_error(test_hosts: HostFactory) -> None:
+    host = test_hosts.start("gpu-a", login_user="ops", sudo="password")
+    tgt = target(host, test_hosts, user="ops")
+    outcome = run_fleet([tgt], call("facts"), options(test_hosts, fake_agent()))["gpu-a"]
+    assert outcome.status == "failed"
+    assert (outcome.error or "").startswith(
+        f"sudo needs a password on gpu-a ({host.address}:2222); allow NOPASSWD for the login user"
+    )
+
+
+def test_a_stopped_host_is_refused_and_the_namespace_is_gone(test_hosts: HostFactory) -> None:
+    host = test_hosts.start("gpu-a")
+    assert host.run_in_ns("hostname").stdout.strip() == "gpu-a"
+    host.stop()
+    outcome = run_fleet([target(host, test_hosts)], call("facts"), options(test_hosts, fake_agent()))["gpu-a"]
+    assert outcome.status == "unreachable"
+    assert (outcome.error or "").startswith("connection refused by gpu-a")
+    with pytest.raises(RuntimeError, match="test host gpu-a is not running"):
+        host.run_in_ns("true")

@@ -1,0 +1,501 @@
+"""OpenSSH test hosts: real sshd servers on loopback, each in its own mount + UTS namespace.
+
+End-to-end tests need several "boxes" that the control side reaches over real SSH, whose managed folders
+(`/etc/mgpu-provision`, `/etc/profile.d`, ...) and home directory are private to each box, and whose NVIDIA
+layer is a twin file (DESIGN.md "Test hosts"). Each host is one `sshd -D` started through `unshare`, so the
+sshd process itself holds the namespaces: `nsenter` into its pid sees the box as the agent sees it.
+
+Addresses are 127.<a>.<b>.<n> with <a>.<b> derived from this process's pid, so concurrent test sessions
+(xdist workers, other checkouts) never collide; a bind probe skips any address already in use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+import yaml
+
+SSHD = "/usr/sbin/sshd"
+SSH_PORT = 2222
+NODE_PYTHON = "/usr/bin/python3"
+# Folders the tool manages on a node; each test host gets a private, initially empty copy.
+MANAGED_DIRS = (
+    "/etc/mgpu-provision",
+    "/var/lib/mgpu-provision",
+    "/etc/profile.d",
+    "/etc/X11/xorg.conf.d",
+    "/usr/local/bin",
+)
+REPO = Path(__file__).resolve().parent.parent
+TWINS_DIR = REPO / "examples" / "twins"
+
+
+def harness_unavailable() -> str | None:
+    """Why the test hosts cannot start here, or None when they can."""
+    if os.geteuid() != 0:
+        return "OpenSSH test hosts need root (mount namespaces and bind mounts)"
+    for tool in (SSHD, "unshare", "nsenter", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"OpenSSH test hosts need {tool} (apt-get install openssh-server util-linux)"
+    probe = subprocess.run(
+        ["unshare", "--mount", "--uts", "--propagation", "private", "true"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        return f"unshare --mount --uts does not work here: {probe.stderr.strip()}"
+    return None
+
+
+def require_harness() -> None:
+    """Skip the calling test with the reason the hosts cannot start; under CI=true, fail it instead."""
+    reason = harness_unavailable()
+    if reason is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but the e2e harness cannot run: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+class _AddressPool:
+    """Loopback addresses unique to this process: 127.<pid-derived>.<pid-derived>.<1..254>."""
+
+    def __init__(self) -> None:
+        pid = os.getpid()
+        self._prefix = f"127.{1 + (pid >> 8) % 254}.{pid & 0xFF}"
+        self._next = 1
+        self._lock = threading.Lock()
+
+    def take(self, port: int = SSH_PORT) -> str:
+        with self._lock:
+            for _ in range(254):
+                address = f"{self._prefix}.{self._next}"
+                self._next = self._next % 254 + 1
+                if _port_free(address, port):
+                    return address
+        raise RuntimeError(f"no free loopback address in {self._prefix}.0/24")
+
+
+def _port_free(address: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def _keygen(path: Path, comment: str) -> str:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def load_twin(name: str) -> str:
+    """The text of an example twin under examples/twins/ (e.g. "rtx3090-nvlink"), verbatim, so the agent's
+    own YAML reader parses exactly what users write."""
+    path = TWINS_DIR / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    return path.read_text()
+
+
+@dataclass
+class TestHost:
+    """One running test host: an sshd in its own namespaces with a twin file."""
+
+    __test__ = False  # not a pytest test class
+
+    name: str
+    address: str
+    port: int
+    dir: Path
+    rig: str
+    host_key_pub: str
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def twin_path(self) -> Path:
+        return self.dir / "twin.yaml"
+
+    @property
+    def known_hosts_line(self) -> str:
+        key_type, key = self.host_key_pub.split()[:2]
+        return f"[{self.address}]:{self.port} {key_type} {key}"
+
+    def set_twin(self, twin: Mapping[str, Any] | str) -> None:
+        """Replace the twin (YAML text, or a dict) and forget the agent's overlay state beside it."""
+        # A dict is written as JSON: valid YAML that the agent's small YAML reader takes without surprises.
+        text = twin if isinstance(twin, str) else json.dumps(twin, indent=2)
+        self.twin_path.write_text(text)
+        self.twin_path.with_name(self.twin_path.name + ".state.json").unlink(missing_ok=True)
+
+    def twin(self) -> dict[str, Any]:
+        loaded: dict[str, Any] = yaml.safe_load(self.twin_path.read_text())
+        return loaded
+
+    def run_in_ns(self, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a shell command as this host sees the world (its mounts and hostname)."""
+        if self.process is None or self.process.poll() is not None:
+            raise RuntimeError(f"test host {self.name} is not running")
+        return subprocess.run(
+            ["nsenter", "-t", str(self.process.pid), "-m", "-u", "--", "sh", "-c", command],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=30,
+        )
+
+    def log(self) -> str:
+        path = self.dir / "sshd.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        """Stop the server politely (SIGTERM to its process group), then make sure it is gone."""
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, sig)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=5)
+        self.process = None
+
+
+class SilentServer:
+    """Accepts TCP connections and never says a word: a box whose sshd hangs before the banner."""
+
+    def __init__(self, address: str, port: int = SSH_PORT) -> None:
+        self.address, self.port = address, port
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((address, port))
+        self._sock.listen(16)
+        self._held: list[socket.socket] = []
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self._held.append(conn)
+
+    def __enter__(self) -> SilentServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._sock.close()
+        for conn in self._held:
+            conn.close()
+
+
+@dataclass
+class HostFactory:
+    """Starts test hosts for one test and tears all of them down afterwards."""
+
+    root: Path
+    client_key: Path
+    client_key_pub: str
+    pool: _AddressPool
+    hosts: list[TestHost] = field(default_factory=list)
+    silent: list[SilentServer] = field(default_factory=list)
+
+    @property
+    def known_hosts(self) -> Path:
+        """known_hosts listing every host started so far (rewritten on each start)."""
+        return self.root / "known_hosts"
+
+    def start(
+        self,
+        name: str,
+        twin: Mapping[str, Any] | str | None = None,
+        rig: str | None = None,
+        extra_sshd_config: str = "",
+        login_user: str | None = None,
+        sudo: Literal["nopasswd", "password"] | None = None,
+    ) -> TestHost:
+        """Start a host. `login_user` adds a non-root account (uid 1000) that only this host knows;
+        `sudo` puts a stand-in `sudo` on its PATH that runs the command (nopasswd) or wants a password."""
+        address = self.pool.take()
+        host_dir = self.root / name
+        host_dir.mkdir()
+        host_key_pub = _keygen(host_dir / "ssh_host_ed25519_key", f"host-{name}")
+        host = TestHost(name, address, SSH_PORT, host_dir, rig or f"rig-{name}", host_key_pub)
+        host.set_twin(twin if twin is not None else {"driver": {"version": None}, "gpus": []})
+        (host_dir / "authorized_keys").write_text(self.client_key_pub + "\n")
+        (host_dir / "home").mkdir(mode=0o700)
+        mounts = _clean_root_home(host_dir / "home")
+        for index, target in enumerate(MANAGED_DIRS):
+            private = host_dir / "managed" / str(index)
+            private.mkdir(parents=True)
+            Path(target).mkdir(parents=True, exist_ok=True)  # the mount point must exist on the real box
+            mounts.append(f"mount --bind {private} {target}")
+        if login_user:
+            mounts += _private_account(host_dir, login_user)
+        if sudo:
+            fake = host_dir / "managed" / str(MANAGED_DIRS.index("/usr/local/bin")) / "sudo"
+            fake.write_text(_FAKE_SUDO[sudo])
+            fake.chmod(0o755)
+        (host_dir / "sshd_config").write_text(
+            _sshd_config(host, host_dir / "authorized_keys") + extra_sshd_config
+        )
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+        script = " && ".join(
+            [
+                *mounts,
+                f"hostname {name}",
+                f"exec {SSHD} -D -f {host_dir / 'sshd_config'} -E {host_dir / 'sshd.log'}",
+            ]
+        )
+        host.process = subprocess.Popen(
+            ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, so teardown can end sshd and its children
+        )
+        self.hosts.append(host)
+        _wait_listening(host)
+        self._write_known_hosts()
+        return host
+
+    def dead_address(self) -> str:
+        """A loopback address where nothing listens on the SSH port (connection refused)."""
+        return self.pool.take()
+
+    def silent_server(self) -> SilentServer:
+        server = SilentServer(self.pool.take())
+        self.silent.append(server)
+        return server
+
+    def _write_known_hosts(self) -> None:
+        self.known_hosts.write_text("".join(h.known_hosts_line + "\n" for h in self.hosts))
+
+    def write_rig(
+        self,
+        path: Path,
+        hosts: Sequence[TestHost],
+        rigs: Mapping[str, Any] | None = None,
+        defaults: Mapping[str, Any] | None = None,
+        host_fields: Mapping[str, Mapping[str, Any]] | None = None,
+        extra_hosts: Sequence[Mapping[str, Any]] = (),
+        **top_level: Any,
+    ) -> Path:
+        """A rig file whose hosts are these test hosts; rigs default to "the GPUs the twin has"."""
+        entries: list[dict[str, Any]] = []
+        for host in hosts:
+            entry: dict[str, Any] = {
+                "name": host.name,
+                "address": host.address,
+                "port": host.port,
+                "rig": host.rig,
+            }
+            entry.update((host_fields or {}).get(host.name, {}))
+            entries.append(entry)
+        entries.extend(dict(e) for e in extra_hosts)
+        if rigs is None:
+            rigs = {h.rig: _rig_of_twin(h.twin()) for h in hosts}
+            rigs.update({str(e["rig"]): {"gpus": {"model": "none", "count": 1}} for e in extra_hosts})
+        document: dict[str, Any] = {
+            "version": 1,
+            "defaults": {
+                "user": "root",
+                "identity_file": str(self.client_key),
+                "python": NODE_PYTHON,
+                "connect_timeout_s": 5,
+                **(defaults or {}),
+            },
+            "hosts": entries,
+            "rigs": dict(rigs),
+            **top_level,
+        }
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        return path
+
+    def teardown(self) -> None:
+        for server in self.silent:
+            server.close()
+        for host in self.hosts:
+            host.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+# Stand-ins for `sudo -n CMD...` (no sudo package on the test machines): log the call, then run or refuse.
+_LOG_SUDO = '#!/bin/sh\nprintf \'%s\\n\' "$*" >> "$HOME/sudo.log"\n'
+_FAKE_SUDO = {
+    "nopasswd": _LOG_SUDO + '[ "$1" = -n ] && shift\nexec "$@"\n',
+    "password": _LOG_SUDO + 'echo "sudo: a password is required" >&2\nexit 1\n',
+}
+
+
+def _private_account(host_dir: Path, user: str) -> list[str]:
+    """Copies of passwd/group/shadow with one more account, bind-mounted inside the host's namespace only."""
+    home = host_dir / f"home-{user}"
+    home.mkdir(mode=0o700)
+    os.chown(home, 1000, 1000)
+    for folder in (host_dir, host_dir.parent):  # the account must reach its home and the twin
+        folder.chmod(0o755)
+    extra = {
+        "passwd": f"{user}:x:1000:1000::{home}:/bin/sh\n",
+        "group": f"{user}:x:1000:\n",
+        "shadow": f"{user}:*:19000:0:99999:7:::\n",
+    }
+    mounts = []
+    for name, line in extra.items():
+        copy = host_dir / f"etc-{name}"
+        copy.write_text(Path(f"/etc/{name}").read_text() + line)
+        mounts.append(f"mount --bind {copy} /etc/{name}")
+    return mounts
+
+
+def _rig_of_twin(twin: Mapping[str, Any]) -> dict[str, Any]:
+    gpus = twin.get("gpus") or []
+    model = gpus[0]["name"] if gpus else "none"
+    return {"gpus": {"model": model, "count": max(len(gpus), 1)}}
+
+
+def _sshd_config(host: TestHost, authorized_keys: Path) -> str:
+    return f"""\
+ListenAddress {host.address}
+Port {host.port}
+HostKey {host.dir / "ssh_host_ed25519_key"}
+PidFile {host.dir / "sshd.pid"}
+AuthorizedKeysFile {authorized_keys}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PrintMotd no
+LogLevel VERBOSE
+MaxStartups 100:30:200
+SetEnv MGPU_PROVISION_SIMULATE={host.twin_path}
+Subsystem sftp internal-sftp
+"""
+
+
+def _clean_root_home(home: Path) -> list[str]:
+    """Mounts giving root a clean home: the real one's start-up files (pyenv) would distort every timing.
+
+    The folders under /root that hold the interpreter running the tests (a pyenv python, which this
+    virtualenv links to) are carried into the clean home, so `smoke.python` and friends still run there.
+    A recursive bind, because the carried folders are mounts of their own inside `home`.
+    """
+    mounts = []
+    for path in {Path(sys.executable).resolve(), Path(sys.base_prefix).resolve()}:
+        if path.is_relative_to("/root") and len(path.parts) > 2:
+            keep = Path("/root", path.parts[2])
+            (home / keep.name).mkdir(exist_ok=True)
+            mounts.append(f"mount --bind {keep} {home / keep.name}")
+    return [*sorted(set(mounts)), f"mount --rbind {home} /root"]
+
+
+def _wait_listening(host: TestHost, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert host.process is not None
+        if host.process.poll() is not None:
+            raise RuntimeError(f"sshd for test host {host.name} exited: {host.log()[-2000:]}")
+        try:
+            with socket.create_connection((host.address, host.port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.02)
+    host.kill()
+    raise RuntimeError(
+        f"sshd for test host {host.name} did not listen within {timeout_s}s: {host.log()[-2000:]}"
+    )
+
+
+class ClientKey:
+    """The user key every test host authorises; made once per test session."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="mgpu-client-"))
+        self.path = self.dir / "id_ed25519"
+        self.pub = _keygen(self.path, "mgpu-provision-tests")
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def host_factory(client: ClientKey, pool: _AddressPool) -> Iterator[HostFactory]:
+    """Generator behind the `test_hosts` fixture: yields a factory, always tears everything down."""
+    factory = HostFactory(Path(tempfile.mkdtemp(prefix="mgpu-hosts-")), client.path, client.pub, pool)
+    try:
+        yield factory
+    finally:
+        factory.teardown()
+
+
+_FAKE_AGENT_MAIN = """\
+import json, os, socket, sys, time
+verb = sys.argv[1]
+request = json.load(sys.stdin)
+if verb == "crash":
+    sys.stderr.write("Traceback (most recent call last):\\nRuntimeError: the fake agent crashed\\n")
+    sys.exit(3)
+if verb == "garbage":
+    print("this is not json")
+    sys.exit(0)
+if verb == "sleep":
+    time.sleep(request["args"]["seconds"])
+if verb == "refuse":
+    error = {"kind": "locked", "message": "held by 42"}
+    print(json.dumps({"ok": False, "agent_version": "fake", "error": error}))
+    sys.exit(0)
+result = {"verb": verb, "args": request["args"], "simulate": request["simulate"],
+          "hostname": socket.gethostname(), "env_simulate": os.environ.get("MGPU_PROVISION_SIMULATE"),
+          "uid": os.getuid(), "argv0": sys.argv[0]}
+print(json.dumps({"ok": True, "agent_version": "fake", "result": result}))
+"""
+
+
+@dataclass(frozen=True)
+class FakeAgent:
+    """A tiny zipapp that speaks the agent protocol, to test the fleet layer apart from the real agent."""
+
+    data: bytes
+    name: str
+
+
+def fake_agent(tag: str = "") -> FakeAgent:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        entry = zipfile.ZipInfo("__main__.py", (2020, 1, 1, 0, 0, 0))
+        archive.writestr(entry, _FAKE_AGENT_MAIN + f"# {tag}\n")
+    data = buffer.getvalue()
+    return FakeAgent(data, f"agent-{hashlib.sha256(data).hexdigest()[:16]}.pyz")

@@ -1,0 +1,320 @@
+"""Env files, the mgpu-torchrun launcher and the X config: rendered from a real rig file, then read back by
+the programs that consume them (sh sources the profile script, the launcher runs with a stand-in python)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mgpu_provision.facts import Facts, ManagedFile
+from mgpu_provision.resources import envfiles
+from mgpu_provision.resources.envfiles import DesiredFile, EnvFileError, desired_files, diff_file, diff_files
+from mgpu_provision.spec import LoadedRig, load_rig
+
+RIG = """\
+version: 1
+hosts:
+  - {name: gpu-a, address: 10.0.0.11, rig: pair}
+  - {name: gpu-b, address: 10.0.0.12, rig: pair}
+rigs:
+  pair:
+    gpus: {model: "NVIDIA GeForce RTX 3090", count: 2}
+    bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}
+    sli: {mode: "Off"}
+    visible_devices: [1, 0]
+    ddp: {master: gpu-a, port: 29511, backend: gloo, nproc_per_node: 2, ifname: "=eth0"}
+    env: {NCCL_DEBUG: WARN, NCCL_IB_DISABLE: "0"}
+env: {NCCL_IB_DISABLE: "1", GLOO_NOTE: "two words"}
+smoke: {python: /opt/venv/bin/python}
+"""
+
+
+def load(tmp_path: Path, text: str = RIG, **replace: str) -> LoadedRig:
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    path = tmp_path / "rig.yaml"
+    path.write_text(text)
+    return load_rig(path)
+
+
+def files_of(loaded: LoadedRig, host: str = "gpu-b") -> dict[str, DesiredFile]:
+    return {Path(f.path).name: f for f in desired_files(loaded, loaded.host(host))}
+
+
+def sourced_env(script: str, tmp_path: Path, prefix: str = "") -> dict[str, str]:
+    path = tmp_path / "env.sh"
+    path.write_text(script)
+    out = subprocess.run(
+        ["sh", "-c", f'{prefix} . "$1" && env -0', "sh", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": os.environ["PATH"]},
+    ).stdout
+    return dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+
+
+def test_every_file_is_listed_with_mode_and_tag(tmp_path: Path) -> None:
+    files = desired_files(load(tmp_path), load(tmp_path).host("gpu-b"))
+    assert [(f.path, f.mode, f.tag) for f in files] == [
+        ("/etc/profile.d/mgpu-provision.sh", "0644", "env"),
+        ("/etc/mgpu-provision/environment", "0644", "env"),
+        ("/usr/local/bin/mgpu-torchrun", "0755", "env"),
+        ("/etc/X11/xorg.conf.d/20-mgpu-provision.conf", "0644", "sli"),
+    ]
+
+
+def test_every_file_says_it_is_managed(tmp_path: Path) -> None:
+    for f in files_of(load(tmp_path)).values():
+        lines = f.content.splitlines()
+        first = lines[1] if lines[0].startswith("#!") else lines[0]
+        assert first.startswith("# managed by mgpu-provision, do not edit"), f.path
+
+
+def test_profile_script_exports_cuda_nccl_gloo_and_the_rig_env(tmp_path: Path) -> None:
+    env = sourced_env(files_of(load(tmp_path))["mgpu-provision.sh"].content, tmp_path)
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["CUDA_VISIBLE_DEVICES"] == "1,0"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert "NCCL_ASYNC_ERROR_HANDLING" not in env  # the deprecated name
+    assert env["NCCL_SOCKET_IFNAME"] == "=eth0"
+    assert env["GLOO_SOCKET_IFNAME"] == "eth0"  # Gloo has no "=" (exact match) syntax
+    assert env["NCCL_DEBUG"] == "WARN"
+    assert env["NCCL_IB_DISABLE"] == "0"  # the rig's env wins over the fleet's
+    assert env["GLOO_NOTE"] == "two words"
+
+
+def test_environment_file_sets_the_same_variables_as_the_profile_script(tmp_path: Path) -> None:
+    files = files_of(load(tmp_path))
+    profile = sourced_env(files["mgpu-provision.sh"].content, tmp_path)
+    systemd = sourced_env(files["environment"].content, tmp_path, prefix="set -a &&")
+    assert systemd == profile
+    assert 'GLOO_NOTE="two words"' in files["environment"].content.splitlines()
+    assert "export" not in files["environment"].content
+
+
+def test_comment_maps_each_cuda_index_to_its_physical_gpu(tmp_path: Path) -> None:
+    content = files_of(load(tmp_path))["mgpu-provision.sh"].content
+    assert "#   cuda:0 = nvidia-smi GPU 1\n#   cuda:1 = nvidia-smi GPU 0\n" in content
+
+
+def test_uuids_are_written_as_the_rig_gives_them(tmp_path: Path) -> None:
+    uuid = "GPU-1aff65f8-8897-eaee-29e4-6871ef7491a0"
+    loaded = load(
+        tmp_path, **{"visible_devices: [1, 0]": f"visible_devices: [{uuid}]", "nproc_per_node: 2, ": ""}
+    )
+    content = files_of(loaded)["mgpu-provision.sh"].content
+    assert f"export CUDA_VISIBLE_DEVICES={uuid}\n" in content
+    assert f"#   cuda:0 = the GPU with UUID {uuid}\n" in content
+
+
+def test_all_gpus_visible_without_visible_devices(tmp_path: Path) -> None:
+    content = files_of(load(tmp_path, **{"visible_devices: [1, 0]": ""}))["mgpu-provision.sh"].content
+    assert "CUDA_VISIBLE_DEVICES" not in content
+    assert "# Every GPU is visible: cuda:N = nvidia-smi GPU N" in content
+
+
+@pytest.mark.parametrize(
+    ("ifname", "nccl", "gloo"),
+    [("eth0", "eth0", "eth0"), ("=ib0", "=ib0", "ib0"), ("^docker,lo", "^docker,lo", None)],
+)
+def test_ifname_for_nccl_and_gloo(ifname: str, nccl: str, gloo: str | None) -> None:
+    expected = [("NCCL_SOCKET_IFNAME", nccl)] + ([("GLOO_SOCKET_IFNAME", gloo)] if gloo else [])
+    assert envfiles.ifname_variables(ifname) == expected
+
+
+def test_explicit_env_wins_over_ifname(tmp_path: Path) -> None:
+    loaded = load(tmp_path, **{"NCCL_DEBUG: WARN": "NCCL_DEBUG: WARN, NCCL_SOCKET_IFNAME: bond0"})
+    env = dict(envfiles.environment(loaded, loaded.rig_of(loaded.host("gpu-a"))))
+    assert env["NCCL_SOCKET_IFNAME"] == "bond0"
+
+
+def test_rendering_is_deterministic(tmp_path: Path) -> None:
+    assert files_of(load(tmp_path)) == files_of(load(tmp_path))
+
+
+def test_a_null_path_is_not_managed_and_the_launcher_inlines_the_env(tmp_path: Path) -> None:
+    loaded = load(tmp_path, RIG + "files: {profile_d: null, environment_file: null}\n")
+    files = files_of(loaded)
+    assert sorted(files) == ["20-mgpu-provision.conf", "mgpu-torchrun"]
+    assert "export CUDA_VISIBLE_DEVICES=1,0\n" in files["mgpu-torchrun"].content
+
+
+def test_no_launcher_without_ddp_and_no_x_config_without_sli(tmp_path: Path) -> None:
+    text = "\n".join(line for line in RIG.splitlines() if "ddp:" not in line and "sli:" not in line)
+    assert sorted(files_of(load(tmp_path, text + "\n"))) == ["environment", "mgpu-provision.sh"]
+
+
+def test_windows_hosts_get_no_linux_files(tmp_path: Path) -> None:
+    loaded = load(tmp_path, **{"rig: pair}\nrigs": "rig: pair, os: windows}\nrigs"})
+    assert desired_files(loaded, loaded.host("gpu-b")) == []
+
+
+def test_relative_paths_of_local_hosts_lie_beside_the_rig_file(tmp_path: Path) -> None:
+    text = RIG.replace("rig: pair}", "rig: pair, connection: local}")
+    loaded = load(tmp_path, text + "files: {profile_d: out/env.sh}\n")
+    assert files_of(loaded)["env.sh"].path == str(tmp_path / "out" / "env.sh")
+
+
+def run_launcher(content: str, tmp_path: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    """Run the launcher with its python replaced by a script that records argv and the environment."""
+    record = tmp_path / "record"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}.args\nenv > {record}.env\n')
+    fake.chmod(0o755)
+    launcher = tmp_path / "mgpu-torchrun"
+    launcher.write_text(content.replace("/opt/venv/bin/python", str(fake)))
+    launcher.chmod(0o755)
+    subprocess.run([str(launcher), *args], check=True, env={"PATH": os.environ["PATH"]})
+    env = dict(line.split("=", 1) for line in Path(f"{record}.env").read_text().splitlines() if "=" in line)
+    return Path(f"{record}.args").read_text().splitlines(), env
+
+
+def test_launcher_runs_torchrun_with_this_nodes_rank(tmp_path: Path) -> None:
+    loaded = load(tmp_path, RIG + f"files: {{profile_d: {tmp_path}/profile.sh}}\n")
+    files = files_of(loaded)
+    Path(files["profile.sh"].path).write_text(files["profile.sh"].content)
+    args, env = run_launcher(files["mgpu-torchrun"].content, tmp_path, "train.py", "--epochs", "two words")
+    assert args == [
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=2",
+        "--node-rank=1",
+        "--master-addr=10.0.0.11",
+        "--master-port=29511",
+        "train.py",
+        "--epochs",
+        "two words",
+    ]
+    assert env["MGPU_DDP_BACKEND"] == "gloo"
+    assert env["CUDA_VISIBLE_DEVICES"] == "1,0"  # sourced from the profile script
+
+
+def test_launcher_with_c10d_rendezvous(tmp_path: Path) -> None:
+    text = RIG.replace("ifname:", "rdzv_backend: c10d, rdzv_id: job7, ifname:") + "files: {profile_d: null}\n"
+    loaded = load(tmp_path, text)
+    args, _ = run_launcher(files_of(loaded, "gpu-a")["mgpu-torchrun"].content, tmp_path, "t.py")
+    assert args[2:] == [
+        "--nnodes=2",
+        "--nproc-per-node=2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.11:29511",
+        "--rdzv-id=job7",
+        "t.py",
+    ]
+
+
+def test_nproc_defaults_to_the_visible_gpus(tmp_path: Path) -> None:
+    loaded = load(tmp_path, **{"visible_devices: [1, 0]": "visible_devices: [1]", "nproc_per_node: 2, ": ""})
+    assert "\nnproc_per_node=1\n" in files_of(loaded)["mgpu-torchrun"].content
+
+
+@pytest.mark.parametrize(
+    ("value", "shell", "systemd"),
+    [
+        ("eth0", "eth0", "eth0"),
+        ("a b", "'a b'", '"a b"'),
+        ('say "$x" `y` \\', None, '"say \\"\\$x\\" \\`y\\` \\\\"'),
+    ],
+)
+def test_quoting_filters(value: str, shell: str | None, systemd: str) -> None:
+    if shell is not None:
+        assert envfiles.shell_quote(value) == shell
+    assert envfiles.systemd_quote(value) == systemd
+
+
+def test_systemd_quoting_reads_back_in_sh(tmp_path: Path) -> None:
+    value = 'say "$x" `y` \\ end'
+    env = sourced_env(f"V={envfiles.systemd_quote(value)}\n", tmp_path, prefix="set -a &&")
+    assert env["V"] == value
+
+
+@pytest.mark.parametrize("quote", [envfiles.shell_quote, envfiles.systemd_quote])
+def test_control_characters_are_refused(quote: Any) -> None:
+    with pytest.raises(EnvFileError, match="contains a newline or control character"):
+        quote("a\nNCCL_DEBUG=INFO")
+
+
+FILE = DesiredFile("/etc/x.sh", "a\nb\n", "0644", "env")
+
+
+def facts_with(*files: ManagedFile) -> Facts:
+    host = {
+        "hostname": "h",
+        "os": "Linux",
+        "kernel": "6",
+        "arch": "x86_64",
+        "boot_id": "b",
+        "python": "3",
+        "user": "root",
+    }
+    return Facts.model_validate(
+        {
+            "agent_version": "0",
+            "host": host,
+            "driver": {"nvml": "ok"},
+            "files": [f.model_dump() for f in files],
+        }
+    )
+
+
+def test_missing_file_is_created_with_a_diff_from_nothing() -> None:
+    change = diff_file(FILE, ManagedFile(path="/etc/x.sh", exists=False))
+    assert change is not None
+    assert (change.resource, change.action, change.tags) == ("file:/etc/x.sh", "create", ("env",))
+    assert change.summary == "create /etc/x.sh (2 lines, mode 0644)"
+    assert change.diff is not None and "--- /dev/null" in change.diff and "+b" in change.diff
+    assert change.step == {"kind": "file", "path": "/etc/x.sh", "content": "a\nb\n", "mode": "0644"}
+
+
+def test_a_file_the_agent_did_not_report_is_created() -> None:
+    [change] = diff_files([FILE], facts_with())
+    assert change.action == "create"
+
+
+def test_changed_content_is_an_update_with_a_unified_diff() -> None:
+    have = ManagedFile(path="/etc/x.sh", exists=True, content="a\nc\n", mode="0644", sha256="0" * 64)
+    change = diff_file(FILE, have)
+    assert change is not None and change.action == "update"
+    assert change.summary == "update /etc/x.sh (content)"
+    assert change.diff is not None and "-c\n" in change.diff and "+b\n" in change.diff
+
+
+def test_mode_drift_alone_is_an_update() -> None:
+    have = ManagedFile(path="/etc/x.sh", exists=True, content="a\nb\n", mode="0600", sha256=FILE.sha256)
+    change = diff_file(FILE, have)
+    assert change is not None and change.summary == "update /etc/x.sh (mode 0600 -> 0644)"
+    assert change.diff is None
+    assert change.current == f"mode 0600, sha256 {FILE.sha256[:12]}"
+
+
+def test_without_content_the_hash_decides() -> None:
+    same = ManagedFile(path="/etc/x.sh", exists=True, mode="0644", sha256=FILE.sha256)
+    other = ManagedFile(path="/etc/x.sh", exists=True, mode="0644", sha256="f" * 64)
+    assert diff_files([FILE], facts_with(same)) == []
+    [change] = diff_files([FILE], facts_with(other))
+    assert change.summary == "update /etc/x.sh (content)" and change.diff is None
+
+
+def test_converged_file_gives_no_change(tmp_path: Path) -> None:
+    loaded = load(tmp_path)
+    desired = desired_files(loaded, loaded.host("gpu-a"))
+    on_node = [
+        ManagedFile(path=f.path, exists=True, content=f.content, mode=f.mode, sha256=f.sha256)
+        for f in desired
+    ]
+    assert diff_files(desired, facts_with(*on_node)) == []
+
+
+def test_x_config_sets_the_sli_option_in_screen_and_device(tmp_path: Path) -> None:
+    content = files_of(load(tmp_path, **{'mode: "Off"': "mode: mosaic"}))["20-mgpu-provision.conf"].content
+    assert content.count('Option         "SLI" "Mosaic"') == 2
+    sections = [line for line in content.splitlines() if line.startswith("Section")]
+    assert sections == ['Section "Device"', 'Section "Screen"']
+    assert textwrap.dedent(content).count("EndSection") == 2

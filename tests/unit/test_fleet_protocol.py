@@ -1,0 +1,224 @@
+"""The fleet layer's pure parts and local sessions: agent command, response parsing, targets, error words."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import paramiko
+import pytest
+
+from mgpu_provision.errors import AgentError
+from mgpu_provision.fleet import (
+    AGENT_MISSING,
+    FleetOptions,
+    HostTarget,
+    agent_command,
+    parse_response,
+    run_fleet,
+    targets_for,
+)
+from mgpu_provision.spec import load_rig
+from mgpu_provision.sshconn import connect_error_message, known_hosts_name, make_connection
+from tests.hosts import fake_agent
+
+WHERE = "gpu-a (10.0.0.1:22)"
+
+
+def ok(result: Any) -> str:
+    return json.dumps({"ok": True, "agent_version": "1", "result": result})
+
+
+def test_agent_command_runs_cached_agent_or_exits_97() -> None:
+    command = agent_command("agent-0123.pyz", "/opt/py 3/bin/python3", "facts", sudo=False)
+    assert command == (
+        'f=~/.cache/mgpu-provision/agent-0123.pyz; [ -f "$f" ] || exit 97; '
+        "exec '/opt/py 3/bin/python3' \"$f\" facts"
+    )
+    assert 'exec sudo -n python3 "$f" apply' in agent_command("a.pyz", "python3", "apply", sudo=True)
+
+
+def test_parse_response_returns_result() -> None:
+    assert parse_response(WHERE, "facts", 0, ok({"x": 1}), "") == {"x": 1}
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout", "stderr", "message"),
+    [
+        (AGENT_MISSING, "", "", "agent is still missing on gpu-a (10.0.0.1:22) after uploading it"),
+        (
+            1,
+            "",
+            "sudo: a password is required\n",
+            "sudo needs a password on gpu-a (10.0.0.1:22); allow NOPASSWD",
+        ),
+        (
+            1,
+            "",
+            "Traceback...\n  x\nKeyError: 'gpus'\n\n",
+            "agent facts crashed on gpu-a (10.0.0.1:22) (exit 1): KeyError",
+        ),
+        (139, "", "", "agent facts crashed on gpu-a (10.0.0.1:22) (exit 139): no error output"),
+        (0, "<html>", "", "agent facts on gpu-a (10.0.0.1:22) answered something that is not JSON"),
+        (0, "[1, 2]", "", "agent facts on gpu-a (10.0.0.1:22) answered JSON without an `ok` field"),
+        (0, json.dumps({"ok": True}), "", "answered ok without a `result` object"),
+        (
+            0,
+            json.dumps({"ok": False, "error": {"kind": "locked", "message": "held by pid 7"}}),
+            "",
+            "agent facts failed on gpu-a (10.0.0.1:22) (locked): held by pid 7",
+        ),
+    ],
+)
+def test_parse_response_failures_are_plain_words(code: int, stdout: str, stderr: str, message: str) -> None:
+    with pytest.raises(AgentError) as caught:
+        parse_response(WHERE, "facts", code, stdout, stderr)
+    assert message in str(caught.value)
+
+
+def test_known_hosts_name_follows_openssh() -> None:
+    assert known_hosts_name("10.0.0.1", 22) == "10.0.0.1"
+    assert known_hosts_name("10.0.0.1", 2222) == "[10.0.0.1]:2222"
+
+
+RIG = """\
+version: 1
+defaults: {user: ubuntu, port: 2200, identity_file: keys/id, become: true, connect_timeout_s: 4}
+hosts:
+  - {name: gpu-a, address: 10.0.0.11, rig: pair}
+  - {name: gpu-b, rig: pair, user: root, port: 22, python: /opt/py/bin/python3, simulate: twins/b.yaml}
+  - {name: me, rig: pair, connection: local, become: false}
+rigs:
+  pair: {gpus: {model: "NVIDIA GeForce RTX 3090", count: 2}}
+"""
+
+
+def test_targets_merge_defaults_and_resolve_paths(tmp_path: Path) -> None:
+    (tmp_path / "rig.yaml").write_text(RIG)
+    loaded = load_rig(tmp_path / "rig.yaml")
+    a, b, me = targets_for(loaded, list(loaded.spec.hosts))
+    assert (a.address, a.port, a.user, a.become, a.python) == ("10.0.0.11", 2200, "ubuntu", True, "python3")
+    assert a.identity_file == str(tmp_path / "keys" / "id")
+    assert (a.connect_timeout_s, a.command_timeout_s, a.simulate) == (4.0, 300.0, None)
+    assert (b.address, b.port, b.user, b.python) == ("gpu-b", 22, "root", "/opt/py/bin/python3")
+    assert b.simulate == str(tmp_path / "twins" / "b.yaml")
+    assert (me.connection, me.become) == ("local", False)
+
+
+def local_target(**changes: Any) -> HostTarget:
+    fields: dict[str, Any] = dict(
+        name="me",
+        address="127.0.0.1",
+        port=None,
+        user=None,
+        identity_file=None,
+        jump=None,
+        become=False,
+        python=sys.executable,
+        connection="local",
+        simulate="/twins/x.yaml",
+        connect_timeout_s=5.0,
+        command_timeout_s=10.0,
+    )
+    fields.update(changes)
+    return HostTarget(**fields)
+
+
+def test_local_session_uploads_once_and_speaks_the_protocol(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    agent = fake_agent("local")
+    options = FleetOptions(agent=agent)
+
+    def fn(session: Any) -> tuple[dict[str, Any], int]:
+        return session.call("facts", {"k": "v"}), session.commands
+
+    first = run_fleet([local_target()], fn, options)["me"]
+    second = run_fleet([local_target()], fn, options)["me"]
+    assert first.status == "ok", first.error
+    assert first.value is not None and second.value is not None
+    result, commands = first.value
+    assert commands == 2
+    assert result["simulate"] == "/twins/x.yaml"
+    assert result["args"] == {"k": "v"}
+    assert result["hostname"] == socket.gethostname()
+    assert second.value[1] == 1
+    cache = tmp_path / ".cache" / "mgpu-provision"
+    assert sorted(p.name for p in cache.iterdir()) == [agent.name]
+    assert cache.stat().st_mode & 0o777 == 0o700
+
+
+def test_local_timeouts_and_crashes_are_failed_outcomes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    options = FleetOptions(agent=fake_agent("local"))
+    slow = run_fleet(
+        [local_target(command_timeout_s=0.5)], lambda s: s.call("sleep", {"seconds": 5}), options
+    )["me"]
+    assert (slow.status, slow.error) == ("failed", "agent sleep did not finish within 0.5s on me (local)")
+    crash = run_fleet([local_target()], lambda s: s.call("crash", {}), options)["me"]
+    assert crash.status == "failed"
+    assert crash.error == "agent crash crashed on me (local) (exit 3): RuntimeError: the fake agent crashed"
+
+
+def test_a_bug_in_the_callback_is_a_failed_outcome_not_a_traceback(tmp_path: Path) -> None:
+    def broken(session: Any) -> None:
+        raise KeyError("gpus")
+
+    outcome = run_fleet([local_target()], broken, FleetOptions(agent=fake_agent()))["me"]
+    assert (outcome.status, outcome.error) == ("failed", "KeyError: 'gpus'")
+
+
+def ssh_target(**changes: Any) -> HostTarget:
+    return local_target(connection="ssh", address="10.0.0.1", port=2222, user="root", **changes)
+
+
+@pytest.mark.parametrize(
+    ("exc", "message"),
+    [
+        (
+            ConnectionRefusedError(111, "refused"),
+            "connection refused by gpu (10.0.0.1:2222): nothing listens",
+        ),
+        (
+            paramiko.ssh_exception.NoValidConnectionsError({("10.0.0.1", 2222): OSError(111, "x")}),
+            "connection refused by gpu (10.0.0.1:2222)",
+        ),
+        (TimeoutError(), "no answer from gpu (10.0.0.1:2222) within 5s (connect timeout)"),
+        (
+            socket.gaierror(-2, "Name or service not known"),
+            "cannot resolve gpu (10.0.0.1:2222): Name or service",
+        ),
+        (
+            paramiko.SSHException("Error reading SSH protocol banner"),
+            "gpu (10.0.0.1:2222) accepted the connection but sent no SSH banner within 5s",
+        ),
+        (
+            paramiko.AuthenticationException("Authentication failed."),
+            "authentication failed on gpu (10.0.0.1:2222)",
+        ),
+        (EOFError(), "gpu (10.0.0.1:2222) closed the connection during the SSH handshake"),
+        (OSError(113, "No route to host"), "cannot connect to gpu (10.0.0.1:2222): No route to host"),
+        (ValueError("odd"), "cannot connect to gpu (10.0.0.1:2222): ValueError: odd"),
+    ],
+)
+def test_connect_errors_are_plain_words(exc: Exception, message: str, tmp_path: Path) -> None:
+    target = ssh_target(name="gpu")
+    conn = make_connection(target, FleetOptions(known_hosts=tmp_path / "kh"))
+    assert message in connect_error_message(target, conn, exc, tmp_path / "kh")
+
+
+def test_changed_key_message_names_the_known_hosts_entry(tmp_path: Path) -> None:
+    target = ssh_target(name="gpu")
+    conn = make_connection(target, FleetOptions(known_hosts=tmp_path / "kh"))
+    keys = [paramiko.RSAKey.generate(1024), paramiko.RSAKey.generate(1024)]
+    message = connect_error_message(
+        target, conn, paramiko.BadHostKeyException("10.0.0.1", keys[0], keys[1]), tmp_path / "kh"
+    )
+    assert message.startswith("HOST KEY CHANGED for gpu (10.0.0.1:2222): known_hosts has ssh-rsa SHA256:")
+    assert f"ssh-keygen -R '[10.0.0.1]:2222' -f {tmp_path / 'kh'}" in message

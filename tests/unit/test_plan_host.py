@@ -1,0 +1,73 @@
+"""plan.py around the resource diffs: what facts a host's plan asks for, and a captured topology file that
+went bad after the rig file was loaded."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from test_plan_cases import CASES_DIR, case_facts
+
+from mgpu_provision.errors import ProvisionError
+from mgpu_provision.plan import facts_request, plan_host
+from mgpu_provision.spec import LoadedRig, load_rig
+
+PAIR_BOX = {"box": {"topology": "2x-rtx3090-nvlink-bridge.txt", "model": "NVIDIA GeForce RTX 3090"}}
+RIG = """
+hosts:
+  - {name: gpu-a, address: 10.0.0.11, rig: pair}
+  - {name: win, address: 10.0.0.12, rig: pair, os: windows}
+rigs:
+  pair:
+    gpus: {model: NVIDIA GeForce RTX 3090, count: 2}
+    bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4, topology_file: captured.txt}
+    sli: {mode: "Off"}
+smoke: {python: /opt/venv/bin/python}
+"""
+
+
+@pytest.fixture
+def loaded(tmp_path: Path) -> LoadedRig:
+    shutil.copy(CASES_DIR / "topologies" / "2x-rtx3090-nvlink-bridge.txt", tmp_path / "captured.txt")
+    (tmp_path / "rig.yaml").write_text(RIG)
+    return load_rig(tmp_path / "rig.yaml")
+
+
+def test_facts_request_names_managed_files_x_config_and_smoke_python(loaded: LoadedRig) -> None:
+    request = facts_request(loaded, loaded.host("gpu-a"))
+    assert request == {
+        "files": [
+            "/etc/profile.d/mgpu-provision.sh",
+            "/etc/mgpu-provision/environment",
+            "/etc/X11/xorg.conf.d/20-mgpu-provision.conf",
+        ],
+        "include_content": True,
+        "python": "/opt/venv/bin/python",
+        "xorg_paths": ["/etc/X11/xorg.conf.d/20-mgpu-provision.conf"],
+    }
+
+
+def test_facts_request_probes_torch_only_with_a_named_smoke_python(tmp_path: Path) -> None:
+    (tmp_path / "rig.yaml").write_text(RIG.replace("smoke: {python: /opt/venv/bin/python}", "smoke: {}"))
+    shutil.copy(CASES_DIR / "topologies" / "2x-rtx3090-nvlink-bridge.txt", tmp_path / "captured.txt")
+    loaded = load_rig(tmp_path / "rig.yaml")
+    assert facts_request(loaded, loaded.host("gpu-a"))["python"] is None
+
+
+def test_facts_request_for_windows_manages_no_files(loaded: LoadedRig) -> None:
+    request = facts_request(loaded, loaded.host("win"))
+    assert request["files"] == [] and request["xorg_paths"] == []
+
+
+def test_garbled_topology_file_is_a_plain_error(loaded: LoadedRig, tmp_path: Path) -> None:
+    (tmp_path / "captured.txt").write_text("GPU0 GPU1\nnot a matrix\n")
+    expected = r"topology_file .*captured\.txt: line 1: header has no 'CPU Affinity'"
+    with pytest.raises(ProvisionError, match=expected):
+        plan_host(loaded, loaded.host("gpu-a"), case_facts(PAIR_BOX))
+
+
+def test_vanished_topology_file_is_a_plain_error(loaded: LoadedRig, tmp_path: Path) -> None:
+    (tmp_path / "captured.txt").unlink()
+    with pytest.raises(ProvisionError, match=r"cannot read topology_file .*captured\.txt: No such file"):
+        plan_host(loaded, loaded.host("gpu-a"), case_facts(PAIR_BOX))

@@ -1,0 +1,145 @@
+"""The plan as people and programs read it: symbols, diffs, unreachable hosts, the totals line, JSON keys."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from mgpu_provision.plan import Change, FleetPlan, HostPlan
+from mgpu_provision.render import host_table, make_console, plan_json, render_plan, summary_line, totals_line
+
+DRIVER = Change(
+    "driver",
+    "update",
+    "driver 535.161.08 → 550.54.15",
+    "535.161.08",
+    "550.54.15",
+    reboot=True,
+    step={"kind": "driver"},
+    tags=("driver",),
+)
+FILE = Change(
+    "file:/etc/profile.d/mgpu-provision.sh",
+    "create",
+    "create /etc/profile.d/mgpu-provision.sh (2 lines, mode 0644)",
+    None,
+    "mode 0644",
+    diff="--- /dev/null\n+++ /etc/profile.d/mgpu-provision.sh\n@@ -0,0 +1,2 @@\n+export A=1\n+export B=2\n",
+    step={"kind": "file"},
+    tags=("env",),
+)
+LOOSE = Change("topology", "verify-failed", "GPU 1 link 2 is inactive: a loose bridge?", "NV3", "NV4")
+REBOOT = Change(
+    "reboot", "manual", "reboot required to load driver 550.54.15 (policy: never)", None, None, reboot=True
+)
+
+
+def fleet(*hosts: HostPlan) -> FleetPlan:
+    return FleetPlan(hosts)
+
+
+def drifted() -> FleetPlan:
+    return fleet(
+        HostPlan("gpu-a", "ok", (DRIVER, FILE, REBOOT)),
+        HostPlan("gpu-b", "ok", (LOOSE,)),
+        HostPlan("gpu-c", "unreachable", error="connection refused"),
+        *(HostPlan(f"gpu-{n}", "ok") for n in "defgh"),
+    )
+
+
+def rendered(plan: FleetPlan) -> str:
+    out = io.StringIO()
+    render_plan(plan, make_console(file=out, width=60))
+    return out.getvalue()
+
+
+def test_totals_line_counts_changes_checks_manual_and_hosts() -> None:
+    assert totals_line(drifted().totals) == (
+        "Plan: 2 to change, 1 check failed, 1 manual, on 2 of 8 hosts (1 unreachable)"
+    )
+
+
+def test_totals_line_plurals_and_failed_hosts() -> None:
+    plan = fleet(
+        HostPlan("a", "ok", (LOOSE, LOOSE)),
+        HostPlan("b", "failed", error="agent crashed"),
+        HostPlan("c", "unreachable", error="timeout"),
+    )
+    assert totals_line(plan.totals) == (
+        "Plan: 0 to change, 2 checks failed, on 1 of 3 hosts (1 unreachable, 1 failed)"
+    )
+
+
+def test_converged_fleet_says_no_changes_and_exits_0() -> None:
+    plan = fleet(HostPlan("a", "ok"), HostPlan("b", "ok"))
+    assert plan.converged and plan.exit_code == 0
+    assert summary_line(plan) == "No changes. 2 hosts match the rig file."
+    assert summary_line(fleet(HostPlan("a", "ok"))) == "No changes. 1 host matches the rig file."
+
+
+def test_drift_failed_checks_and_unreachable_hosts_exit_2() -> None:
+    assert drifted().exit_code == 2
+    assert fleet(HostPlan("a", "ok", (LOOSE,))).exit_code == 2
+    assert fleet(HostPlan("a", "unreachable", error="timeout")).exit_code == 2
+
+
+def test_human_output_has_symbols_diffs_and_unreachable_hosts() -> None:
+    text = rendered(drifted())
+    lines = text.splitlines()
+    assert "  ~ driver: driver 535.161.08 → 550.54.15 (reboot)" in lines
+    path = "/etc/profile.d/mgpu-provision.sh"
+    assert f"  + file:{path}: create {path} (2 lines, mode 0644)" in lines
+    assert "      +export A=1" in lines
+    assert "  ! topology: GPU 1 link 2 is inactive: a loose bridge?" in lines
+    assert "  ? reboot: reboot required to load driver 550.54.15 (policy: never)" in lines
+    assert "gpu-c: unreachable: connection refused" in lines
+    assert "gpu-d: no changes" in lines
+    assert lines[-1] == "Plan: 2 to change, 1 check failed, 1 manual, on 2 of 8 hosts (1 unreachable)"
+
+
+def test_long_lines_are_not_wrapped_when_piped() -> None:
+    long = Change("file:/x", "update", "update /x (content)", None, None, diff="+" + "y" * 200 + "\n")
+    text = rendered(fleet(HostPlan("a", "ok", (long,))))
+    assert "      +" + "y" * 200 in text.splitlines()
+
+
+def test_json_schema_keys_are_stable() -> None:
+    doc = json.loads(json.dumps(plan_json(drifted())))
+    assert doc["format_version"] == 1
+    assert doc["exit_code"] == 2 and doc["converged"] is False
+    assert doc["totals"] == {
+        "to_change": 2,
+        "checks_failed": 1,
+        "manual": 1,
+        "hosts_with_changes": 2,
+        "hosts": 8,
+        "unreachable": 1,
+        "failed": 0,
+    }
+    assert list(doc["hosts"]) == ["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e", "gpu-f", "gpu-g", "gpu-h"]
+    assert doc["hosts"]["gpu-c"] == {"status": "unreachable", "error": "connection refused", "changes": []}
+    driver = doc["hosts"]["gpu-a"]["changes"][0]
+    assert driver == {
+        "resource": "driver",
+        "action": "update",
+        "summary": "driver 535.161.08 → 550.54.15",
+        "current": "535.161.08",
+        "desired": "550.54.15",
+        "reboot": True,
+        "diff": None,
+        "tags": ["driver"],
+        "applies": True,
+    }
+    assert doc["hosts"]["gpu-a"]["changes"][2]["applies"] is False
+
+
+def test_host_table_colours_status_and_fills_missing_cells() -> None:
+    rows = {"gpu-a": {"status": "ok", "changed": 2}, "gpu-b": {"status": "failed"}}
+    table = host_table(rows, ["status", "changed"])
+    out = io.StringIO()
+    make_console(file=out, width=60).print(table)
+    lines = [[cell for cell in line.split() if cell != "│"] for line in out.getvalue().splitlines()]
+    assert ["gpu-a", "ok", "2"] in lines
+    assert ["gpu-b", "failed"] in lines
+    status_cells = table.columns[1]._cells
+    assert [c.style for c in status_cells] == ["green", "red"]
