@@ -1,0 +1,189 @@
+"""`mgpu-provision apply RIG`: converge the fleet, a batch at a time, after showing the plan and asking.
+
+Thin: parse the options, read every host's plan (`apply.preview`), show it and ask (unless `--yes`; without a
+terminal and without `--yes` it refuses), run the rollout (`apply.rollout`) and print the recap. Exit 0 when
+every host converged, 2 when one failed, was unreachable, was skipped or needs a reboot, 1 on errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from ..apply import ApplyResult, ApplySettings, Preview, preview, rollout
+from ..errors import ProvisionError
+from ..plan import FleetPlan, HostPlan
+from ..playbooks import load_playbook, select_steps
+from ..render import change_json, change_lines, host_table, render_plan
+from ..rollout import parse_max_fail_percent, parse_serial
+from . import _common
+
+MAX_WAIT_S = 3600
+
+
+class NotConfirmed(ProvisionError):
+    """apply needs a yes from a person (or --yes) before it changes anything."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "apply",
+        help="converge the fleet to the rig file (shows the plan and asks first)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  mgpu-provision apply rig.yaml --serial 1 --max-fail-percent 0\n"
+        "  mgpu-provision apply rig.yaml --playbook env --yes\n"
+        "  mgpu-provision apply rig.yaml --skip-tags reboot --limit 'rtx*'",
+    )
+    _common.add_fleet_arguments(parser)
+    parser.add_argument(
+        "--playbook",
+        default="provision",
+        metavar="NAME|FILE",
+        help="provision (default), audit, env, or a file",
+    )
+    parser.add_argument("--tags", metavar="A,B", help="run only the playbook steps with one of these tags")
+    parser.add_argument("--skip-tags", metavar="A,B", help="leave out the playbook steps with these tags")
+    parser.add_argument("--serial", metavar="N|N%", help="hosts per batch (default: all at once)")
+    parser.add_argument(
+        "--max-fail-percent", metavar="P", help="stop the later batches when more than P%% of a batch fails"
+    )
+    parser.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    parser.add_argument(
+        "--lock-wait",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="wait this long for another apply's lock",
+    )
+    parser.add_argument(
+        "--reboot-timeout",
+        type=_seconds,
+        default=900.0,
+        metavar="SECONDS",
+        help="how long a rebooted box may take to come back (default 900)",
+    )
+    parser.set_defaults(func=run)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"give a number of seconds from 0 to {MAX_WAIT_S}")
+    return value
+
+
+def _split(text: str | None) -> list[str] | None:
+    return [part.strip() for part in text.split(",") if part.strip()] if text else None
+
+
+def run(args: argparse.Namespace) -> int:
+    playbook = load_playbook(args.playbook)
+    steps = select_steps(playbook, _split(args.tags), _split(args.skip_tags))
+    serial = parse_serial(args.serial) if args.serial else None
+    max_fail = parse_max_fail_percent(args.max_fail_percent) if args.max_fail_percent is not None else None
+    fleet = _common.prepare(args)
+    settings = ApplySettings(steps, lock_wait_s=args.lock_wait, reboot_timeout_s=args.reboot_timeout)
+    # soft_wrap: diffs and paths stay one line each, whatever the terminal width.
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    out = err if args.json else Console(highlight=False, soft_wrap=True)
+
+    previews = preview(fleet.loaded, fleet.targets, steps, fleet.options)
+    busy = [p for p in previews.values() if p.to_do(steps)]
+    if busy:
+        show_plan(out, list(previews.values()), steps)
+        confirm(args.yes, len(busy), err)
+    result = rollout(
+        fleet.loaded,
+        fleet.targets,
+        previews,
+        settings,
+        fleet.options,
+        serial=serial,
+        max_fail_percent=max_fail,
+        progress=lambda line: err.print(Text(line, style="dim")),
+    )
+    if args.json:
+        print(json.dumps(as_json(playbook.name, steps, result), indent=2, sort_keys=True))
+    else:
+        show_recap(out, result)
+    return result.exit_code
+
+
+def confirm(yes: bool, hosts: int, console: Console) -> None:
+    """Return when the person (or --yes) agrees; raise NotConfirmed otherwise."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise NotConfirmed(
+            f"apply would change {hosts} host(s) and needs confirmation: pass --yes, or run it in a terminal"
+        )
+    answer = console.input(f"Apply these changes to {hosts} host(s)? Only 'yes' is accepted: ")
+    if answer.strip().lower() != "yes":
+        raise NotConfirmed("apply cancelled: nothing was changed")
+
+
+def show_plan(console: Console, previews: list[Preview], steps: tuple[str, ...]) -> None:
+    console.print(f"[bold]Plan[/] (playbook steps: {', '.join(steps)})")
+    render_plan(FleetPlan(tuple(HostPlan(p.host, p.status, p.changes, p.error) for p in previews)), console)
+
+
+def show_recap(console: Console, result: ApplyResult) -> None:
+    for recap in result.recaps:
+        lines = [f"done: {line}" for line in recap.done] + recap.notes
+        if lines or recap.remaining:
+            console.print(Text(recap.host, style="bold cyan"))
+        for line in lines:
+            console.print(Text(f"  {line}"), soft_wrap=True)
+        for change in recap.remaining:
+            for text in change_lines(change):
+                console.print(text, soft_wrap=True)
+    rows = {
+        r.host: {
+            "status": r.status,
+            "done": len(r.done),
+            "left": len([c for c in r.remaining if c.resource != "reboot"]),
+            "reboot": "reboot required" if r.reboot_required else ("rebooted" if r.rebooted else ""),
+            "time": f"{r.elapsed_s:.1f}s",
+            "error": r.error,
+        }
+        for r in result.recaps
+    }
+    console.print(Text("RECAP", style="bold"))
+    console.print(host_table(rows, ("status", "done", "left", "reboot", "time", "error")))
+    counts = result.counts()
+    needs = counts.pop("reboot_required")
+    listed = ", ".join(f"{status} {n}" for status, n in counts.items())
+    verdict = "Converged" if result.converged else "NOT converged"
+    console.print(f"{verdict}: {listed}" + (f", reboot required on {needs}" if needs else ""), soft_wrap=True)
+
+
+def as_json(playbook: str, steps: tuple[str, ...], result: ApplyResult) -> dict[str, Any]:
+    hosts = {
+        r.host: {
+            "status": r.status,
+            "done": r.done,
+            "remaining": [change_json(c) for c in r.remaining],
+            "reboot_required": r.reboot_required,
+            "rebooted": r.rebooted,
+            "error": r.error,
+            "notes": r.notes,
+            "elapsed_s": round(r.elapsed_s, 3),
+        }
+        for r in result.recaps
+    }
+    return {
+        "playbook": playbook,
+        "steps": list(steps),
+        "hosts": hosts,
+        "recap": result.counts(),
+        "converged": result.converged,
+    }

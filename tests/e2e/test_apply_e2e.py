@@ -1,0 +1,289 @@
+"""`mgpu-provision apply` end to end: real sshd test hosts with simulated NVIDIA layers, the real agent.
+
+Drifted boxes converge and stay converged (a second apply writes nothing), reboot policy is honoured, a
+rollout stops at a failed batch, a held host lock makes apply wait or refuse, and the control process
+killed at random moments never leaves a managed file half-written or missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mgpu_provision import cli
+from mgpu_provision.resources.envfiles import desired_files
+from mgpu_provision.spec import load_rig
+from tests.hosts import MANAGED_DIRS, REPO, HostFactory, TestHost, load_twin
+
+LOCK = "/var/lib/mgpu-provision/apply.lock"
+# Stands in for the smoke python on simulated boxes: torch that sees the twin's two GPUs.
+FAKE_TORCH = '#!/bin/sh\necho \'{"version": "2.13.0", "cuda_available": true, "device_count": 2}\'\n'
+
+
+def twin(
+    driver: str = "550.54.15", persistence: tuple[bool, bool] = (False, False), **more: Any
+) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(load_twin("rtx3090-nvlink"))
+    data["driver"].update(version=driver, loaded=driver)
+    for gpu, on in zip(data["gpus"], persistence, strict=True):
+        gpu["persistence"] = on
+    data.update(more)
+    return data
+
+
+def rig_file(
+    factory: HostFactory, path: Path, hosts: list[TestHost], reboot: str = "allowed", env: str = "a"
+) -> Path:
+    fake = path.parent / "torch-python"
+    fake.write_text(FAKE_TORCH)
+    fake.chmod(0o755)
+    rig = {
+        "gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2, "persistence_mode": True},
+        "bridge": {"kind": "nvlink-bridge", "pairs": [[0, 1]], "links": 4},
+        "driver": {"version": "550.54.15", "reboot": reboot},
+        "sli": {"mode": "Off"},
+        "ddp": {"master": hosts[0].name, "backend": "gloo", "ifname": "lo"},
+    }
+    return factory.write_rig(
+        path, hosts, rigs={"pair": rig}, smoke={"python": str(fake)}, env={"MGPU_ROUND": env}
+    )
+
+
+def start(factory: HostFactory, name: str, box: dict[str, Any]) -> TestHost:
+    return factory.start(name, box, rig="pair")
+
+
+def on_host(host: TestHost, path: str) -> Path:
+    """Where a node path lies on the real file system (each managed folder is a private bind mount)."""
+    for index, folder in enumerate(MANAGED_DIRS):
+        if path.startswith(folder + "/"):
+            return host.dir / "managed" / str(index) / path[len(folder) + 1 :]
+    raise AssertionError(f"{path} is not under a managed folder")
+
+
+def managed_state(hosts: list[TestHost]) -> dict[str, tuple[int, int]]:
+    """mtime (ns) and size of every file in every host's managed folders."""
+    state = {}
+    for host in hosts:
+        for path in sorted((host.dir / "managed").rglob("*")):
+            if path.is_file():
+                info = path.stat()
+                state[str(path)] = (info.st_mtime_ns, info.st_size)
+    return state
+
+
+def cli_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    code = cli.main([*args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_apply_converges_drifted_hosts_and_a_second_apply_writes_nothing(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = start(test_hosts, "gpu-a", twin(driver="535.161.08"))  # old driver: install, reboot
+    b = start(test_hosts, "gpu-b", twin(persistence=(True, True)))  # stale and wrongly-moded files
+    c = start(test_hosts, "gpu-c", twin(persistence=(True, False)))  # one GPU off, SLI Mosaic
+    rig = rig_file(test_hosts, tmp_path / "rig.yaml", [a, b, c])
+    loaded = load_rig(rig)
+    want = {h.name: {f.path: f for f in desired_files(loaded, loaded.host(h.name))} for h in (a, b, c)}
+    profile, launcher, xorg = (
+        "/etc/profile.d/mgpu-provision.sh",
+        "/usr/local/bin/mgpu-torchrun",
+        "/etc/X11/xorg.conf.d/20-mgpu-provision.conf",
+    )
+    on_host(b, profile).write_text("export OLD=1\n")
+    on_host(b, launcher).write_text(want["gpu-b"][launcher].content)
+    on_host(b, launcher).chmod(0o644)
+    on_host(c, xorg).write_text('Section "Screen"\n    Option "SLI" "Mosaic"\nEndSection\n')
+    common = [str(rig), "--known-hosts", str(test_hosts.known_hosts)]
+
+    code, first = cli_json(capsys, "apply", *common, "--yes")
+    assert code == 0, first
+    assert {name: h["status"] for name, h in first["hosts"].items()} == dict.fromkeys(
+        ("gpu-a", "gpu-b", "gpu-c"), "changed"
+    )
+    assert first["hosts"]["gpu-a"]["rebooted"] is True
+    assert not first["hosts"]["gpu-b"]["rebooted"] and not first["hosts"]["gpu-c"]["rebooted"]
+    assert a.twin()["driver"]["version"] == "535.161.08"  # the twin is never written; the overlay is
+    for host in (a, b, c):
+        for path, file in want[host.name].items():
+            assert on_host(host, path).read_text() == file.content
+            assert oct(on_host(host, path).stat().st_mode & 0o777) == oct(int(file.mode, 8))
+    assert on_host(b, profile + ".mgpu-provision.bak").read_text() == "export OLD=1\n"
+
+    assert cli.main(["plan", *common]) == 0
+    before = managed_state([a, b, c])
+    code, second = cli_json(capsys, "apply", *common, "--yes")
+    assert code == 0
+    assert {h["status"] for h in second["hosts"].values()} == {"ok"}
+    assert managed_state([a, b, c]) == before  # nothing written: mtimes and sizes unchanged
+
+
+def test_reboot_never_ends_as_reboot_required(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = start(test_hosts, "gpu-a", twin(driver="535.161.08", persistence=(True, True)))
+    common = [
+        str(rig_file(test_hosts, tmp_path / "rig.yaml", [a], reboot="never")),
+        "--known-hosts",
+        str(test_hosts.known_hosts),
+    ]
+    code, result = cli_json(capsys, "apply", *common, "--yes")
+    assert code == 2
+    host = result["hosts"]["gpu-a"]
+    assert (host["status"], host["reboot_required"], host["rebooted"]) == ("changed", True, False)
+    assert result["recap"]["reboot_required"] == 1
+    code, plan = cli_json(capsys, "plan", *common)
+    assert code == 2
+    summaries = [c["summary"] for c in plan["hosts"]["gpu-a"]["changes"]]
+    assert "reboot required to load driver 550.54.15 (policy: never)" in summaries
+    capsys.readouterr()
+    assert cli.main(["apply", *common, "--yes"]) == 2
+    assert "reboot required" in capsys.readouterr().out
+
+
+def test_a_failed_batch_stops_the_rollout(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = start(test_hosts, "gpu-a", twin())
+    on_host(bad, LOCK).mkdir(parents=True)  # a lock that cannot be opened: the agent's apply fails there
+    b = start(test_hosts, "gpu-b", twin())
+    c = start(test_hosts, "gpu-c", twin())
+    rig = rig_file(test_hosts, tmp_path / "rig.yaml", [bad, b, c])
+    args = ["apply", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--yes", "--serial", "1"]
+    code, result = cli_json(capsys, *args, "--max-fail-percent", "0")
+    assert code == 2
+    hosts = result["hosts"]
+    assert hosts["gpu-a"]["status"] == "failed"
+    assert hosts["gpu-a"]["error"].startswith("agent apply failed on gpu-a")
+    for name in ("gpu-b", "gpu-c"):
+        assert hosts[name]["status"] == "skipped"
+        assert hosts[name]["error"] == "not touched: 1 of 1 host(s) of batch 1 failed (--max-fail-percent 0)"
+    assert managed_state([b, c]) == {}  # nothing was written on the skipped hosts
+    capsys.readouterr()
+    cli.main([*args, "--max-fail-percent", "0"])
+    assert "skipped" in capsys.readouterr().out
+
+
+def hold_lock(host: TestHost, seconds: float) -> subprocess.Popen[bytes]:
+    """Take the host's apply lock from inside its namespaces, as another apply's agent would."""
+    assert host.process is not None
+    # -o: only flock itself holds the lock, so killing it releases the lock at once.
+    script = f"mkdir -p {Path(LOCK).parent} && echo $$ > {LOCK} && exec flock -o {LOCK} sleep {seconds}"
+    holder = subprocess.Popen(
+        ["nsenter", "-t", str(host.process.pid), "-m", "-u", "--", "sh", "-c", script], start_new_session=True
+    )
+    deadline = time.monotonic() + 10
+    while host.run_in_ns(f"flock -n {LOCK} true", check=False).returncode == 0:
+        assert time.monotonic() < deadline, "the lock holder did not start"
+        time.sleep(0.05)
+    return holder
+
+
+def test_a_second_apply_refuses_or_waits_for_the_lock(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = start(test_hosts, "gpu-a", twin())
+    args = [
+        "apply",
+        str(rig_file(test_hosts, tmp_path / "rig.yaml", [a])),
+        "--known-hosts",
+        str(test_hosts.known_hosts),
+        "--yes",
+    ]
+    holder = hold_lock(a, 30)
+    try:
+        code, refused = cli_json(capsys, *args, "--lock-wait", "1")
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    assert code == 2
+    error = refused["hosts"]["gpu-a"]["error"]
+    assert f"another apply is running on this host (pid {holder.pid}, lock {LOCK}); waited 1 s" in error
+    assert not on_host(a, "/etc/profile.d/mgpu-provision.sh").exists()
+
+    holder = hold_lock(a, 2)
+    started = time.monotonic()
+    code, waited = cli_json(capsys, *args, "--lock-wait", "30")
+    holder.wait()
+    assert code == 0, waited
+    assert waited["hosts"]["gpu-a"]["status"] == "changed"
+    assert time.monotonic() - started >= 1  # it waited for the holder instead of failing
+
+
+def test_sigkill_at_random_moments_never_leaves_a_partial_file(
+    test_hosts: HostFactory, tmp_path: Path
+) -> None:
+    hosts = [
+        start(test_hosts, "gpu-a", twin(persistence=(True, True))),
+        start(test_hosts, "gpu-b", twin(persistence=(True, True))),
+    ]
+    variants = {}
+    for variant in ("a", "b"):
+        loaded = load_rig(rig_file(test_hosts, tmp_path / f"rig-{variant}.yaml", hosts, env=variant))
+        variants[variant] = {
+            h.name: {f.path: f.content for f in desired_files(loaded, loaded.host(h.name))} for h in hosts
+        }
+    rig = tmp_path / "rig.yaml"
+    command = [
+        sys.executable,
+        "-m",
+        "mgpu_provision",
+        "apply",
+        str(rig),
+        "--known-hosts",
+        str(test_hosts.known_hosts),
+        "--yes",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def use(variant: str) -> None:
+        rig.write_text((tmp_path / f"rig-{variant}.yaml").read_text())
+
+    use("a")
+    assert subprocess.run(command, env=env, capture_output=True).returncode == 0
+    chance = random.Random(20261129)
+    outcomes = []  # per round: which variant the files hold after the kill
+    for attempt in range(20):
+        new = "ab"[(attempt + 1) % 2]
+        use(new)  # every round rewrites every env file
+        proc = subprocess.Popen(
+            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        if attempt % 2:  # a random moment of the whole run
+            time.sleep(chance.uniform(0.2, 2.5))
+        else:  # a random moment once the batch is being applied (the agent is writing)
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                if "applying on" in line:
+                    break
+            time.sleep(chance.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        for host in hosts:
+            for path in variants["a"][host.name]:
+                file = on_host(host, path)
+                assert file.exists(), f"round {attempt}: {path} missing on {host.name}"
+                content = file.read_text()
+                versions = (variants["a"][host.name][path], variants["b"][host.name][path])
+                assert content in versions, f"round {attempt}: {path} on {host.name} is partial:\n{content}"
+                if versions[0] != versions[1]:
+                    outcomes.append(content == variants[new][host.name][path])
+    # The kills landed at different moments: some before the agent wrote the round's files, some after.
+    assert 0 < sum(outcomes) < len(outcomes), outcomes
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for host in hosts:
+        for path, content in variants[new][host.name].items():
+            assert on_host(host, path).read_text() == content

@@ -1,0 +1,453 @@
+"""apply orchestration against fake boxes: the real rig loader, plan and fleet pool, with `open_session`
+replaced by an in-memory agent that keeps files, a driver (installed vs loaded) and a boot id, and counts
+every verb. What is checked: convergence, the reboot rule, idempotence, playbooks, batches and the recap."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from mgpu_provision import apply, cli, fleet
+from mgpu_provision.apply import (
+    ApplySettings,
+    HostRecap,
+    finish,
+    preview,
+    reboot_refusal,
+    rollout,
+    unconfirmed,
+)
+from mgpu_provision.errors import AgentError, ConnectionFailed
+from mgpu_provision.facts import Facts
+from mgpu_provision.fleet import FleetOptions, HostTarget, targets_for
+from mgpu_provision.playbooks import STEPS
+from mgpu_provision.resources.base import Change
+from mgpu_provision.rollout import Serial
+from mgpu_provision.spec import LoadedRig, load_rig
+
+RIG = """\
+version: 1
+hosts:
+  - {name: gpu-a, address: 10.0.0.11, rig: pair}
+  - {name: gpu-b, address: 10.0.0.12, rig: pair}
+  - {name: gpu-c, address: 10.0.0.13, rig: pair}
+rigs:
+  pair:
+    gpus: {model: "NVIDIA GeForce RTX 3090", count: 2, persistence_mode: true}
+    driver: {version: "550.54.15", reboot: allowed}
+    ddp: {master: gpu-a, backend: gloo}
+"""
+ALL = tuple(s for s in STEPS)
+_boot_ids = itertools.count(1)
+
+
+@dataclass
+class Box:
+    """An in-memory node: what the agent verbs read and change."""
+
+    installed: str | None = "550.54.15"
+    loaded: str | None = "550.54.15"
+    persistence: bool = True
+    gpus: int = 2
+    files: dict[str, tuple[str, str]] = field(default_factory=dict)
+    boot_id: str = field(default_factory=lambda: f"boot-{next(_boot_ids)}")
+    reboot_changes_boot_id: bool = True
+    fail_kind: str | None = None  # an apply step of this kind fails
+    locked_by: int | None = None
+    unreachable: bool = False
+    down_after_reboot: int = 0  # facts calls that find the box down after a reboot
+    calls: list[str] = field(default_factory=list)
+    writes: int = 0
+    steps_seen: list[list[str]] = field(default_factory=list)
+
+    def facts(self, args: dict[str, Any]) -> dict[str, Any]:
+        mismatch = self.installed != self.loaded
+        files = []
+        for path in args["files"]:
+            if path in self.files:
+                content, mode = self.files[path]
+                sha = hashlib.sha256(content.encode()).hexdigest()
+                files.append({"path": path, "exists": True, "content": content, "mode": mode, "sha256": sha})
+            else:
+                files.append({"path": path, "exists": False})
+        gpus = [
+            {
+                "index": i,
+                "name": "NVIDIA GeForce RTX 3090",
+                "uuid": f"GPU-0000000{i}-aaaa",
+                "pci_bus_id": f"00000000:{i + 1:02X}:00.0",
+                "memory_mib": 24576,
+                "persistence_mode": self.persistence,
+            }
+            for i in range(self.gpus)
+        ]
+        host = {"hostname": "box", "os": "Linux", "kernel": "6", "arch": "x86_64", "boot_id": self.boot_id}
+        return {
+            "agent_version": "test",
+            "host": {**host, "python": "3.10", "user": "root"},
+            "driver": {
+                "nvml": "version-mismatch" if mismatch else "ok",
+                "version": None if mismatch else self.installed,
+                "installed": self.installed,
+                "loaded": self.loaded,
+                "reboot_required": mismatch,
+            },
+            "gpus": [] if mismatch else gpus,
+            "files": files,
+        }
+
+    def apply(self, args: dict[str, Any]) -> dict[str, Any]:
+        if self.locked_by is not None:
+            raise AgentError(f"another apply holds {args['lock']} (pid {self.locked_by}); waited 60s")
+        self.steps_seen.append([s["kind"] for s in args["steps"]])
+        results: list[dict[str, Any]] = []
+        for index, step in enumerate(args["steps"]):
+            entry = {"index": index, "kind": step["kind"], "changed": False, "message": "", "error": None}
+            if any(r["error"] for r in results):
+                entry["message"] = "skipped"
+            elif step["kind"] == self.fail_kind:
+                entry["error"] = f"{step['kind']} broke"
+            elif step["kind"] == "file":
+                if self.files.get(step["path"]) != (step["content"], step["mode"]):
+                    self.files[step["path"]] = (step["content"], step["mode"])
+                    self.writes += 1
+                    entry.update(changed=True, message=f"wrote {step['path']}")
+            elif step["kind"] == "driver":
+                self.installed = step["version"]
+                entry.update(changed=True, message=f"installed {step['version']}")
+            elif step["kind"] == "persistence":
+                self.persistence = step["enabled"]
+                entry.update(changed=True, message="persistence on")
+            results.append(entry)
+        return {"results": results}
+
+    def reboot(self, _args: dict[str, Any]) -> dict[str, Any]:
+        self.unreachable = self.down_after_reboot > 0
+        old = self.boot_id
+        self.loaded = self.installed
+        if self.reboot_changes_boot_id:
+            self.boot_id = f"boot-{next(_boot_ids)}"
+        return {"boot_id": old}
+
+
+class FakeSession:
+    def __init__(self, target: HostTarget, box: Box) -> None:
+        self.target, self.box, self.agent, self.commands = target, box, None, 0
+        self.where = target.name
+
+    def call(self, verb: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        if self.box.unreachable:  # the connection died with the reboot; only a new session gets through
+            self.box.down_after_reboot -= 1
+            self.box.unreachable = self.box.down_after_reboot > 0
+            raise ConnectionFailed(f"lost the connection to {self.target.name}")
+        self.box.calls.append(verb)
+        self.commands += 1
+        result: dict[str, Any] = getattr(self.box, verb)(args)
+        return result
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def boxes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Box]:
+    boxes: dict[str, Box] = {}
+
+    def open_session(target: HostTarget, _options: FleetOptions, _agent: Any) -> FakeSession:
+        box = boxes[target.name]
+        if box.unreachable:
+            raise ConnectionFailed(f"cannot connect to {target.name}: timed out")
+        return FakeSession(target, box)
+
+    monkeypatch.setattr(fleet, "open_session", open_session)
+    monkeypatch.setattr(apply, "open_session", open_session)
+    return boxes
+
+
+OPTIONS = FleetOptions(agent=object())  # type: ignore[arg-type]  # never built: sessions are fakes
+
+
+def load(tmp_path: Path, text: str = RIG) -> LoadedRig:
+    (tmp_path / "rig.yaml").write_text(text)
+    return load_rig(tmp_path / "rig.yaml")
+
+
+def run(
+    loaded: LoadedRig,
+    steps: tuple[str, ...] = ALL,
+    serial: Serial | None = None,
+    max_fail: float | None = None,
+    **settings: Any,
+) -> apply.ApplyResult:
+    targets = targets_for(loaded, loaded.spec.hosts)
+    previews = preview(loaded, targets, steps, OPTIONS)
+    config = ApplySettings(steps, poll_interval_s=0.0, **settings)
+    return rollout(loaded, targets, previews, config, OPTIONS, serial=serial, max_fail_percent=max_fail)
+
+
+def drifted() -> Box:
+    return Box(installed="535.161.08", loaded="535.161.08", persistence=False)
+
+
+def by_host(result: apply.ApplyResult) -> dict[str, HostRecap]:
+    return {r.host: r for r in result.recaps}
+
+
+def test_drifted_boxes_converge_with_one_apply_call_and_one_reboot(
+    tmp_path: Path, boxes: dict[str, Box]
+) -> None:
+    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box(persistence=False)})
+    result = run(load(tmp_path))
+    recaps = by_host(result)
+    assert result.exit_code == 0, result
+    assert [recaps[h].status for h in ("gpu-a", "gpu-b", "gpu-c")] == ["changed"] * 3
+    assert recaps["gpu-a"].rebooted and not recaps["gpu-b"].rebooted
+    assert boxes["gpu-a"].calls == ["facts", "facts", "apply", "reboot", "facts", "facts"]
+    # One apply call holds the lock for every step; persistence goes before the driver it needs.
+    assert boxes["gpu-a"].steps_seen == [["file", "file", "file", "persistence", "driver"]]
+    assert (boxes["gpu-a"].installed, boxes["gpu-a"].loaded) == ("550.54.15", "550.54.15")
+    assert "persistence: persistence on" in recaps["gpu-c"].done
+
+
+def test_a_second_apply_changes_and_writes_nothing(tmp_path: Path, boxes: dict[str, Box]) -> None:
+    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    run(load(tmp_path))
+    writes = {name: box.writes for name, box in boxes.items()}
+    for box in boxes.values():
+        box.calls.clear()
+    result = run(load(tmp_path))
+    assert [r.status for r in result.recaps] == ["ok", "ok", "ok"]
+    assert {name: box.writes for name, box in boxes.items()} == writes
+    assert all(box.calls == ["facts"] for box in boxes.values())  # the preview alone: nothing to do
+
+
+def test_reboot_never_ends_as_reboot_required(tmp_path: Path, boxes: dict[str, Box]) -> None:
+    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    result = run(load(tmp_path, RIG.replace("reboot: allowed", "reboot: never")))
+    recap = by_host(result)["gpu-a"]
+    assert (recap.status, recap.reboot_required, recap.rebooted) == ("changed", True, False)
+    assert "reboot" not in boxes["gpu-a"].calls
+    assert result.exit_code == 2
+    # NVML refuses to answer until the reboot, so the GPU check waits too; it does not fail the host.
+    assert [(c.resource, c.action) for c in recap.remaining] == [
+        ("gpus", "verify-failed"),
+        ("reboot", "manual"),
+    ]
+
+
+def test_skipping_the_reboot_step_leaves_the_reboot_required(tmp_path: Path, boxes: dict[str, Box]) -> None:
+    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    recap = by_host(run(load(tmp_path), steps=tuple(s for s in ALL if s != "reboot")))["gpu-a"]
+    assert recap.reboot_required and "reboot" not in boxes["gpu-a"].calls
+    assert recap.status == "changed"
+
+
+def test_the_wait_for_a_reboot_reconnects(tmp_path: Path, boxes: dict[str, Box]) -> None:
+    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    boxes["gpu-a"].down_after_reboot = 3
+    progress: list[str] = []
+    loaded = load(tmp_path)
+    targets = targets_for(loaded, loaded.spec.hosts)
+    previews = preview(loaded, targets, ALL, OPTIONS)
+    settings = ApplySettings(ALL, poll_interval_s=0.0)
+    recap = by_host(rollout(loaded, targets, previews, settings, OPTIONS, progress=progress.append))["gpu-a"]
+    assert (recap.status, recap.rebooted) == ("changed", True), recap
+    assert "gpu-a: rebooting, waiting up to 900s for it to come back" in progress
+    assert progress[-1].startswith("gpu-a: back after")
+    assert sum(line.startswith("gpu-a: still rebooting") for line in progress) >= 1
+
+
+def test_a_box_that_never_comes_back_fails_after_the_timeout(tmp_path: Path, boxes: dict[str, Box]) -> None:
+    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    boxes["gpu-a"].reboot_changes_boot_id = False
+    recap = by_host(run(load(tmp_path), reboot_timeout_s=0.05))["gpu-a"]
+    assert recap.status == "failed"
+    assert recap.error == "gpu-a did not come back with a new boot id within 0.05s"
+
+
+def test_serial_with_zero_failures_allowed_stops_later_batches(tmp_path: Path, boxes: dict[str, Box]) -> None:
+    boxes.update({"gpu-a": Box(persistence=False), "gpu-b": Box(persistence=False), "gpu-c": Box()})
+    boxes["gpu-a"].fail_kind = "persistence"
+    result = run(load(tmp_path), serial=Serial(1, False), max_fail=0)
+    recaps = by_host(result)
+    assert recaps["gpu-a"].status == "failed"
+    assert recaps["gpu-a"].error == "step 4 (persistence) failed: persistence broke"
+    assert [recaps[h].status for h in ("gpu-b", "gpu-c")] == ["skipped", "skipped"]
+    assert recaps["gpu-b"].error == "not touched: 1 of 1 host(s) of batch 1 failed (--max-fail-percent 0)"
+    assert boxes["gpu-b"].calls == ["facts"] and boxes["gpu-b"].writes == 0
+    assert result.exit_code == 2
+
+
+def test_without_max_fail_percent_every_batch_runs(tmp_path: Path, boxes: dict[str, Box]) -> None:
+    boxes.update({"gpu-a": Box(), "gpu-b": Box(), "gpu-c": Box()})
+    boxes["gpu-a"].fail_kind = "file"
+    statuses = [r.status for r in run(load(tmp_path), serial=Serial(1, False)).recaps]
+    assert statuses == ["failed", "changed", "changed"]
+
+
+def test_unreachable_host_counts_as_failed_in_its_batch(tmp_path: Path, boxes: dict[str, Box]) -> None:
+    boxes.update({"gpu-a": Box(unreachable=True), "gpu-b": Box(), "gpu-c": Box()})
+    recaps = by_host(run(load(tmp_path), serial=Serial(2, False), max_fail=49))
+    assert recaps["gpu-a"].status == "unreachable"
+    assert recaps["gpu-a"].error == "cannot connect to gpu-a: timed out"
+    assert (recaps["gpu-b"].status, recaps["gpu-c"].status) == ("changed", "skipped")
+
+
+def test_a_locked_host_fails_with_the_agents_message(tmp_path: Path, boxes: dict[str, Box]) -> None:
+    boxes.update({"gpu-a": Box(locked_by=4242), "gpu-b": Box(), "gpu-c": Box()})
+    recap = by_host(run(load(tmp_path)))["gpu-a"]
+    assert recap.status == "failed"
+    assert recap.error is not None and "(pid 4242)" in recap.error
+
+
+def test_audit_changes_nothing_and_reports_checks(tmp_path: Path, boxes: dict[str, Box]) -> None:
+    boxes.update({"gpu-a": Box(gpus=1), "gpu-b": Box(), "gpu-c": drifted()})
+    recaps = by_host(run(load(tmp_path), steps=("checks",)))
+    assert all("apply" not in box.calls for box in boxes.values())
+    assert recaps["gpu-a"].status == "failed"
+    assert recaps["gpu-a"].remaining[0].summary == "1 GPUs found, the rig expects 2"
+    assert (recaps["gpu-b"].status, recaps["gpu-c"].status) == ("ok", "ok")
+
+
+def test_env_playbook_writes_only_env_files(tmp_path: Path, boxes: dict[str, Box]) -> None:
+    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    recaps = by_host(run(load(tmp_path), steps=("env",)))
+    assert boxes["gpu-a"].steps_seen == [["file", "file", "file"]]
+    assert boxes["gpu-a"].installed == "535.161.08"
+    assert (recaps["gpu-a"].status, recaps["gpu-a"].reboot_required) == ("changed", False)
+
+
+def test_a_box_that_changed_since_the_confirmed_plan_is_not_touched(
+    tmp_path: Path, boxes: dict[str, Box]
+) -> None:
+    loaded = load(tmp_path)
+    boxes["gpu-a"] = Box(persistence=False)
+    session = FakeSession(targets_for(loaded, [loaded.host("gpu-a")])[0], boxes["gpu-a"])
+    node = apply._Node(session, OPTIONS)  # type: ignore[arg-type]
+    recap = apply.converge_host(node, loaded, loaded.host("gpu-a"), ApplySettings(ALL), [], lambda _: None)
+    assert recap.status == "failed"
+    assert recap.error is not None and recap.error.startswith("the box changed since the plan was confirmed")
+    assert "apply" not in boxes["gpu-a"].calls
+
+
+def change(resource: str, action: str = "update", desired: str | None = "x") -> Change:
+    return Change(resource, action, f"{resource} {action}", None, desired)  # type: ignore[arg-type]
+
+
+def test_finish_judges_what_is_left() -> None:
+    assert finish("h", [], []).status == "ok"
+    assert finish("h", [], ["file: wrote"]).status == "changed"
+    reboot_only = finish("h", [change("reboot", "manual")], ["driver: installed"])
+    assert (reboot_only.status, reboot_only.reboot_required) == ("changed", True)
+    left = finish("h", [change("gpus", "verify-failed")], [])
+    assert (left.status, left.error) == ("failed", "not converged: 1 change(s) left")
+    assert finish("h", [], [], error="boom", unreachable=True).status == "unreachable"
+
+
+def test_unconfirmed_compares_resource_action_and_desired_state() -> None:
+    seen = [change("file:/a"), change("driver", desired="550")]
+    assert unconfirmed([change("file:/a"), change("driver", desired="550")], seen) == []
+    assert unconfirmed([change("driver", desired="555")], seen) == [change("driver", desired="555")]
+
+
+def facts(boot_id: str = "b1", simulated: bool = False) -> Facts:
+    box = Box(boot_id=boot_id).facts({"files": []})
+    box["host"]["simulated"] = simulated
+    return Facts.model_validate(box)
+
+
+def target(connection: str = "ssh", address: str = "10.0.0.11") -> HostTarget:
+    return HostTarget("gpu-a", address, 22, None, None, None, True, "python3", connection, None, 5.0, 60.0)  # type: ignore[arg-type]
+
+
+def test_never_reboot_the_machine_running_the_tool() -> None:
+    assert reboot_refusal(target("local"), facts(), None, False) == "it is this machine (connection: local)"
+    assert reboot_refusal(target(), facts("mine"), "mine", False) == (
+        "it reports the boot id of the machine running mgpu-provision"
+    )
+    assert reboot_refusal(target(address="127.0.0.1"), facts(), "other", True) == (
+        "its address 127.0.0.1 is this machine"
+    )
+    assert reboot_refusal(target(), facts(), "other", False) is None
+
+
+def test_simulated_boxes_may_always_reboot() -> None:
+    assert reboot_refusal(target("local"), facts("mine", simulated=True), "mine", True) is None
+
+
+def test_the_local_host_is_not_rebooted_and_reports_why(
+    tmp_path: Path, boxes: dict[str, Box], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(apply, "_local_boot_id", lambda: boxes["gpu-a"].boot_id)
+    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    recap = by_host(run(load(tmp_path)))["gpu-a"]
+    assert recap.notes == ["not rebooted: it reports the boot id of the machine running mgpu-provision"]
+    assert recap.reboot_required and "reboot" not in boxes["gpu-a"].calls
+
+
+def test_cli_refuses_without_a_terminal_or_yes(
+    tmp_path: Path, boxes: dict[str, Box], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    load(tmp_path)
+    monkeypatch.setattr(fleet, "_default_agent", lambda: object())
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    assert cli.main(["apply", str(tmp_path / "rig.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "error: apply would change 3 host(s) and needs confirmation: pass --yes, or run it in a terminal"
+        in err
+    )
+    assert all("apply" not in box.calls for box in boxes.values())
+
+
+def test_cli_json_recap(
+    tmp_path: Path, boxes: dict[str, Box], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box(unreachable=True)})
+    load(tmp_path, RIG.replace("reboot: allowed", "reboot: never"))
+    monkeypatch.setattr(fleet, "_default_agent", lambda: object())
+    code = cli.main(["apply", str(tmp_path / "rig.yaml"), "--yes", "--json", "--limit", "gpu-a,gpu-c"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 2
+    assert out["recap"] == {
+        "ok": 0,
+        "changed": 1,
+        "failed": 0,
+        "unreachable": 1,
+        "skipped": 0,
+        "reboot_required": 1,
+    }
+    assert (
+        out["hosts"]["gpu-a"]["remaining"][-1]["summary"]
+        == "reboot required to load driver 550.54.15 (policy: never)"
+    )
+    assert sorted(out["hosts"]) == ["gpu-a", "gpu-c"] and out["converged"] is False
+
+
+def test_declining_the_prompt_changes_nothing(
+    tmp_path: Path, boxes: dict[str, Box], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    load(tmp_path)
+    monkeypatch.setattr(fleet, "_default_agent", lambda: object())
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr(Console, "input", lambda self, prompt: "y")
+    assert cli.main(["apply", str(tmp_path / "rig.yaml")]) == 1
+    assert "error: apply cancelled: nothing was changed" in capsys.readouterr().err
+    assert all("apply" not in box.calls for box in boxes.values())
+
+
+@pytest.mark.parametrize("option", ["--lock-wait", "--reboot-timeout"])
+@pytest.mark.parametrize("value", ["-1", "soon", "7200"])
+def test_wait_options_are_checked(option: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["apply", "rig.yaml", option, value])
+    assert f"argument {option}: give a number of seconds from 0 to 3600" in capsys.readouterr().err
