@@ -1,0 +1,225 @@
+"""Control side of `reclaim`: run the node agent's `reclaim` verb across the fleet and judge the outcome.
+
+The node decides which processes to end (it alone sees /proc); this side turns the rig's policy into the
+verb's arguments, checks the answer against the contract, verifies with a fresh `facts` call that ended
+processes no longer hold GPU memory, and sums it all up into one report, its exit code and its output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from .errors import AgentError, ProvisionError
+from .facts import Fact, Facts, GpuProcess
+from .fleet import AgentSession, HostOutcome, read_facts
+from .spec.models import Reclaim
+
+Action = Literal["keep", "refused", "would-end", "ended", "failed"]
+LEFT: frozenset[str] = frozenset({"refused", "would-end", "failed"})  # what keeps the exit code at 2
+# The facts verb's arguments when only the process list matters.
+FACTS_ARGS: dict[str, Any] = {"files": [], "include_content": False, "python": None, "xorg_paths": []}
+
+
+class ReclaimedProcess(GpuProcess):
+    """One GPU memory holder as the `reclaim` verb reports it: the facts fields plus the verdict."""
+
+    classification: Literal["orphaned", "torchrun", "attached"]
+    action: Action
+    reason: str
+
+
+class HostResult(Fact):
+    """The `reclaim` verb's result for one node."""
+
+    processes: list[ReclaimedProcess]
+    freed_mib: int
+
+
+@dataclass
+class HostReclaim:
+    """What happened on one host: `result` is None when the host failed or could not be reached."""
+
+    name: str
+    status: Literal["ok", "failed", "unreachable"]
+    error: str | None = None
+    processes: list[ReclaimedProcess] = field(default_factory=list)
+    freed_mib: int = 0
+
+    def count(self, action: Action) -> int:
+        return sum(1 for p in unique_pids(self.processes) if p.action == action)
+
+
+def unique_pids(processes: list[ReclaimedProcess]) -> list[ReclaimedProcess]:
+    """One row per process: a process holding memory on several GPUs is listed once per GPU."""
+    seen: dict[int, ReclaimedProcess] = {}
+    for p in processes:
+        seen.setdefault(p.pid, p)
+    return list(seen.values())
+
+
+def agent_args(policy: Reclaim, dry_run: bool) -> dict[str, Any]:
+    """The `reclaim` verb's arguments for the rig's policy; refuses patterns the policy would not use."""
+    if policy.patterns and policy.policy != "orphans+patterns":
+        raise ProvisionError(
+            f"reclaim.patterns are only used with policy orphans+patterns, but the policy is {policy.policy}"
+        )
+    return {
+        "policy": policy.policy,
+        "patterns": list(policy.patterns),
+        "grace_s": policy.grace_s,
+        "dry_run": dry_run,
+    }
+
+
+def parse_result(where: str, result: dict[str, Any]) -> HostResult:
+    try:
+        parsed: HostResult = HostResult.model_validate(result)
+    except ValidationError as exc:
+        raise AgentError(f"agent reclaim on {where} answered outside the contract: {exc}") from exc
+    return parsed
+
+
+def still_held(ended: ReclaimedProcess, facts: Facts) -> bool:
+    """Whether facts still show the ended process holding GPU memory (same pid and start time, alive).
+
+    A zombie does not count: it has exited and released its memory; only its pid waits to be reaped.
+    """
+    return any(
+        p.pid == ended.pid
+        and p.alive
+        and p.state != "Z"
+        and (p.start_time is None or ended.start_time is None or abs(p.start_time - ended.start_time) < 1.0)
+        for p in facts.processes
+    )
+
+
+def verify(result: HostResult, facts: Facts) -> HostResult:
+    """Facts taken after the kill have the last word: an ended process still holding memory failed."""
+    failed = {p.pid for p in result.processes if p.action == "ended" and still_held(p, facts)}
+    if not failed:
+        return result
+    processes = [
+        p.model_copy(
+            update={"action": "failed", "reason": p.reason + "; facts still show it holding GPU memory"}
+        )
+        if p.pid in failed
+        else p
+        for p in result.processes
+    ]
+    freed = sum(p.used_mib or 0 for p in processes if p.action == "ended")
+    return HostResult(processes=processes, freed_mib=freed)
+
+
+def reclaim_on(session: AgentSession, args: dict[str, Any]) -> HostResult:
+    """The per-host work: one `reclaim` call, and one `facts` call to verify when anything was ended."""
+    result = parse_result(session.where, session.call("reclaim", args))
+    if not any(p.action == "ended" for p in result.processes):
+        return result
+    return verify(result, read_facts(session, FACTS_ARGS))
+
+
+def collect(outcomes: dict[str, HostOutcome[HostResult]]) -> list[HostReclaim]:
+    hosts = []
+    for name, outcome in outcomes.items():
+        value = outcome.value
+        if outcome.status == "ok" and value is not None:
+            hosts.append(HostReclaim(name, "ok", None, value.processes, value.freed_mib))
+        else:
+            hosts.append(HostReclaim(name, outcome.status, outcome.error or "no result"))
+    return hosts
+
+
+def exit_code(hosts: list[HostReclaim]) -> int:
+    """0: nothing to do, or everything selected was ended; 2: something is left, failed or unreachable."""
+    for host in hosts:
+        if host.status != "ok" or any(p.action in LEFT for p in host.processes):
+            return 2
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- output
+
+
+def as_json(hosts: list[HostReclaim], dry_run: bool) -> dict[str, Any]:
+    """Stable keys for scripts: per host status, error, processes and freed MiB; the total; the exit code."""
+    return {
+        "dry_run": dry_run,
+        "hosts": {
+            h.name: {
+                "status": h.status,
+                "error": h.error,
+                "freed_mib": h.freed_mib,
+                "processes": [p.model_dump(mode="json") for p in h.processes],
+            }
+            for h in hosts
+        },
+        "freed_mib": sum(h.freed_mib for h in hosts),
+        "exit_code": exit_code(hosts),
+    }
+
+
+ACTION_STYLE = {"keep": "dim", "refused": "yellow", "would-end": "cyan", "ended": "green", "failed": "red"}
+
+
+def _started(epoch: float | None) -> str:
+    return "?" if epoch is None else datetime.fromtimestamp(epoch).strftime("%m-%d %H:%M:%S")
+
+
+def _table(host: HostReclaim) -> Table:
+    table = Table(title=f"{host.name}", title_justify="left", expand=False)
+    for column in ("pid", "gpu", "MiB", "owner", "command", "action", "why"):
+        table.add_column(
+            column, overflow="fold", justify="right" if column in ("pid", "gpu", "MiB") else "left"
+        )
+    for p in host.processes:
+        style = ACTION_STYLE[p.action]
+        table.add_row(
+            str(p.pid),
+            "?" if p.ppid is None else str(p.ppid),
+            str(p.gpu),
+            "?" if p.used_mib is None else str(p.used_mib),
+            p.owner or "?",
+            _started(p.start_time),
+            (p.command or "")[:60],
+            f"[{style}]{p.action}[/{style}]",
+            p.reason,
+        )
+    return table
+
+
+def summary(hosts: list[HostReclaim], dry_run: bool) -> str:
+    reached = [h for h in hosts if h.status == "ok"]
+    if dry_run:
+        count = sum(h.count("would-end") for h in reached)
+        mib = sum(p.used_mib or 0 for h in reached for p in h.processes if p.action == "would-end")
+        line = f"Would end {count} process{'es' if count != 1 else ''} holding {mib} MiB"
+        line += " (dry run: --yes ends them)" if count else ""
+    else:
+        count = sum(h.count("ended") for h in reached)
+        line = (
+            f"Ended {count} process{'es' if count != 1 else ''}, freed {sum(h.freed_mib for h in hosts)} MiB"
+        )
+    problems = [f"{n} {what}" for what in ("refused", "failed") if (n := sum(h.count(what) for h in reached))]
+    unreachable = len(hosts) - len(reached)
+    if unreachable:
+        problems.append(f"{unreachable} host{'s' if unreachable != 1 else ''} failed or unreachable")
+    return f"{line} on {len(reached)} of {len(hosts)} hosts" + (
+        f"; {', '.join(problems)}" if problems else ""
+    )
+
+
+def render_human(hosts: list[HostReclaim], dry_run: bool, console: Console) -> None:
+    for host in hosts:
+        if host.status != "ok":
+            console.print(f"[red]{host.name}: {host.status}[/red]: {host.error}", highlight=False)
+        elif not host.processes:
+            console.print(f"{host.name}: no process holds GPU memory", highlight=False)
+        else:
+            console.print(_table(host))
+    console.print(summary(hosts, dry_run), highlight=False)

@@ -1,0 +1,233 @@
+"""Control side of reclaim: agent arguments, the answer's contract, verification by facts, verdict, output."""
+
+from __future__ import annotations
+
+import io
+import re
+from datetime import datetime
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from mgpu_provision import reclaim
+from mgpu_provision.errors import AgentError, ProvisionError
+from mgpu_provision.facts import Facts
+from mgpu_provision.fleet import HostOutcome
+from mgpu_provision.reclaim import HostReclaim, ReclaimedProcess
+from mgpu_provision.spec.models import Reclaim
+
+
+def row(pid: int, action: str, used_mib: int | None = 1000, gpu: int = 0, **kw: Any) -> dict[str, Any]:
+    return {
+        "pid": pid,
+        "gpu": gpu,
+        "used_mib": used_mib,
+        "command": f"python train.py --rank {pid}",
+        "ppid": 1,
+        "owner": "alice",
+        "start_time": 1764400000.0 + pid,
+        "state": "S",
+        "orphaned": action != "keep",
+        "torchrun_job": False,
+        "alive": action != "ended",
+        "classification": "orphaned" if action != "keep" else "attached",
+        "action": action,
+        "reason": kw.pop("reason", f"reason {pid}"),
+        **kw,
+    }
+
+
+def procs(*rows: dict[str, Any]) -> list[ReclaimedProcess]:
+    return [ReclaimedProcess.model_validate(r) for r in rows]
+
+
+def facts_with(*processes: dict[str, Any]) -> Facts:
+    return Facts.model_validate(
+        {
+            "agent_version": "0.1.0",
+            "host": {
+                "hostname": "gpu-a",
+                "os": "Debian",
+                "kernel": "6.1",
+                "arch": "x86_64",
+                "boot_id": "b",
+                "python": "3.11",
+                "user": "root",
+            },
+            "driver": {"nvml": "ok"},
+            "processes": list(processes),
+        }
+    )
+
+
+# ------------------------------------------------------------------------------------------- arguments
+
+
+def test_agent_args_carry_the_policy() -> None:
+    policy = Reclaim(policy="orphans+patterns", patterns=["leak\\.py"], grace_s=3)
+    assert reclaim.agent_args(policy, dry_run=False) == {
+        "policy": "orphans+patterns",
+        "patterns": ["leak\\.py"],
+        "grace_s": 3.0,
+        "dry_run": False,
+    }
+
+
+def test_patterns_without_the_patterns_policy_are_an_error() -> None:
+    with pytest.raises(
+        ProvisionError,
+        match=re.escape(
+            "reclaim.patterns are only used with policy orphans+patterns, but the policy is orphans"
+        ),
+    ):
+        reclaim.agent_args(Reclaim(policy="orphans", patterns=["x"]), dry_run=True)
+
+
+def test_an_answer_outside_the_contract_is_an_agent_error() -> None:
+    with pytest.raises(AgentError, match="agent reclaim on gpu-a answered outside the contract"):
+        reclaim.parse_result("gpu-a", {"processes": [{"pid": 1}], "freed_mib": 0})
+    with pytest.raises(AgentError, match="outside the contract"):
+        reclaim.parse_result("gpu-a", {"processes": [row(5, "exploded")], "freed_mib": 0})
+
+
+# ------------------------------------------------------------------------------------------- verify
+
+
+def test_verify_keeps_ended_processes_that_facts_no_longer_show() -> None:
+    result = reclaim.HostResult(processes=procs(row(10, "ended"), row(11, "keep")), freed_mib=1000)
+    facts = facts_with({"pid": 11, "gpu": 0, "used_mib": 1000, "start_time": 1764400011.0})
+    assert reclaim.verify(result, facts) == result
+
+
+def test_verify_fails_an_ended_process_that_still_holds_memory() -> None:
+    result = reclaim.HostResult(processes=procs(row(10, "ended"), row(12, "ended", 500)), freed_mib=1500)
+    facts = facts_with({"pid": 10, "gpu": 0, "used_mib": 1000, "start_time": 1764400010.2})
+    verified = reclaim.verify(result, facts)
+    assert [(p.pid, p.action) for p in verified.processes] == [(10, "failed"), (12, "ended")]
+    assert verified.processes[0].reason == "reason 10; facts still show it holding GPU memory"
+    assert verified.freed_mib == 500
+
+
+def test_a_reused_pid_or_a_dead_entry_in_facts_is_not_the_ended_process() -> None:
+    ended = procs(row(10, "ended"))[0]
+    assert not reclaim.still_held(ended, facts_with({"pid": 10, "gpu": 0, "start_time": 1764409999.0}))
+    assert not reclaim.still_held(ended, facts_with({"pid": 10, "gpu": 0, "alive": False}))
+    assert not reclaim.still_held(ended, facts_with({"pid": 10, "gpu": 0, "state": "Z"}))
+    assert reclaim.still_held(ended, facts_with({"pid": 10, "gpu": 0}))
+
+
+class FakeSession:
+    where = "gpu-a"
+
+    def __init__(self, answers: dict[str, dict[str, Any]]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def call(self, verb: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        self.calls.append((verb, args))
+        return self.answers[verb]
+
+
+def test_facts_are_asked_again_only_when_something_was_ended() -> None:
+    dry = FakeSession({"reclaim": {"processes": [row(10, "would-end")], "freed_mib": 0}})
+    assert reclaim.reclaim_on(dry, {"dry_run": True}).processes[0].action == "would-end"  # type: ignore[arg-type]
+    assert [verb for verb, _ in dry.calls] == ["reclaim"]
+
+    done = FakeSession(
+        {"reclaim": {"processes": [row(10, "ended")], "freed_mib": 1000}, "facts": facts_with().model_dump()}
+    )
+    assert reclaim.reclaim_on(done, {"dry_run": False}).freed_mib == 1000  # type: ignore[arg-type]
+    assert done.calls == [("reclaim", {"dry_run": False}), ("facts", reclaim.FACTS_ARGS)]
+
+
+# ------------------------------------------------------------------------------------------- judging
+
+
+def host(name: str, *rows: dict[str, Any], freed: int = 0) -> HostReclaim:
+    return HostReclaim(name, "ok", None, procs(*rows), freed)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "code"),
+    [
+        ([host("a"), host("b", row(1, "keep"))], 0),
+        ([host("a", row(1, "ended"), row(2, "keep"), freed=1000)], 0),
+        ([host("a", row(1, "would-end"))], 2),
+        ([host("a", row(1, "ended")), host("b", row(2, "failed"))], 2),
+        ([host("a", row(1, "refused"))], 2),
+        ([host("a"), HostReclaim("b", "unreachable", "connection refused")], 2),
+    ],
+)
+def test_exit_code(hosts: list[HostReclaim], code: int) -> None:
+    assert reclaim.exit_code(hosts) == code
+
+
+def test_collect_keeps_failed_and_unreachable_hosts() -> None:
+    ok = reclaim.HostResult(processes=procs(row(1, "ended")), freed_mib=1000)
+    hosts = reclaim.collect(
+        {
+            "a": HostOutcome("ok", ok, None, 0.1),
+            "b": HostOutcome("unreachable", None, "gpu-b: connection refused", 3.0),
+        }
+    )
+    assert hosts == [
+        HostReclaim("a", "ok", None, ok.processes, 1000),
+        HostReclaim("b", "unreachable", "gpu-b: connection refused"),
+    ]
+
+
+def test_summary_dry_run_counts_processes_once_across_gpus() -> None:
+    hosts = [host("a", row(1, "would-end", 1000, gpu=0), row(1, "would-end", 500, gpu=1), row(2, "keep"))]
+    assert reclaim.summary(hosts, dry_run=True) == (
+        "Would end 1 process holding 1500 MiB (dry run: --yes ends them) on 1 of 1 hosts"
+    )
+
+
+def test_summary_after_ending_names_what_is_left() -> None:
+    hosts = [
+        host("a", row(1, "ended"), row(2, "ended"), freed=2000),
+        host("b", row(3, "failed"), row(4, "refused")),
+        HostReclaim("c", "unreachable", "timed out"),
+    ]
+    assert reclaim.summary(hosts, dry_run=False) == (
+        "Ended 2 processes, freed 2000 MiB on 2 of 3 hosts; 1 refused, 1 failed, 1 host failed or unreachable"
+    )
+    assert reclaim.summary([host("a")], dry_run=True) == "Would end 0 processes holding 0 MiB on 1 of 1 hosts"
+
+
+def test_json_has_stable_keys() -> None:
+    hosts = [host("a", row(1, "ended"), freed=1000), HostReclaim("b", "failed", "agent reclaim failed")]
+    out = reclaim.as_json(hosts, dry_run=False)
+    assert out["freed_mib"] == 1000 and out["exit_code"] == 2 and out["dry_run"] is False
+    assert out["hosts"]["b"] == {
+        "status": "failed",
+        "error": "agent reclaim failed",
+        "freed_mib": 0,
+        "processes": [],
+    }
+    assert out["hosts"]["a"]["processes"][0]["action"] == "ended"
+    assert set(out["hosts"]["a"]["processes"][0]) >= {"pid", "gpu", "used_mib", "owner", "command", "reason"}
+
+
+def test_human_output_has_a_table_per_node_and_the_total() -> None:
+    buffer = io.StringIO()
+    hosts = [
+        host(
+            "gpu-a",
+            row(4242, "ended", reason="orphaned: its parent pid 77 is gone; ended by SIGTERM"),
+            freed=1000,
+        ),
+        host("gpu-b"),
+        HostReclaim("gpu-c", "unreachable", "gpu-c: connection refused"),
+    ]
+    reclaim.render_human(hosts, dry_run=False, console=Console(file=buffer, width=200, color_system=None))
+    text = buffer.getvalue()
+    assert "gpu-a" in text and "4242" in text and "ended by SIGTERM" in text and "alice" in text
+    started = datetime.fromtimestamp(1764400000.0 + 4242).strftime("%m-%d %H:%M:%S")
+    assert started in text
+    assert "gpu-b: no process holds GPU memory" in text
+    assert "gpu-c: unreachable: gpu-c: connection refused" in text
+    assert text.rstrip().endswith(
+        "Ended 1 process, freed 1000 MiB on 2 of 3 hosts; 1 host failed or unreachable"
+    )

@@ -1,0 +1,242 @@
+"""Node side of reclaim on real processes spawned here.
+
+Orphans, live children, a torchrun job, a process that ignores SIGTERM and a defunct leader whose threads run
+on are all real; only the GPU layer is faked (which pids hold how much memory).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mgpu_provision.agent import reclaim
+from mgpu_provision.agent.backend import NvmlUnavailable
+from mgpu_provision.agent.errors import AgentFailure
+from mgpu_provision.agent.reclaim import ProcInfo
+
+MIB = 1024 * 1024
+IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+# The main thread leaves through pthread_exit while another thread sleeps: the leader shows state Z.
+DEFUNCT_LEADER = (
+    "import ctypes, threading, time; threading.Thread(target=time.sleep, args=(300,)).start(); "
+    "ctypes.CDLL(None).pthread_exit(None)"
+)
+FAKE_TORCHRUN = (
+    "import subprocess, sys; p = subprocess.Popen(['sleep', '300']); print(p.pid, flush=True); p.wait()\n"
+)
+
+
+class FakeBackend:
+    """The NVML side: the given pids hold GPU memory (pid -> (gpu, MiB))."""
+
+    def __init__(self, holders: dict[int, tuple[int, int]]) -> None:
+        self.holders = holders
+        self.opened = 0
+
+    def open(self) -> None:
+        self.opened += 1
+
+    def close(self) -> None:
+        self.opened -= 1
+
+    def device_count(self) -> int:
+        return 2
+
+    def processes(self, gpu: int) -> list[tuple[int, int | None]]:
+        return [(pid, mib * MIB) for pid, (g, mib) in self.holders.items() if g == gpu]
+
+
+def wait_for(predicate: object, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def state(pid: int) -> str:
+    """The comm of a live process, or its state letter when the leader is defunct."""
+    info = reclaim.read_proc(pid)
+    assert info is not None
+    return info.state if info.state == "Z" else info.comm
+
+
+def alive(pid: int) -> bool:
+    info = reclaim.read_proc(pid)
+    return info is not None and info.alive
+
+
+class Spawner:
+    """Starts test processes and ends whatever is left of them afterwards."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.started: list[ProcInfo] = []
+        self.children: list[subprocess.Popen[str]] = []
+
+    def _track(self, pid: int) -> int:
+        info = reclaim.read_proc(pid)
+        assert info is not None
+        self.started.append(info)
+        return pid
+
+    def orphan(self, python_code: str | None = None) -> int:
+        """Double fork: sh starts the process in the background and exits, so its parent is gone."""
+        program = "sleep 300" if python_code is None else f"{sys.executable} -c '{python_code}'"
+        out = subprocess.run(
+            ["sh", "-c", f"{program} >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+        )
+        pid = int(out.stdout)
+        wait_for(lambda: state(pid) != "sh", "the orphan to exec")
+        return self._track(pid)
+
+    def child(self) -> int:
+        proc = subprocess.Popen(["sleep", "300"], text=True)
+        self.children.append(proc)
+        return self._track(proc.pid)
+
+    def torchrun_worker(self) -> tuple[int, int]:
+        launcher = self.tmp / "torchrun"
+        launcher.write_text(FAKE_TORCHRUN)
+        proc = subprocess.Popen([sys.executable, str(launcher)], stdout=subprocess.PIPE, text=True)
+        self.children.append(proc)
+        assert proc.stdout is not None
+        worker = int(proc.stdout.readline())
+        self._track(proc.pid)
+        return proc.pid, self._track(worker)
+
+    def cleanup(self) -> None:
+        for info in self.started:
+            now = reclaim.read_proc(info.pid)
+            if now is not None and now.start_ticks == info.start_ticks and now.alive:
+                os.kill(info.pid, signal.SIGKILL)
+        for proc in self.children:
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Spawner]:
+    spawner = Spawner(tmp_path)
+    yield spawner
+    spawner.cleanup()
+
+
+def ignores_sigterm(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+    return bool(mask & (1 << (signal.SIGTERM - 1)))
+
+
+def by_pid(result: dict[str, object]) -> dict[int, dict[str, object]]:
+    return {row["pid"]: row for row in result["processes"]}  # type: ignore[attr-defined, index, misc]
+
+
+def test_reclaim_ends_exactly_the_orphans(spawn: Spawner) -> None:
+    orphan = spawn.orphan()
+    stubborn = spawn.orphan(IGNORE_TERM)
+    defunct = spawn.orphan(DEFUNCT_LEADER)
+    child = spawn.child()
+    launcher, worker = spawn.torchrun_worker()
+    wait_for(lambda: ignores_sigterm(stubborn), "the SIGTERM handler")
+    wait_for(lambda: state(defunct) == "Z", "the defunct leader")
+    backend = FakeBackend(
+        {orphan: (0, 1000), stubborn: (1, 2000), defunct: (0, 300), child: (1, 4000), worker: (0, 8000)}
+    )
+
+    dry = by_pid(reclaim.run({"policy": "orphans", "grace_s": 0.5}, backend))
+    assert {pid: row["action"] for pid, row in dry.items()} == {
+        orphan: "would-end",
+        stubborn: "would-end",
+        defunct: "would-end",
+        child: "keep",
+        worker: "keep",
+    }
+    assert dry[orphan]["reason"].startswith("orphaned: re-parented to pid 1 (")  # type: ignore[union-attr]
+    assert (
+        dry[defunct]["reason"] == "orphaned: zombie: its main thread exited, other threads still hold the GPU"
+    )
+    assert dry[child]["reason"] == f"its parent pid {os.getpid()} ({state(os.getpid())}) is alive"
+    assert dry[worker]["reason"] == f"part of the live torchrun job of pid {launcher} ({state(launcher)})"
+    assert dry[worker]["torchrun_job"] and not dry[worker]["orphaned"]
+    assert dry[orphan]["owner"] == "root" and dry[orphan]["command"] == "sleep 300"
+    assert abs(dry[orphan]["start_time"] - time.time()) < 60  # type: ignore[operator]
+    assert all(alive(pid) for pid in (orphan, stubborn, defunct, child, worker))
+
+    started = time.monotonic()
+    done = reclaim.run({"policy": "orphans", "grace_s": 0.5, "dry_run": False}, backend)
+    rows = by_pid(done)
+    assert time.monotonic() - started >= 0.5
+    assert rows[orphan]["action"] == "ended" and rows[orphan]["reason"].endswith("; ended by SIGTERM")  # type: ignore[union-attr]
+    assert rows[defunct]["action"] == "ended" and rows[defunct]["reason"].endswith("; ended by SIGTERM")  # type: ignore[union-attr]
+    assert rows[stubborn]["action"] == "ended"
+    assert rows[stubborn]["reason"].endswith("; ended by SIGKILL after the 0.5s grace period")  # type: ignore[union-attr]
+    assert done["freed_mib"] == 1000 + 2000 + 300
+    assert not any(alive(pid) for pid in (orphan, stubborn, defunct))
+    assert alive(child) and alive(worker) and alive(launcher)
+
+    assert backend.opened == 0  # NVML is released after each listing
+    again = reclaim.run({"policy": "orphans", "grace_s": 0.5, "dry_run": False}, backend)
+    assert {pid: row["action"] for pid, row in by_pid(again).items()} == {child: "keep", worker: "keep"}
+    assert again["freed_mib"] == 0
+
+
+def test_patterns_end_a_live_child_and_refuse_the_agent_and_its_ancestors(spawn: Spawner) -> None:
+    child = spawn.child()
+    me, parent = os.getpid(), os.getppid()
+    backend = FakeBackend({child: (0, 500), me: (0, 10), parent: (1, 10)})
+    args = {"policy": "orphans+patterns", "patterns": ["^sleep 300$", "python|pytest"], "grace_s": 2}
+    rows = by_pid(reclaim.run({**args, "dry_run": False}, backend))
+    assert rows[child]["action"] == "ended"
+    assert rows[child]["reason"] == "command matches '^sleep 300$'; ended by SIGTERM"
+    assert rows[me]["action"] == "refused"
+    assert rows[me]["reason"] == f"refusing to end pid {me} (the agent itself)"
+    assert rows[parent]["reason"] in (
+        f"refusing to end pid {parent} (an ancestor of the agent)",
+        f"refusing to end pid {parent} (init)",
+    )
+    assert alive(me) and alive(parent)
+
+
+def test_a_reused_pid_is_left_alone(spawn: Spawner) -> None:
+    pid = spawn.child()
+    listed = reclaim.read_proc(pid)
+    assert listed is not None
+    impostor = listed._replace(start_ticks=listed.start_ticks - 1)
+    outcomes = reclaim.end_processes([impostor], grace_s=0.1)
+    assert outcomes == {pid: f"left alone: pid {pid} now names another process (pid reused)"}
+    assert alive(pid)
+
+
+def test_a_process_gone_before_the_signal_counts_as_ended(spawn: Spawner) -> None:
+    pid = spawn.orphan()
+    listed = reclaim.read_proc(pid)
+    assert listed is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not alive(pid), "the process to die")
+    assert reclaim.end_processes([listed], grace_s=0.1) == {pid: "ended before it was signalled"}
+
+
+def test_dead_holders_are_not_listed() -> None:
+    finished = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
+    result = reclaim.run({"policy": "orphans"}, FakeBackend({int(finished.stdout): (0, 100)}))
+    assert result == {"processes": [], "freed_mib": 0}
+
+
+def test_nvml_unavailable_is_an_agent_failure_with_the_reason() -> None:
+    class NoDriver(FakeBackend):
+        def open(self) -> None:
+            raise NvmlUnavailable("driver-not-loaded", "the NVIDIA kernel module is not loaded")
+
+    with pytest.raises(AgentFailure) as err:
+        reclaim.run({"policy": "orphans"}, NoDriver({}))
+    assert err.value.kind == "driver-not-loaded"
+    assert err.value.message == (
+        "cannot list the processes holding GPU memory: the NVIDIA kernel module is not loaded"
+    )
