@@ -20,8 +20,10 @@ from mgpu_provision.agent.driver import (
     Command,
     apt_commands,
     dnf_commands,
+    install,
     pick_deb_version,
     runfile_commands,
+    version_key,
 )
 from mgpu_provision.agent.errors import AgentFailure
 from mgpu_provision.facts import Facts
@@ -301,3 +303,25 @@ def test_apply_is_atomic_under_sigkill(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
         assert target.read_text() in (old, new)
+
+
+def test_driver_install_refusals_before_any_command(tmp_path: Path) -> None:
+    with pytest.raises(AgentFailure, match="unknown driver install method 'zypper'"):
+        install({"method": "zypper", "version": "550.54.15"}, None)
+    runfile = tmp_path / "NVIDIA.run"
+    runfile.write_bytes(b"#!/bin/sh\nexit 0\n")
+    with pytest.raises(AgentFailure, match="the runfile method needs `sha256`"):
+        install({"method": "runfile", "version": "550.54.15", "runfile": str(runfile)}, None)
+    with pytest.raises(AgentFailure, match=f"checksum mismatch for {runfile}: got "):
+        install(
+            {"method": "runfile", "version": "550.54.15", "runfile": str(runfile), "sha256": "0" * 64}, None
+        )
+    assert install({"method": "zypper", "version": "550.54.15"}, "550.54.15") == (
+        False,
+        "driver 550.54.15 already installed",
+    )
+
+
+def test_driver_versions_order_numerically() -> None:
+    versions = ["550.90.07", "550.127.05", "535.161.08"]
+    assert max(versions, key=version_key) == "550.127.05"

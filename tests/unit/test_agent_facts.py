@@ -17,6 +17,7 @@ import yaml
 from mgpu_provision.agent.backend import select_backend
 from mgpu_provision.agent.collect import collect
 from mgpu_provision.agent.errors import AgentFailure
+from mgpu_provision.agent.hostfiles import describe_file, probe_torch
 from mgpu_provision.facts import Facts
 from mgpu_provision.topology import parse_topology
 
@@ -266,3 +267,36 @@ def test_schema_describes_every_field_the_examples_use() -> None:
         assert set(twin) <= set(schema["properties"]), path
         assert all(set(gpu) <= gpu_fields for gpu in twin["gpus"]), path
         assert set(schema["required"]) <= set(twin)
+
+
+def fake_python(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize(
+    "body, error",
+    [
+        ("echo boom >&2; exit 3", "the torch probe in {py} failed: boom"),
+        ("exit 5", "the torch probe in {py} failed: exit code 5"),
+        (
+            'echo \'{"import_error": "libcudart.so.12: cannot open", "missing": false}\'',
+            "import torch failed in {py}: libcudart.so.12: cannot open",
+        ),
+        (
+            'echo \'{"import_error": "No module named torch", "missing": true}\'',
+            "torch is not installed in {py}",
+        ),
+        ("sleep 5", "the torch probe in {py} did not finish within 0.5 s"),
+    ],
+)
+def test_torch_probe_failures_are_plain(tmp_path: Path, body: str, error: str) -> None:
+    python = fake_python(tmp_path, body)
+    probe = probe_torch(python, timeout_s=0.5)
+    assert probe["ok"] is False and probe["error"] == error.format(py=python)
+
+
+def test_a_folder_given_as_managed_file_does_not_break_facts(tmp_path: Path) -> None:
+    assert describe_file(str(tmp_path), include_content=True) == {"path": str(tmp_path), "exists": True}

@@ -68,6 +68,7 @@ def test_subset_matches_pyyaml(name: str) -> None:
         ("a: 1\n- b\n", 2, "expected 'key: value'"),
         ("a: |x\n  t\n", 1, "unsupported block scalar header"),
         ("a: 1\n---\nb: 2\n", 2, "expected 'key: value'"),
+        ("a: 1\n: 2\n", 2, "empty mapping key"),
         ("t: 12:30\n", 1, "'12:30' is read differently by YAML parsers; quote it"),
         ("a: [010]\n", 1, "'010' is read differently"),
         ("a: yes\n", 1, "'yes' is read differently"),

@@ -1,0 +1,99 @@
+"""`init`'s rig-file writer: from each example twin's facts, a rig file that validates and plans clean."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mgpu_provision.agent.backend import select_backend
+from mgpu_provision.agent.collect import collect
+from mgpu_provision.commands.init import parse_destination
+from mgpu_provision.errors import ProvisionError
+from mgpu_provision.facts import Facts
+from mgpu_provision.initgen import env_file_paths, rig_from_facts, rig_name_for
+from mgpu_provision.plan import plan_host
+from mgpu_provision.spec import load_rig
+from mgpu_provision.topology import format_topology, gpu_matrix
+
+TWINS = Path(__file__).resolve().parents[2] / "examples" / "twins"
+
+
+def facts_of(twin: Path, **args: Any) -> Facts:
+    raw = collect({"files": env_file_paths(), **args}, select_backend(str(twin)))
+    return Facts.model_validate(json.loads(json.dumps(raw)))
+
+
+def write_init(tmp_path: Path, facts: Facts) -> Path:
+    topo = tmp_path / "rig.topo.txt"
+    topo.write_text(format_topology(gpu_matrix(len(facts.gpus), facts.cell)))
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(rig_from_facts("box-1", "10.0.0.11", facts, topo.name, {"user": "ubuntu", "port": 2222}))
+    return rig
+
+
+@pytest.mark.parametrize(
+    ("twin", "rig_name", "bridge"),
+    [
+        ("rtx3090-nvlink.yaml", "rtx3090-x2", "{kind: nvlink-bridge, pairs: [[0, 1]], links: 4"),
+        ("h100-hgx.yaml", "h100-80gb-x8", "{kind: nvswitch, links: 18"),
+        ("rtx4090-pcie.yaml", "rtx4090-x5", "{kind: none"),
+    ],
+)
+def test_init_rig_validates_and_plans_clean(tmp_path: Path, twin: str, rig_name: str, bridge: str) -> None:
+    facts = facts_of(TWINS / twin)
+    rig = write_init(tmp_path, facts)
+    text = rig.read_text()
+    assert rig_name_for(facts) == rig_name
+    assert f"bridge: {bridge}" in text
+    assert f'version: "{facts.driver.version}"' in text
+    loaded = load_rig(rig)
+    host = loaded.host("box-1")
+    assert host.user == "ubuntu" and host.port == 2222
+    assert loaded.rig_of(host).gpus.count == len(facts.gpus)
+    assert plan_host(loaded, host, facts) == []
+
+
+def test_existing_env_files_stay_managed(tmp_path: Path) -> None:
+    facts = facts_of(TWINS / "rtx3090-nvlink.yaml")
+    present = facts.model_copy(
+        update={"files": [f.model_copy(update={"exists": True}) for f in facts.files]}
+    )
+    assert "profile_d: null" in write_init(tmp_path, facts).read_text()
+    assert "files:" not in write_init(tmp_path, present).read_text()
+
+
+def test_a_box_without_driver_gets_a_review_note(tmp_path: Path) -> None:
+    twin = tmp_path / "twin.json"
+    twin.write_text(json.dumps({"driver": {"version": None}, "gpus": []}))
+    facts = facts_of(twin)
+    text = rig_from_facts("box-1", "10.0.0.11", facts)
+    assert "# review: no driver section:" in text
+    assert 'gpus: {model: "REPLACE ME", count: 1}' in text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("gpu-a", (None, "gpu-a", None)),
+        ("ubuntu@10.0.0.11", ("ubuntu", "10.0.0.11", None)),
+        ("root@127.0.0.5:2222", ("root", "127.0.0.5", 2222)),
+    ],
+)
+def test_destination_parsing(text: str, expected: tuple[str | None, str, int | None]) -> None:
+    assert parse_destination(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("root@host:70000", "port 70000 is not between 1 and 65535"),
+        ("host;rm -rf /", "expected [user@]host[:port]"),
+        ("$(touch x)", "expected [user@]host[:port]"),
+    ],
+)
+def test_bad_destinations_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ProvisionError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_destination(text)
