@@ -138,6 +138,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="show what each box is: GPUs, driver, links (one SSH command per host)",
         description="Read every chosen host (GPUs, driver, NVLink/PCIe matrix) and print it. "
         "Exit 0 when every host answered, 2 when some were unreachable or failed, 1 on errors.",
+        epilog="examples:\n  mgpu-provision facts rig.yaml\n"
+        "  mgpu-provision facts rig.yaml --limit gpu-a --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common.add_fleet_arguments(parser)
     parser.set_defaults(func=run)

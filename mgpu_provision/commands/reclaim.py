@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "does with it. Without --yes nothing is ended. Exit 0 when there is nothing to do or everything "
         "selected was ended, 2 when something is left, refused or failed or a host is unreachable, "
         "1 on errors.",
+        epilog="examples:\n  mgpu-provision reclaim rig.yaml            # dry run: what would be ended\n"
+        "  mgpu-provision reclaim rig.yaml --yes --limit gpu-b",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common.add_fleet_arguments(parser)
     parser.add_argument(

@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "schema",
         help="print the rig file's JSON Schema",
         description="Print the JSON Schema of rig files (for editors and CI).",
-        epilog="Regenerate the committed copy: mgpu-provision schema > schemas/rig.schema.json",
+        epilog="example (regenerate the committed copy):\n  mgpu-provision schema > schemas/rig.schema.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.set_defaults(func=run)
 
