@@ -1,0 +1,269 @@
+"""control.py and `mgpu-provision smoke`: who runs what, the fleet verdict, cleanup, and a real local run.
+
+The real run uses `connection: local` hosts, so the agent zipapp, the `smoke` verb, torchrun and the command's
+output are all real, without SSH (the SSH path is tests/e2e/test_smoke_e2e.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mgpu_provision import cli
+from mgpu_provision.errors import ProvisionError
+from mgpu_provision.fleet import FleetOptions, HostOutcome, HostTarget
+from mgpu_provision.smoke import control
+from mgpu_provision.spec import load_rig
+from tests.unit.smoke_helpers import PASS_TIMEOUT_S, free_port, processes_of_run
+
+
+def rig_file(tmp_path: Path, hosts: list[dict[str, Any]], **over: Any) -> Path:
+    ddp = {"master": "gpu-a", "port": 29555, "backend": "gloo", "nproc_per_node": 2, "ifname": "lo"}
+    rigs = {
+        "pair": {"gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2}, "ddp": ddp},
+        "quad": {
+            "gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 4},
+            "ddp": {**ddp, "nproc_per_node": 4},
+        },
+        "solo": {
+            "gpus": {"model": "NVIDIA A100-SXM4-80GB", "count": 1},
+            "ddp": {**ddp, "master": "hgx", "nproc_per_node": 1},
+        },
+        "bare": {"gpus": {"model": "NVIDIA A100-SXM4-80GB", "count": 1}},
+    }
+    document: dict[str, Any] = {
+        "version": 1,
+        "hosts": hosts,
+        "rigs": {name: rig for name, rig in rigs.items() if any(h["rig"] == name for h in hosts)},
+        "env": {"NCCL_DEBUG": "WARN"},
+        "smoke": {"python": "/opt/venv/bin/python", "timeout_s": 60, "batch_size": 4, "sizes_mib": [1, 4]},
+    }
+    document.update(over)
+    path = tmp_path / "rig.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+HOSTS = [
+    {"name": "gpu-b", "address": "10.0.0.12", "rig": "pair"},
+    {"name": "gpu-a", "address": "10.0.0.11", "rig": "pair"},
+    {"name": "gpu-c", "address": "10.0.0.13", "rig": "pair"},
+]
+
+
+def plan(
+    tmp_path: Path, hosts: list[dict[str, Any]], names: list[str] | None = None
+) -> list[control.NodePart]:
+    loaded = load_rig(rig_file(tmp_path, hosts))
+    chosen = [loaded.host(n) for n in names] if names else list(loaded.spec.hosts)
+    return control.plan_smoke(loaded, chosen, "run-1")
+
+
+def test_plan_puts_the_master_first_and_passes_the_rig_settings(tmp_path: Path) -> None:
+    parts = plan(tmp_path, HOSTS)
+    assert [(p.host, p.node_rank) for p in parts] == [("gpu-a", 0), ("gpu-b", 1), ("gpu-c", 2)]
+    args = parts[1].args
+    assert args["nnodes"] == 3 and args["nproc_per_node"] == 2 and args["node_rank"] == 1
+    assert (args["master_addr"], args["master_port"], args["backend"]) == ("10.0.0.11", 29555, "gloo")
+    assert args["rdzv_backend"] == "static" and args["rdzv_id"] == "run-1" and args["run_id"] == "run-1"
+    assert (args["python"], args["timeout_s"], args["batch_size"]) == ("/opt/venv/bin/python", 60, 4)
+    assert args["sizes_mib"] == [1.0, 4.0] and args["node"] == "gpu-b"
+    assert args["env"]["NCCL_DEBUG"] == "WARN"
+    assert args["env"]["NCCL_SOCKET_IFNAME"] == "lo" and args["env"]["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+def test_limit_keeps_ranks_contiguous(tmp_path: Path) -> None:
+    parts = plan(tmp_path, HOSTS, ["gpu-c", "gpu-a"])
+    assert [(p.host, p.node_rank, p.args["nnodes"]) for p in parts] == [("gpu-a", 0, 2), ("gpu-c", 1, 2)]
+
+
+def test_groups_with_different_masters_run_side_by_side(tmp_path: Path) -> None:
+    parts = plan(tmp_path, [*HOSTS[:2], {"name": "hgx", "address": "10.0.1.1", "rig": "solo"}])
+    assert [(p.host, p.group, p.node_rank, p.args["nnodes"]) for p in parts] == [
+        ("gpu-a", "gpu-a", 0, 2),
+        ("gpu-b", "gpu-a", 1, 2),
+        ("hgx", "hgx", 0, 1),
+    ]
+
+
+def test_master_left_out_by_limit_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ProvisionError) as info:
+        plan(tmp_path, HOSTS, ["gpu-b"])
+    assert str(info.value) == (
+        "gpu-b: its DDP master gpu-a is not selected; smoke runs whole DDP groups (add gpu-a to --limit)"
+    )
+
+
+def test_rig_without_ddp_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ProvisionError) as info:
+        plan(tmp_path, [*HOSTS, {"name": "box", "rig": "bare"}])
+    assert str(info.value) == "smoke needs a `ddp` section in the rig of box (master, port, backend)"
+
+
+# ---- the verdict -------------------------------------------------------------------------------------
+
+
+def ranks_of(node_rank: int, world: int = 4, busbw: float = 2.0) -> list[dict[str, Any]]:
+    band = [{"size_mib": 1.0, "busbw_gbps": 9.0}, {"size_mib": 4.0, "busbw_gbps": busbw}]
+    return [{"rank": 2 * node_rank + i, "world_size": world, "ok": True, "bandwidth": band} for i in range(2)]
+
+
+def ok_outcome(node_rank: int, **value: Any) -> HostOutcome[dict[str, Any]]:
+    answer = {"ok": True, "kind": None, "diagnosis": None, "ranks": ranks_of(node_rank), "elapsed_s": 3.0}
+    return HostOutcome("ok", {**answer, **value}, None, 3.5)
+
+
+def judge(
+    tmp_path: Path, outcomes: dict[str, HostOutcome[dict[str, Any]]], floor: float | None = None
+) -> Any:
+    parts = plan(tmp_path, HOSTS[:2])
+    return control.build_report("run-1", parts, outcomes, floor).groups[0]
+
+
+def test_group_passes_when_every_rank_joined(tmp_path: Path) -> None:
+    group = judge(tmp_path, {"gpu-a": ok_outcome(0), "gpu-b": ok_outcome(1)}, floor=1.0)
+    assert group.ok and group.problems == []
+    assert (group.world_size, group.expected_world_size, group.ranks_joined) == (4, 4, 4)
+    assert group.endpoint == "10.0.0.11:29555" and [n.host for n in group.nodes] == ["gpu-a", "gpu-b"]
+
+
+def test_busbw_of_the_largest_size_below_the_floor_fails(tmp_path: Path) -> None:
+    group = judge(tmp_path, {"gpu-a": ok_outcome(0), "gpu-b": ok_outcome(1)}, floor=5.0)
+    assert group.problems == ["all_reduce busbw 2 GB/s at 4 MiB is below the floor of 5 GB/s"]
+
+
+def test_failed_and_unreachable_nodes_are_named_with_their_reason(tmp_path: Path) -> None:
+    failed = ok_outcome(1, ok=False, kind="torch-missing", diagnosis="torch is not installed in x on gpu-b")
+    group = judge(tmp_path, {"gpu-a": ok_outcome(0), "gpu-b": failed})
+    assert group.problems == ["gpu-b: torch is not installed in x on gpu-b"]
+    gone = HostOutcome[dict[str, Any]]("unreachable", None, "gpu-b: connection refused", 1.0)
+    group = judge(tmp_path, {"gpu-a": ok_outcome(0, ranks=ranks_of(0)[:1]), "gpu-b": gone})
+    assert group.problems == ["gpu-b: gpu-b: connection refused"]
+
+
+def test_missing_ranks_and_wrong_world_sizes_fail_even_when_nodes_say_ok(tmp_path: Path) -> None:
+    group = judge(tmp_path, {"gpu-a": ok_outcome(0), "gpu-b": ok_outcome(1, ranks=ranks_of(1, world=3)[:1])})
+    assert group.problems == ["ranks [3] of 4 never reported", "ranks [2] saw a world size other than 4"]
+
+
+# ---- the shell: all at once, cleanup of hosts whose call failed --------------------------------------
+
+
+def test_run_smoke_starts_all_hosts_at_once_and_cleans_up_failed_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded = load_rig(rig_file(tmp_path, HOSTS))
+    hosts = list(loaded.spec.hosts)
+    targets = [HostTarget(h.name, "x", None, None, None, None, False, "p", "ssh", None, 1, 1) for h in hosts]
+    fleets: list[tuple[list[str], int | None]] = []
+    requests: list[tuple[str, dict[str, Any]]] = []
+
+    class Session:
+        def __init__(self, target: HostTarget) -> None:
+            self.target = target
+
+        def call(self, verb: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+            assert verb == "smoke" and timeout is not None
+            requests.append((self.target.name, args))
+            if self.target.name == "gpu-c" and not args.get("cleanup"):
+                raise ProvisionError("agent smoke did not finish")
+            return {"ok": True, "ranks": ranks_of(args.get("node_rank", 0), world=6)}
+
+    def fake_run_fleet(ts: list[HostTarget], fn: Any, options: FleetOptions) -> dict[str, HostOutcome[Any]]:
+        fleets.append(([t.name for t in ts], options.forks))
+        outcomes: dict[str, HostOutcome[Any]] = {}
+        for t in ts:
+            try:
+                outcomes[t.name] = HostOutcome("ok", fn(Session(t)), None, 0.1)
+            except ProvisionError as exc:
+                outcomes[t.name] = HostOutcome("failed", None, str(exc), 0.1)
+        return outcomes
+
+    monkeypatch.setattr(control, "run_fleet", fake_run_fleet)
+    done: list[tuple[str, bool]] = []
+    report = control.run_smoke(
+        loaded, hosts, targets, FleetOptions(forks=1), lambda h, ok: done.append((h, ok))
+    )
+    # Every host at once despite --forks 1, then a cleanup call for the one whose call failed.
+    assert fleets == [(["gpu-b", "gpu-a", "gpu-c"], 3), (["gpu-c"], 1)]
+    assert requests[-1] == ("gpu-c", {"cleanup": True, "run_id": report.run_id, "node_rank": 2})
+    assert sorted(done) == [("gpu-a", True), ("gpu-b", True), ("gpu-c", False)]
+    assert not report.ok and report.groups[0].problems[0] == "gpu-c: agent smoke did not finish"
+
+
+# ---- real: two local hosts through the agent zipapp and the command line ----------------------------
+
+
+def local_rig(tmp_path: Path, python: str, port: int) -> Path:
+    hosts = [
+        {"name": "gpu-a", "address": "127.0.0.1", "rig": "pair", "connection": "local"},
+        {"name": "gpu-b", "address": "127.0.0.1", "rig": "pair", "connection": "local"},
+    ]
+    path = rig_file(tmp_path, hosts)
+    document = yaml.safe_load(path.read_text())
+    document["rigs"]["pair"]["ddp"]["port"] = port
+    document["smoke"] = {
+        "python": python,
+        "timeout_s": PASS_TIMEOUT_S,
+        "batch_size": 4,
+        "sizes_mib": [0.0625, 0.25],
+    }
+    document["env"] = {"OMP_NUM_THREADS": "1"}
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_smoke_command_passes_on_two_local_hosts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    code = cli.main(["smoke", str(local_rig(tmp_path, sys.executable, port)), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    group = out["groups"][0]
+    assert out["ok"] is True and group["ok"] is True
+    assert (group["world_size"], group["ranks_joined"], group["nnodes"]) == (4, 4, 2)
+    assert group["backend"] == "gloo"  # the rig asks for gloo; NCCL would need CUDA
+    assert [n["host"] for n in group["nodes"]] == ["gpu-a", "gpu-b"]
+    assert [r["rank"] for r in group["nodes"][1]["ranks"]] == [2, 3]
+    assert [b["size_mib"] for b in group["bandwidth"]] == [0.0625, 0.25]
+    assert processes_of_run(out["run_id"]) == []
+
+
+def test_smoke_command_fails_with_exit_2_naming_node_and_interpreter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["smoke", str(local_rig(tmp_path, "/usr/bin/python3", free_port())), "--limit", "gpu-a"])
+    out = capsys.readouterr().out
+    assert code == 2
+    assert "FAIL" in out and "torch is not installed in /usr/bin/python3 on gpu-a" in " ".join(out.split())
+
+
+def test_smoke_command_reports_rig_errors_with_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = local_rig(tmp_path, sys.executable, free_port())
+    assert cli.main(["smoke", str(path), "--limit", "gpu-b"]) == 1
+    assert "its DDP master gpu-a is not selected" in capsys.readouterr().err
+
+
+def test_human_output_shows_nodes_bandwidth_and_verdict(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from mgpu_provision.commands.smoke import render_human
+
+    band = [{"size_mib": 4.0, "time_us": 1234.5, "algbw_gbps": 2.0, "busbw_gbps": 3.0}]
+    ranks = [{**r, "backend": "gloo", "bandwidth": band} for r in ranks_of(0)]
+    outcomes = {"gpu-a": ok_outcome(0, ranks=ranks), "gpu-b": ok_outcome(1)}
+    report = control.build_report("run-1", plan(tmp_path, HOSTS[:2]), outcomes, 5.0)
+    console = Console(record=True, width=150)
+    render_human(report, console)
+    text = console.export_text()
+    assert "DDP group of gpu-a (rendezvous 10.0.0.11:29555)" in text
+    assert "gpu-b │ 1    │ pass" in text
+    assert "│        4 │    1234 │      2.000 │      3.000 │" in text
+    assert "Smoke FAIL: world size 4 of 4 (2 nodes x 2), 4 ranks reported, backend gloo" in text
+    assert "! all_reduce busbw 3 GB/s at 4 MiB is below the floor of 5 GB/s" in text

@@ -1,0 +1,318 @@
+"""node.py: the request, the torchrun command, log diagnoses, and real local runs without SSH.
+
+The real runs start torchrun with this venv's torch on loopback (gloo): two "nodes" are two `run` calls in
+parallel. Every failure case checks the diagnosis names the endpoint, that it came before the deadline, and
+that no process of the run is left and no port is held.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mgpu_provision.agent.errors import AgentFailure
+from mgpu_provision.smoke import node
+from tests.unit.smoke_helpers import FAIL_TIMEOUT_S, free_port, listening, node_args, processes_of_run, run_id
+
+
+def request(**over: Any) -> node.Request:
+    return node.Request({**node_args("r1", 29500, 0), **over})
+
+
+# ---- the request -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"python": ""}, "python must be a non-empty one-line string"),
+        ({"nnodes": 0}, "nnodes must be an integer >= 1, got 0"),
+        ({"node_rank": 2}, "node_rank 2 must be below nnodes 2"),
+        ({"master_port": 70000}, "master_port 70000 is not a TCP port"),
+        ({"backend": "mpi"}, "backend must be one of nccl, gloo, got 'mpi'"),
+        ({"rdzv_backend": "etcd"}, "rdzv_backend must be one of static, c10d"),
+        ({"timeout_s": 0}, "timeout_s must be a positive number, got 0"),
+        ({"sizes_mib": [1, -2]}, "sizes_mib must be a list of positive numbers"),
+        ({"env": {"A": 1}}, "env must map names to strings"),
+        ({"master_addr": "a\nb"}, "master_addr must be a non-empty one-line string"),
+    ],
+)
+def test_bad_request_names_the_field(over: dict[str, Any], message: str) -> None:
+    with pytest.raises(AgentFailure) as info:
+        request(**over)
+    assert info.value.kind == "bad-request"
+    assert message in info.value.message
+
+
+def test_timeouts_leave_room_before_the_deadline() -> None:
+    for total in (5.0, 30.0, 180.0):
+        rendezvous, group = node.timeouts(total)
+        assert rendezvous < total and group < total
+    assert node.timeouts(180.0) == (45, 90.0)
+
+
+def test_static_command_passes_node_rank_master_and_rendezvous_timeout() -> None:
+    command = node.torchrun_command(request(timeout_s=30), "/t/p.py", "/t/c.json")
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    text = " ".join(command)
+    assert "--nnodes 2 --nproc-per-node 2 --max-restarts 0" in text
+    assert "--node-rank 0 --master-addr 127.0.0.1 --master-port 29500 --rdzv-conf timeout=7" in text
+    assert command[-2:] == ["/t/p.py", "/t/c.json"]
+
+
+def test_c10d_command_uses_the_endpoint_and_join_timeout() -> None:
+    text = " ".join(node.torchrun_command(request(rdzv_backend="c10d", timeout_s=30), "p", "c"))
+    assert "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29500" in text
+    assert "join_timeout=7,read_timeout=7" in text and "--node-rank" not in text
+
+
+def test_child_environment_marks_the_run_and_keeps_threads_low() -> None:
+    env = node.child_environment(request(env={"NCCL_DEBUG": "WARN"}), {"PATH": "/bin"})
+    assert env[node.MARKER_ENV] == "r1/0"
+    assert env["OMP_NUM_THREADS"] == "1" and env["NCCL_DEBUG"] == "WARN" and env["PATH"] == "/bin"
+    assert node.child_environment(request(env={"OMP_NUM_THREADS": "4"}), {})["OMP_NUM_THREADS"] == "4"
+
+
+# ---- diagnoses from real torch log lines --------------------------------------------------------------
+
+LOGS = {
+    "rendezvous-unreachable": (
+        "torch.distributed.DistNetworkError: The client socket has timed out after 5000ms while trying to "
+        "connect to (10.0.0.11, 29500).",
+        "rendezvous endpoint 10.0.0.11:29500 unreachable: no answer within 5 s",
+    ),
+    "rendezvous-timeout": (
+        "torch.distributed.DistStoreError: Timed out after 6 seconds waiting for clients. "
+        "1/2 clients joined.",
+        "timed out waiting for peers at 127.0.0.1:29500: 1 of 2 nodes joined within 6 s",
+    ),
+    "port-in-use": (
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+        "address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use",
+        "rendezvous port 29500 on 127.0.0.1 is already in use",
+    ),
+    "torch-missing": ("/usr/bin/python3: No module named torch", "torch is not installed in"),
+    "nccl": (
+        "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\nframe #0: x",
+        "NCCL error: RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LOGS))
+def test_diagnose_names_the_cause(kind: str) -> None:
+    log, message = LOGS[kind]
+    got_kind, got = node.diagnose(log, request(), 1, False)
+    assert got_kind == kind
+    assert message in got
+
+
+def test_diagnose_reset_during_rendezvous() -> None:
+    log = "static_tcp_rendezvous.py ...\ntorch.distributed.DistNetworkError: Connection reset by peer"
+    assert node.diagnose(log, request(), 1, False) == (
+        "rendezvous-unreachable",
+        "rendezvous endpoint 127.0.0.1:29500 refused or dropped the connection",
+    )
+
+
+def test_diagnose_crash_and_hang_quote_the_last_useful_lines() -> None:
+    log = 'starting\nTraceback (most recent call last):\n  File "x.py"\nframe #3: noise\nValueError: boom\n'
+    assert node.diagnose(log, request(), 1, False) == (
+        "crash",
+        "torchrun exited with code 1; last lines: starting | ValueError: boom",
+    )
+    kind, message = node.diagnose("waiting\n", request(timeout_s=9), None, True)
+    assert kind == "timeout"
+    assert message == "no result within 9 s (hung; rendezvous at 127.0.0.1:29500); last lines: waiting"
+
+
+def rank(r: int, ok: bool = True, error: str | None = None) -> dict[str, Any]:
+    return {"rank": r, "ok": ok, "error": error, "checks": [{"name": "ddp_step", "ok": ok, "detail": "d"}]}
+
+
+def test_judge_passes_only_with_every_local_rank_ok() -> None:
+    req = request()
+    assert node.judge(req, [rank(0), rank(1)], 0, False, "")["ok"] is True
+    assert node.judge(req, [rank(0)], 0, False, "") == {
+        "ok": False,
+        "kind": "missing-ranks",
+        "diagnosis": "1 of 2 local ranks reported a result",
+    }
+    assert node.judge(req, [rank(0), rank(1, ok=False)], 0, False, "") == {
+        "ok": False,
+        "kind": "check-failed",
+        "diagnosis": "rank 1 ddp_step: d",
+    }
+    crashed = node.judge(req, [rank(0, False, "RuntimeError: peer gone")], 1, False, "junk")
+    assert crashed["kind"] == "crash" and crashed["diagnosis"] == "rank 0: RuntimeError: peer gone"
+
+
+# ---- the program travels inside the zipapp -----------------------------------------------------------
+
+
+def test_program_source_is_read_from_the_zipapp(tmp_path: Path) -> None:
+    from mgpu_provision.agent.bundle import build_agent
+
+    pyz = tmp_path / "agent.pyz"
+    pyz.write_bytes(build_agent().data)
+    with zipfile.ZipFile(pyz) as archive:
+        expected = archive.read("mgpu_provision/smoke/program.py")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from mgpu_provision.smoke import node; "
+        "assert 'zip' in type(node.__loader__).__name__.lower(); "
+        "sys.stdout.buffer.write(node.program_source())"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(pyz)], capture_output=True, check=True).stdout
+    assert out == expected and b"def main(argv" in out
+
+
+# ---- cleanup -----------------------------------------------------------------------------------------
+
+
+def test_cleanup_ends_marked_processes_even_when_they_ignore_sigterm() -> None:
+    rid = run_id()
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    env = {node.MARKER_ENV: node.marker(rid, 1)}
+    proc = subprocess.Popen([sys.executable, "-c", stubborn], env=env, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    other = subprocess.Popen(["sleep", "60"], env={node.MARKER_ENV: node.marker(rid, 0)})
+    try:
+        started = time.monotonic()
+        answer = node.run({"cleanup": True, "run_id": rid, "node_rank": 1})
+        assert answer == {"marker": f"{rid}/1", "leftover_pids": []}
+        assert proc.wait(timeout=5) == -9  # needed SIGKILL
+        assert time.monotonic() - started < node.GRACE_S * 2 + 2
+        assert other.poll() is None  # another node's part of the same run is not this node's to end
+    finally:
+        other.kill()
+        other.wait()
+
+
+# ---- real runs ---------------------------------------------------------------------------------------
+
+
+def assert_clean(rid: str, port: int) -> None:
+    assert processes_of_run(rid) == []
+    assert not listening(port)
+
+
+def test_two_nodes_of_two_ranks_pass_with_per_rank_results() -> None:
+    rid, port = run_id(), free_port()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda r: node.run(node_args(rid, port, r)), [0, 1]))
+    for node_rank, result in enumerate(results):
+        assert result["ok"], result
+        assert result["node_rank"] == node_rank and result["leftover_pids"] == []
+        assert [r["rank"] for r in result["ranks"]] == [2 * node_rank, 2 * node_rank + 1]
+        for r in result["ranks"]:
+            assert r["world_size"] == 4 and r["backend"] == "gloo" and r["node_rank"] == node_rank
+            names = [c["name"] for c in r["checks"] if c["ok"]]
+            assert names == ["world_size", "all_reduce", "sampler_shards", "ddp_step"]
+            assert [b["size_mib"] for b in r["bandwidth"]] == [0.0625, 0.25]
+            for b in r["bandwidth"]:
+                assert b["busbw_gbps"] == pytest.approx(b["algbw_gbps"] * 1.5, abs=2e-4)  # 2(n-1)/n, n=4
+    checksums = {r["param_checksum"] for result in results for r in result["ranks"]}
+    assert len(checksums) == 1
+    assert_clean(rid, port)
+
+
+def test_torch_missing_names_interpreter_and_node() -> None:
+    result = node.run(node_args(run_id(), free_port(), 1, python="/usr/bin/python3", node="gpu-b"))
+    assert result["ok"] is False and result["kind"] == "torch-missing"
+    assert result["diagnosis"] == "torch is not installed in /usr/bin/python3 on gpu-b"
+
+
+def test_missing_interpreter_is_named() -> None:
+    result = node.run(node_args(run_id(), free_port(), 0, python="/nonexistent/python3", node="gpu-a"))
+    assert (result["kind"], result["diagnosis"]) == (
+        "python-missing",
+        "python interpreter /nonexistent/python3 not found on gpu-a",
+    )
+
+
+def test_rendezvous_port_held_by_another_program_fails_fast_naming_it() -> None:
+    rid, port = run_id(), free_port()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        started = time.monotonic()
+        result = node.run(node_args(rid, port, 0, timeout_s=FAIL_TIMEOUT_S))
+        elapsed = time.monotonic() - started
+    assert result["kind"] == "port-in-use", result
+    assert result["diagnosis"] == f"rendezvous port {port} on 127.0.0.1 is already in use"
+    assert elapsed < FAIL_TIMEOUT_S  # torch's own bind error (the kind above), not the deadline
+    assert_clean(rid, port)
+
+
+def test_master_where_nothing_listens_fails_within_the_rendezvous_timeout() -> None:
+    rid, port = run_id(), free_port()
+    started = time.monotonic()
+    result = node.run(node_args(rid, port, 1, timeout_s=FAIL_TIMEOUT_S))
+    assert time.monotonic() - started < FAIL_TIMEOUT_S
+    assert result["kind"] == "rendezvous-unreachable", result
+    assert result["diagnosis"].startswith(f"rendezvous endpoint 127.0.0.1:{port} unreachable")
+    assert_clean(rid, port)
+
+
+def test_peer_that_never_starts_fails_the_master_within_its_timeout() -> None:
+    rid, port = run_id(), free_port()
+    started = time.monotonic()
+    result = node.run(node_args(rid, port, 0, timeout_s=FAIL_TIMEOUT_S))
+    assert time.monotonic() - started < FAIL_TIMEOUT_S
+    assert result["kind"] == "rendezvous-timeout", result
+    assert f"timed out waiting for peers at 127.0.0.1:{port}: 1 of 2 nodes joined" in result["diagnosis"]
+    assert_clean(rid, port)
+
+
+def test_hang_is_killed_at_the_deadline_leaving_nothing_behind() -> None:
+    rid, port = run_id(), free_port()
+    with socket.socket() as silent:  # accepts connections (backlog) but never answers the store protocol
+        silent.bind(("127.0.0.1", port))
+        silent.listen()
+        started = time.monotonic()
+        result = node.run(node_args(rid, port, 1, timeout_s=8))
+        elapsed = time.monotonic() - started
+        assert processes_of_run(rid) == []
+    assert result["kind"] == "timeout" and result["timed_out"] is True, result
+    assert f"rendezvous at 127.0.0.1:{port}" in result["diagnosis"]
+    assert 8 <= elapsed < 8 + 2 * node.GRACE_S + 3
+    assert_clean(rid, port)
+
+
+PYTHON38 = Path("/root/.pyenv/versions/3.8.18/bin/python3.8")
+
+
+@pytest.mark.skipif(not PYTHON38.exists(), reason="needs a Python 3.8 interpreter to run the agent with")
+def test_agent_zipapp_on_python38_runs_a_one_node_smoke(tmp_path: Path) -> None:
+    """The node side as shipped: the agent zipapp's `smoke` verb on the oldest supported python3."""
+    from mgpu_provision.agent.bundle import build_agent
+
+    pyz = tmp_path / "agent.pyz"
+    pyz.write_bytes(build_agent().data)
+    rid = run_id()
+    args = node_args(rid, free_port(), 0, nnodes=1, nproc_per_node=1, node="gpu-a")
+    done = subprocess.run(
+        [str(PYTHON38), str(pyz), "smoke"],
+        input=json.dumps({"args": args, "simulate": None}),
+        capture_output=True,
+        text=True,
+        timeout=args["timeout_s"] + 30,
+    )
+    answer = json.loads(done.stdout)
+    assert answer["ok"] is True, answer
+    result = answer["result"]
+    assert result["ok"] is True, result
+    assert [(r["rank"], r["world_size"]) for r in result["ranks"]] == [(0, 1)]
+    assert processes_of_run(rid) == []

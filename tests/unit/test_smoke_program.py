@@ -1,0 +1,86 @@
+"""program.py: nccl-tests arithmetic, exact all_reduce values, and a failed check recorded by a real rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mgpu_provision.smoke import program
+from tests.unit.smoke_helpers import free_port
+
+
+@pytest.mark.parametrize(("world", "factor"), [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])
+def test_busbw_is_algbw_times_2_n_minus_1_over_n(world: int, factor: float) -> None:
+    assert program.bus_bandwidth(10.0, world) == pytest.approx(10.0 * factor)
+
+
+def test_backend_is_nccl_only_with_cuda() -> None:
+    assert program.choose_backend("nccl", True) == "nccl"
+    assert program.choose_backend("nccl", False) == "gloo"
+    assert program.choose_backend("gloo", True) == "gloo"
+
+
+def test_allreduce_pattern_sums_to_the_expected_values() -> None:
+    world, n = 5, 20
+    summed = [
+        sum(values) for values in zip(*(program.allreduce_pattern(r, n) for r in range(world)), strict=True)
+    ]
+    assert summed == program.expected_allreduce(world, n)
+    assert program.expected_allreduce(world, n) != program.expected_allreduce(world - 1, n)
+
+
+def test_checksum_tells_parameters_apart() -> None:
+    assert program.checksum([1.0, 2.0]) == program.checksum([1.0, 2.0])
+    assert program.checksum([1.0, 2.0]) != program.checksum([1.0, 2.0000001])
+    assert -(2**63) <= program.checksum([0.5]) < 2**63
+
+
+def test_a_failed_check_is_recorded_and_the_rank_still_reports(tmp_path: Path) -> None:
+    """One rank told to expect two: the world-size check fails with its numbers, the rest still runs."""
+    config = {
+        "out_dir": str(tmp_path),
+        "expected_world_size": 2,
+        "backend": "nccl",
+        "batch_size": 2,
+        "sizes_mib": [0.0625],
+        "iters": 1,
+        "pg_timeout_s": 20,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+        program.__file__, str(tmp_path / "config.json"),
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "rank-0.json").read_text())
+    assert result["ok"] is False and result["error"] is None
+    assert result["backend"] == "gloo" and result["requested_backend"] == "nccl"
+    checks = {c["name"]: c for c in result["checks"]}
+    assert checks["world_size"] == {"name": "world_size", "ok": False, "detail": "1 ranks joined, expected 2"}
+    assert checks["all_reduce"]["ok"] and checks["ddp_step"]["ok"]
+    assert result["bandwidth"][0]["busbw_gbps"] == 0.0  # one rank moves nothing over a bus
+
+
+def test_an_exception_is_written_and_fails_the_rank(tmp_path: Path) -> None:
+    config = {"out_dir": str(tmp_path), "expected_world_size": 1, "backend": "gloo", "batch_size": 1,
+              "sizes_mib": [1], "iters": 1, "pg_timeout_s": 5}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "bad"}
+    done = subprocess.run(
+        [sys.executable, program.__file__, str(tmp_path / "config.json")],
+        env=env,
+        capture_output=True,
+        timeout=50,
+    )
+    assert done.returncode == 1
+    result = json.loads((tmp_path / "rank-0.json").read_text())
+    assert result["ok"] is False and result["rank"] == 0
+    assert "MASTER_PORT" in result["error"] or "bad" in result["error"]
