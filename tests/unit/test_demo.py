@@ -1,0 +1,58 @@
+"""The README's first command ends in `mgpu-provision demo`: it must converge the demo box and pass smoke.
+
+Run as a separate process, exactly as a newcomer runs it, with a clean HOME (no known_hosts, no ssh config).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mgpu_provision.commands.demo import write_demo
+from mgpu_provision.spec import load_rig
+
+CLI = [sys.executable, "-m", "mgpu_provision"]
+
+
+def test_demo_runs_plan_apply_plan_smoke(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "COLUMNS": "120"}
+    done = subprocess.run(
+        [*CLI, "demo", "--dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    for line in (
+        "Plan: 5 to change, on 1 of 1 host",
+        "No changes. 1 host matches the rig file.",
+        "Smoke pass: world size 2 of 2",
+        "Demo done",
+    ):
+        assert line in out
+    launcher = tmp_path / "demo" / "root" / "usr" / "local" / "bin" / "mgpu-torchrun"
+    assert os.access(launcher, os.X_OK)
+    profile = (tmp_path / "demo" / "root" / "etc" / "profile.d" / "mgpu-provision.sh").read_text()
+    assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in profile
+    assert "Traceback" not in done.stderr
+
+
+def test_demo_rig_is_valid_and_needs_no_ssh(tmp_path: Path) -> None:
+    loaded = load_rig(write_demo(tmp_path, sys.executable))
+    (host,) = loaded.spec.hosts
+    assert host.connection == "local" and host.simulate
+    assert all(str(p).startswith(str(tmp_path)) for p in loaded.spec.files.model_dump().values() if p)
+
+
+def test_demo_refuses_a_folder_with_spaces(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*CLI, "demo", "--dir", str(tmp_path / "my demo")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "contains spaces; choose another with --dir" in done.stderr
