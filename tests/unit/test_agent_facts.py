@@ -23,7 +23,7 @@ from mgpu_provision.topology import parse_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "examples" / "twins"
-REFERENCE = ROOT.parent / "shared" / "reference" / "topologies"
+REFERENCE = ROOT / "tests" / "fixtures" / "topologies"
 
 
 def facts_of(twin: Path | None, **args: Any) -> Facts:

@@ -1,10 +1,10 @@
 """Data-driven plan tests, in pyinfra's style: each `plan_cases/*.yaml` holds a rig, a box's facts and the
 Changes `plan_host` must give, in order (resource, action, and a substring of the summary).
 
-A case gives its facts inline (`facts:`), or builds them from a `box:` (a `nvidia-smi topo -m` file from
-`plan_cases/topologies/`, the GPU model, and what is broken: down links, odd GPUs, PCIe links) with `facts:`
-keys replacing the built ones and `facts_patch_pairs:` ("a-b": {...}) changing single GPU pairs. Either way
-the result is validated by `facts.Facts`, as the agent's answer is.
+A case gives its facts inline (`facts:`), or builds them from a `box:` (a `nvidia-smi topo -m` file
+from `tests/fixtures/topologies/`, the GPU model, and what is broken: down links, odd GPUs, PCIe
+links) with `facts:` keys replacing the built ones and `facts_patch_pairs:` ("a-b": {...}) changing
+single GPU pairs. Either way the result is validated by `facts.Facts`, as the agent's answer is.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from mgpu_provision.spec import load_rig
 from mgpu_provision.topology import nvlink_count, parse_topology
 
 CASES_DIR = Path(__file__).parent / "plan_cases"
+TOPOLOGIES = Path(__file__).parents[1] / "fixtures" / "topologies"
 CASES = sorted(CASES_DIR.glob("*.yaml"))
 
 HOST_INFO = {
@@ -43,7 +44,7 @@ DRIVER_OK = {
 
 def box_facts(box: dict[str, Any]) -> dict[str, Any]:
     """Facts of a box wired as a `topo -m` file says, then broken as the case says."""
-    matrix = parse_topology((CASES_DIR / "topologies" / box["topology"]).read_text())
+    matrix = parse_topology((TOPOLOGIES / box["topology"]).read_text())
     n = matrix.gpu_count
     nvswitch = bool(box.get("nvswitch", False))
     names = {int(k): v for k, v in box.get("names", {}).items()}
@@ -123,7 +124,7 @@ def test_plan_case(path: Path, tmp_path: Path) -> None:
     case = load_case(path)
     rig_file = tmp_path / "rig.yaml"
     rig_file.write_text(yaml.safe_dump(case["rig"]))
-    (tmp_path / "topologies").symlink_to(CASES_DIR / "topologies")  # the rig's topology_file is relative
+    (tmp_path / "topologies").symlink_to(TOPOLOGIES)  # the rig's topology_file is relative
     loaded = load_rig(rig_file)
     host = loaded.host(case.get("host", loaded.spec.hosts[0].name))
     changes = plan_host(loaded, host, case_facts(case))

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_plan_cases import CASES_DIR, case_facts
+from test_plan_cases import TOPOLOGIES, case_facts
 
 from mgpu_provision.errors import ProvisionError
 from mgpu_provision.plan import facts_request, plan_host
@@ -29,7 +29,7 @@ smoke: {python: /opt/venv/bin/python}
 
 @pytest.fixture
 def loaded(tmp_path: Path) -> LoadedRig:
-    shutil.copy(CASES_DIR / "topologies" / "2x-rtx3090-nvlink-bridge.txt", tmp_path / "captured.txt")
+    shutil.copy(TOPOLOGIES / "2x-rtx3090-nvlink-bridge.txt", tmp_path / "captured.txt")
     (tmp_path / "rig.yaml").write_text(RIG)
     return load_rig(tmp_path / "rig.yaml")
 
@@ -50,7 +50,7 @@ def test_facts_request_names_managed_files_x_config_and_smoke_python(loaded: Loa
 
 def test_facts_request_probes_torch_only_with_a_named_smoke_python(tmp_path: Path) -> None:
     (tmp_path / "rig.yaml").write_text(RIG.replace("smoke: {python: /opt/venv/bin/python}", "smoke: {}"))
-    shutil.copy(CASES_DIR / "topologies" / "2x-rtx3090-nvlink-bridge.txt", tmp_path / "captured.txt")
+    shutil.copy(TOPOLOGIES / "2x-rtx3090-nvlink-bridge.txt", tmp_path / "captured.txt")
     loaded = load_rig(tmp_path / "rig.yaml")
     assert facts_request(loaded, loaded.host("gpu-a"))["python"] is None
 
