@@ -1,0 +1,250 @@
+"""The ways the benchmark gathers facts from a fleet, each as client processes plus a success check.
+
+All of them end in the same thing on every host: the cached node agent's `facts` verb with the request that
+`plan` sends. The floor is plain OpenSSH (one cold `ssh` per host, all in parallel); the peer is Ansible
+ad-hoc, with its `shell` module and with `raw`; the tool is `mgpu-provision facts` and `plan`.
+A run only counts when every host answered: a contender that fails fast must not look fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from measure import Spawn, Usage
+
+# The floor and Ansible use the key exchange paramiko negotiates, so the floor is what the tool could reach.
+KEX = "curve25519-sha256"
+SSH_OPTIONS = (
+    "-F", "none",
+    "-o", "BatchMode=yes",
+    "-o", "ControlMaster=no",
+    "-o", "ControlPath=none",
+    "-o", f"KexAlgorithms={KEX}",
+    "-o", "StrictHostKeyChecking=yes",
+    "-o", "GlobalKnownHostsFile=/dev/null",
+    "-o", "ConnectTimeout=10",
+)  # fmt: skip
+ANSIBLE_FORKS = 64
+
+
+@dataclass(frozen=True)
+class BenchHost:
+    name: str
+    address: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """One fleet size, as every contender needs it."""
+
+    hosts: tuple[BenchHost, ...]
+    user: str
+    python: str  # the node's python3, as the rig file names it
+    key: Path
+    known_hosts: Path
+    rig: Path
+    agent_command: str  # the remote shell command: the request piped into the cached agent's `facts`
+    workdir: Path  # per-size files (inventory, ansible.cfg)
+    mgpu_provision: str  # path of the `mgpu-provision` console script
+    ansible: str  # path of the `ansible` ad-hoc command
+
+
+def agent_command(python: str, agent_name: str, request: Mapping[str, object]) -> str:
+    """The remote command all contenders but the tool run: `echo '<request>' | python3 <agent> facts`."""
+    body = json.dumps(request, separators=(",", ":"), sort_keys=True)
+    agent = f"~/.cache/mgpu-provision/{agent_name}"
+    return f"echo {shlex.quote(body)} | {shlex.quote(python)} {agent} facts"
+
+
+class Contender(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def spawns(self, fleet: Fleet) -> list[Spawn]: ...
+
+    def problem(self, fleet: Fleet, usage: Usage) -> str | None:
+        """Why this run does not count (some host did not answer), or None."""
+        ...
+
+
+def _agent_reply_problem(text: str) -> str | None:
+    try:
+        reply = json.loads(text)
+    except ValueError:
+        return f"not one JSON object: {text[-200:]!r}"
+    if not isinstance(reply, dict) or reply.get("ok") is not True:
+        return f"agent failed: {text[-300:]!r}"
+    return None
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "(no output)"
+
+
+class PlainSsh:
+    """The floor: one OpenSSH client per host, all started at once, cold connections."""
+
+    name = "ssh"
+
+    def spawns(self, fleet: Fleet) -> list[Spawn]:
+        base = (*SSH_OPTIONS, "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-i", str(fleet.key))
+        return [
+            Spawn(("ssh", *base, "-p", str(h.port), "-l", fleet.user, h.address, fleet.agent_command))
+            for h in fleet.hosts
+        ]
+
+    def problem(self, fleet: Fleet, usage: Usage) -> str | None:
+        for host, finished in zip(fleet.hosts, usage.processes, strict=True):
+            if finished.returncode != 0:
+                return f"ssh to {host.name} exited {finished.returncode}: {_last_line(finished.stderr)}"
+            trouble = _agent_reply_problem(finished.stdout)
+            if trouble:
+                return f"{host.name}: {trouble}"
+        return None
+
+
+# `ansible -m shell` and `-m raw` print "<host> | CHANGED | rc=0 >>" and then the command's output, per host.
+_ANSIBLE_HEADER = re.compile(r"^(\S+) \| (\w+)(?: \| rc=(-?\d+))? >>$|^(\S+) \| (UNREACHABLE!|FAILED!)", re.M)
+# raw runs the command on a pty (ssh -tt), so ssh's own goodbye lands in the same stream.
+_SSH_GOODBYE = re.compile(r"^Connection to \S+ closed\.\r?$", re.M)
+
+
+def ansible_results(stdout: str) -> dict[str, tuple[str, str]]:
+    """Per host: (status, output) from the default output of an ad-hoc `shell` or `raw` command."""
+    results: dict[str, tuple[str, str]] = {}
+    matches = list(_ANSIBLE_HEADER.finditer(stdout))
+    for match, following in zip(matches, [*matches[1:], None], strict=True):
+        end = following.start() if following else len(stdout)
+        host = match.group(1) or match.group(4)
+        status = f"{match.group(2)} rc={match.group(3)}" if match.group(1) else match.group(5)
+        results[host] = (status, _SSH_GOODBYE.sub("", stdout[match.end() : end]).strip())
+    return results
+
+
+def ansible_files(fleet: Fleet) -> tuple[Path, Path]:
+    """Write the inventory and the ansible.cfg for this fleet; return (config, inventory).
+
+    Host keys are checked against the same known_hosts file the other contenders use; multiplexing and
+    compression are off so every run opens cold connections, as the floor's do. Otherwise Ansible gets its
+    documented fast settings: pipelining (a module costs one SSH command, not four) and a fixed interpreter
+    (no discovery round trip).
+    """
+    inventory = fleet.workdir / "inventory.ini"
+    lines = ["[bench]"]
+    lines += [f"{h.name} ansible_host={h.address} ansible_port={h.port}" for h in fleet.hosts]
+    lines += [
+        "[bench:vars]",
+        f"ansible_user={fleet.user}",
+        f"ansible_ssh_private_key_file={fleet.key}",
+        f"ansible_python_interpreter={fleet.python}",
+    ]
+    inventory.write_text("\n".join(lines) + "\n")
+    config = fleet.workdir / "ansible.cfg"
+    ssh_args = " ".join([*SSH_OPTIONS, "-o", f"UserKnownHostsFile={fleet.known_hosts}"])
+    config.write_text(
+        "[defaults]\n"
+        f"inventory = {inventory}\n"
+        "host_key_checking = True\n"
+        f"forks = {ANSIBLE_FORKS}\n"
+        "gathering = explicit\n"
+        "deprecation_warnings = False\n"
+        "nocows = True\n"
+        f"local_tmp = {fleet.workdir / 'ansible-tmp'}\n"
+        "[ssh_connection]\n"
+        f"ssh_args = {ssh_args}\n"
+        "pipelining = True\n"
+    )
+    return config, inventory
+
+
+@dataclass(frozen=True)
+class AnsibleAdHoc:
+    """The peer tool: `ansible all -m <module> -a '<agent command>' -f 64`.
+
+    `shell` is how people run a command ad hoc (Ansible ships its module to each host and runs it with
+    python); `raw` skips the module and is the least Ansible can do per host.
+    """
+
+    name: str
+    module: str
+
+    def spawns(self, fleet: Fleet) -> list[Spawn]:
+        config, _ = ansible_files(fleet)
+        argv = (fleet.ansible, "all", "-f", str(ANSIBLE_FORKS), "-m", self.module, "-a", fleet.agent_command)
+        return [Spawn(argv, env={"ANSIBLE_CONFIG": str(config), "ANSIBLE_FORCE_COLOR": "0"})]
+
+    def problem(self, fleet: Fleet, usage: Usage) -> str | None:
+        finished = usage.processes[0]
+        results = ansible_results(finished.stdout)
+        for host in fleet.hosts:
+            if host.name not in results:
+                return f"ansible printed nothing for {host.name} (exit {finished.returncode}): " + _last_line(
+                    finished.stderr or finished.stdout
+                )
+            status, output = results[host.name]
+            if status != "CHANGED rc=0":
+                return f"ansible: {host.name} {status}: {output[-300:]}"
+            trouble = _agent_reply_problem(output)
+            if trouble:
+                return f"ansible: {host.name}: {trouble}"
+        return None
+
+
+@dataclass(frozen=True)
+class Tool:
+    """`mgpu-provision <verb> --json` on the whole fleet; `expect_exit` is the converged fleet's exit code."""
+
+    verb: str
+    expect_exit: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.verb
+
+    def spawns(self, fleet: Fleet) -> list[Spawn]:
+        argv = (
+            fleet.mgpu_provision,
+            self.verb,
+            str(fleet.rig),
+            "--json",
+            "--known-hosts",
+            str(fleet.known_hosts),
+        )
+        return [Spawn(argv)]
+
+    def problem(self, fleet: Fleet, usage: Usage) -> str | None:
+        finished = usage.processes[0]
+        if finished.returncode != self.expect_exit:
+            return (
+                f"mgpu-provision {self.verb} exited {finished.returncode}, expected {self.expect_exit}: "
+                + _last_line(finished.stderr or finished.stdout)
+            )
+        try:
+            json.loads(finished.stdout)
+        except ValueError:
+            return f"mgpu-provision {self.verb} --json printed no JSON: {finished.stdout[-200:]!r}"
+        return None
+
+
+CONTENDERS: dict[str, Contender] = {
+    "ssh": PlainSsh(),
+    "facts": Tool("facts"),
+    "plan": Tool("plan"),
+    "ansible": AnsibleAdHoc("ansible", "shell"),
+    "ansible-raw": AnsibleAdHoc("ansible-raw", "raw"),
+}
+
+
+def select(names: Sequence[str]) -> list[Contender]:
+    unknown = [n for n in names if n not in CONTENDERS]
+    if unknown:
+        raise ValueError(f"unknown contender(s) {', '.join(unknown)}; choose from {', '.join(CONTENDERS)}")
+    return [CONTENDERS[n] for n in names]
