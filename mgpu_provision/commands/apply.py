@@ -101,16 +101,24 @@ def run(args: argparse.Namespace) -> int:
     if busy:
         show_plan(out, list(previews.values()), steps)
         confirm(args.yes, len(busy), err)
-    result = rollout(
-        fleet.loaded,
-        fleet.targets,
-        previews,
-        settings,
-        fleet.options,
-        serial=serial,
-        max_fail_percent=max_fail,
-        progress=lambda line: err.print(Text(line, style="dim")),
-    )
+    # A spinner with the latest step and the time spent: driver installs and reboot waits take minutes.
+    # rich shows it only on a terminal; the progress lines themselves are always printed (logs, CI).
+    with err.status("applying", spinner="dots") as status:
+
+        def progress(line: str) -> None:
+            err.print(Text(line, style="dim"))
+            status.update(f"{line} (driver installs and reboots take minutes)")
+
+        result = rollout(
+            fleet.loaded,
+            fleet.targets,
+            previews,
+            settings,
+            fleet.options,
+            serial=serial,
+            max_fail_percent=max_fail,
+            progress=progress,
+        )
     if args.json:
         print(json.dumps(as_json(playbook.name, steps, result), indent=2, sort_keys=True))
     else:
