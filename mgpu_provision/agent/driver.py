@@ -16,6 +16,7 @@ from . import system
 from .errors import AgentFailure
 
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
+RUNFILE_CACHE = "/var/cache/mgpu-provision"
 
 
 class Command(NamedTuple):
@@ -105,6 +106,7 @@ def install(step: Dict[str, Any], current: Optional[str]) -> Tuple[bool, str]:
     elif method == "dnf":
         commands = dnf_commands(step)
     elif method == "runfile":
+        step = dict(step, runfile=fetch_runfile(step))
         _check_runfile(step)
         commands = runfile_commands(step)
     else:
@@ -131,6 +133,34 @@ def _resolve_deb_versions(step: Dict[str, Any]) -> Dict[str, str]:
             raise AgentFailure("driver", f"{package} {version} is not available from the apt sources")
         resolved[package] = found
     return resolved
+
+
+def fetch_runfile(step: Dict[str, Any], cache_dir: str = RUNFILE_CACHE) -> str:
+    """The installer's path on the node: a local path as given, an https URL downloaded once into a cache.
+
+    The download lands under a temporary name and is renamed into place, so an interrupted fetch never
+    leaves a half file that a later run would take for the installer; the checksum is checked after.
+    """
+    import shutil  # only a runfile install needs these: keep the agent's start-up lean
+    import urllib.request
+
+    source = str(step.get("runfile") or "")
+    if not source.startswith("https://"):
+        return source
+    target = os.path.join(cache_dir, "NVIDIA-{}.run".format(str(step.get("sha256") or "unchecked")[:16]))
+    if os.path.exists(target):
+        return target
+    os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+    partial = target + ".partial"
+    try:
+        with urllib.request.urlopen(source, timeout=60) as response, open(partial, "wb") as out:
+            shutil.copyfileobj(response, out, 1 << 20)
+    except (OSError, ValueError) as exc:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise AgentFailure("driver", "could not download {}: {}".format(source, exc)) from exc
+    os.replace(partial, target)
+    return target
 
 
 def _check_runfile(step: Dict[str, Any]) -> None:

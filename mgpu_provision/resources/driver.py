@@ -53,6 +53,8 @@ def _install(ctx: HostContext, want: Driver, installed: str | None, desired: str
         "hold": want.hold,
         "fabricmanager": want.fabricmanager,
     }
+    if want.method == "runfile":
+        step.update(runfile=want.runfile_url, sha256=want.runfile_sha256)
     return Change("driver", action, summary, installed, desired, reboot=True, step=step, tags=("driver",))
 
 

@@ -20,6 +20,7 @@ from mgpu_provision.agent.driver import (
     Command,
     apt_commands,
     dnf_commands,
+    fetch_runfile,
     install,
     pick_deb_version,
     runfile_commands,
@@ -325,3 +326,21 @@ def test_driver_install_refusals_before_any_command(tmp_path: Path) -> None:
 def test_driver_versions_order_numerically() -> None:
     versions = ["550.90.07", "550.127.05", "535.161.08"]
     assert max(versions, key=version_key) == "550.127.05"
+
+
+def test_a_runfile_path_is_used_as_given_and_an_unreachable_url_is_a_plain_error(tmp_path: Path) -> None:
+    assert fetch_runfile({"runfile": "/opt/NVIDIA-Linux-x86_64-550.54.15.run"}) == (
+        "/opt/NVIDIA-Linux-x86_64-550.54.15.run"
+    )
+    # Port 9 on loopback: nothing listens, so the download fails at once, without leaving a partial file.
+    step = {"runfile": "https://127.0.0.1:9/NVIDIA.run", "sha256": "ab" * 32}
+    with pytest.raises(AgentFailure, match=r"could not download https://127\.0\.0\.1:9/NVIDIA\.run"):
+        fetch_runfile(step, cache_dir=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cached_download_is_reused(tmp_path: Path) -> None:
+    cached = tmp_path / f"NVIDIA-{'cd' * 8}.run"
+    cached.write_bytes(b"#!/bin/sh\n")
+    step = {"runfile": "https://127.0.0.1:9/NVIDIA.run", "sha256": "cd" * 32}
+    assert fetch_runfile(step, cache_dir=str(tmp_path)) == str(cached)

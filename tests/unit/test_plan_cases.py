@@ -131,8 +131,11 @@ def test_plan_case(path: Path, tmp_path: Path) -> None:
     got = [(c.resource, c.action, c.summary) for c in changes]
     expected = case["expect"] or []
     assert [(r, a) for r, a, _ in got] == [(e["resource"], e["action"]) for e in expected], got
-    for (_, _, summary), e in zip(got, expected, strict=True):
-        assert e["summary"] in summary
+    for change, e in zip(changes, expected, strict=True):
+        assert e["summary"] in change.summary
+        # `step:` pins the keys of the agent step that apply would send (a subset: the rest may vary).
+        for key, value in (e.get("step") or {}).items():
+            assert change.step is not None and change.step.get(key) == value, (key, change.step)
 
 
 def test_every_case_has_a_description_and_an_expectation() -> None:
