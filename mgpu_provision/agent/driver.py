@@ -36,13 +36,28 @@ def branch_of(step: Dict[str, Any]) -> str:
     return branch
 
 
+# The rig's `flavor` as Ubuntu names its packages: the -server builds carry the suffix on every versioned
+# piece; -open changes only the kernel module. dnf has no server streams, only proprietary or open modules.
+APT_SUFFIX = {"default": "", "server": "-server", "open": "-open", "server-open": "-server-open"}
+DNF_STREAM = {"default": "dkms", "server": "dkms", "open": "open", "server-open": "open"}
+
+
+def _flavor(step: Dict[str, Any]) -> str:
+    flavor = str(step.get("flavor") or "default")
+    if flavor not in APT_SUFFIX:
+        raise AgentFailure("driver", f"unknown driver flavor {flavor!r} (default, server, open, server-open)")
+    return flavor
+
+
 def apt_packages(step: Dict[str, Any]) -> Tuple[str, List[str]]:
     """The metapackage to install and every versioned package to hold with it."""
     branch = branch_of(step)
-    flavor = f"-{step['flavor']}" if step.get("flavor") else ""
-    main = f"nvidia-driver-{branch}{flavor}"
-    held = [main, f"libnvidia-compute-{branch}", f"nvidia-dkms-{branch}{flavor}"]
-    held.append(f"nvidia-kernel-common-{branch}")
+    flavor = _flavor(step)
+    suffix = APT_SUFFIX[flavor]
+    libs = "-server" if flavor.startswith("server") else ""
+    main = f"nvidia-driver-{branch}{suffix}"
+    held = [main, f"libnvidia-compute-{branch}{libs}", f"nvidia-dkms-{branch}{suffix}"]
+    held.append(f"nvidia-kernel-common-{branch}{libs}")
     if step.get("fabricmanager"):
         held.append(f"nvidia-fabricmanager-{branch}")
     return main, held
@@ -73,12 +88,12 @@ def apt_commands(step: Dict[str, Any], deb_versions: Dict[str, str]) -> List[Com
 
 def dnf_commands(step: Dict[str, Any]) -> List[Command]:
     branch = branch_of(step)
-    flavor = step.get("flavor") or "dkms"
+    stream = DNF_STREAM[_flavor(step)]
     profile = "/fm" if step.get("fabricmanager") else ""
     commands = [
         Command(["dnf", "-y", "versionlock", "delete", f"*nvidia*{branch}*"], check=False),
         Command(["dnf", "-y", "module", "reset", "nvidia-driver"]),
-        Command(["dnf", "-y", "module", "install", f"nvidia-driver:{branch}-{flavor}{profile}"]),
+        Command(["dnf", "-y", "module", "install", f"nvidia-driver:{branch}-{stream}{profile}"]),
     ]
     if step.get("version"):
         commands.append(Command(["dnf", "-y", "install", f"nvidia-driver-{step['version']}"]))

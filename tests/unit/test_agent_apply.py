@@ -19,6 +19,7 @@ from mgpu_provision.agent.collect import collect
 from mgpu_provision.agent.driver import (
     Command,
     apt_commands,
+    apt_packages,
     dnf_commands,
     fetch_runfile,
     install,
@@ -237,9 +238,9 @@ def test_apt_command_lines_pin_and_hold_every_versioned_piece() -> None:
     versions = {"nvidia-driver-550-server": "550.54.15-0ubuntu1", "nvidia-fabricmanager-550": "550.54.15-1"}
     held = [
         "nvidia-driver-550-server",
-        "libnvidia-compute-550",
+        "libnvidia-compute-550-server",
         "nvidia-dkms-550-server",
-        "nvidia-kernel-common-550",
+        "nvidia-kernel-common-550-server",
         "nvidia-fabricmanager-550",
     ]
     assert apt_commands(step, versions) == [
@@ -257,6 +258,29 @@ def test_apt_command_lines_pin_and_hold_every_versioned_piece() -> None:
         ),
         Command(["apt-mark", "hold", *held]),
     ]
+
+
+@pytest.mark.parametrize(
+    ("flavor", "apt_main", "held_lib", "dnf_stream"),
+    [
+        ("default", "nvidia-driver-550", "libnvidia-compute-550", "nvidia-driver:550-dkms"),
+        ("server", "nvidia-driver-550-server", "libnvidia-compute-550-server", "nvidia-driver:550-dkms"),
+        ("open", "nvidia-driver-550-open", "libnvidia-compute-550", "nvidia-driver:550-open"),
+        (
+            "server-open",
+            "nvidia-driver-550-server-open",
+            "libnvidia-compute-550-server",
+            "nvidia-driver:550-open",
+        ),
+    ],
+)
+def test_each_flavor_names_real_packages(flavor: str, apt_main: str, held_lib: str, dnf_stream: str) -> None:
+    step = {"version": "550.54.15", "flavor": flavor, "hold": True}
+    main, held = apt_packages(step)
+    assert main == apt_main and held_lib in held
+    assert ["dnf", "-y", "module", "install", dnf_stream] in [c.argv for c in dnf_commands(step)]
+    with pytest.raises(AgentFailure, match="unknown driver flavor 'fast'"):
+        apt_packages({**step, "flavor": "fast"})
 
 
 def test_dnf_and_runfile_command_lines() -> None:
