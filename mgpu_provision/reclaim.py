@@ -171,12 +171,15 @@ def _started(epoch: float | None) -> str:
     return "?" if epoch is None else datetime.fromtimestamp(epoch).strftime("%m-%d %H:%M:%S")
 
 
+# In the order `_table` fills each row.
+COLUMNS = ("pid", "ppid", "gpu", "MiB", "owner", "started", "command", "action", "why")
+NUMERIC = ("pid", "ppid", "gpu", "MiB")
+
+
 def _table(host: HostReclaim) -> Table:
     table = Table(title=f"{host.name}", title_justify="left", expand=False)
-    for column in ("pid", "gpu", "MiB", "owner", "command", "action", "why"):
-        table.add_column(
-            column, overflow="fold", justify="right" if column in ("pid", "gpu", "MiB") else "left"
-        )
+    for column in COLUMNS:
+        table.add_column(column, overflow="fold", justify="right" if column in NUMERIC else "left")
     for p in host.processes:
         style = ACTION_STYLE[p.action]
         table.add_row(

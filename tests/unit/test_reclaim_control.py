@@ -231,3 +231,18 @@ def test_human_output_has_a_table_per_node_and_the_total() -> None:
     assert text.rstrip().endswith(
         "Ended 1 process, freed 1000 MiB on 2 of 3 hosts; 1 host failed or unreachable"
     )
+
+
+def test_every_value_stands_under_its_own_heading() -> None:
+    buffer = io.StringIO()
+    hosts = [host("gpu-a", row(4242, "ended", used_mib=1200, gpu=3, reason="orphaned"), freed=1200)]
+    reclaim.render_human(hosts, dry_run=False, console=Console(file=buffer, width=250, color_system=None))
+    lines = buffer.getvalue().splitlines()
+    header = next(line for line in lines if "ppid" in line)
+    values = next(line for line in lines if "4242" in line)
+    cells = dict(
+        zip([c.strip() for c in header.split("┃")], [c.strip() for c in values.split("│")], strict=True)
+    )
+    assert cells["pid"] == "4242" and cells["ppid"] == "1" and cells["gpu"] == "3" and cells["MiB"] == "1200"
+    assert cells["owner"] == "alice" and cells["action"] == "ended" and cells["why"] == "orphaned"
+    assert cells["command"] == "python train.py --rank 4242"
