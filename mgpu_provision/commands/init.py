@@ -41,8 +41,10 @@ def host_name_for(facts: Facts, address: str) -> str:
 def run(args: argparse.Namespace) -> int:
     user, address, port = parse_destination(args.source)
     output: Path = args.output
-    if output.exists() and not args.force:
-        raise ProvisionError(f"{output} exists; choose another --output or pass --force")
+    topo_path = output.with_name(output.stem + ".topo.txt")
+    for path in (output, topo_path):  # checked before connecting: a refusal must not cost a login
+        if path.exists() and not args.force:
+            raise ProvisionError(f"{path} exists; choose another --output or pass --force")
     target = HostTarget(
         name=args.source,
         address=address,
@@ -75,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
 
     topo_name = None
     if facts.gpus:
-        topo_path = output.with_name(output.stem + ".topo.txt")
         topo_path.write_text(format_topology(gpu_matrix(len(facts.gpus), facts.cell)), encoding="utf-8")
         topo_name = topo_path.name
     name = args.name or host_name_for(facts, address)

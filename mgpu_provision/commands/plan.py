@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..errors import ProvisionError
 from ..plan import FleetPlan, HostPlan, plan_host
 from ..render import make_console, plan_json, render_plan
 from . import _common
@@ -24,7 +25,11 @@ def build_plan(fleet: _common.FleetRun) -> FleetPlan:
             status = "failed" if outcome.status == "ok" else outcome.status  # ok without facts: not a plan
             hosts.append(HostPlan(name, status, (), outcome.error))
             continue
-        changes = plan_host(fleet.loaded, fleet.loaded.host(name), outcome.value)
+        try:
+            changes = plan_host(fleet.loaded, fleet.loaded.host(name), outcome.value)
+        except ProvisionError as exc:  # e.g. a visible-device UUID no GPU of this box has: this host only
+            hosts.append(HostPlan(name, "failed", (), str(exc)))
+            continue
         hosts.append(HostPlan(name, "ok", tuple(changes)))
     return FleetPlan(tuple(hosts))
 

@@ -38,9 +38,9 @@ def test_init_writes_a_rig_that_plans_clean(
     assert "No changes. 1 host matches the rig file." in capsys.readouterr().out
 
 
-def test_init_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "rig.yaml"
-    out.write_text("keep me\n")
-    assert main(["init", "--from", "gpu-a", "-o", str(out)]) == 1
-    assert "exists; choose another --output or pass --force" in capsys.readouterr().err
-    assert out.read_text() == "keep me\n"
+@pytest.mark.parametrize("existing", ["rig.yaml", "rig.topo.txt"])
+def test_init_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str], existing: str) -> None:
+    (tmp_path / existing).write_text("keep me\n")
+    assert main(["init", "--from", "gpu-a", "-o", str(tmp_path / "rig.yaml")]) == 1
+    assert f"{tmp_path / existing} exists; choose another --output or pass --force" in capsys.readouterr().err
+    assert (tmp_path / existing).read_text() == "keep me\n"
