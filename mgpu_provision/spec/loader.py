@@ -37,7 +37,9 @@ _TAG = "tag:yaml.org,2002:"
 _PLAIN_TAGS = {_TAG + name for name in ("null", "bool", "int", "float", "str", "seq", "map")}
 _TIMESTAMP = _TAG + "timestamp"  # kept as the text written: no field is a date
 _MERGE = _TAG + "merge"
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# Every character YAML refuses to read (C0 and C1 controls but tab, newlines and NEL; non-characters), so that
+# the refusal is a located message rather than PyYAML's ReaderError.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\ufffe\uffff]")
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~10x faster; marks are the same
 
 # What a person should write where the models use a regular expression.
@@ -47,7 +49,7 @@ _PATTERN_HELP = {
     models.GPU_UUID: "a GPU UUID such as GPU-1aff65f8-8897-eaee-29e4-6871ef7491a0",
     models.DRIVER_VERSION: 'a driver version such as "550.54.15"',
     models.DRIVER_BRANCH: 'a driver branch such as "550"',
-    models.ABS_OR_RELATIVE_PATH: "a path of letters, digits and _ . / + - (no spaces, quotes or $)",
+    models.ABS_OR_RELATIVE_PATH: "a path of letters, digits and _ . / + - (no spaces, quotes, $, leading -)",
 }
 _EXPECTED = {
     "int_parsing": "an integer",

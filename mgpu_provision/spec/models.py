@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
 SAFE_TOKEN = r"^[A-Za-z0-9_.,:=@%+/^-]*$"
@@ -20,7 +20,8 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 GPU_UUID = r"^(GPU|MIG|MIG-GPU)-[0-9a-fA-F-]{8,}(/[0-9]+/[0-9]+)?$"
 DRIVER_VERSION = r"^\d{3,4}(\.\d{1,3}){1,2}$"
 DRIVER_BRANCH = r"^\d{3,4}$"
-ABS_OR_RELATIVE_PATH = r"^[A-Za-z0-9_./~+-][A-Za-z0-9_./+-]*$"
+# No leading `-`: a path is passed to sudo and python on the node, where `-s` would be an option.
+ABS_OR_RELATIVE_PATH = r"^[A-Za-z0-9_./~+][A-Za-z0-9_./+-]*$"
 
 Port = Annotated[int, Field(ge=1, le=65535, description="TCP port, 1-65535")]
 PathStr = Annotated[
@@ -28,7 +29,7 @@ PathStr = Annotated[
     Field(
         pattern=ABS_OR_RELATIVE_PATH,
         max_length=4096,
-        description="a file path: letters, digits and _ . / + - only (no spaces, quotes or $)",
+        description="a file path: letters, digits and _ . / + - only (no spaces, quotes or $; no leading -)",
     ),
 ]
 HostName = Annotated[str, Field(pattern=HOST_NAME, description="host name: letters, digits, . _ -")]
@@ -97,7 +98,7 @@ class Gpus(Strict):
         pattern=r"^[A-Za-z0-9 ._()/+-]+$",
         description='exact NVML name, e.g. "NVIDIA GeForce RTX 3090"',
     )
-    count: int = Field(ge=1, le=64, description="number of GPUs every box of this rig has")
+    count: StrictInt = Field(ge=1, le=64, description="number of GPUs every box of this rig has")
     min_pcie_gen: int | None = Field(None, ge=1, le=7, description="lowest PCIe generation (judged by max)")
     min_pcie_width: int | None = Field(None, ge=1, le=32, description="narrowest PCIe link width, e.g. 16")
     persistence_mode: bool | None = Field(None, description="true: ensure persistence mode is on (Linux)")
@@ -200,7 +201,8 @@ class Rig(Strict):
     bridge: Bridge = Bridge()
     driver: Driver | None = None
     sli: Sli | None = None
-    visible_devices: list[int | Annotated[str, Field(pattern=GPU_UUID)]] | None = Field(
+    # StrictInt: YAML's `true` is not GPU 1, and "0" is not GPU 0 (UUIDs are the only strings).
+    visible_devices: list[StrictInt | Annotated[str, Field(pattern=GPU_UUID)]] | None = Field(
         None, description="GPU indices or UUIDs CUDA may see (CUDA_VISIBLE_DEVICES); default all"
     )
     ddp: Ddp | None = None

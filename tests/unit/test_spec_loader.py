@@ -274,6 +274,27 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         "expected a string, got no; put it in quotes to mean the text (YAML reads it as a number or "
         "true/false)",
     ),
+    "path-that-would-be-an-option": (
+        GOOD.decode().replace("rig: pair}", "rig: pair, python: -s}"),
+        "hosts[0].python",
+        2,
+        38,
+        "expected a path of letters, digits and _ . / + - (no spaces, quotes, $, leading -), got '-s'",
+    ),
+    "quoted-count": (
+        GOOD.decode().replace("count: 2", 'count: "2"'),
+        "rigs.pair.gpus.count",
+        5,
+        53,
+        "expected an integer, got '2'",
+    ),
+    "boolean-visible-device": (
+        rig_with("visible_devices: [true, 0]"),
+        "rigs.pair.visible_devices[0]",
+        6,
+        23,
+        "expected an integer or a string, got true",
+    ),
 }
 
 
