@@ -19,7 +19,7 @@ from .resources import topology as links
 from .resources import torch as torch_probe
 from .resources.base import Change, HostContext
 from .spec.models import Host, Rig
-from .topology import TopologyParseError, TopoMatrix, parse_topology
+from .topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
 
 if TYPE_CHECKING:
     from .spec import LoadedRig
@@ -77,7 +77,7 @@ def expected_topology(loaded: LoadedRig, rig: Rig) -> TopoMatrix | None:
         return None
     path = loaded.resolve(rig.bridge.topology_file)
     try:
-        return parse_topology(path.read_text(encoding="utf-8"))
+        return parse_topology(read_topology_text(str(path)))
     except OSError as exc:
         raise ProvisionError(f"cannot read topology_file {path}: {exc.strerror or exc}") from exc
     except TopologyParseError as exc:

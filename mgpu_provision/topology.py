@@ -11,7 +11,10 @@ Shipped to nodes inside the agent: standard library only, Python 3.8.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -75,6 +78,25 @@ class TopoMatrix:
 def nvlink_count(cell: str) -> int:
     match = _NV.match(cell)
     return int(match.group(1)) if match else 0
+
+
+MAX_TOPOLOGY_BYTES = 1 << 20  # a real matrix is a few KiB; anything near this is not one
+
+
+def read_topology_text(path: str) -> str:
+    """The text of a captured matrix file, refusing what could hang or flood: not a regular file (a FIFO,
+    /dev/zero), over MAX_TOPOLOGY_BYTES, or not UTF-8. Every refusal is an OSError with a plain strerror."""
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; the check below then refuses it.
+    with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        data = handle.read(MAX_TOPOLOGY_BYTES + 1)
+    if len(data) > MAX_TOPOLOGY_BYTES:
+        raise OSError(errno.EFBIG, "larger than 1 MiB, which no `nvidia-smi topo -m` output is", path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OSError(errno.EILSEQ, "not UTF-8 text", path) from None
 
 
 def parse_topology(text: str) -> TopoMatrix:

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..topology import TopologyParseError, TopoMatrix, parse_topology
+from ..topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
 from .atomic import atomic_write
 from .errors import AgentFailure
 from .miniyaml import MiniYamlError, loads
@@ -54,8 +54,7 @@ class Twin:
         if text is None and data.get("topology_file"):
             where = os.path.join(os.path.dirname(self.path), str(data["topology_file"]))
             try:
-                with open(where, encoding="utf-8") as handle:
-                    text = handle.read()
+                text = read_topology_text(where)
             except OSError as exc:
                 raise _bad(self.path, f"topology_file: cannot read {where}: {exc.strerror}") from None
         if text is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,11 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mgpu_provision.topology import (
+    MAX_TOPOLOGY_BYTES,
     TopologyParseError,
     format_topology,
     gpu_matrix,
     nvlink_count,
     parse_topology,
+    read_topology_text,
 )
 
 # Verbatim copies of the published matrices live in the repo; ../shared/reference/topologies (where a checkout
@@ -240,3 +243,24 @@ def test_gpu_matrix_roundtrips(args: tuple[int, st.DataObject]) -> None:
     for (i, j), cell in cells.items():
         assert again.gpu_cell(i, j) == cell == again.gpu_cell(j, i)
         assert again.nvlinks(i, j) == nvlink_count(cell)
+
+
+def test_a_captured_file_is_read_within_bounds(tmp_path: Path) -> None:
+    good = tmp_path / "good.txt"
+    good.write_text((REFERENCE / "2x-rtx3090-nvlink-bridge.txt").read_text())
+    assert parse_topology(read_topology_text(str(good))).gpu_count == 2
+    huge = tmp_path / "huge.txt"
+    huge.write_bytes(b" " * (MAX_TOPOLOGY_BYTES + 1))
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe GPU0")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, reason in [
+        ("/dev/zero", "not a regular file"),
+        (str(fifo), "not a regular file"),
+        (str(huge), "larger than 1 MiB"),
+        (str(binary), "not UTF-8 text"),
+    ]:
+        with pytest.raises(OSError) as caught:
+            read_topology_text(path)
+        assert caught.value.strerror.startswith(reason)
