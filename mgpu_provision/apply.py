@@ -239,12 +239,17 @@ def _run_steps(
     failed = next((r for r in results if r.get("error")), None)
     if failed is None:
         return done, None
-    return done, f"step {failed['index'] + 1} ({failed['kind']}) failed: {failed['error']}"
+    # Name the file a failed file step was writing: the agent's OS error does not always carry it.
+    step = steps[failed["index"]] if 0 <= failed["index"] < len(steps) else {}
+    what = f"{failed['kind']} {step['path']}" if "path" in step else failed["kind"]
+    return done, f"step {failed['index'] + 1} ({what}) failed: {failed['error']}"
 
 
-def _reboot_and_wait(node: _Node, settings: ApplySettings, progress: Progress) -> None:
+def _reboot_and_wait(node: _Node, lock: str, settings: ApplySettings, progress: Progress) -> None:
     name = node.target.name
-    old = str(node.call("reboot", {})["boot_id"])
+    # Under the host lock: a reboot must not land in the middle of another apply's steps.
+    timeout = node.target.command_timeout_s + settings.lock_wait_s
+    old = str(node.call("reboot", {"lock": lock, "lock_wait_s": settings.lock_wait_s}, timeout)["boot_id"])
     progress(f"{name}: rebooting, waiting up to {settings.reboot_timeout_s:g}s for it to come back")
     started = time.monotonic()
     while time.monotonic() - started < settings.reboot_timeout_s:
@@ -316,7 +321,7 @@ def converge_host(
                     notes.append(f"not rebooted: {refusal}")
                     reboot_now = False
             if reboot_now:
-                _reboot_and_wait(node, settings, progress)
+                _reboot_and_wait(node, lock, settings, progress)
                 rebooted = True
             facts = node.facts(request)
             changes = _planned(loaded, host, facts, settings.steps)

@@ -126,7 +126,7 @@ def rig_from_facts(
         lines.append(f"    visible_devices: {list(range(len(facts.gpus)))}")
         nproc = len(facts.gpus)
     else:
-        lines.append("    gpus: {model: \"REPLACE ME\", count: 1}  # review: NVML saw no GPU on this box")
+        lines.append('    gpus: {model: "REPLACE ME", count: 1}  # review: NVML saw no GPU on this box')
         nproc = 1
     lines += driver_lines(facts)
     backend = "nccl" if facts.gpus else "gloo"

@@ -125,6 +125,17 @@ def _list(gpus: List[Any]) -> str:
 
 
 def reboot(args: Dict[str, Any], backend: Backend) -> Tuple[Dict[str, Any], Optional[Callable[[], None]]]:
-    """Reboot; the reply carries the old boot id so the control side can wait for a new one."""
+    """Reboot; the reply carries the old boot id so the control side can wait for a new one.
+
+    With `lock`, the reboot waits for the host lock like an apply does, so it never lands in the middle of
+    another apply's steps; the lock is then held until this process ends with the reboot.
+    """
+    lock = (
+        HostLock(str(args["lock"]), float(args.get("lock_wait_s", DEFAULT_LOCK_WAIT_S)))
+        if args.get("lock")
+        else None
+    )
+    if lock is not None:
+        lock.__enter__()
     old = backend.boot_id()
     return {"boot_id": old}, backend.reboot()

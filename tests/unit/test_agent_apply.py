@@ -137,7 +137,7 @@ def test_apply_needs_a_lock_path() -> None:
     }
 
 
-def test_a_second_apply_waits_then_refuses_naming_the_holder(tmp_path: Path) -> None:
+def test_a_second_apply_waits_then_refuses_naming_the_holder(tmp_path: Path, twin: Path) -> None:
     lock = tmp_path / "locks" / "apply.lock"
     holder_code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
@@ -160,6 +160,11 @@ def test_a_second_apply_waits_then_refuses_naming_the_holder(tmp_path: Path) -> 
             f"pid {holder.pid}" in reply["error"]["message"] and "waited 0.5 s" in reply["error"]["message"]
         )
         assert 0.5 <= waited < 3
+        # A reboot waits for the same lock: it must not land in the middle of the holder's steps.
+        boot_before = facts(twin).host.boot_id
+        reply = call("reboot", {"lock": str(lock), "lock_wait_s": 0.2}, twin)
+        assert reply["ok"] is False and reply["error"]["kind"] == "locked"
+        assert facts(twin).host.boot_id == boot_before
     finally:
         assert holder.stdin is not None
         holder.stdin.close()

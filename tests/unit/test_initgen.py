@@ -58,9 +58,7 @@ def test_init_rig_validates_and_plans_clean(tmp_path: Path, twin: str, rig_name:
 
 def test_existing_env_files_stay_managed(tmp_path: Path) -> None:
     facts = facts_of(TWINS / "rtx3090-nvlink.yaml")
-    present = facts.model_copy(
-        update={"files": [f.model_copy(update={"exists": True}) for f in facts.files]}
-    )
+    present = facts.model_copy(update={"files": [f.model_copy(update={"exists": True}) for f in facts.files]})
     assert "profile_d: null" in write_init(tmp_path, facts).read_text()
     assert "files:" not in write_init(tmp_path, present).read_text()
 
