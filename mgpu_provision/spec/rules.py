@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..topology import TopologyParseError, parse_topology
+from ..topology import TopologyParseError, parse_topology, read_topology_text
 from .models import SLI_MODES, Host, Rig, RigFile
 
 Loc = tuple[str | int, ...]
@@ -340,10 +340,9 @@ def topology_file_matches(inp: RuleInput) -> Iterator[Finding]:
         where = (*loc, "bridge", "topology_file")
         path = resolve_path(inp.base_dir, rig.bridge.topology_file)
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-            yield Finding(where, f"cannot read topology file {path}: {reason}")
+            text = read_topology_text(str(path))
+        except OSError as exc:
+            yield Finding(where, f"cannot read topology file {path}: {exc.strerror}")
             continue
         try:
             matrix = parse_topology(text)
@@ -364,6 +363,16 @@ def ssh_files_absolute(inp: RuleInput) -> Iterator[Finding]:
                 ("files", key),
                 f"'{value}' must be an absolute path (start with /): it is a path on ssh hosts "
                 f"such as {ssh_hosts[0]}; only local hosts may use relative paths",
+            )
+
+
+def files_without_dot_dot(inp: RuleInput) -> Iterator[Finding]:
+    # The tool writes these paths as root: `/etc/profile.d/../../tmp/x` lands outside the folder it names.
+    for key, value in inp.spec.files:
+        if isinstance(value, str) and ".." in value.split("/"):
+            yield Finding(
+                ("files", key),
+                f"'{value}' contains '..': name the managed file's folder directly, without climbing out",
             )
 
 
@@ -392,6 +401,7 @@ RULES: tuple[Rule, ...] = (
     env_safe,
     topology_file_matches,
     ssh_files_absolute,
+    files_without_dot_dot,
 )
 
 

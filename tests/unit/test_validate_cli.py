@@ -72,3 +72,21 @@ def test_json_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert report["problems"] == [
         {"file": str(missing), "line": None, "column": None, "field": None, "message": "file not found"}
     ]
+
+
+def test_a_topology_file_that_never_ends_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(
+        "hosts: [{name: gpu-a, address: 10.0.0.11, rig: pair}]\n"
+        "rigs:\n"
+        "  pair:\n"
+        '    gpus: {model: "NVIDIA GeForce RTX 3090", count: 2}\n'
+        "    bridge: {kind: nvlink-bridge, links: 4, topology_file: /dev/zero}\n"
+    )
+    assert main(["validate", str(rig)]) == 1
+    assert (
+        f"{rig}:5:60: rigs.pair.bridge.topology_file: cannot read topology file /dev/zero: not a regular file"
+        in capsys.readouterr().out
+    )
