@@ -43,6 +43,8 @@ RecapStatus = Literal["ok", "changed", "failed", "unreachable", "skipped"]
 Progress = Callable[[str], None]
 
 LOCK_FILE = "apply.lock"
+# How long a driver install may take on the node (the agent bounds each package command at 1800 s).
+DRIVER_INSTALL_BOUND_S = 3600.0
 # The cheapest facts request: enough to see the boot id change after a reboot.
 _BOOT_PROBE: dict[str, Any] = {"files": [], "include_content": False, "python": None, "xorg_paths": []}
 _BOOT_PROBE_TIMEOUT_S = 30.0
@@ -231,8 +233,11 @@ def _run_steps(
     steps = [c.step for c in changes if c.step is not None and c.step["kind"] != "reboot"]
     if not steps:
         return [], None
-    # The agent may wait lock_wait_s for another apply's lock before its own steps run.
+    # The agent may wait lock_wait_s for another apply's lock before its own steps run, and a driver
+    # install (a DKMS build) outlasts any ordinary command: cutting it off would leave apt running unseen.
     timeout = node.target.command_timeout_s + settings.lock_wait_s
+    if any(step["kind"] == "driver" for step in steps):
+        timeout += DRIVER_INSTALL_BOUND_S
     answer = node.call("apply", {"lock": lock, "lock_wait_s": settings.lock_wait_s, "steps": steps}, timeout)
     results = answer.get("results", [])
     done = [f"{r['kind']}: {r['message']}" for r in results if r.get("changed")]

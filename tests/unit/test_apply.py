@@ -64,6 +64,7 @@ class Box:
     unreachable: bool = False
     down_after_reboot: int = 0  # facts calls that find the box down after a reboot
     calls: list[str] = field(default_factory=list)
+    timeouts: dict[str, float | None] = field(default_factory=dict)  # the last timeout given per verb
     writes: int = 0
     steps_seen: list[list[str]] = field(default_factory=list)
 
@@ -148,6 +149,7 @@ class FakeSession:
             self.box.unreachable = self.box.down_after_reboot > 0
             raise ConnectionFailed(f"lost the connection to {self.target.name}")
         self.box.calls.append(verb)
+        self.box.timeouts[verb] = timeout
         self.commands += 1
         result: dict[str, Any] = getattr(self.box, verb)(args)
         return result
@@ -214,6 +216,10 @@ def test_drifted_boxes_converge_with_one_apply_call_and_one_reboot(
     assert boxes["gpu-a"].steps_seen == [["file", "file", "file", "persistence", "driver"]]
     assert (boxes["gpu-a"].installed, boxes["gpu-a"].loaded) == ("550.54.15", "550.54.15")
     assert "persistence: persistence on" in recaps["gpu-c"].done
+    # A driver install (a DKMS build) gets its own bound; a persistence change only the ordinary one.
+    driver_timeout, plain_timeout = boxes["gpu-a"].timeouts["apply"], boxes["gpu-c"].timeouts["apply"]
+    assert driver_timeout is not None and plain_timeout is not None
+    assert driver_timeout - plain_timeout == apply.DRIVER_INSTALL_BOUND_S
 
 
 def test_a_second_apply_changes_and_writes_nothing(tmp_path: Path, boxes: dict[str, Box]) -> None:
