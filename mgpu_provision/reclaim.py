@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from .errors import AgentError, ProvisionError
+from .errors import AgentError
 from .facts import Fact, Facts, GpuProcess
 from .fleet import AgentSession, HostOutcome, read_facts
 from .spec.models import Reclaim
@@ -64,11 +64,7 @@ def unique_pids(processes: list[ReclaimedProcess]) -> list[ReclaimedProcess]:
 
 
 def agent_args(policy: Reclaim, dry_run: bool) -> dict[str, Any]:
-    """The `reclaim` verb's arguments for the rig's policy; refuses patterns the policy would not use."""
-    if policy.patterns and policy.policy != "orphans+patterns":
-        raise ProvisionError(
-            f"reclaim.patterns are only used with policy orphans+patterns, but the policy is {policy.policy}"
-        )
+    """The `reclaim` verb's arguments for the rig's policy (validated with the rig file: spec/rules.py)."""
     return {
         "policy": policy.policy,
         "patterns": list(policy.patterns),

@@ -133,6 +133,24 @@ def ddp_master_uses_rig(inp: RuleInput) -> Iterator[Finding]:
                 break
 
 
+def ddp_master_has_address(inp: RuleInput) -> Iterator[Finding]:
+    # The other nodes dial the master for the rendezvous: a name that only this machine's ~/.ssh/config
+    # knows (the fallback when `address` is absent) would reach them as an unresolvable MASTER_ADDR.
+    for loc, rig in inp.rigs():
+        if rig.ddp is None:
+            continue
+        rig_name = loc[1]
+        members = [host for _, host in inp.hosts() if host.rig == rig_name]
+        master = next((host for host in members if host.name == rig.ddp.master), None)
+        if len(members) > 1 and master is not None and master.address is None:
+            yield Finding(
+                (*loc, "ddp", "master"),
+                f"ddp master '{master.name}' has no `address`: the other nodes of rig '{rig_name}' reach the "
+                "rendezvous there, so give it the IP or DNS name they resolve (an ~/.ssh/config alias "
+                "is not enough)",
+            )
+
+
 def visible_devices_valid(inp: RuleInput) -> Iterator[Finding]:
     for loc, rig in inp.rigs():
         seen: set[int | str] = set()
@@ -276,6 +294,19 @@ def driver_version_or_branch(inp: RuleInput) -> Iterator[Finding]:
             yield Finding((*loc, "driver", "branch"), "give either `version` or `branch`, not both")
 
 
+def reclaim_patterns_match_policy(inp: RuleInput) -> Iterator[Finding]:
+    reclaim = inp.spec.reclaim
+    if reclaim.patterns and reclaim.policy != "orphans+patterns":
+        yield Finding(
+            ("reclaim", "patterns"),
+            f"patterns are only used with policy orphans+patterns, but the policy is {reclaim.policy}",
+        )
+    if reclaim.policy == "orphans+patterns" and not reclaim.patterns:
+        yield Finding(
+            ("reclaim", "patterns"), "policy orphans+patterns needs `patterns` (command-line regexes)"
+        )
+
+
 def runfile_complete(inp: RuleInput) -> Iterator[Finding]:
     for loc, rig in inp.rigs():
         driver = rig.driver
@@ -383,6 +414,7 @@ RULES: tuple[Rule, ...] = (
     group_names_distinct_from_hosts,
     ddp_master_in_fleet,
     ddp_master_uses_rig,
+    ddp_master_has_address,
     visible_devices_valid,
     batch_size_covers_gpus,
     nproc_within_visible,
@@ -397,6 +429,7 @@ RULES: tuple[Rule, ...] = (
     no_bridge_has_no_links,
     driver_version_or_branch,
     runfile_complete,
+    reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,
     env_safe,
     topology_file_matches,

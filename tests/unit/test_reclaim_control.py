@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import re
 from datetime import datetime
 from typing import Any
 
@@ -11,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from mgpu_provision import reclaim
-from mgpu_provision.errors import AgentError, ProvisionError
+from mgpu_provision.errors import AgentError
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet import HostOutcome
 from mgpu_provision.reclaim import HostReclaim, ReclaimedProcess
@@ -72,16 +71,6 @@ def test_agent_args_carry_the_policy() -> None:
         "grace_s": 3.0,
         "dry_run": False,
     }
-
-
-def test_patterns_without_the_patterns_policy_are_an_error() -> None:
-    with pytest.raises(
-        ProvisionError,
-        match=re.escape(
-            "reclaim.patterns are only used with policy orphans+patterns, but the policy is orphans"
-        ),
-    ):
-        reclaim.agent_args(Reclaim(policy="orphans", patterns=["x"]), dry_run=True)
 
 
 def test_an_answer_outside_the_contract_is_an_agent_error() -> None:

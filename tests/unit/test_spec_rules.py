@@ -69,6 +69,11 @@ CASES = {
         "rigs.pair.ddp.master",
         "ddp master 'gpu-z' is not a host of the fleet",
     ),
+    "ddp-master-has-address": (
+        rig(GPUS.strip(), "ddp: {master: gpu-a}  # <-"),
+        "rigs.pair.ddp.master",
+        "ddp master 'gpu-a' has no `address`: the other nodes of rig 'pair' reach the rendezvous there",
+    ),
     "ddp-master-uses-rig": (
         HEAD
         + "  - {name: big-1, rig: big}\nrigs:\n  pair:\n"
@@ -246,6 +251,16 @@ CASES = {
         "rigs.pair.bridge.topology_file",
         "topo.txt shows 2 GPU(s) but gpus.count is 4",
     ),
+    "reclaim-patterns-need-their-policy": (
+        rig(GPUS.strip(), tail='reclaim: {policy: orphans, patterns: ["leak"]}  # <-\n'),
+        "reclaim.patterns",
+        "patterns are only used with policy orphans+patterns, but the policy is orphans",
+    ),
+    "reclaim-patterns-policy-needs-patterns": (
+        rig(GPUS.strip(), tail="reclaim: {policy: orphans+patterns}  # <-\n"),
+        "reclaim.patterns",
+        "policy orphans+patterns needs `patterns` (command-line regexes)",
+    ),
     "ssh-files-absolute": (
         rig(GPUS.strip(), tail="files:\n  launcher: bin/mgpu-torchrun  # <-\n"),
         "files.launcher",
@@ -298,7 +313,10 @@ def test_schema_errors_and_rule_errors_come_together(tmp_path: Path) -> None:
 
 def test_rules_stay_quiet_about_values_that_failed_the_schema(tmp_path: Path) -> None:
     text = (
-        HEAD + "  - {name: gpu-c, rig: pair, port: 0}\nrigs:\n  pair:\n" + GPUS + "    ddp: {master: gpu-c}\n"
+        HEAD
+        + "  - {name: gpu-c, address: 10.0.0.13, rig: pair, port: 0}\nrigs:\n  pair:\n"
+        + GPUS
+        + "    ddp: {master: gpu-c}\n"
     )
     problems = problems_of(tmp_path, text)
     # gpu-c is declared (with a bad port): the master rule must not claim it is missing from the fleet

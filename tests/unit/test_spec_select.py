@@ -13,9 +13,9 @@ from mgpu_provision.spec.models import Host
 FLEET = """\
 hosts:
   - {name: gpu-b, rig: pair, groups: [lab]}
-  - {name: gpu-a, rig: pair, groups: [lab]}
+  - {name: gpu-a, address: 10.0.0.11, rig: pair, groups: [lab]}
   - {name: a100-1, rig: quad}
-  - {name: a100-2, rig: quad}
+  - {name: a100-2, address: 10.0.1.12, rig: quad}
   - {name: solo, rig: single, connection: local}
 groups:
   rack2: [a100-1, a100-2]
