@@ -57,9 +57,13 @@ class Fleet:
 
 
 def agent_command(python: str, agent_name: str, request: Mapping[str, object]) -> str:
-    """The remote command all contenders but the tool run: `echo '<request>' | python3 <agent> facts`."""
+    """The remote command all contenders but the tool run: `echo '<request>' | python3 <agent> facts`.
+
+    <agent> is the folder the agent unpacked itself into on its first run (beside `agent-H.pyz`), which is
+    what the tool's own command runs once it is there: the same node-side work for every contender.
+    """
     body = json.dumps(request, separators=(",", ":"), sort_keys=True)
-    agent = f"~/.cache/mgpu-provision/{agent_name}"
+    agent = f"~/.cache/mgpu-provision/{agent_name.removesuffix('.pyz')}"
     return f"echo {shlex.quote(body)} | {shlex.quote(python)} {agent} facts"
 
 

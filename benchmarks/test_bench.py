@@ -126,7 +126,7 @@ def test_agent_command_is_one_shell_line_that_pipes_the_request() -> None:
     words = shlex.split(command)
     assert words[0] == "echo"
     assert json.loads(words[1]) == {"args": {"files": ["/etc/it's"]}}
-    assert words[2:] == ["|", "/usr/bin/python3", "~/.cache/mgpu-provision/agent-abc.pyz", "facts"]
+    assert words[2:] == ["|", "/usr/bin/python3", "~/.cache/mgpu-provision/agent-abc", "facts"]
 
 
 RAW_OUTPUT = """\

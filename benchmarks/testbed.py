@@ -168,7 +168,12 @@ class Testbed:
             raise TestbedError("the hosts' facts requests differ; one shared command cannot serve them all")
         request = {"args": json.loads(requests.pop()), "simulate": None}
         agent = self.agent_name
-        missing = [h.name for h in self.hosts[:count] if not (h.dir / "home" / AGENT_CACHE / agent).exists()]
+        unpacked = agent.removesuffix(".pyz")  # the agent's first run unpacks it beside the zipapp
+        missing = [
+            h.name
+            for h in self.hosts[:count]
+            if not (h.dir / "home" / AGENT_CACHE / unpacked / "__main__.py").exists()
+        ]
         if missing:
             raise TestbedError(f"{agent} is not in the cache of {', '.join(missing[:5])} after `apply`")
         workdir = self.root / f"size-{count}"

@@ -2,6 +2,9 @@
 
 Each command lives in `mgpu_provision/commands/<name>.py` with a `register(subparsers)` function that adds
 its parser and sets `func`; this module only wires them together, so commands stay small and separate.
+Command modules import what they need (pydantic, Fabric, jinja2, rich...) at the top, which costs a large
+part of a second: `main` therefore imports only the module of the command it was asked for, and every
+module only for the top-level `--help`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from .errors import ProvisionError
 COMMANDS = ("validate", "schema", "facts", "plan", "apply", "smoke", "reclaim", "init", "demo")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `only`, the other commands are names without options (not imported)."""
     parser = argparse.ArgumentParser(
         prog="mgpu-provision",
         description="Declarative provisioning for multi-GPU training boxes.",
@@ -28,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
+        if only is not None and name != only:
+            sub.add_parser(name)
+            continue
         try:
             module = importlib.import_module(f"mgpu_provision.commands.{name}")
         except ModuleNotFoundError as exc:
@@ -39,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
+    args = parser.parse_args(words)
     try:
         code: int = args.func(args)
     except ProvisionError as exc:

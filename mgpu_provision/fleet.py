@@ -18,7 +18,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from .errors import AgentError, ConnectionFailed, ProvisionError
 from .facts import Facts
-from .sshconn import describe, open_connection
+from .sshconn import SharedSsh, describe, open_connection
 
 if TYPE_CHECKING:
     from .spec.loader import LoadedRig
@@ -98,13 +98,17 @@ def targets_for(loaded: LoadedRig, hosts: list[Host]) -> list[HostTarget]:
 
 @dataclass
 class FleetOptions:
-    """How to run over the fleet. `agent` (an extension) lets tests and callers supply a prebuilt bundle."""
+    """How to run over the fleet. `agent` (an extension) lets tests and callers supply a prebuilt bundle.
+
+    `shared_ssh` is filled in by the first connection of a run: what all its connections read alike.
+    """
 
     forks: int | None = None
     accept_new_host_keys: bool = False
     known_hosts: Path | None = None
     ssh_config: Path | None = None
     agent: AgentPayload | None = None
+    shared_ssh: SharedSsh | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -118,11 +122,16 @@ class HostOutcome(Generic[T]):
 
 
 def agent_command(agent_name: str, python: str, verb: str, sudo: bool) -> str:
-    """The one shell command that runs the cached agent, or exits 97 when it is not there yet."""
-    prefix = "sudo -n " if sudo else ""
+    """The one shell command that runs the cached agent, or exits 97 when it is not there yet.
+
+    It prefers the folder the agent unpacks itself into on its first run (`agent-H/` beside `agent-H.pyz`):
+    Python caches bytecode there, never for a zipapp. The zipapp stays the fallback (read-only homes).
+    """
+    run = f"exec {'sudo -n ' if sudo else ''}{shlex.quote(python)}"
+    folder = agent_name.removesuffix(".pyz")
     return (
-        f'f=~/{CACHE_DIR}/{agent_name}; [ -f "$f" ] || exit {AGENT_MISSING}; '
-        f'exec {prefix}{shlex.quote(python)} "$f" {shlex.quote(verb)}'
+        f'd=~/{CACHE_DIR}/{folder}; [ -f "$d/__main__.py" ] && {run} "$d" {shlex.quote(verb)}; '
+        f'f=~/{CACHE_DIR}/{agent_name}; [ -f "$f" ] || exit {AGENT_MISSING}; {run} "$f" {shlex.quote(verb)}'
     )
 
 

@@ -4,6 +4,10 @@ Fabric's defaults are wrong for a provisioning tool: it accepts unknown host key
 the SSH banner or on opening a session (fabric issue 2197), and Paramiko's failures surface as exception
 types a person cannot act on. This module fixes those three things and nothing else; the worker pool and the
 agent protocol live in `fleet.py`.
+
+Each known_hosts file is parsed once per run and shared by its connections (`SharedSsh`): parsed per host,
+it cost time that grew with the square of the fleet. The Fabric config is not shared: a Connection writes
+setting changes into its config (invoke merges them), which races between threads (seen at 64 hosts).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import math
 import socket
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +29,20 @@ if TYPE_CHECKING:
 
 # One lock for every known_hosts append in this process: worker threads accept keys concurrently.
 _KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+@dataclass
+class SharedSsh:
+    """One run's parsed known_hosts files (per path), read by every worker; new keys added under a lock."""
+
+    host_keys: dict[Path, paramiko.HostKeys] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def known_hosts(self, path: Path) -> paramiko.HostKeys:
+        with self.lock:
+            if path not in self.host_keys:
+                self.host_keys[path] = paramiko.HostKeys(str(path) if path.exists() else None)
+            return self.host_keys[path]
 
 
 def known_hosts_name(address: str, port: int) -> str:
@@ -59,8 +78,14 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
         self._known_hosts = known_hosts
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
+        host_keys = client.get_host_keys()  # shared by the run's connections: look and add under the lock
         with _KNOWN_HOSTS_LOCK:
+            recorded = (host_keys.lookup(hostname) or {}).get(key.get_name())
+            if recorded is not None:  # another worker reached the same host first
+                if recorded != key:
+                    raise paramiko.BadHostKeyException(hostname, key, recorded)
+                return
+            host_keys.add(hostname, key.get_name(), key)
             self._known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with self._known_hosts.open("a", encoding="ascii") as out:
                 out.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
@@ -78,8 +103,8 @@ def _known_hosts_path(conn: fabric.Connection, options: FleetOptions) -> Path:
 def _guard_host_keys(conn: fabric.Connection, where: str, options: FleetOptions) -> None:
     """Replace Fabric's AutoAddPolicy on this connection and on every gateway hop before it."""
     known_hosts = _known_hosts_path(conn, options)
-    if known_hosts.exists():
-        conn.client.load_host_keys(str(known_hosts))
+    # Paramiko offers no setter: share the run's parsed file instead of parsing it again for every host.
+    conn.client._host_keys = shared_ssh(options).known_hosts(known_hosts)
     policy: paramiko.MissingHostKeyPolicy = (
         _AcceptNew(known_hosts) if options.accept_new_host_keys else _RejectUnknown(where, known_hosts)
     )
@@ -92,6 +117,17 @@ def _guard_host_keys(conn: fabric.Connection, where: str, options: FleetOptions)
 def _timeouts(seconds: float) -> dict[str, float]:
     # Paramiko's own bounds for the phases Fabric leaves open: banner, authentication, opening a channel.
     return {"banner_timeout": seconds, "auth_timeout": seconds, "channel_timeout": seconds}
+
+
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_ssh(options: FleetOptions) -> SharedSsh:
+    """The run's shared SSH state, kept on its options (made by whichever worker needs it first)."""
+    with _SHARED_LOCK:
+        if options.shared_ssh is None:
+            options.shared_ssh = SharedSsh()
+        return options.shared_ssh
 
 
 def make_connection(target: HostTarget, options: FleetOptions) -> fabric.Connection:

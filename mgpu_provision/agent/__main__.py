@@ -3,12 +3,19 @@
 The envelope is the protocol of docs/ARCHITECTURE.md. Verbs import their modules only when called, so a
 `facts` call on a slow node does not pay for the code of `smoke` or `reclaim`. Anything a verb cannot do is
 an error envelope with a kind and a plain message (exit 0); a non-zero exit means the agent itself broke.
+
+Python never caches bytecode for modules imported from a zip, so every call from the zipapp would compile
+the agent again. The first run from `agent-<hash>.pyz` therefore unpacks it beside itself into
+`agent-<hash>/`, which the control side's command runs from then on (Python writes `__pycache__` there).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+import tempfile
 import traceback
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
@@ -84,6 +91,41 @@ def _error(kind: str, message: str) -> Dict[str, Any]:
     return {"ok": False, "agent_version": __version__, "error": {"kind": kind, "message": message}}
 
 
+def unpack_beside(archive: str) -> Optional[str]:
+    """Unpack the zipapp `x/agent-H.pyz` to `x/agent-H/` once; the folder, or None where that is impossible.
+
+    It appears whole or not at all (unpacked in a temporary folder, then renamed), so concurrent first runs
+    are safe: the loser of the rename drops its copy. Under `sudo` the folder is given to the owner of the
+    archive, so that the login user's command can find it. A read-only home leaves the zipapp in use.
+    """
+    if not archive.endswith(".pyz"):
+        return None
+    final = archive[: -len(".pyz")]
+    if os.path.isdir(final):
+        return final
+    import zipfile  # only on the first run of a version
+
+    try:
+        partial = tempfile.mkdtemp(prefix=".unpack-", dir=os.path.dirname(archive))
+    except OSError:
+        return None
+    try:
+        with zipfile.ZipFile(archive) as zipped:
+            zipped.extractall(partial)
+        owner = os.stat(archive)
+        if os.geteuid() == 0 and owner.st_uid != 0:
+            for folder, _, names in os.walk(partial):
+                for path in [folder] + [os.path.join(folder, n) for n in names]:
+                    # Not following links: nothing in the archive is one, and a swapped-in link must
+                    # not hand its target to the owner.
+                    os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+        os.rename(partial, final)
+    except (OSError, zipfile.BadZipFile):
+        shutil.rmtree(partial, ignore_errors=True)
+        return final if os.path.isdir(final) else None
+    return final
+
+
 def main(argv: List[str], stdin: IO[str], stdout: IO[str]) -> int:
     reply, after = handle(argv[1] if len(argv) > 1 else None, stdin.read())
     stdout.write(json.dumps(reply) + "\n")
@@ -94,4 +136,7 @@ def main(argv: List[str], stdin: IO[str], stdout: IO[str]) -> int:
 
 
 if __name__ == "__main__":
+    zipapp = getattr(globals().get("__loader__"), "archive", None)  # set when imported from a zip
+    if zipapp:
+        unpack_beside(zipapp)
     sys.exit(main(sys.argv, sys.stdin, sys.stdout))

@@ -2,13 +2,18 @@
 
 The bytes are deterministic (sorted entries, fixed timestamps and permissions), so the content hash in the
 name changes only when the code does: a host that already has `agent-<hash>.pyz` never gets it again.
+Compressing them costs more than a small fleet's whole plan, so the built zipapp is kept in this machine's
+cache (`~/.cache/mgpu-provision/bundles/<hash of the sources>.pyz`) and reused while the sources are the same.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import io
+import os
+import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,14 +54,44 @@ def _pynvml_source() -> bytes:
     return Path(spec.origin).read_bytes()
 
 
-def build_agent() -> AgentBundle:
+def bundle_cache_dir() -> Path:
+    """Where built zipapps are kept on the control machine (XDG_CACHE_HOME is honoured)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mgpu-provision" / "bundles"
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
-        for name, content in sorted(agent_files().items()):
+        for name, content in sorted(files.items()):
             info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
             archive.writestr(info, content, compresslevel=9)
-    data = buffer.getvalue()
+    return buffer.getvalue()
+
+
+def _sources_key(files: dict[str, bytes]) -> str:
+    sources = hashlib.sha256()
+    for name, content in sorted(files.items()):
+        sources.update(hashlib.sha256(name.encode()).digest() + hashlib.sha256(content).digest())
+    return sources.hexdigest()
+
+
+def build_agent(cache_dir: Path | None = None) -> AgentBundle:
+    """The agent zipapp, reused from the cache while the sources are unchanged (a broken cache is skipped)."""
+    files = agent_files()
+    cached = (cache_dir or bundle_cache_dir()) / f"{_sources_key(files)}.pyz"
+    try:
+        data = cached.read_bytes()
+    except OSError:
+        data = _zip(files)
+        partial = cached.with_name(f".{cached.name}.{uuid.uuid4().hex}.partial")
+        try:
+            cached.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            partial.write_bytes(data)
+            partial.replace(cached)
+        except OSError:
+            with contextlib.suppress(OSError):
+                partial.unlink()
     digest = hashlib.sha256(data).hexdigest()
     return AgentBundle(data=data, digest=digest, name=f"agent-{digest[:16]}.pyz")

@@ -1,4 +1,4 @@
-"""The fleet layer against real sshd test hosts, with a tiny fake agent (independent of the real agent)."""
+"""The fleet layer against real sshd test hosts, mostly with a tiny fake agent (apart from the real one)."""
 
 from __future__ import annotations
 
@@ -277,3 +277,24 @@ def test_a_stopped_host_is_refused_and_the_namespace_is_gone(test_hosts: HostFac
     assert (outcome.error or "").startswith("connection refused by gpu-a")
     with pytest.raises(RuntimeError, match="test host gpu-a is not running"):
         host.run_in_ns("true")
+
+
+def test_real_agent_unpacks_once_then_runs_from_its_folder(test_hosts: HostFactory) -> None:
+    from mgpu_provision.agent.bundle import build_agent
+
+    host = test_hosts.start("gpu-a", login_user="ops", sudo="nopasswd")
+    agent = build_agent()
+    ops = target(host, test_hosts, user="ops")
+    for round_ in range(3):
+        real = FleetOptions(known_hosts=test_hosts.known_hosts, agent=agent)
+        outcome = run_fleet([ops], call("facts"), real)["gpu-a"]
+        assert outcome.status == "ok", outcome.error
+        assert outcome.value is not None and outcome.value[1] == (2 if round_ == 0 else 1)
+    home = host.dir / "home-ops"
+    folder = f"{home}/.cache/mgpu-provision/{agent.name.removesuffix('.pyz')}"
+    assert (home / "sudo.log").read_text().splitlines() == [
+        f"-n /usr/bin/python3 {folder}.pyz facts",  # the first run: from the zipapp, which unpacks itself
+        f"-n /usr/bin/python3 {folder} facts",
+        f"-n /usr/bin/python3 {folder} facts",
+    ]
+    assert list(Path(folder, "mgpu_provision", "agent", "__pycache__").glob("collect.*.pyc"))

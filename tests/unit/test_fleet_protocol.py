@@ -35,10 +35,13 @@ def ok(result: Any) -> str:
 def test_agent_command_runs_cached_agent_or_exits_97() -> None:
     command = agent_command("agent-0123.pyz", "/opt/py 3/bin/python3", "facts", sudo=False)
     assert command == (
+        'd=~/.cache/mgpu-provision/agent-0123; [ -f "$d/__main__.py" ] && '
+        "exec '/opt/py 3/bin/python3' \"$d\" facts; "
         'f=~/.cache/mgpu-provision/agent-0123.pyz; [ -f "$f" ] || exit 97; '
         "exec '/opt/py 3/bin/python3' \"$f\" facts"
     )
-    assert 'exec sudo -n python3 "$f" apply' in agent_command("a.pyz", "python3", "apply", sudo=True)
+    sudo = agent_command("a.pyz", "python3", "apply", sudo=True)
+    assert 'exec sudo -n python3 "$d" apply;' in sudo and sudo.endswith('exec sudo -n python3 "$f" apply')
 
 
 def test_parse_response_returns_result() -> None:
