@@ -20,6 +20,7 @@ import traceback
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from .. import __version__
+from .argcheck import check_request
 from .backend import Backend, select_backend, simulation_target
 from .errors import AgentFailure
 
@@ -77,6 +78,7 @@ def handle(verb: Optional[str], raw_request: str) -> Tuple[Dict[str, Any], Optio
             raise AgentFailure("bad-request", f"the request on stdin is not JSON: {exc}") from None
         if not isinstance(request, dict) or not isinstance(request.get("args", {}), dict):
             raise AgentFailure("bad-request", 'the request must be {"args": {...}, "simulate": path or null}')
+        check_request(verb, request)
         twin = simulation_target(request.get("simulate"))
         result, after = VERBS[verb](request.get("args") or {}, lambda: select_backend(twin))
         return {"ok": True, "agent_version": __version__, "result": result}, after

@@ -263,7 +263,7 @@ def agent_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_agent_request_handling_on_arbitrary_json(agent_sandbox: Path, trial: Trial) -> None:
     trial.area, trial.tried = "fuzz", "agent request handling (in-process): every verb with arbitrary JSON"
-    trial.expect = "one JSON envelope each within 2 s (kind `internal` = unchecked input: counted, known bug)"
+    trial.expect = "one JSON envelope each within 2 s, never kind `internal` (a traceback: unchecked input)"
     verbs = st.sampled_from([*agent_main.VERBS, "", "nope", "facts "]) | st.none()
     # Real argument names and step keys, so that values of the wrong type reach the code that reads them.
     # `python` never names a real interpreter: the facts verb would start it to probe torch.
@@ -282,9 +282,8 @@ def test_agent_request_handling_on_arbitrary_json(agent_sandbox: Path, trial: Tr
         envelope_ok(reply)
         kind = "ok" if reply["ok"] else reply["error"]["kind"]
         # `internal` is an envelope too, but one the agent only answers after an unexpected exception.
-        trial.count(
-            "internal (unchecked input)" if kind == "internal" else "ok" if kind == "ok" else "refused"
-        )
+        assert kind != "internal", (verb, raw, reply)
+        trial.count("ok" if kind == "ok" else "refused")
 
     @budget(300)
     @given(verbs, requests.map(json.dumps) | st.text(max_size=40))
@@ -322,10 +321,8 @@ STEP_KEYS = [
 ]
 
 
-# Found by the fuzz test above; the agent (mgpu_provision/agent/, not ours to edit here) reads request values
-# without checking their types, so they end as kind `internal` with a traceback on stderr. Strict xfail:
-# once the agent refuses them as `bad-request`, these pass and the marker must go.
-@pytest.mark.xfail(strict=True, reason="agent does not check argument types (reported in issue 10 work)")
+# Found by the fuzz test above: the agent read request values without checking their types, so they ended as
+# kind `internal` with a traceback on stderr. agent/argcheck.py now refuses them at the door.
 @pytest.mark.parametrize(
     ("verb", "request_"),
     [
@@ -342,10 +339,11 @@ def test_agent_refuses_mistyped_arguments_as_bad_requests(
     agent_sandbox: Path, trial: Trial, verb: str, request_: dict[str, Any]
 ) -> None:
     trial.area, trial.tried = "fuzz", f"agent: mistyped request {json.dumps(request_)[:60]}"
-    trial.expect = "error kind bad-request (known bug: kind internal, traceback on stderr)"
+    trial.expect = "error kind bad-request naming the argument (was: kind internal, a traceback)"
     reply, _after = agent_main.handle(verb, json.dumps(request_))
     assert reply["ok"] is False
     assert reply["error"]["kind"] == "bad-request", reply["error"]
+    assert "must be" in reply["error"]["message"]
 
 
 @pytest.mark.parametrize(
