@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import time
 import uuid
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 MAX_FORKS = 64
+CONNECTION_LOST = -1  # Paramiko's exit status when the channel closed without one (sshd killed, link cut)
 AGENT_MISSING = 97  # the cached-agent command's "upload me, then run again" exit code
 CACHE_DIR = ".cache/mgpu-provision"  # under the login user's home
 DEFAULT_PYTHON = "python3"
@@ -144,6 +146,8 @@ def parse_response(where: str, verb: str, exit_code: int, stdout: str, stderr: s
             f"sudo needs a password on {where}; allow NOPASSWD for the login user to run the agent's "
             "python (or log in as root, or set become: false)"
         )
+    if exit_code == CONNECTION_LOST:
+        raise AgentError(f"the connection to {where} was lost during agent {verb} (no exit status came back)")
     if exit_code != 0:
         lines = [line for line in stderr.splitlines() if line.strip()]
         last = lines[-1].strip() if lines else "no error output"
@@ -261,13 +265,24 @@ class LocalAgentSession(AgentSession):
 
     def _run(self, command: str, stdin: str, limit: float, verb: str) -> tuple[int, str, str]:
         self.commands += 1
-        try:
-            done = subprocess.run(
-                ["sh", "-c", command], input=stdin, capture_output=True, text=True, timeout=limit
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise self._timed_out(verb, limit) from exc
-        return done.returncode, done.stdout, done.stderr
+        # A session of its own: on timeout the whole group goes (sh, sudo and the agent under it);
+        # killing only `sh` would leave the agent running, as root under sudo.
+        with subprocess.Popen(
+            ["sh", "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        ) as process:
+            try:
+                stdout, stderr = process.communicate(stdin, timeout=limit)
+            except subprocess.TimeoutExpired as exc:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+                raise self._timed_out(verb, limit) from exc
+        return process.returncode, stdout, stderr
 
     def _upload(self) -> None:
         cache = Path.home() / CACHE_DIR

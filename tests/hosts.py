@@ -473,6 +473,12 @@ if verb == "garbage":
     sys.exit(0)
 if verb == "sleep":
     time.sleep(request["args"]["seconds"])
+if verb == "fork-sleep":  # like sudo: the work runs in a child, which a kill of the parent alone leaves
+    child = os.fork()
+    if child == 0:
+        time.sleep(request["args"]["seconds"])
+        os._exit(0)
+    os.waitpid(child, 0)
 if verb == "refuse":
     error = {"kind": "locked", "message": "held by 42"}
     print(json.dumps({"ok": False, "agent_version": "fake", "error": error}))

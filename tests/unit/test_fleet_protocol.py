@@ -65,6 +65,7 @@ def test_parse_response_returns_result() -> None:
             "agent facts crashed on gpu-a (10.0.0.1:22) (exit 1): KeyError",
         ),
         (139, "", "", "agent facts crashed on gpu-a (10.0.0.1:22) (exit 139): no error output"),
+        (-1, "", "", "the connection to gpu-a (10.0.0.1:22) was lost during agent facts (no exit status"),
         (0, "<html>", "", "agent facts on gpu-a (10.0.0.1:22) answered something that is not JSON"),
         (0, "[1, 2]", "", "agent facts on gpu-a (10.0.0.1:22) answered JSON without an `ok` field"),
         (0, json.dumps({"ok": True}), "", "answered ok without a `result` object"),
@@ -155,6 +156,13 @@ def test_local_session_uploads_once_and_speaks_the_protocol(
     assert cache.stat().st_mode & 0o777 == 0o700
 
 
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended while we looked
+        return b""
+
+
 def test_local_timeouts_and_crashes_are_failed_outcomes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,6 +172,15 @@ def test_local_timeouts_and_crashes_are_failed_outcomes(
         [local_target(command_timeout_s=0.5)], lambda s: s.call("sleep", {"seconds": 5}), options
     )["me"]
     assert (slow.status, slow.error) == ("failed", "agent sleep did not finish within 0.5s on me (local)")
+    # The timed-out agent's children are gone too, not only the process that was started: under sudo the
+    # agent is sudo's child, and it would go on running as root.
+    forked = run_fleet(
+        [local_target(command_timeout_s=0.5)], lambda s: s.call("fork-sleep", {"seconds": 30}), options
+    )["me"]
+    assert forked.status == "failed"
+    agent_name = options.agent.name if options.agent else ""
+    left = [p for p in Path("/proc").glob("[0-9]*/cmdline") if agent_name.encode() in _read(p)]
+    assert left == []
     crash = run_fleet([local_target()], lambda s: s.call("crash", {}), options)["me"]
     assert crash.status == "failed"
     assert crash.error == "agent crash crashed on me (local) (exit 3): RuntimeError: the fake agent crashed"
