@@ -40,7 +40,16 @@ def test_hosts(
     yield from hosts.host_factory(_client_key, _address_pool)
 
 
+# Tests that start real torch DDP runs (each rank imports torch: seconds of CPU). Run on one xdist worker, one
+# after the other (with --dist loadgroup, set in pyproject.toml), so that two of them never fight over the two
+# cores of a CI machine: their rendezvous timeouts are real and a starved peer would fail a healthy run.
+def _torch_heavy(path: Path) -> bool:
+    return path.name.startswith("test_smoke_") or path.name == "test_demo.py"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/e2e/" in str(item.path):
             item.add_marker(pytest.mark.e2e)
+        if _torch_heavy(item.path):
+            item.add_marker(pytest.mark.xdist_group("torch"))

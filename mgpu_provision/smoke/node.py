@@ -178,6 +178,7 @@ def child_environment(req: Request, base: dict[str, str]) -> dict[str, str]:
 # Log patterns, most specific first; each yields (kind, message) from the match and the request.
 _CONNECT_TIMEOUT = re.compile(r"timed out after (\d+)ms while trying to connect to \(([^,]+), (\d+)\)")
 _CLIENTS = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
+_EXCEPTION = re.compile(r"^(?:\[[\w ]+\]:\s*)?([\w.]*(?:Error|Exception)\b:.*)$", re.MULTILINE)
 _NCCL = re.compile(r"^.*(NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError|"
                    r"ncclInvalidUsage|NCCL WARN).*$", re.MULTILINE)  # fmt: skip
 
@@ -219,6 +220,10 @@ def diagnose(log: str, req: Request, exit_code: int | None, timed_out: bool) -> 
             "timeout",
             f"no result within {req.timeout_s:g} s (hung; rendezvous at {req.endpoint}); last lines: {last}",
         )
+    # A rank's own exception says why; torchrun's closing summary (ChildFailedError, "Root Cause") does not.
+    errors = [m.group(1).strip() for m in _EXCEPTION.finditer(log) if "ChildFailedError" not in m.group(1)]
+    if errors:
+        return "crash", f"torchrun exited with code {exit_code}: {errors[-1]}"
     return "crash", f"torchrun exited with code {exit_code}; last lines: {last}"
 
 

@@ -125,14 +125,32 @@ def test_diagnose_reset_during_rendezvous() -> None:
 
 
 def test_diagnose_crash_and_hang_quote_the_last_useful_lines() -> None:
-    log = 'starting\nTraceback (most recent call last):\n  File "x.py"\nframe #3: noise\nValueError: boom\n'
+    log = 'starting\nTraceback (most recent call last):\n  File "x.py"\nframe #3: noise\nsegfault\n'
     assert node.diagnose(log, request(), 1, False) == (
         "crash",
-        "torchrun exited with code 1; last lines: starting | ValueError: boom",
+        "torchrun exited with code 1; last lines: starting | segfault",
     )
     kind, message = node.diagnose("waiting\n", request(timeout_s=9), None, True)
     assert kind == "timeout"
     assert message == "no result within 9 s (hung; rendezvous at 127.0.0.1:29500); last lines: waiting"
+
+
+def test_a_crash_names_the_ranks_exception_not_torchrun_s_summary() -> None:
+    log = (
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "program.py", line 80, in main\n'
+        "[rank1]: RuntimeError: Gloo connectFullMesh failed with [127.0.0.2]:51234: Connection refused\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "============================================================\n"
+        "Root Cause (first observed failure):\n"
+        "[0]:\n"
+        "============================================================\n"
+    )
+    assert node.diagnose(log, request(), 1, False) == (
+        "crash",
+        "torchrun exited with code 1: RuntimeError: Gloo connectFullMesh failed with [127.0.0.2]:51234: "
+        "Connection refused",
+    )
 
 
 def rank(r: int, ok: bool = True, error: str | None = None) -> dict[str, Any]:
