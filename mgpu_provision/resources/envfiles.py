@@ -123,14 +123,13 @@ def _launcher_context(loaded: LoadedRig, host: Host, rig: Rig) -> dict[str, Any]
     ddp = rig.ddp
     if ddp is None:
         return None
-    visible = rig.visible_devices
     return {
         "master_name": ddp.master,
         "master_addr": loaded.host(ddp.master).target,
         "master_port": ddp.port,
         "nnodes": len(loaded.ddp_group(host)),
         "node_rank": loaded.node_rank(host),
-        "nproc_per_node": ddp.nproc_per_node or (len(visible) if visible else rig.gpus.count),
+        "nproc_per_node": rig.nproc_per_node,
         "backend": ddp.backend,
         "rdzv_backend": ddp.rdzv_backend,
         "rdzv_id": ddp.rdzv_id or f"mgpu-{ddp.master}",

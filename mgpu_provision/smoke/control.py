@@ -85,14 +85,6 @@ class SmokeReport:
         }
 
 
-def nproc_per_node(loaded: LoadedRig, host: Host) -> int:
-    """The rig's `ddp.nproc_per_node`, else one process per visible GPU."""
-    rig = loaded.rig_of(host)
-    if rig.ddp is not None and rig.ddp.nproc_per_node is not None:
-        return rig.ddp.nproc_per_node
-    return len(rig.visible_devices) if rig.visible_devices is not None else rig.gpus.count
-
-
 def plan_smoke(loaded: LoadedRig, hosts: list[Host], run_id: str) -> list[NodePart]:
     """Each selected host's part, grouped by DDP master (master first); errors name what to fix."""
     without = [h.name for h in hosts if loaded.rig_of(h).ddp is None]
@@ -125,7 +117,7 @@ def plan_smoke(loaded: LoadedRig, hosts: list[Host], run_id: str) -> list[NodePa
                 "python": smoke.python,
                 "nnodes": len(members),
                 "node_rank": rank,
-                "nproc_per_node": nproc_per_node(loaded, host),
+                "nproc_per_node": loaded.rig_of(host).nproc_per_node,
                 "master_addr": master.target,
                 "master_port": ddp.port,
                 "backend": ddp.backend,

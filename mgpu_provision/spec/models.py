@@ -210,6 +210,18 @@ class Rig(Strict):
         default_factory=dict, description="extra variables for this rig, merged over the fleet's `env`"
     )
 
+    @property
+    def visible_count(self) -> int:
+        """GPUs per node that CUDA sees: the visible device list, or every GPU of the rig."""
+        return len(self.visible_devices) if self.visible_devices is not None else self.gpus.count
+
+    @property
+    def nproc_per_node(self) -> int:
+        """DDP processes per node: `ddp.nproc_per_node`, else one per visible GPU."""
+        if self.ddp is not None and self.ddp.nproc_per_node is not None:
+            return self.ddp.nproc_per_node
+        return self.visible_count
+
 
 class Smoke(Strict):
     python: PathStr = Field("python3", description="interpreter with torch on the nodes")

@@ -70,11 +70,6 @@ def resolve_path(base_dir: Path, path: str) -> Path:
     return expanded if expanded.is_absolute() else base_dir / expanded
 
 
-def visible_count(rig: Rig) -> int:
-    """GPUs per node that CUDA sees: the visible device list, or every GPU of the rig."""
-    return len(rig.visible_devices) if rig.visible_devices is not None else rig.gpus.count
-
-
 def host_rig_exists(inp: RuleInput) -> Iterator[Finding]:
     known = ", ".join(sorted(inp.declared_rigs)) or "none"
     for loc, host in inp.hosts():
@@ -170,7 +165,7 @@ def visible_devices_valid(inp: RuleInput) -> Iterator[Finding]:
 def batch_size_covers_gpus(inp: RuleInput) -> Iterator[Finding]:
     batch = inp.spec.smoke.batch_size
     for loc, rig in inp.rigs():
-        gpus = visible_count(rig)
+        gpus = rig.visible_count
         if batch < gpus:
             yield Finding(
                 ("smoke", "batch_size"),
@@ -182,7 +177,7 @@ def batch_size_covers_gpus(inp: RuleInput) -> Iterator[Finding]:
 def nproc_within_visible(inp: RuleInput) -> Iterator[Finding]:
     for loc, rig in inp.rigs():
         if rig.ddp is not None and rig.ddp.nproc_per_node is not None:
-            gpus = visible_count(rig)
+            gpus = rig.visible_count
             if rig.ddp.nproc_per_node > gpus:
                 yield Finding(
                     (*loc, "ddp", "nproc_per_node"),
