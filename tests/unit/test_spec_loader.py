@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from test_spec_rules import problems_of
 
 from mgpu_provision.cli import build_parser, main
-from mgpu_provision.errors import SpecError, SpecProblem
+from mgpu_provision.errors import SpecError
 from mgpu_provision.spec import load_rig
 from mgpu_provision.spec.loader import MAX_BYTES, MAX_DEPTH
 
@@ -135,14 +136,6 @@ def test_anchors_and_aliases_are_allowed(tmp_path: Path) -> None:
     path.write_bytes(GOOD.replace(b"    gpus: {", b"    gpus: &g {") + b"  other:\n    gpus: *g\n")
     loaded = load_rig(path)
     assert loaded.spec.rigs["other"].gpus == loaded.spec.rigs["pair"].gpus
-
-
-def schema_problems(tmp_path: Path, text: str) -> list[SpecProblem]:
-    path = tmp_path / "rig.yaml"
-    path.write_text(text)
-    with pytest.raises(SpecError) as info:
-        load_rig(path)
-    return info.value.problems
 
 
 def rig_with(line: str) -> str:
@@ -301,13 +294,13 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
 @pytest.mark.parametrize("name", sorted(SCHEMA_CASES))
 def test_schema_error_is_located_and_explained(tmp_path: Path, name: str) -> None:
     text, field, line, column, message = SCHEMA_CASES[name]
-    problems = schema_problems(tmp_path, text)
+    problems = problems_of(tmp_path, text)
     assert [(p.field, p.line, p.column, p.message) for p in problems] == [(field, line, column, message)]
 
 
 def test_all_problems_are_reported_in_file_order(tmp_path: Path) -> None:
     text = GOOD.decode().replace("count: 2", "count: two").replace("rig: pair}", "rig: pair, prot: 22}")
-    problems = schema_problems(tmp_path, text + "smoke: {batch_size: -1}\n")
+    problems = problems_of(tmp_path, text + "smoke: {batch_size: -1}\n")
     assert [(p.line, p.field) for p in problems] == [
         (2, "hosts[0].prot"),
         (5, "rigs.pair.gpus.count"),
@@ -322,5 +315,5 @@ def test_all_problems_are_reported_in_file_order(tmp_path: Path) -> None:
 
 def test_alias_use_is_located_at_its_anchor(tmp_path: Path) -> None:
     text = GOOD.decode() + "smoke: &s {batch_size: zero}\nreclaim: *s\n"
-    problems = schema_problems(tmp_path, text)
+    problems = problems_of(tmp_path, text)
     assert {(p.field, p.line) for p in problems} >= {("smoke.batch_size", 6)}
