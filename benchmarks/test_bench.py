@@ -272,9 +272,9 @@ def test_profile_is_summed_per_function_not_per_line() -> None:
     assert profile.inclusive["build_plan (plan.py)"] == 5
     assert profile.own["build_plan (plan.py)"] == 2
     assert profile.own["read_all (packet.py)"] == 5
-    page = summary(profile, [("mgpu_provision.fleet", 196_000)], 64)
+    page = summary(profile, [("mgpu_provision.fleet.session", 196_000)], 64)
     assert " 50.0%  build_plan (plan.py)" in page
-    assert "- mgpu_provision.fleet: 196 ms" in page
+    assert "- mgpu_provision.fleet.session: 196 ms" in page
 
 
 def test_import_bill_keeps_only_the_programs_own_imports() -> None:
@@ -282,11 +282,11 @@ def test_import_bill_keeps_only_the_programs_own_imports() -> None:
         "import time: self [us] | cumulative | imported package\n"
         "import time:       502 |      27235 |     invoke.context\n"
         "import time:      1104 |     139818 |   fabric.connection\n"
-        "import time:     25435 |     195705 | mgpu_provision.fleet\n"
+        "import time:     25435 |     195705 | mgpu_provision.fleet.session\n"
         "import time:        12 |         40 | json\n"
         "error: something else on stderr\n"
     )
-    assert import_bill(stderr) == [("mgpu_provision.fleet", 195705), ("json", 40)]
+    assert import_bill(stderr) == [("mgpu_provision.fleet.session", 195705), ("json", 40)]
 
 
 def test_benchmark_end_to_end_on_two_hosts(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ sys.path.insert(0, str(REPO))  # `tests.hosts` is not installed; it lives beside
 
 from contenders import BenchHost, Fleet, agent_command  # noqa: E402
 
-from mgpu_provision.agent.bundle import build_agent  # noqa: E402
-from mgpu_provision.plan import facts_request  # noqa: E402
+from mgpu_provision.fleet.bundle import build_agent  # noqa: E402
+from mgpu_provision.plan.host import facts_request  # noqa: E402
 from mgpu_provision.spec import load_rig  # noqa: E402
 from tests import hosts as harness  # noqa: E402
 

@@ -15,13 +15,13 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from ..apply import ApplyResult, ApplySettings, Preview, preview, rollout
+from ..converge.apply import ApplyResult, ApplySettings, Preview, preview, rollout
+from ..converge.playbooks import load_playbook, select_steps
+from ..converge.rollout import parse_max_fail_percent, parse_serial
 from ..errors import ProvisionError
-from ..plan import FleetPlan, HostPlan
-from ..playbooks import load_playbook, select_steps
-from ..render import change_json, change_lines, host_table, render_plan
-from ..rollout import parse_max_fail_percent, parse_serial
-from . import _common
+from ..plan.host import FleetPlan, HostPlan
+from . import options
+from .plan_view import change_json, change_lines, host_table, render_plan
 
 MAX_WAIT_S = 3600
 
@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "  mgpu-provision apply rig.yaml --playbook env --yes\n"
         "  mgpu-provision apply rig.yaml --skip-tags reboot --limit 'rtx*'",
     )
-    _common.add_fleet_arguments(parser)
+    options.add_fleet_arguments(parser)
     parser.add_argument(
         "--playbook",
         default="provision",
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     steps = select_steps(playbook, _split(args.tags), _split(args.skip_tags))
     serial = parse_serial(args.serial) if args.serial else None
     max_fail = parse_max_fail_percent(args.max_fail_percent) if args.max_fail_percent is not None else None
-    fleet = _common.prepare(args)
+    fleet = options.prepare(args)
     settings = ApplySettings(steps, lock_wait_s=args.lock_wait, reboot_timeout_s=args.reboot_timeout)
     # soft_wrap: diffs and paths stay one line each, whatever the terminal width.
     err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -18,13 +18,13 @@ from rich.table import Table
 from rich.text import Text
 
 from ..facts import Facts, Gpu, PcieLink
-from ..fleet import AgentSession, HostOutcome, read_facts, run_fleet
-from ..plan import facts_request
-from ..topology import format_topology, gpu_matrix
-from . import _common
+from ..fleet.session import AgentSession, HostOutcome, read_facts, run_fleet
+from ..node.topology import format_topology, gpu_matrix
+from ..plan.host import facts_request
+from . import options
 
 
-def collect(run: _common.FleetRun) -> dict[str, HostOutcome[Facts]]:
+def collect(run: options.FleetRun) -> dict[str, HostOutcome[Facts]]:
     """Facts of every chosen host; the request per host comes from the plan so facts and plan agree."""
 
     def one(session: AgentSession) -> Facts:
@@ -121,7 +121,7 @@ def render(outcomes: dict[str, HostOutcome[Facts]], console: Console) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    fleet = _common.prepare(args)
+    fleet = options.prepare(args)
     outcomes = collect(fleet)
     if args.json:
         print(json.dumps(as_json(outcomes), indent=2))
@@ -142,5 +142,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "  mgpu-provision facts rig.yaml --limit gpu-a --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _common.add_fleet_arguments(parser)
+    options.add_fleet_arguments(parser)
     parser.set_defaults(func=run)

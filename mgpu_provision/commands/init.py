@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ..errors import ProvisionError
 from ..facts import Facts
-from ..fleet import DEFAULT_PYTHON, FleetOptions, HostTarget, read_facts, run_fleet
+from ..fleet.session import DEFAULT_PYTHON, FleetOptions, HostTarget, read_facts, run_fleet
 from ..initgen import env_file_paths, rig_from_facts
-from ..topology import format_topology, gpu_matrix
+from ..node.topology import format_topology, gpu_matrix
 
 DESTINATION = re.compile(
     r"^(?:(?P<user>[a-z_][a-z0-9_.-]*)@)?(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*)(?::(?P<port>\d+))?$"

@@ -11,13 +11,13 @@ import argparse
 import json
 
 from ..errors import ProvisionError
-from ..plan import FleetPlan, HostPlan, plan_host
-from ..render import make_console, plan_json, render_plan
-from . import _common
+from ..plan.host import FleetPlan, HostPlan, plan_host
+from . import options
 from .facts import collect
+from .plan_view import make_console, plan_json, render_plan
 
 
-def build_plan(fleet: _common.FleetRun) -> FleetPlan:
+def build_plan(fleet: options.FleetRun) -> FleetPlan:
     """Facts from every host at once, then each host's plan; a host that was not read keeps its reason."""
     hosts: list[HostPlan] = []
     for name, outcome in collect(fleet).items():
@@ -35,7 +35,7 @@ def build_plan(fleet: _common.FleetRun) -> FleetPlan:
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = build_plan(_common.prepare(args))
+    plan = build_plan(options.prepare(args))
     if args.json:
         print(json.dumps(plan_json(plan), indent=2))
     else:
@@ -54,5 +54,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "  mgpu-provision plan rig.yaml --limit 'rtx*' --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _common.add_fleet_arguments(parser)
+    options.add_fleet_arguments(parser)
     parser.set_defaults(func=run)

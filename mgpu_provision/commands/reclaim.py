@@ -14,13 +14,13 @@ import sys
 
 from rich.console import Console
 
-from ..fleet import AgentSession, run_fleet
+from ..fleet.session import AgentSession, run_fleet
 from ..reclaim import HostResult, agent_args, as_json, collect, exit_code, reclaim_on, render_human
-from . import _common
+from . import options
 
 
 def run(args: argparse.Namespace) -> int:
-    fleet = _common.prepare(args)
+    fleet = options.prepare(args)
     dry_run = not args.yes
     request = agent_args(fleet.loaded.spec.reclaim, dry_run)
 
@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "  mgpu-provision reclaim rig.yaml --yes --limit gpu-b",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _common.add_fleet_arguments(parser)
+    options.add_fleet_arguments(parser)
     parser.add_argument(
         "--yes", action="store_true", help="end the selected processes (SIGTERM, then SIGKILL after grace_s)"
     )

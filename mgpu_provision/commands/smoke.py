@@ -16,8 +16,8 @@ import threading
 from rich.console import Console
 from rich.table import Table
 
-from ..smoke.control import GroupReport, SmokeReport, run_smoke
-from . import _common
+from ..smoke import GroupReport, SmokeReport, run_smoke
+from . import options
 
 
 def render_group(group: GroupReport, console: Console) -> None:
@@ -66,7 +66,7 @@ def render_human(report: SmokeReport, console: Console) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    fleet = _common.prepare(args)
+    fleet = options.prepare(args)
     console = Console(file=sys.stderr if args.json else sys.stdout)
     done: list[str] = []
     lock = threading.Lock()
@@ -101,5 +101,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "  mgpu-provision smoke rig.yaml --limit gpu-a,gpu-b --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _common.add_fleet_arguments(parser)
+    options.add_fleet_arguments(parser)
     parser.set_defaults(func=run)

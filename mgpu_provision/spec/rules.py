@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..topology import TopologyParseError, parse_topology, read_topology_text
+from ..node.topology import TopologyParseError, parse_topology, read_topology_text
 from .models import SLI_MODES, Host, Rig, RigFile
 
 Loc = tuple[str | int, ...]

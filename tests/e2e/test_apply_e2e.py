@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from mgpu_provision import cli
-from mgpu_provision.resources.envfiles import desired_files
+from mgpu_provision.plan.resources.envfiles import desired_files
 from mgpu_provision.spec import load_rig
 from tests.hosts import MANAGED_DIRS, REPO, HostFactory, TestHost, load_twin
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mgpu_provision.fleet import AgentSession, FleetOptions, HostTarget, run_fleet
+from mgpu_provision.fleet.session import AgentSession, FleetOptions, HostTarget, run_fleet
 from tests.hosts import FakeAgent, HostFactory, TestHost, fake_agent
 
 
@@ -280,7 +280,7 @@ def test_a_stopped_host_is_refused_and_the_namespace_is_gone(test_hosts: HostFac
 
 
 def test_real_agent_unpacks_once_then_runs_from_its_folder(test_hosts: HostFactory) -> None:
-    from mgpu_provision.agent.bundle import build_agent
+    from mgpu_provision.fleet.bundle import build_agent
 
     host = test_hosts.start("gpu-a", login_user="ops", sudo="nopasswd")
     agent = build_agent()
@@ -297,4 +297,4 @@ def test_real_agent_unpacks_once_then_runs_from_its_folder(test_hosts: HostFacto
         f"-n /usr/bin/python3 {folder} facts",
         f"-n /usr/bin/python3 {folder} facts",
     ]
-    assert list(Path(folder, "mgpu_provision", "agent", "__pycache__").glob("collect.*.pyc"))
+    assert list(Path(folder, "mgpu_provision", "node", "__pycache__").glob("collect.*.pyc"))

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from mgpu_provision.cli import main
-from mgpu_provision.resources.envfiles import desired_files
+from mgpu_provision.plan.resources.envfiles import desired_files
 from mgpu_provision.spec import load_rig
 from tests.hosts import HostFactory, TestHost, load_twin
 

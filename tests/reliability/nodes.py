@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from mgpu_provision import cli
-from mgpu_provision.resources.envfiles import desired_files
+from mgpu_provision.plan.resources.envfiles import desired_files
 from mgpu_provision.spec import load_rig
 from tests.hosts import MANAGED_DIRS, REPO, TestHost
 

@@ -20,11 +20,11 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mgpu_provision.agent import __main__ as agent_main
-from mgpu_provision.agent.bundle import build_agent
 from mgpu_provision.errors import SpecError
+from mgpu_provision.fleet.bundle import build_agent
+from mgpu_provision.node import __main__ as agent_main
+from mgpu_provision.node.topology import TopologyParseError, parse_topology
 from mgpu_provision.spec import load_rig
-from mgpu_provision.topology import TopologyParseError, parse_topology
 from tests.hosts import load_twin
 from tests.reliability.conftest import Trial
 from tests.reliability.fuzzing import (
@@ -322,7 +322,7 @@ STEP_KEYS = [
 
 
 # Found by the fuzz test above: the agent read request values without checking their types, so they ended as
-# kind `internal` with a traceback on stderr. agent/argcheck.py now refuses them at the door.
+# kind `internal` with a traceback on stderr. the protocol check (protocol.py) now refuses them at the door.
 @pytest.mark.parametrize(
     ("verb", "request_"),
     [

@@ -8,7 +8,7 @@ import sys
 import uuid
 from typing import Any
 
-from mgpu_provision.smoke.node import MARKER_ENV
+from mgpu_provision.node.smoke import MARKER_ENV
 
 # Generous deadlines: six torch imports per run can take tens of seconds on two busy cores. A passing run ends
 # as soon as it is done; a failing one must still name its cause before the deadline, so FAIL_TIMEOUT_S leaves

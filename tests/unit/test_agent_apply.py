@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from mgpu_provision.agent.__main__ import handle
-from mgpu_provision.agent.apply import BACKUP_SUFFIX, write_file
-from mgpu_provision.agent.backend import select_backend
-from mgpu_provision.agent.collect import collect
-from mgpu_provision.agent.driver import (
+from mgpu_provision.facts import Facts
+from mgpu_provision.node.__main__ import handle
+from mgpu_provision.node.apply import BACKUP_SUFFIX, write_file
+from mgpu_provision.node.collect import collect
+from mgpu_provision.node.driver import (
     Command,
     apt_commands,
     apt_packages,
@@ -27,8 +27,8 @@ from mgpu_provision.agent.driver import (
     runfile_commands,
     version_key,
 )
-from mgpu_provision.agent.errors import AgentFailure
-from mgpu_provision.facts import Facts
+from mgpu_provision.node.errors import AgentFailure
+from mgpu_provision.node.nvidia import select_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "examples" / "twins"
@@ -141,7 +141,7 @@ def test_a_second_apply_waits_then_refuses_naming_the_holder(tmp_path: Path, twi
     lock = tmp_path / "locks" / "apply.lock"
     holder_code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from mgpu_provision.agent.atomic import HostLock;"
+        "from mgpu_provision.node.atomic import HostLock;"
         "lock = HostLock(sys.argv[2], 1).__enter__(); print('held', flush=True); sys.stdin.read()"
     )
     holder = subprocess.Popen(
@@ -322,7 +322,7 @@ def test_apply_is_atomic_under_sigkill(tmp_path: Path) -> None:
     old, new = "old\n" * 50_000, "new\n" * 50_000
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from mgpu_provision.agent.apply import write_file;"
+        "from mgpu_provision.node.apply import write_file;"
         "import itertools;"
         "[write_file(sys.argv[2], c * 50_000, 0o644) for c in itertools.cycle(['old\\n', 'new\\n'])]"
     )

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from mgpu_provision.agent.bundle import build_agent
 from mgpu_provision.facts import Facts
+from mgpu_provision.fleet.bundle import build_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "examples" / "twins"
@@ -62,16 +62,16 @@ def test_bundle_holds_the_node_modules_and_pynvml_only(pyz: Path) -> None:
         "__main__.py",
         "pynvml.py",
         "mgpu_provision/__init__.py",
-        "mgpu_provision/topology.py",
-        "mgpu_provision/agent/__main__.py",
-        "mgpu_provision/agent/miniyaml.py",
+        "mgpu_provision/protocol.py",
+        "mgpu_provision/node/__main__.py",
+        "mgpu_provision/node/miniyaml.py",
+        "mgpu_provision/node/topology.py",
+        "mgpu_provision/node/smoke_program.py",
     ):
         assert required in names
-    assert "mgpu_provision/agent/bundle.py" not in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
-    allowed = ("mgpu_provision/agent/", "mgpu_provision/smoke/")
-    extra = {n for n in names if n.startswith("mgpu_provision/") and not n.startswith(allowed)}
-    assert extra == {"mgpu_provision/__init__.py", "mgpu_provision/topology.py"}
+    extra = {n for n in names if n.startswith("mgpu_provision/") and not n.startswith("mgpu_provision/node/")}
+    assert extra == {"mgpu_provision/__init__.py", "mgpu_provision/protocol.py"}
     assert {i.date_time for i in zipfile.ZipFile(pyz).infolist()} == {(1980, 1, 1, 0, 0, 0)}
 
 
@@ -142,7 +142,7 @@ def test_errors_are_envelopes_not_tracebacks(
 def test_facts_imports_only_what_it_needs() -> None:
     script = (
         "import json, sys;"
-        "from mgpu_provision.agent.__main__ import handle;"
+        "from mgpu_provision.node.__main__ import handle;"
         f"reply, _ = handle('facts', json.dumps({{'simulate': {str(TWINS / 'rtx3090-nvlink.yaml')!r}}}));"
         "assert reply['ok'], reply;"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('mgpu_provision'))))"
@@ -151,10 +151,10 @@ def test_facts_imports_only_what_it_needs() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True
     )
     loaded = set(json.loads(done.stdout))
-    assert "mgpu_provision.agent.collect" in loaded
+    assert "mgpu_provision.node.collect" in loaded
     assert not loaded & {
-        "mgpu_provision.agent.apply",
-        "mgpu_provision.agent.nvml_real",
-        "mgpu_provision.smoke.node",
-        "mgpu_provision.agent.bundle",
+        "mgpu_provision.node.apply",
+        "mgpu_provision.node.nvml_real",
+        "mgpu_provision.node.smoke",
+        "mgpu_provision.fleet.bundle",
     }

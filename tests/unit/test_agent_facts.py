@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
-from mgpu_provision.agent.backend import select_backend
-from mgpu_provision.agent.collect import collect
-from mgpu_provision.agent.errors import AgentFailure
-from mgpu_provision.agent.hostfiles import describe_file, probe_torch
 from mgpu_provision.facts import Facts
-from mgpu_provision.topology import parse_topology
+from mgpu_provision.node.collect import collect
+from mgpu_provision.node.errors import AgentFailure
+from mgpu_provision.node.files import describe_file
+from mgpu_provision.node.nvidia import select_backend
+from mgpu_provision.node.topology import parse_topology
+from mgpu_provision.node.torch_probe import probe_torch
 
 ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "examples" / "twins"

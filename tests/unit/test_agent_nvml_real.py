@@ -9,9 +9,9 @@ from typing import Any
 import pynvml
 import pytest
 
-from mgpu_provision.agent.collect import nvidia_facts
-from mgpu_provision.agent.nvml_real import RealBackend
 from mgpu_provision.facts import DriverInfo, Gpu, GpuPair
+from mgpu_provision.node.collect import nvidia_facts
+from mgpu_provision.node.nvml_real import RealBackend
 
 BUS = [b"00000000:01:00.0", b"00000000:21:00.0", b"00000000:41:00.0"]
 
@@ -157,7 +157,7 @@ def test_init_failures_become_driver_facts(
 
 
 def test_loaded_module_version_is_read_from_proc() -> None:
-    from mgpu_provision.agent.system import parse_nvrm_version
+    from mgpu_provision.node.system import parse_nvrm_version
 
     line = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.90.07  Fri May 31 09:35:42 UTC 2024\n"
     assert parse_nvrm_version(line) == "550.90.07"

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from mgpu_provision import apply, cli, fleet
-from mgpu_provision.apply import (
+from mgpu_provision import cli
+from mgpu_provision.converge import apply
+from mgpu_provision.converge.apply import (
     ApplySettings,
     HostRecap,
     finish,
@@ -24,12 +25,13 @@ from mgpu_provision.apply import (
     rollout,
     unconfirmed,
 )
+from mgpu_provision.converge.playbooks import STEPS
+from mgpu_provision.converge.rollout import Serial
 from mgpu_provision.errors import AgentError, ConnectionFailed
 from mgpu_provision.facts import Facts
-from mgpu_provision.fleet import FleetOptions, HostTarget, targets_for
-from mgpu_provision.playbooks import STEPS
-from mgpu_provision.resources.base import Change
-from mgpu_provision.rollout import Serial
+from mgpu_provision.fleet import session as fleet
+from mgpu_provision.fleet.session import FleetOptions, HostTarget, targets_for
+from mgpu_provision.plan.change import Change
 from mgpu_provision.spec import LoadedRig, load_rig
 
 RIG = """\

@@ -12,8 +12,14 @@ from typing import Any
 import pytest
 
 from mgpu_provision.facts import Facts, ManagedFile
-from mgpu_provision.resources import envfiles
-from mgpu_provision.resources.envfiles import DesiredFile, EnvFileError, desired_files, diff_file, diff_files
+from mgpu_provision.plan.resources import envfiles
+from mgpu_provision.plan.resources.envfiles import (
+    DesiredFile,
+    EnvFileError,
+    desired_files,
+    diff_file,
+    diff_files,
+)
 from mgpu_provision.spec import LoadedRig, load_rig
 
 RIG = """\

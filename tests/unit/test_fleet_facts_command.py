@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision.cli import build_parser, main
-from mgpu_provision.commands import _common
+from mgpu_provision.commands import options
 from mgpu_provision.commands.facts import as_json, driver_line, link_matrix
 from mgpu_provision.facts import DriverInfo, Facts, Gpu, GpuPair, HostInfo
-from mgpu_provision.fleet import HostOutcome
+from mgpu_provision.fleet.session import HostOutcome
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,7 +102,7 @@ def test_prepare_applies_limit_timeout_and_options(rig: Path) -> None:
     args = build_parser().parse_args(
         ["facts", str(rig), "--limit", "box", "--timeout", "2.5", "--forks", "3", "--known-hosts", "/kh"]
     )
-    run = _common.prepare(args)
+    run = options.prepare(args)
     assert [t.name for t in run.targets] == ["box"]
     assert run.targets[0].connect_timeout_s == 2.5
     assert (run.options.forks, run.options.known_hosts, run.options.accept_new_host_keys) == (
@@ -110,7 +110,7 @@ def test_prepare_applies_limit_timeout_and_options(rig: Path) -> None:
         Path("/kh"),
         False,
     )
-    unlimited = _common.prepare(build_parser().parse_args(["facts", str(rig)]))
+    unlimited = options.prepare(build_parser().parse_args(["facts", str(rig)]))
     assert [t.connect_timeout_s for t in unlimited.targets] == [7.0, 7.0]
 
 

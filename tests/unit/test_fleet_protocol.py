@@ -12,7 +12,7 @@ import paramiko
 import pytest
 
 from mgpu_provision.errors import AgentError
-from mgpu_provision.fleet import (
+from mgpu_provision.fleet.session import (
     AGENT_MISSING,
     FleetOptions,
     HostTarget,
@@ -21,8 +21,8 @@ from mgpu_provision.fleet import (
     run_fleet,
     targets_for,
 )
+from mgpu_provision.fleet.ssh import connect_error_message, known_hosts_name, make_connection
 from mgpu_provision.spec import load_rig
-from mgpu_provision.sshconn import connect_error_message, known_hosts_name, make_connection
 from tests.hosts import fake_agent
 
 WHERE = "gpu-a (10.0.0.1:22)"

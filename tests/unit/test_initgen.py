@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from mgpu_provision.agent.backend import select_backend
-from mgpu_provision.agent.collect import collect
 from mgpu_provision.commands.init import parse_destination
 from mgpu_provision.errors import ProvisionError
 from mgpu_provision.facts import Facts
 from mgpu_provision.initgen import env_file_paths, rig_from_facts, rig_name_for
-from mgpu_provision.plan import plan_host
+from mgpu_provision.node.collect import collect
+from mgpu_provision.node.nvidia import select_backend
+from mgpu_provision.node.topology import format_topology, gpu_matrix
+from mgpu_provision.plan.host import plan_host
 from mgpu_provision.spec import load_rig
-from mgpu_provision.topology import format_topology, gpu_matrix
 
 TWINS = Path(__file__).resolve().parents[2] / "examples" / "twins"
 

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from mgpu_provision.facts import Facts
-from mgpu_provision.plan import plan_host
+from mgpu_provision.node.topology import nvlink_count, parse_topology
+from mgpu_provision.plan.host import plan_host
 from mgpu_provision.spec import load_rig
-from mgpu_provision.topology import nvlink_count, parse_topology
 
 CASES_DIR = Path(__file__).parent / "plan_cases"
 TOPOLOGIES = Path(__file__).parents[1] / "fixtures" / "topologies"

@@ -10,7 +10,7 @@ import pytest
 from test_plan_cases import TOPOLOGIES, case_facts
 
 from mgpu_provision.errors import ProvisionError
-from mgpu_provision.plan import facts_request, plan_host
+from mgpu_provision.plan.host import facts_request, plan_host
 from mgpu_provision.spec import LoadedRig, load_rig
 
 PAIR_BOX = {"box": {"topology": "2x-rtx3090-nvlink-bridge.txt", "model": "NVIDIA GeForce RTX 3090"}}

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.agent import reclaim
-from mgpu_provision.agent.errors import AgentFailure
-from mgpu_provision.agent.reclaim import Classification, ProcInfo
+from mgpu_provision.node import reclaim
+from mgpu_provision.node.errors import AgentFailure
+from mgpu_provision.node.reclaim import Classification, ProcInfo
 
 
 def proc(pid: int, ppid: int, argv: str = "python train.py", **kw: object) -> ProcInfo:

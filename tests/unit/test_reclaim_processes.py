@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.agent import reclaim
-from mgpu_provision.agent.backend import NvmlUnavailable
-from mgpu_provision.agent.errors import AgentFailure
-from mgpu_provision.agent.reclaim import ProcInfo
+from mgpu_provision.node import reclaim
+from mgpu_provision.node.backend import NvmlUnavailable
+from mgpu_provision.node.errors import AgentFailure
+from mgpu_provision.node.reclaim import ProcInfo
 
 MIB = 1024 * 1024
 IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"

@@ -5,8 +5,15 @@ from __future__ import annotations
 import io
 import json
 
-from mgpu_provision.plan import Change, FleetPlan, HostPlan
-from mgpu_provision.render import host_table, make_console, plan_json, render_plan, summary_line, totals_line
+from mgpu_provision.commands.plan_view import (
+    host_table,
+    make_console,
+    plan_json,
+    render_plan,
+    summary_line,
+    totals_line,
+)
+from mgpu_provision.plan.host import Change, FleetPlan, HostPlan
 
 DRIVER = Change(
     "driver",

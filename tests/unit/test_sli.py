@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from mgpu_provision.facts import Facts
-from mgpu_provision.resources import sli
-from mgpu_provision.resources.base import HostContext
-from mgpu_provision.resources.envfiles import desired_files
+from mgpu_provision.plan.change import HostContext
+from mgpu_provision.plan.resources import sli
+from mgpu_provision.plan.resources.envfiles import desired_files
 from mgpu_provision.spec import LoadedRig, load_rig
 
 RIG = """\

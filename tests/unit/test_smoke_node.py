@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from mgpu_provision.agent.errors import AgentFailure
-from mgpu_provision.smoke import node
+from mgpu_provision.node import smoke as node
+from mgpu_provision.node.errors import AgentFailure
 from tests.unit.smoke_helpers import FAIL_TIMEOUT_S, free_port, listening, node_args, processes_of_run, run_id
 
 
@@ -178,14 +178,14 @@ def test_judge_passes_only_with_every_local_rank_ok() -> None:
 
 
 def test_program_source_is_read_from_the_zipapp(tmp_path: Path) -> None:
-    from mgpu_provision.agent.bundle import build_agent
+    from mgpu_provision.fleet.bundle import build_agent
 
     pyz = tmp_path / "agent.pyz"
     pyz.write_bytes(build_agent().data)
     with zipfile.ZipFile(pyz) as archive:
-        expected = archive.read("mgpu_provision/smoke/program.py")
+        expected = archive.read("mgpu_provision/node/smoke_program.py")
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from mgpu_provision.smoke import node; "
+        "import sys; sys.path.insert(0, sys.argv[1]); from mgpu_provision.node import smoke as node; "
         "assert 'zip' in type(node.__loader__).__name__.lower(); "
         "sys.stdout.buffer.write(node.program_source())"
     )
@@ -315,7 +315,7 @@ PYTHON38 = Path("/root/.pyenv/versions/3.8.18/bin/python3.8")
 @pytest.mark.skipif(not PYTHON38.exists(), reason="needs a Python 3.8 interpreter to run the agent with")
 def test_agent_zipapp_on_python38_runs_a_one_node_smoke(tmp_path: Path) -> None:
     """The node side as shipped: the agent zipapp's `smoke` verb on the oldest supported python3."""
-    from mgpu_provision.agent.bundle import build_agent
+    from mgpu_provision.fleet.bundle import build_agent
 
     pyz = tmp_path / "agent.pyz"
     pyz.write_bytes(build_agent().data)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.smoke import program
+from mgpu_provision.node import smoke_program as program
 from tests.unit.smoke_helpers import free_port
 
 

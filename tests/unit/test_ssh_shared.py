@@ -9,8 +9,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from mgpu_provision.fleet import FleetOptions
-from mgpu_provision.sshconn import _AcceptNew, make_connection
+from mgpu_provision.fleet.session import FleetOptions
+from mgpu_provision.fleet.ssh import _AcceptNew, make_connection
 from tests.unit.test_fleet_protocol import ssh_target
 
 KEY = paramiko.ECDSAKey.generate()

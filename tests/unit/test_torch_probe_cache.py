@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.agent import hostfiles
-from mgpu_provision.agent.hostfiles import probe_torch
+from mgpu_provision.node import torch_probe
+from mgpu_provision.node.torch_probe import probe_torch
 
 # A stand-in torch that counts its imports in the file named by TORCH_IMPORTS.
 FAKE_TORCH = """
@@ -101,4 +101,4 @@ def test_unwritable_or_corrupt_cache_still_answers(torch_install: Path, tmp_path
 
 def test_default_cache_lives_in_the_agent_cache_of_the_home(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", "/home/ops")
-    assert hostfiles.torch_cache_file() == "/home/ops/.cache/mgpu-provision/torch-probe.json"
+    assert torch_probe.torch_cache_file() == "/home/ops/.cache/mgpu-provision/torch-probe.json"

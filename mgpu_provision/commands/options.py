@@ -1,0 +1,93 @@
+"""Options and setup shared by every command that talks to hosts (facts, plan, apply, smoke, reclaim).
+
+One place defines `RIG --limit --json --forks --accept-new-host-keys --known-hosts --ssh-config --timeout`,
+so they mean the same everywhere, and one place turns them into the loaded rig, the chosen hosts, their
+targets and the `FleetOptions`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..fleet.session import MAX_FORKS, FleetOptions, HostTarget, targets_for
+from ..spec import LoadedRig, load_rig, select_hosts
+from ..spec.models import Host
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_FORKS:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_FORKS}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 600:
+        raise argparse.ArgumentTypeError("must be more than 0 and at most 600 seconds")
+    return value
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The rig file and the options that choose hosts and say how to reach them."""
+    parser.add_argument("rig", metavar="RIG", type=Path, help="the rig file (YAML)")
+    parser.add_argument(
+        "--limit", metavar="PATTERN", help='hosts to act on: "gpu-a,rtx*,!gpu-c" (names, groups)'
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON (stable keys) instead of tables")
+    parser.add_argument(
+        "--forks",
+        type=_positive_int,
+        metavar="N",
+        help=f"hosts at a time (default: all, at most {MAX_FORKS})",
+    )
+    parser.add_argument(
+        "--accept-new-host-keys",
+        action="store_true",
+        help="trust and record host keys not yet in known_hosts (a CHANGED key is always refused)",
+    )
+    parser.add_argument(
+        "--known-hosts", type=Path, metavar="FILE", help="known_hosts file (default: ~/.ssh/known_hosts)"
+    )
+    parser.add_argument("--ssh-config", type=Path, metavar="FILE", help="ssh config (default: ~/.ssh/config)")
+    parser.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="connect timeout per host (TCP, SSH banner, login); overrides the rig's connect_timeout_s",
+    )
+
+
+@dataclass(frozen=True)
+class FleetRun:
+    """Everything a host-facing command needs before it runs: the rig, its chosen hosts, how to reach them."""
+
+    loaded: LoadedRig
+    hosts: list[Host]
+    targets: list[HostTarget]
+    options: FleetOptions
+
+    def host(self, target: HostTarget) -> Host:
+        return self.loaded.host(target.name)
+
+
+def fleet_options(args: argparse.Namespace) -> FleetOptions:
+    return FleetOptions(
+        forks=args.forks,
+        accept_new_host_keys=args.accept_new_host_keys,
+        known_hosts=args.known_hosts,
+        ssh_config=args.ssh_config,
+    )
+
+
+def prepare(args: argparse.Namespace) -> FleetRun:
+    """Load and check the rig (SpecError on problems), apply --limit, build targets and options."""
+    loaded = load_rig(args.rig)
+    hosts = select_hosts(loaded, args.limit)
+    targets = targets_for(loaded, hosts)
+    if args.timeout is not None:
+        targets = [dataclasses.replace(t, connect_timeout_s=args.timeout) for t in targets]
+    return FleetRun(loaded, hosts, targets, fleet_options(args))

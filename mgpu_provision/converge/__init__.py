@@ -1,0 +1,1 @@
+"""Converging boxes: apply's per-host sequence, the rolling rollout and the playbooks that select steps."""

@@ -1,0 +1,92 @@
+"""Build the node agent zipapp: all of `node/`, the protocol it speaks, and the installed `pynvml.py`.
+
+The bytes are deterministic (sorted entries, fixed timestamps and permissions), so the content hash in the
+name changes only when the code does: a host that already has `agent-<hash>.pyz` never gets it again.
+Compressing them costs more than a small fleet's whole plan, so the built zipapp is kept in this machine's
+cache (`~/.cache/mgpu-provision/bundles/<hash of the sources>.pyz`) and reused while the sources are the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import os
+import uuid
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+_FIXED_TIME = (1980, 1, 1, 0, 0, 0)
+_MAIN = b"import runpy\nrunpy.run_module('mgpu_provision.node', run_name='__main__', alter_sys=True)\n"
+# What a node runs: the package marker (it carries the version), the protocol, and the node package whole.
+_SHIPPED = ("__init__.py", "protocol.py")
+
+
+@dataclass(frozen=True)
+class AgentBundle:
+    data: bytes
+    digest: str
+    name: str
+
+
+def agent_files() -> dict[str, bytes]:
+    """Archive name -> content of every file the agent needs on a node."""
+    files = {f"mgpu_provision/{rel}": (PACKAGE_DIR / rel).read_bytes() for rel in _SHIPPED}
+    for path in sorted((PACKAGE_DIR / "node").glob("*.py")):
+        files[f"mgpu_provision/node/{path.name}"] = path.read_bytes()
+    files["pynvml.py"] = _pynvml_source()
+    files["__main__.py"] = _MAIN
+    return files
+
+
+def _pynvml_source() -> bytes:
+    spec = importlib.util.find_spec("pynvml")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("nvidia-ml-py is not installed: the agent bundles its pynvml.py")
+    return Path(spec.origin).read_bytes()
+
+
+def bundle_cache_dir() -> Path:
+    """Where built zipapps are kept on the control machine (XDG_CACHE_HOME is honoured)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mgpu-provision" / "bundles"
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, content in sorted(files.items()):
+            info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, content, compresslevel=9)
+    return buffer.getvalue()
+
+
+def _sources_key(files: dict[str, bytes]) -> str:
+    sources = hashlib.sha256()
+    for name, content in sorted(files.items()):
+        sources.update(hashlib.sha256(name.encode()).digest() + hashlib.sha256(content).digest())
+    return sources.hexdigest()
+
+
+def build_agent(cache_dir: Path | None = None) -> AgentBundle:
+    """The agent zipapp, reused from the cache while the sources are unchanged (a broken cache is skipped)."""
+    files = agent_files()
+    cached = (cache_dir or bundle_cache_dir()) / f"{_sources_key(files)}.pyz"
+    try:
+        data = cached.read_bytes()
+    except OSError:
+        data = _zip(files)
+        partial = cached.with_name(f".{cached.name}.{uuid.uuid4().hex}.partial")
+        try:
+            cached.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            partial.write_bytes(data)
+            partial.replace(cached)
+        except OSError:
+            with contextlib.suppress(OSError):
+                partial.unlink()
+    digest = hashlib.sha256(data).hexdigest()
+    return AgentBundle(data=data, digest=digest, name=f"agent-{digest[:16]}.pyz")

@@ -1,0 +1,394 @@
+"""Reaching many boxes at once: targets, a bounded worker pool, and one agent session per host.
+
+Every command that touches nodes (facts, plan, apply, smoke, reclaim) goes through `run_fleet`: it gives each
+host its own connection in its own worker, bounds every phase with a timeout, and turns each host's fate
+into a `HostOutcome` so that one dead box never stops or hides the others. The agent protocol (ARCHITECTURE.md
+"The agent protocol") is spoken by `AgentSession.call`, the same way over SSH and for `local` hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+
+import fabric
+import paramiko
+from pydantic import ValidationError
+
+from ..errors import AgentError, ConnectionFailed, ProvisionError
+from ..facts import Facts
+from .ssh import SharedSsh, describe, open_connection
+
+if TYPE_CHECKING:
+    from ..spec.loader import LoadedRig
+    from ..spec.models import Host
+
+T = TypeVar("T")
+
+MAX_FORKS = 64
+CONNECTION_LOST = -1  # Paramiko's exit status when the channel closed without one (sshd killed, link cut)
+AGENT_MISSING = 97  # the cached-agent command's "upload me, then run again" exit code
+CACHE_DIR = ".cache/mgpu-provision"  # under the login user's home
+DEFAULT_PYTHON = "python3"
+
+
+class AgentPayload(Protocol):
+    """What the fleet needs of `agent.bundle.AgentBundle`: the zipapp bytes and its content-addressed name."""
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    """Everything needed to reach one host and run its agent; built from the rig by `targets_for`."""
+
+    name: str
+    address: str
+    port: int | None
+    user: str | None
+    identity_file: str | None
+    jump: str | None
+    become: bool
+    python: str
+    connection: Literal["ssh", "local"]
+    simulate: str | None
+    connect_timeout_s: float
+    command_timeout_s: float
+
+
+def targets_for(loaded: LoadedRig, hosts: list[Host]) -> list[HostTarget]:
+    """Merge each host over the rig's defaults; paths (key, twin) resolve against the rig file's folder."""
+    defaults = loaded.spec.defaults
+    targets = []
+    for host in hosts:
+        identity = host.identity_file or defaults.identity_file
+        simulate = host.simulate
+        targets.append(
+            HostTarget(
+                name=host.name,
+                address=host.target,
+                port=host.port if host.port is not None else defaults.port,
+                user=host.user or defaults.user,
+                identity_file=str(loaded.resolve(identity)) if identity else None,
+                jump=host.jump or defaults.jump,
+                become=host.become if host.become is not None else bool(defaults.become),
+                python=host.python or defaults.python or DEFAULT_PYTHON,
+                connection=host.connection,
+                simulate=str(loaded.resolve(simulate)) if simulate else None,
+                connect_timeout_s=defaults.connect_timeout_s,
+                command_timeout_s=defaults.command_timeout_s,
+            )
+        )
+    return targets
+
+
+@dataclass
+class FleetOptions:
+    """How to run over the fleet. `agent` (an extension) lets tests and callers supply a prebuilt bundle.
+
+    `shared_ssh` is filled in by the first connection of a run: what all its connections read alike.
+    """
+
+    forks: int | None = None
+    accept_new_host_keys: bool = False
+    known_hosts: Path | None = None
+    ssh_config: Path | None = None
+    agent: AgentPayload | None = None
+    shared_ssh: SharedSsh | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class HostOutcome(Generic[T]):
+    """One host's fate: `fn`'s value when ok, else the plain-words error; unreachable = never logged in."""
+
+    status: Literal["ok", "failed", "unreachable"]
+    value: T | None
+    error: str | None
+    elapsed_s: float
+
+
+def agent_command(agent_name: str, python: str, verb: str, sudo: bool) -> str:
+    """The one shell command that runs the cached agent, or exits 97 when it is not there yet.
+
+    It prefers the folder the agent unpacks itself into on its first run (`agent-H/` beside `agent-H.pyz`):
+    Python caches bytecode there, never for a zipapp. The zipapp stays the fallback (read-only homes).
+    """
+    run = f"exec {'sudo -n ' if sudo else ''}{shlex.quote(python)}"
+    folder = agent_name.removesuffix(".pyz")
+    return (
+        f'd=~/{CACHE_DIR}/{folder}; [ -f "$d/__main__.py" ] && {run} "$d" {shlex.quote(verb)}; '
+        f'f=~/{CACHE_DIR}/{agent_name}; [ -f "$f" ] || exit {AGENT_MISSING}; {run} "$f" {shlex.quote(verb)}'
+    )
+
+
+def parse_response(where: str, verb: str, exit_code: int, stdout: str, stderr: str) -> dict[str, Any]:
+    """The agent's `result`, or an AgentError that says in plain words what went wrong."""
+    if exit_code == AGENT_MISSING:
+        raise AgentError(f"agent is still missing on {where} after uploading it (is ~/{CACHE_DIR} writable?)")
+    if "a password is required" in stderr:
+        raise AgentError(
+            f"sudo needs a password on {where}; allow NOPASSWD for the login user to run the agent's "
+            "python (or log in as root, or set become: false)"
+        )
+    if exit_code == CONNECTION_LOST:
+        raise AgentError(f"the connection to {where} was lost during agent {verb} (no exit status came back)")
+    if exit_code != 0:
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        last = lines[-1].strip() if lines else "no error output"
+        raise AgentError(f"agent {verb} crashed on {where} (exit {exit_code}): {last}")
+    try:
+        response = json.loads(stdout)
+    except json.JSONDecodeError as exc:
+        raise AgentError(f"agent {verb} on {where} answered something that is not JSON: {exc}") from exc
+    if not isinstance(response, dict) or not isinstance(response.get("ok"), bool):
+        raise AgentError(f"agent {verb} on {where} answered JSON without an `ok` field")
+    if not response["ok"]:
+        error = response.get("error") or {}
+        kind = error.get("kind", "error") if isinstance(error, dict) else "error"
+        message = error.get("message", error) if isinstance(error, dict) else error
+        raise AgentError(f"agent {verb} failed on {where} ({kind}): {message}")
+    result = response.get("result")
+    if not isinstance(result, dict):
+        raise AgentError(f"agent {verb} on {where} answered ok without a `result` object")
+    return result
+
+
+class AgentSession(ABC):
+    """Speaks the agent protocol with one host; one per host and worker thread, never shared."""
+
+    def __init__(self, target: HostTarget, agent: AgentPayload) -> None:
+        self.target = target
+        self.agent = agent
+        self.commands = 0  # agent commands run on this host so far (uploads are not commands)
+
+    @property
+    def where(self) -> str:
+        return describe(self.target)
+
+    def call(self, verb: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """Run one agent verb and return its result; uploads the agent first if the host lacks it."""
+        request = json.dumps({"args": args, "simulate": self.target.simulate})
+        limit = timeout if timeout is not None else self.target.command_timeout_s
+        command = agent_command(self.agent.name, self.target.python, verb, self._needs_sudo())
+        code, out, err = self._run(command, request, limit, verb)
+        if code == AGENT_MISSING:
+            self._upload()
+            code, out, err = self._run(command, request, limit, verb)
+        return parse_response(self.where, verb, code, out, err)
+
+    def close(self) -> None:  # noqa: B027 - only SSH sessions hold something to release
+        """Release the connection; idempotent."""
+
+    @abstractmethod
+    def _run(self, command: str, stdin: str, limit: float, verb: str) -> tuple[int, str, str]:
+        """Run the shell command with `stdin`; (exit code, stdout, stderr)."""
+
+    @abstractmethod
+    def _upload(self) -> None:
+        """Put the agent at ~/CACHE_DIR/<name> atomically."""
+
+    @abstractmethod
+    def _needs_sudo(self) -> bool:
+        """Whether `become` needs `sudo -n` for this login."""
+
+    def _timed_out(self, verb: str, limit: float) -> AgentError:
+        return AgentError(f"agent {verb} did not finish within {limit:g}s on {self.where}")
+
+
+class SshAgentSession(AgentSession):
+    """The agent over one Fabric Connection (opened by `sshconn.open_connection`)."""
+
+    def __init__(self, target: HostTarget, agent: AgentPayload, conn: fabric.Connection) -> None:
+        super().__init__(target, agent)
+        self.conn = conn
+
+    @property
+    def where(self) -> str:
+        return describe(self.target, self.conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _needs_sudo(self) -> bool:
+        return self.target.become and self.conn.user != "root"
+
+    def _run(self, command: str, stdin: str, limit: float, verb: str) -> tuple[int, str, str]:
+        self.commands += 1
+        try:
+            return exec_channel(self.conn.client.get_transport(), command, stdin.encode(), limit)
+        except TimeoutError as exc:
+            raise self._timed_out(verb, limit) from exc
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise ConnectionFailed(f"lost the connection to {self.where} during agent {verb}: {exc}") from exc
+
+    def _upload(self) -> None:
+        # Upload under a temporary name and rename, so a concurrent run never executes half a zipapp.
+        final = f"{CACHE_DIR}/{self.agent.name}"
+        partial = f"{CACHE_DIR}/.{self.agent.name}.{uuid.uuid4().hex}.partial"
+        try:
+            sftp = self.conn.sftp()
+            path = ""
+            for part in CACHE_DIR.split("/"):
+                path = f"{path}/{part}" if path else part
+                with contextlib.suppress(OSError):  # already there
+                    sftp.mkdir(path, mode=0o700)
+            sftp.chmod(CACHE_DIR, 0o700)
+            with sftp.open(partial, "wb") as out:
+                out.write(self.agent.data)
+            sftp.chmod(partial, 0o600)
+            sftp.posix_rename(partial, final)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise AgentError(f"cannot upload the agent to ~/{CACHE_DIR} on {self.where}: {exc}") from exc
+
+
+class LocalAgentSession(AgentSession):
+    """The agent on this machine (`connection: local`): same command and protocol, no SSH."""
+
+    def _needs_sudo(self) -> bool:
+        return self.target.become and os.geteuid() != 0
+
+    def _run(self, command: str, stdin: str, limit: float, verb: str) -> tuple[int, str, str]:
+        self.commands += 1
+        # A session of its own: on timeout the whole group goes (sh, sudo and the agent under it);
+        # killing only `sh` would leave the agent running, as root under sudo.
+        with subprocess.Popen(
+            ["sh", "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        ) as process:
+            try:
+                stdout, stderr = process.communicate(stdin, timeout=limit)
+            except subprocess.TimeoutExpired as exc:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+                raise self._timed_out(verb, limit) from exc
+        return process.returncode, stdout, stderr
+
+    def _upload(self) -> None:
+        cache = Path.home() / CACHE_DIR
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = cache / f".{self.agent.name}.{uuid.uuid4().hex}.partial"
+        partial.write_bytes(self.agent.data)
+        partial.chmod(0o600)
+        partial.replace(cache / self.agent.name)
+
+
+def read_facts(session: AgentSession, request: dict[str, Any], timeout: float | None = None) -> Facts:
+    """The `facts` verb, validated against the Facts contract at the seam (a drift is an AgentError)."""
+    answer = session.call("facts", request, timeout)
+    try:
+        return Facts.model_validate(answer)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()[:5]
+        )
+        raise AgentError(
+            f"agent facts on {session.where} answered facts this version cannot read: {problems}"
+        ) from exc
+
+
+def exec_channel(
+    transport: paramiko.Transport, command: str, stdin: bytes, limit: float
+) -> tuple[int, str, str]:
+    """Run one command on its own channel: write stdin, collect both streams, all within `limit` seconds.
+
+    Paramiko directly rather than Fabric's `run`: invoke's stdin thread fails with "Socket is closed" when the
+    command ends before reading its input, which the cached-agent command does on purpose (exit 97).
+    Opening the channel is bounded by the transport's `channel_timeout` (set in sshconn).
+    """
+    deadline = time.monotonic() + limit
+    channel = transport.open_session()
+    try:
+        channel.exec_command(command)
+        with contextlib.suppress(OSError):  # the command may exit without reading its input
+            channel.sendall(stdin)
+            channel.shutdown_write()
+        out, err = bytearray(), bytearray()
+        while True:
+            finished = channel.exit_status_ready()  # read before draining: data always precedes the status
+            while channel.recv_ready():
+                out += channel.recv(65536)
+            while channel.recv_stderr_ready():
+                err += channel.recv_stderr(65536)
+            if finished:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(command)
+            time.sleep(0.002)
+        return channel.recv_exit_status(), out.decode(errors="replace"), err.decode(errors="replace")
+    finally:
+        channel.close()
+
+
+def open_session(target: HostTarget, options: FleetOptions, agent: AgentPayload) -> AgentSession:
+    """A session ready for `call`; raises ConnectionFailed when the host cannot be reached."""
+    if target.connection == "local":
+        return LocalAgentSession(target, agent)
+    return SshAgentSession(target, agent, open_connection(target, options))
+
+
+def _default_agent() -> AgentPayload:
+    # Imported on first use: building the zipapp reads the node-side sources, which only fleet runs need.
+    from .bundle import build_agent
+
+    bundle: AgentPayload = build_agent()
+    return bundle
+
+
+def _run_one(
+    target: HostTarget, fn: Callable[[AgentSession], T], options: FleetOptions, agent: AgentPayload
+) -> HostOutcome[T]:
+    started = time.monotonic()
+
+    def outcome(
+        status: Literal["ok", "failed", "unreachable"], value: T | None, error: str | None
+    ) -> HostOutcome[T]:
+        return HostOutcome(status, value, error, time.monotonic() - started)
+
+    try:
+        session = open_session(target, options, agent)
+    except ConnectionFailed as exc:
+        return outcome("unreachable", None, str(exc))
+    try:
+        return outcome("ok", fn(session), None)
+    except ConnectionFailed as exc:
+        return outcome("unreachable", None, str(exc))
+    except ProvisionError as exc:
+        return outcome("failed", None, str(exc))
+    except Exception as exc:  # a bug or an unforeseen library error must still not hide the other hosts
+        return outcome("failed", None, f"{type(exc).__name__}: {exc}")
+    finally:
+        session.close()
+
+
+def run_fleet(
+    targets: list[HostTarget], fn: Callable[[AgentSession], T], options: FleetOptions
+) -> dict[str, HostOutcome[T]]:
+    """Run `fn` once per host, at most `forks` at a time; outcomes keyed by host name in target order."""
+    if not targets:
+        return {}
+    agent = options.agent or _default_agent()
+    forks = max(1, min(options.forks or len(targets), MAX_FORKS, len(targets)))
+    with ThreadPoolExecutor(max_workers=forks, thread_name_prefix="mgpu-fleet") as pool:
+        futures = {t.name: pool.submit(_run_one, t, fn, options, agent) for t in targets}
+        return {name: future.result() for name, future in futures.items()}

@@ -1,0 +1,224 @@
+"""Opening one SSH connection safely: Fabric with host-key checking, every timeout set, plain error messages.
+
+Fabric's defaults are wrong for a provisioning tool: it accepts unknown host keys silently, it has no bound on
+the SSH banner or on opening a session (fabric issue 2197), and Paramiko's failures surface as exception
+types a person cannot act on. This module fixes those three things and nothing else; the worker pool and the
+agent protocol live in `fleet.py`.
+
+Each known_hosts file is parsed once per run and shared by its connections (`SharedSsh`): parsed per host,
+it cost time that grew with the square of the fleet. The Fabric config is not shared: a Connection writes
+setting changes into its config (invoke merges them), which races between threads (seen at 64 hosts).
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import fabric
+import paramiko
+
+from ..errors import ConnectionFailed
+
+if TYPE_CHECKING:
+    from .session import FleetOptions, HostTarget
+
+# One lock for every known_hosts append in this process: worker threads accept keys concurrently.
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+@dataclass
+class SharedSsh:
+    """One run's parsed known_hosts files (per path), read by every worker; new keys added under a lock."""
+
+    host_keys: dict[Path, paramiko.HostKeys] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def known_hosts(self, path: Path) -> paramiko.HostKeys:
+        with self.lock:
+            if path not in self.host_keys:
+                self.host_keys[path] = paramiko.HostKeys(str(path) if path.exists() else None)
+            return self.host_keys[path]
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """How OpenSSH (and Paramiko) name a host in known_hosts: `[addr]:port` unless the port is 22."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def _key_words(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+class UnknownHostKey(ConnectionFailed):
+    """The host offered a key that known_hosts does not list (and new keys were not to be accepted)."""
+
+
+class _RejectUnknown(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
+    def __init__(self, where: str, known_hosts: Path) -> None:
+        self._where, self._known_hosts = where, known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        address, _, port = hostname.removeprefix("[").partition("]:")
+        raise UnknownHostKey(
+            f"host key of {self._where} is not in known_hosts ({self._known_hosts}); it offered "
+            f"{_key_words(key)}. Verify it and run with --accept-new-host-keys, or add it with "
+            f"`ssh-keyscan -p {port or 22} {address} >> {self._known_hosts}`"
+        )
+
+
+class _AcceptNew(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
+    """Like OpenSSH's StrictHostKeyChecking=accept-new: record unknown keys; changed keys still fail."""
+
+    def __init__(self, known_hosts: Path) -> None:
+        self._known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        host_keys = client.get_host_keys()  # shared by the run's connections: look and add under the lock
+        with _KNOWN_HOSTS_LOCK:
+            recorded = (host_keys.lookup(hostname) or {}).get(key.get_name())
+            if recorded is not None:  # another worker reached the same host first
+                if recorded != key:
+                    raise paramiko.BadHostKeyException(hostname, key, recorded)
+                return
+            host_keys.add(hostname, key.get_name(), key)
+            self._known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with self._known_hosts.open("a", encoding="ascii") as out:
+                out.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def _known_hosts_path(conn: fabric.Connection, options: FleetOptions) -> Path:
+    if options.known_hosts is not None:
+        return options.known_hosts
+    configured = conn.ssh_config.get("userknownhostsfile")
+    if configured:
+        return Path(str(configured).split()[0]).expanduser()
+    return Path("~/.ssh/known_hosts").expanduser()
+
+
+def _guard_host_keys(conn: fabric.Connection, where: str, options: FleetOptions) -> None:
+    """Replace Fabric's AutoAddPolicy on this connection and on every gateway hop before it."""
+    known_hosts = _known_hosts_path(conn, options)
+    # Paramiko offers no setter: share the run's parsed file instead of parsing it again for every host.
+    conn.client._host_keys = shared_ssh(options).known_hosts(known_hosts)
+    policy: paramiko.MissingHostKeyPolicy = (
+        _AcceptNew(known_hosts) if options.accept_new_host_keys else _RejectUnknown(where, known_hosts)
+    )
+    conn.client.set_missing_host_key_policy(policy)
+    if isinstance(conn.gateway, fabric.Connection):
+        gateway = conn.gateway
+        _guard_host_keys(gateway, f"jump host {gateway.host} ({gateway.host}:{gateway.port})", options)
+
+
+def _timeouts(seconds: float) -> dict[str, float]:
+    # Paramiko's own bounds for the phases Fabric leaves open: banner, authentication, opening a channel.
+    return {"banner_timeout": seconds, "auth_timeout": seconds, "channel_timeout": seconds}
+
+
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_ssh(options: FleetOptions) -> SharedSsh:
+    """The run's shared SSH state, kept on its options (made by whichever worker needs it first)."""
+    with _SHARED_LOCK:
+        if options.shared_ssh is None:
+            options.shared_ssh = SharedSsh()
+        return options.shared_ssh
+
+
+def make_connection(target: HostTarget, options: FleetOptions) -> fabric.Connection:
+    """An unopened Fabric Connection for the target with host keys guarded and every timeout set."""
+    config = (
+        fabric.Config(runtime_ssh_path=str(options.ssh_config)) if options.ssh_config else fabric.Config()
+    )
+    # Fabric truncates connect_timeout to an int (and 0 means none), so round up to a whole second.
+    connect_timeout = max(1, math.ceil(target.connect_timeout_s))
+    connect_kwargs: dict[str, Any] = _timeouts(target.connect_timeout_s)
+    if target.identity_file:
+        connect_kwargs["key_filename"] = [target.identity_file]
+    gateway = None
+    if target.jump:
+        gateway = fabric.Connection(
+            target.jump,
+            config=config,
+            connect_timeout=connect_timeout,
+            connect_kwargs=dict(connect_kwargs),
+        )
+    conn = fabric.Connection(
+        target.address,
+        user=target.user,
+        port=target.port,
+        config=config,
+        gateway=gateway,
+        connect_timeout=connect_timeout,
+        connect_kwargs=connect_kwargs,
+    )
+    _guard_host_keys(conn, describe(target, conn), options)
+    return conn
+
+
+def describe(target: HostTarget, conn: fabric.Connection | None = None) -> str:
+    """`gpu-a (127.0.0.11:2222)`: the name people use and where it really points."""
+    if target.connection == "local":
+        return f"{target.name} (local)"
+    if conn is not None:
+        return f"{target.name} ({conn.host}:{conn.port})"
+    return f"{target.name} ({target.address}:{target.port or 22})"
+
+
+def open_connection(target: HostTarget, options: FleetOptions) -> fabric.Connection:
+    """Connect and authenticate; every failure becomes a ConnectionFailed with a plain message."""
+    conn = make_connection(target, options)
+    try:
+        conn.open()
+    except BaseException as exc:
+        conn.close()
+        if isinstance(exc, Exception):
+            message = connect_error_message(target, conn, exc, _known_hosts_path(conn, options))
+            raise ConnectionFailed(message) from exc
+        raise
+    return conn
+
+
+def connect_error_message(
+    target: HostTarget, conn: fabric.Connection, exc: Exception, known_hosts: Path
+) -> str:
+    """What went wrong while connecting, in words a person can act on."""
+    where = describe(target, conn)
+    if isinstance(exc, ConnectionFailed):
+        return str(exc)
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return (
+            f"HOST KEY CHANGED for {where}: known_hosts has {_key_words(exc.expected_key)} but the host "
+            f"offered {_key_words(exc.key)}. Refusing to connect: this may be a man-in-the-middle attack or "
+            f"a reinstalled box. If you know why it changed, remove the old entry with "
+            f"`ssh-keygen -R '{known_hosts_name(conn.host, conn.port)}' -f {known_hosts}` and connect again "
+            "(--accept-new-host-keys never overrides it)"
+        )
+    if isinstance(exc, paramiko.AuthenticationException):
+        key = f" with key {target.identity_file}" if target.identity_file else ""
+        return f"authentication failed on {where} as {conn.user}{key}: {exc}"
+    if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError)):
+        return f"connection refused by {where}: nothing listens there (is sshd running?)"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve {where}: {exc.strerror}"
+    if isinstance(exc, TimeoutError):
+        return f"no answer from {where} within {target.connect_timeout_s:g}s (connect timeout)"
+    # Paramiko reports a missing banner either directly or, when its auth step wins the race against the
+    # transport thread, as "No existing session".
+    if isinstance(exc, paramiko.SSHException) and any(
+        words in str(exc) for words in ("banner", "No existing session", "Negotiation failed")
+    ):
+        return (
+            f"{where} accepted the connection but sent no SSH banner within {target.connect_timeout_s:g}s "
+            "(not an SSH server, or sshd is hung)"
+        )
+    if isinstance(exc, EOFError):
+        return f"{where} closed the connection during the SSH handshake"
+    if isinstance(exc, OSError):
+        return f"cannot connect to {where}: {exc.strerror or exc}"
+    return f"cannot connect to {where}: {type(exc).__name__}: {exc}"

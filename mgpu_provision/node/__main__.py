@@ -1,0 +1,145 @@
+"""Entry point of the node agent: `python3 agent.pyz VERB`, a JSON request on stdin, one JSON reply on stdout.
+
+The envelope is the protocol of docs/ARCHITECTURE.md. Verbs import their modules only when called, so a
+`facts` call on a slow node does not pay for the code of `smoke` or `reclaim`. Anything a verb cannot do is
+an error envelope with a kind and a plain message (exit 0); a non-zero exit means the agent itself broke.
+
+Python never caches bytecode for modules imported from a zip, so every call from the zipapp would compile
+the agent again. The first run from `agent-<hash>.pyz` therefore unpacks it beside itself into
+`agent-<hash>/`, which the control side's command runs from then on (Python writes `__pycache__` there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple
+
+from .. import __version__
+from ..protocol import check_request
+from .backend import Backend
+from .errors import AgentFailure
+from .nvidia import select_backend, simulation_target
+
+BackendFactory = Callable[[], Backend]
+VerbOutcome = Tuple[Any, Optional[Callable[[], None]]]
+
+
+def _facts(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
+    from .collect import collect
+
+    return collect(args, backend()), None
+
+
+def _apply(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
+    from .apply import apply
+
+    return apply(args, backend()), None
+
+
+def _reboot(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
+    from .apply import reboot
+
+    return reboot(args, backend())
+
+
+def _reclaim(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
+    from .reclaim import run  # type: ignore[import-not-found,unused-ignore]  # written separately
+
+    return run(args, backend()), None
+
+
+def _smoke(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
+    from .smoke import run  # type: ignore[import-not-found,unused-ignore]  # written separately
+
+    return run(args), None
+
+
+VERBS: Dict[str, Callable[[Dict[str, Any], BackendFactory], VerbOutcome]] = {
+    "facts": _facts,
+    "apply": _apply,
+    "reboot": _reboot,
+    "reclaim": _reclaim,
+    "smoke": _smoke,
+}
+
+
+def handle(verb: Optional[str], raw_request: str) -> Tuple[Dict[str, Any], Optional[Callable[[], None]]]:
+    """The reply envelope for one call, and what must run after it has been sent."""
+    try:
+        if verb not in VERBS:
+            raise AgentFailure("bad-request", f"unknown verb {verb!r}; verbs are {', '.join(VERBS)}")
+        try:
+            request = json.loads(raw_request) if raw_request.strip() else {}
+        except ValueError as exc:
+            raise AgentFailure("bad-request", f"the request on stdin is not JSON: {exc}") from None
+        if not isinstance(request, dict) or not isinstance(request.get("args", {}), dict):
+            raise AgentFailure("bad-request", 'the request must be {"args": {...}, "simulate": path or null}')
+        check_request(verb, request)
+        twin = simulation_target(request.get("simulate"))
+        result, after = VERBS[verb](request.get("args") or {}, lambda: select_backend(twin))
+        return {"ok": True, "agent_version": __version__, "result": result}, after
+    except AgentFailure as exc:
+        return _error(exc.kind, exc.message), None
+    except Exception as exc:  # a bug in a verb: reported in the envelope, the traceback goes to stderr
+        traceback.print_exc()
+        return _error("internal", f"{type(exc).__name__}: {exc}"), None
+
+
+def _error(kind: str, message: str) -> Dict[str, Any]:
+    return {"ok": False, "agent_version": __version__, "error": {"kind": kind, "message": message}}
+
+
+def unpack_beside(archive: str) -> Optional[str]:
+    """Unpack the zipapp `x/agent-H.pyz` to `x/agent-H/` once; the folder, or None where that is impossible.
+
+    It appears whole or not at all (unpacked in a temporary folder, then renamed), so concurrent first runs
+    are safe: the loser of the rename drops its copy. Under `sudo` the folder is given to the owner of the
+    archive, so that the login user's command can find it. A read-only home leaves the zipapp in use.
+    """
+    if not archive.endswith(".pyz"):
+        return None
+    final = archive[: -len(".pyz")]
+    if os.path.isdir(final):
+        return final
+    import zipfile  # only on the first run of a version
+
+    try:
+        partial = tempfile.mkdtemp(prefix=".unpack-", dir=os.path.dirname(archive))
+    except OSError:
+        return None
+    try:
+        with zipfile.ZipFile(archive) as zipped:
+            zipped.extractall(partial)
+        owner = os.stat(archive)
+        if os.geteuid() == 0 and owner.st_uid != 0:
+            for folder, _, names in os.walk(partial):
+                for path in [folder] + [os.path.join(folder, n) for n in names]:
+                    # Not following links: nothing in the archive is one, and a swapped-in link must
+                    # not hand its target to the owner.
+                    os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+        os.rename(partial, final)
+    except (OSError, zipfile.BadZipFile):
+        shutil.rmtree(partial, ignore_errors=True)
+        return final if os.path.isdir(final) else None
+    return final
+
+
+def main(argv: List[str], stdin: IO[str], stdout: IO[str]) -> int:
+    reply, after = handle(argv[1] if len(argv) > 1 else None, stdin.read())
+    stdout.write(json.dumps(reply) + "\n")
+    stdout.flush()
+    if after is not None:
+        after()
+    return 0
+
+
+if __name__ == "__main__":
+    zipapp = getattr(globals().get("__loader__"), "archive", None)  # set when imported from a zip
+    if zipapp:
+        unpack_beside(zipapp)
+    sys.exit(main(sys.argv, sys.stdin, sys.stdout))

@@ -1,0 +1,144 @@
+"""The seam between the agent's verbs and the NVIDIA layer of a node, with its real and simulated sides.
+
+A simulated node replaces only what NVIDIA software would answer (NVML queries, the loaded kernel module,
+driver installs, Fabric Manager, reboots). Facts, apply and reclaim walk this one interface for both kinds
+of node, which is what keeps the control side unable to tell them apart. NVML-shaped methods keep NVML's
+granularity (one question per call, NVML integer constants) so the real side stays a thin wrapper.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+# NVML constants the interface speaks in (nvml.h); kept here so the simulated side needs no pynvml.
+NVLINK_MAX_LINKS = 36
+REMOTE_GPU, REMOTE_IBMNPU, REMOTE_SWITCH, REMOTE_UNKNOWN = 0, 1, 2, 0xFF
+# nvmlGpuTopologyLevel_t -> topo -m word; INTERNAL (two GPUs on one board, e.g. K80) is the closest, as PIX.
+TOPOLOGY_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+P2P_READ, P2P_NVLINK = 0, 2
+P2P_STATUS_NAMES = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
+
+# One wording per NVML failure, shared by both backends so a simulated node reads like a real one.
+_NVML_MESSAGES = {
+    "no-driver": "no NVIDIA driver is installed (libnvidia-ml.so.1 not found)",
+    "driver-not-loaded": "the NVIDIA driver is installed but its kernel module is not loaded "
+    "(nouveau bound to the GPU, Secure Boot refusing the module, or no reboot since the install)",
+    "version-mismatch": "the NVIDIA driver library and the loaded kernel module differ "
+    "(Driver/library version mismatch): reboot to load the installed driver",
+    "no-permission": "NVML has no permission to talk to the driver (check /dev/nvidia* permissions)",
+}
+
+
+def nvml_message(status: str) -> str:
+    return _NVML_MESSAGES[status]
+
+
+class NvmlUnavailable(Exception):
+    """NVML could not be initialised; `status` is a `facts.DriverInfo.nvml` value, `message` plain words."""
+
+    def __init__(self, status: str, message: str) -> None:
+        self.status = status
+        self.message = message
+        super().__init__(message)
+
+
+class NoSuchLink(Exception):
+    """The GPU has no NVLink at this index (NVML NotSupported or InvalidArgument): the link loop ends."""
+
+
+class Backend(abc.ABC):
+    """What a node's NVIDIA layer answers. `open()` must succeed before any NVML-shaped method is used."""
+
+    simulated = False
+
+    # --- outside NVML: driver packages, kernel module, services, machine ---
+    @abc.abstractmethod
+    def loaded_version(self) -> Optional[str]:
+        """Version of the loaded kernel module, None when none is loaded."""
+
+    @abc.abstractmethod
+    def installed_version(self) -> Optional[str]:
+        """Version of the userspace driver on disk, None when none is installed."""
+
+    @abc.abstractmethod
+    def fabric_manager(self) -> Optional[Dict[str, Any]]:
+        """`{"version", "service"}` of Fabric Manager, or None when neither installed nor expected."""
+
+    @abc.abstractmethod
+    def board(self) -> Dict[str, Optional[str]]:
+        """`{"vendor", "model"}` of the mainboard."""
+
+    @abc.abstractmethod
+    def boot_id(self) -> str:
+        """Changes on every boot: the control side waits for a new one after a reboot."""
+
+    @abc.abstractmethod
+    def install_driver(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        """Carry out an apply `driver` step; return (changed, message). Raise AgentFailure on failure."""
+
+    @abc.abstractmethod
+    def reboot(self) -> Optional[Callable[[], None]]:
+        """Reboot the node; what must only happen after the reply is sent is returned as a callable."""
+
+    # --- NVML ---
+    @abc.abstractmethod
+    def open(self) -> None:
+        """Initialise NVML; raise NvmlUnavailable with a plain explanation when it cannot be."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release NVML."""
+
+    @abc.abstractmethod
+    def driver_version(self) -> str: ...
+
+    @abc.abstractmethod
+    def cuda_driver_version(self) -> Optional[int]:
+        """CUDA driver API version as NVML encodes it (12040 = 12.4), None when unknown."""
+
+    @abc.abstractmethod
+    def device_count(self) -> int: ...
+
+    @abc.abstractmethod
+    def name(self, gpu: int) -> str: ...
+
+    @abc.abstractmethod
+    def uuid(self, gpu: int) -> str: ...
+
+    @abc.abstractmethod
+    def pci_bus_id(self, gpu: int) -> str: ...
+
+    @abc.abstractmethod
+    def memory_total_bytes(self, gpu: int) -> int: ...
+
+    @abc.abstractmethod
+    def persistence_mode(self, gpu: int) -> Optional[bool]: ...
+
+    @abc.abstractmethod
+    def set_persistence_mode(self, gpu: int, enabled: bool) -> None: ...
+
+    @abc.abstractmethod
+    def pcie_link(self, gpu: int) -> Dict[str, Optional[int]]:
+        """`{"gen", "width", "max_gen", "max_width"}`; None where NVML cannot say."""
+
+    @abc.abstractmethod
+    def nvlink_active(self, gpu: int, link: int) -> bool:
+        """State of one link; raise NoSuchLink past the GPU's last link or on GPUs without NVLink."""
+
+    @abc.abstractmethod
+    def nvlink_remote_type(self, gpu: int, link: int) -> Optional[int]: ...
+
+    @abc.abstractmethod
+    def nvlink_remote_bus_id(self, gpu: int, link: int) -> Optional[str]: ...
+
+    @abc.abstractmethod
+    def common_ancestor(self, a: int, b: int) -> Optional[int]:
+        """NVML topology level of the PCIe path between two GPUs, None when NVML cannot say."""
+
+    @abc.abstractmethod
+    def p2p_status(self, a: int, b: int, index: int) -> Optional[int]: ...
+
+    @abc.abstractmethod
+    def processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
+        """(pid, used GPU memory in bytes or None) of the compute processes on a GPU."""

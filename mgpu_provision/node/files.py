@@ -1,0 +1,62 @@
+"""Facts read from the node's own files: the managed files (for diffs) and the X config's SLI option.
+
+None of these depend on the NVIDIA layer, so they are the same on real and simulated nodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+from typing import Any, Dict, List, Optional, Sequence
+
+from .system import read_text
+
+MAX_CONTENT_BYTES = 64 * 1024
+_SLI_OPTION = re.compile(r'^\s*Option\s+"SLI"\s+"([^"]*)"', re.IGNORECASE)
+
+
+def describe_file(path: str, include_content: bool) -> Dict[str, Any]:
+    """A managed file's state; its text only on request, when small and valid UTF-8 (for a diff)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+            mode = stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
+    except FileNotFoundError:
+        return {"path": path, "exists": False}
+    except OSError:  # a folder, or unreadable even to root (e.g. on a read-only network mount)
+        return {"path": path, "exists": True}
+    content: Optional[str] = None
+    if include_content and len(data) < MAX_CONTENT_BYTES:
+        try:
+            content = data.decode("utf-8")
+        except UnicodeDecodeError:
+            content = None
+    return {
+        "path": path,
+        "exists": True,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "mode": f"{mode:04o}",
+        "content": content,
+    }
+
+
+def _config_files(paths: Sequence[str]) -> List[str]:
+    files: List[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            files += sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".conf"))
+        elif os.path.isfile(path):
+            files.append(path)
+    return files
+
+
+def read_sli(paths: Sequence[str]) -> Dict[str, Optional[str]]:
+    """The first `Option "SLI"` in the given X config files (folders: their `*.conf`, in name order)."""
+    for path in _config_files(paths):
+        for line in (read_text(path) or "").splitlines():
+            match = _SLI_OPTION.match(line.split("#", 1)[0])
+            if match:
+                return {"mode": match.group(1), "file": path}
+    return {"mode": None, "file": None}

@@ -1,0 +1,32 @@
+"""Which NVIDIA layer answers for this node: the twin's (a simulated node) or the machine's own.
+
+Kept apart from the interface in `backend.py` so that neither back end imports its chooser: each is imported
+only when chosen, and a real node never loads the twin reader (nor a simulated one pynvml).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from .backend import Backend
+
+SIMULATE_ENV = "MGPU_PROVISION_SIMULATE"
+
+
+def simulation_target(request_simulate: Optional[str]) -> Optional[str]:
+    """The twin a request asks for: the request field wins over the environment variable."""
+    if request_simulate:
+        return request_simulate
+    return os.environ.get(SIMULATE_ENV) or None
+
+
+def select_backend(twin_path: Optional[str]) -> Backend:
+    """The simulated backend for a twin path, else the real one; each imported only when chosen."""
+    if twin_path:
+        from .nvml_sim import SimulatedBackend
+
+        return SimulatedBackend(twin_path)
+    from .nvml_real import RealBackend
+
+    return RealBackend()

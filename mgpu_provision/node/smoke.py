@@ -1,0 +1,441 @@
+"""The node side of `smoke`: start this node's part of the DDP run under torchrun, bounded, and clean up.
+
+The agent's `smoke` verb calls `run(args)`. It checks that the interpreter has torch, writes the smoke program
+(shipped beside this module, in the agent zipapp) to a temporary folder, and runs `<python> -m
+torch.distributed.run` in its own session with a hard deadline. Whatever happens, every process it started is
+ended before it answers: torchrun puts each worker in a session of its own, so the workers are found by a
+marker variable in their environment (a /proc scan), not by process group. The answer carries each rank's
+result and, on failure, a diagnosis read from the logs that names the rendezvous endpoint.
+
+`run({"cleanup": true, "run_id": ..., "node_rank": ...})` ends one node's leftovers of a run, for the control
+side when a host's call died. The marker holds the node rank too, because test hosts share one process table.
+
+Stdlib only, Python 3.8: this module runs on the nodes inside the agent zipapp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+from mgpu_provision.node.errors import AgentFailure
+
+MARKER_ENV = "MGPU_PROVISION_SMOKE"  # value: the run id; every process of a run inherits it
+GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
+PROBE_TIMEOUT_S = 60.0
+LOG_TAIL_LINES = 15
+DEFAULT_ITERS = 5
+TORCH_PROBE = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 3)"
+
+
+class Request:
+    """The verb's arguments, checked: a bad request fails (kind `bad-request`) before anything starts.
+
+    python, nnodes, node_rank, nproc_per_node, master_addr, master_port, backend (nccl|gloo), rdzv_backend
+    (static|c10d), rdzv_id, timeout_s, batch_size, sizes_mib, env (str -> str); optional: run_id (default
+    rdzv_id), node (the name used in messages, default the hostname), iters (timed all_reduces per size).
+    """
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.python = _text(args, "python")
+        self.nnodes = _integer(args, "nnodes", 1)
+        self.node_rank = _integer(args, "node_rank", 0)
+        if self.node_rank >= self.nnodes:
+            raise _bad(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
+        self.nproc_per_node = _integer(args, "nproc_per_node", 1)
+        self.master_addr = _text(args, "master_addr")
+        self.master_port = _integer(args, "master_port", 1)
+        if self.master_port > 65535:
+            raise _bad(f"master_port {self.master_port} is not a TCP port")
+        self.backend = _choice(args, "backend", ("nccl", "gloo"))
+        self.rdzv_backend = _choice(args, "rdzv_backend", ("static", "c10d"))
+        self.rdzv_id = _text(args, "rdzv_id")
+        self.run_id = str(args.get("run_id") or self.rdzv_id)
+        timeout = args.get("timeout_s")
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+            raise _bad(f"timeout_s must be a positive number, got {timeout!r}")
+        self.timeout_s = float(timeout)
+        self.batch_size = _integer(args, "batch_size", 1)
+        sizes = args.get("sizes_mib")
+        if not isinstance(sizes, list) or not all(_positive(s) for s in sizes):
+            raise _bad(f"sizes_mib must be a list of positive numbers, got {sizes!r}")
+        self.sizes_mib = [float(s) for s in sizes]
+        self.iters = int(args.get("iters") or DEFAULT_ITERS)
+        env = args.get("env") or {}
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise _bad("env must map names to strings")
+        self.env: dict[str, str] = dict(env)
+        self.node = str(args.get("node") or socket.gethostname())
+
+    @property
+    def marker(self) -> str:
+        return marker(self.run_id, self.node_rank)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.master_addr}:{self.master_port}"
+
+
+def marker(run_id: str, node_rank: int) -> str:
+    return f"{run_id}/{node_rank}"
+
+
+def _bad(message: str) -> AgentFailure:
+    return AgentFailure("bad-request", "smoke: " + message)
+
+
+def _text(args: dict[str, Any], key: str) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or not value or "\n" in value:
+        raise _bad(f"{key} must be a non-empty one-line string, got {value!r}")
+    return value
+
+
+def _integer(args: dict[str, Any], key: str, minimum: int) -> int:
+    value = args.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise _bad(f"{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _choice(args: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:
+    value = args.get(key)
+    if value not in choices:
+        raise _bad(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+    return str(value)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def timeouts(timeout_s: float) -> tuple[int, float]:
+    """(rendezvous, process-group) timeouts, well below the hard deadline so that a missing peer is reported
+    by torch with the endpoint it waited on before the deadline kills the run without a reason. The
+    rendezvous gets a quarter: importing torch alone can take half a minute on a busy node."""
+    rendezvous = max(2, int(timeout_s * 0.25))
+    return rendezvous, max(2.0, timeout_s * 0.5)
+
+
+def torchrun_command(req: Request, program: str, config: str) -> list[str]:
+    rendezvous_s, _ = timeouts(req.timeout_s)
+    command = [
+        req.python, "-m", "torch.distributed.run",
+        "--nnodes", str(req.nnodes),
+        "--nproc-per-node", str(req.nproc_per_node),
+        "--max-restarts", "0",
+        "--rdzv-id", req.rdzv_id,
+    ]  # fmt: skip
+    if req.rdzv_backend == "static":
+        command += [
+            "--node-rank", str(req.node_rank),
+            "--master-addr", req.master_addr,
+            "--master-port", str(req.master_port),
+            "--rdzv-conf", f"timeout={rendezvous_s}",
+        ]  # fmt: skip
+    else:
+        command += [
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", req.endpoint,
+            "--rdzv-conf", f"join_timeout={rendezvous_s},read_timeout={rendezvous_s}",
+        ]  # fmt: skip
+    return [*command, program, config]
+
+
+def program_config(req: Request, out_dir: str) -> dict[str, Any]:
+    return {
+        "out_dir": out_dir,
+        "expected_world_size": req.nnodes * req.nproc_per_node,
+        "backend": req.backend,
+        "batch_size": req.batch_size,
+        "sizes_mib": req.sizes_mib,
+        "iters": req.iters,
+        "pg_timeout_s": timeouts(req.timeout_s)[1],
+    }
+
+
+def child_environment(req: Request, base: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env.update(req.env)
+    env.setdefault("OMP_NUM_THREADS", "1")  # torch's default of one thread per core starves the other ranks
+    env["PYTHONUNBUFFERED"] = "1"  # a killed rank's last words must reach the log
+    env[MARKER_ENV] = req.marker
+    return env
+
+
+# Log patterns, most specific first; each yields (kind, message) from the match and the request.
+_CONNECT_TIMEOUT = re.compile(r"timed out after (\d+)ms while trying to connect to \(([^,]+), (\d+)\)")
+_CLIENTS = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
+_EXCEPTION = re.compile(r"^(?:\[[\w ]+\]:\s*)?([\w.]*(?:Error|Exception)\b:.*)$", re.MULTILINE)
+_NCCL = re.compile(r"^.*(NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError|"
+                   r"ncclInvalidUsage|NCCL WARN).*$", re.MULTILINE)  # fmt: skip
+
+
+def diagnose(log: str, req: Request, exit_code: int | None, timed_out: bool) -> tuple[str, str]:
+    """Why a run failed, in words that name the endpoint or the error (from torchrun's and the ranks' log)."""
+    last = " | ".join(tail(log, 3))
+    if re.search(r"No module named '?torch", log):
+        return "torch-missing", torch_missing(req)
+    if "EADDRINUSE" in log or "address already in use" in log:
+        return "port-in-use", f"rendezvous port {req.master_port} on {req.master_addr} is already in use"
+    match = _CONNECT_TIMEOUT.search(log)
+    if match:
+        waited = int(match.group(1)) / 1000.0
+        endpoint = f"{match.group(2)}:{match.group(3)}"
+        return (
+            "rendezvous-unreachable",
+            f"rendezvous endpoint {endpoint} unreachable: no answer within {waited:g} s",
+        )
+    match = _CLIENTS.search(log)
+    if match:
+        seconds, joined, expected = match.group(1), match.group(2), match.group(3)
+        return "rendezvous-timeout", (
+            f"timed out waiting for peers at {req.endpoint}: "
+            f"{joined} of {expected} nodes joined within {seconds} s"
+        )
+    if "RendezvousTimeoutError" in log:
+        return "rendezvous-timeout", f"timed out waiting for peers at {req.endpoint}"
+    if re.search(r"Connection refused|Connection reset by peer", log) and "rendezvous" in log.lower():
+        return (
+            "rendezvous-unreachable",
+            f"rendezvous endpoint {req.endpoint} refused or dropped the connection",
+        )
+    match = _NCCL.search(log)
+    if match:
+        return "nccl", f"NCCL error: {match.group(0).strip()}"
+    if timed_out:
+        return (
+            "timeout",
+            f"no result within {req.timeout_s:g} s (hung; rendezvous at {req.endpoint}); last lines: {last}",
+        )
+    # A rank's own exception says why; torchrun's closing summary (ChildFailedError, "Root Cause") does not.
+    errors = [m.group(1).strip() for m in _EXCEPTION.finditer(log) if "ChildFailedError" not in m.group(1)]
+    if errors:
+        return "crash", f"torchrun exited with code {exit_code}: {errors[-1]}"
+    return "crash", f"torchrun exited with code {exit_code}; last lines: {last}"
+
+
+def torch_missing(req: Request) -> str:
+    return f"torch is not installed in {req.python} on {req.node}"
+
+
+_NOISE = (
+    "frame #",
+    "Traceback (most recent call last)",
+    "Failed to initialize NumPy",
+    "<omitting python frames>",
+)
+
+
+def tail(log: str, lines: int) -> list[str]:
+    """The last lines that say something: indented traceback frames, C++ frames and warnings do not."""
+    useful = [
+        line.rstrip()
+        for line in log.splitlines()
+        if line.strip() and not line[0].isspace() and not any(noise in line for noise in _NOISE)
+    ]
+    return useful[-lines:]
+
+
+def judge(
+    req: Request, ranks: list[dict[str, Any]], exit_code: int | None, timed_out: bool, log: str
+) -> dict[str, Any]:
+    """The node's verdict: it passes when torchrun exited 0 and every local rank reported every check ok."""
+    kind: str | None = None
+    diagnosis: str | None = None
+    failed = [
+        f"rank {r.get('rank')} {c['name']}: {c['detail']}"
+        for r in ranks
+        for c in r.get("checks", [])
+        if not c["ok"]
+    ]
+    errors = [f"rank {r.get('rank')}: {r['error']}" for r in ranks if r.get("error")]
+    if timed_out or exit_code != 0:
+        kind, diagnosis = diagnose(log, req, exit_code, timed_out)
+        if kind == "crash" and errors:
+            diagnosis = "; ".join(errors)
+    elif failed or errors:
+        kind, diagnosis = "check-failed", "; ".join(errors + failed)
+    elif len(ranks) != req.nproc_per_node:
+        kind = "missing-ranks"
+        diagnosis = f"{len(ranks)} of {req.nproc_per_node} local ranks reported a result"
+    return {"ok": kind is None, "kind": kind, "diagnosis": diagnosis}
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Pids whose environment carries this marker (Linux /proc; other users' processes are skipped)."""
+    needle = f"{MARKER_ENV}={mark}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def end_processes(mark: str, leader: subprocess.Popen[bytes] | None = None) -> list[int]:
+    """SIGTERM torchrun's group and every marked process, SIGKILL what is left after GRACE_S; the pids that
+    survived even that (normally none)."""
+    _signal_all(mark, leader, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline and (_alive(leader) or marked_processes(mark)):
+        time.sleep(0.1)
+    _signal_all(mark, leader, signal.SIGKILL)
+    if leader is not None:
+        leader.wait()
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline and marked_processes(mark):
+        time.sleep(0.1)
+    return marked_processes(mark)
+
+
+def _alive(leader: subprocess.Popen[bytes] | None) -> bool:
+    return leader is not None and leader.poll() is None
+
+
+def _signal_all(mark: str, leader: subprocess.Popen[bytes] | None, sig: int) -> None:
+    targets = marked_processes(mark)
+    if leader is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader.pid, sig)
+    for pid in targets:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def program_source() -> bytes:
+    """The smoke program's bytes through this module's loader: a plain file, or a member of the zipapp."""
+    loader: Any = globals()["__loader__"]  # SourceFileLoader or zipimporter: both read files beside us
+    data: bytes = loader.get_data(os.path.join(os.path.dirname(__file__), "smoke_program.py"))
+    return data
+
+
+def probe_torch(req: Request) -> dict[str, Any] | None:
+    """A failed node result when the interpreter is missing or lacks torch, else None."""
+    try:
+        probe = subprocess.run(
+            [req.python, "-c", TORCH_PROBE],
+            env=child_environment(req, dict(os.environ)),  # the run's env: PYTHONPATH may be where torch is
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=PROBE_TIMEOUT_S,
+        )
+    except FileNotFoundError:
+        return failure(req, "python-missing", f"python interpreter {req.python} not found on {req.node}")
+    except subprocess.TimeoutExpired:
+        return failure(
+            req, "python-hung", f"{req.python} on {req.node} did not answer within {PROBE_TIMEOUT_S:g} s"
+        )
+    if probe.returncode == 3:
+        return failure(req, "torch-missing", torch_missing(req))
+    if probe.returncode != 0:
+        last = tail(probe.stderr.decode(errors="replace"), 1)
+        return failure(req, "python-broken", f"{req.python} on {req.node} failed: {' '.join(last)}")
+    return None
+
+
+def failure(req: Request, kind: str, diagnosis: str) -> dict[str, Any]:
+    return dict(_identity(req), ok=False, kind=kind, diagnosis=diagnosis, exit_code=None, timed_out=False,
+                elapsed_s=0.0, ranks=[], log_tail=[], leftover_pids=[])  # fmt: skip
+
+
+def _identity(req: Request) -> dict[str, Any]:
+    return {
+        "node": req.node,
+        "node_rank": req.node_rank,
+        "nnodes": req.nnodes,
+        "nproc_per_node": req.nproc_per_node,
+        "master": req.endpoint,
+        "run_id": req.run_id,
+    }
+
+
+def run(args: dict[str, Any]) -> dict[str, Any]:
+    """The `smoke` verb: node, node_rank, nnodes, nproc_per_node, master, run_id, ok, kind (None or e.g.
+    torch-missing, port-in-use, rendezvous-unreachable, rendezvous-timeout, nccl, timeout, crash,
+    check-failed), diagnosis, exit_code, timed_out, elapsed_s, ranks (program.py's per-rank results),
+    log_tail (on failure) and leftover_pids (processes that survived SIGKILL; normally empty)."""
+    if args.get("cleanup"):
+        mark = marker(_text(args, "run_id"), _integer(args, "node_rank", 0))
+        return {"marker": mark, "leftover_pids": end_processes(mark)}
+    req = Request(args)
+    missing = probe_torch(req)
+    if missing is not None:
+        return missing
+    workdir = tempfile.mkdtemp(prefix="mgpu-smoke-")
+    try:
+        return _run_in(req, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_in(req: Request, workdir: str) -> dict[str, Any]:
+    program = os.path.join(workdir, "mgpu_smoke_program.py")
+    with open(program, "wb") as f:
+        f.write(program_source())
+    out_dir = os.path.join(workdir, "out")
+    os.mkdir(out_dir)
+    config = os.path.join(workdir, "config.json")
+    with open(config, "w") as f:
+        json.dump(program_config(req, out_dir), f)
+    log_path = os.path.join(workdir, "torchrun.log")
+
+    started = time.monotonic()
+    timed_out = False
+    with open(log_path, "wb") as log_file:
+        leader = subprocess.Popen(
+            torchrun_command(req, program, config),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=child_environment(req, dict(os.environ)),
+            cwd=workdir,
+            start_new_session=True,  # one group to signal, apart from the agent's own
+        )
+        try:
+            leader.wait(timeout=req.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            leftovers = end_processes(req.marker, leader)
+    exit_code = None if timed_out else leader.returncode
+    elapsed = time.monotonic() - started
+
+    with open(log_path, "rb") as f:
+        log = f.read().decode(errors="replace")
+    ranks = []
+    for path in glob.glob(os.path.join(out_dir, "rank-*.json")):
+        with open(path) as f:
+            ranks.append(json.load(f))
+    ranks.sort(key=lambda r: int(r.get("rank", -1)))
+    verdict = judge(req, ranks, exit_code, timed_out, log)
+    if leftovers:
+        verdict = {"ok": False, "kind": "leftovers", "diagnosis": f"processes survived SIGKILL: {leftovers}"}
+    result = _identity(req)
+    result.update(verdict)
+    result.update(
+        exit_code=exit_code,
+        timed_out=timed_out,
+        elapsed_s=round(elapsed, 3),
+        ranks=ranks,
+        log_tail=[] if verdict["ok"] else tail(log, LOG_TAIL_LINES),
+        leftover_pids=leftovers,
+    )
+    return result

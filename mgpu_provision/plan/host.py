@@ -1,0 +1,134 @@
+"""The plan: what differs between the rig file and each box, as a list of Changes, decided without I/O.
+
+`facts_request` says what the agent must read for a host's plan; `plan_host` runs every resource's pure diff
+over those facts in a fixed order (checks first, then what apply changes, a reboot last so that it follows
+everything it must load); `HostPlan` and `FleetPlan` add per-host status, totals and the exit code that
+`plan` and `apply` share. The only read is the rig's captured `nvidia-smi topo -m` file on this machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import ProvisionError
+from ..facts import Facts
+from ..node.topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
+from ..spec.models import Host, Rig
+from .change import Change, HostContext
+from .resources import driver, envfiles, fabricmanager, gpus, pcie, persistence, sli
+from .resources import topology as links
+from .resources import torch as torch_probe
+
+if TYPE_CHECKING:
+    from ..spec import LoadedRig
+
+__all__ = ["Change", "FleetPlan", "HostPlan", "PlanTotals", "facts_request", "plan_host"]
+
+# Checks before changes: a person reads what is wrong with the box before what apply would do about it.
+DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
+    gpus.diff,
+    links.diff,
+    pcie.diff,
+    fabricmanager.diff,
+    torch_probe.diff,
+    driver.diff,
+    persistence.diff,
+    sli.diff,
+)
+
+HostStatus = Literal["ok", "unreachable", "failed"]
+
+
+def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
+    """The `facts` verb's args for this host: its managed files (with content, for diffs), its X config and,
+    when the rig file names a smoke python, that python for the torch probe (importing torch takes seconds,
+    and a rig that never said which python has torch would only get a failed probe of `python3`)."""
+    desired = envfiles.desired_files(loaded, host)
+    smoke = loaded.spec.smoke
+    return {
+        "files": [f.path for f in desired],
+        "include_content": True,
+        "python": smoke.python if "python" in smoke.model_fields_set else None,
+        "xorg_paths": [f.path for f in desired if f.tag == "sli"],
+    }
+
+
+def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
+    """Every Change that would bring `host` to the rig file, checks first and any reboot last."""
+    rig = loaded.rig_of(host)
+    visible = loaded.visible_indices(host, [gpu.uuid for gpu in facts.gpus])
+    ctx = HostContext(
+        host=host,
+        rig=rig,
+        facts=facts,
+        visible_count=rig.gpus.count if visible is None else len(visible),
+        expected_topology=expected_topology(loaded, rig),
+    )
+    changes = [change for diff in DIFFS for change in diff(ctx)]
+    changes += envfiles.diff_files(envfiles.desired_files(loaded, host), facts)
+    return sorted(changes, key=lambda c: c.resource == "reboot")  # stable: only moves reboots to the end
+
+
+def expected_topology(loaded: LoadedRig, rig: Rig) -> TopoMatrix | None:
+    """The rig's captured `nvidia-smi topo -m`, parsed; None when the rig gives none."""
+    if rig.bridge.topology_file is None:
+        return None
+    path = loaded.resolve(rig.bridge.topology_file)
+    try:
+        return parse_topology(read_topology_text(str(path)))
+    except OSError as exc:
+        raise ProvisionError(f"cannot read topology_file {path}: {exc.strerror or exc}") from exc
+    except TopologyParseError as exc:
+        raise ProvisionError(f"topology_file {path}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """One host's part of a plan: its Changes, or why there are none to show (unreachable, failed)."""
+
+    host: str
+    status: HostStatus
+    changes: tuple[Change, ...] = ()
+    error: str | None = None
+
+    def count(self, *actions: str) -> int:
+        return sum(1 for c in self.changes if c.action in actions)
+
+
+@dataclass(frozen=True)
+class PlanTotals:
+    to_change: int  # create + update
+    checks_failed: int
+    manual: int
+    hosts_with_changes: int
+    hosts: int
+    unreachable: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    hosts: tuple[HostPlan, ...]
+
+    @property
+    def totals(self) -> PlanTotals:
+        return PlanTotals(
+            to_change=sum(h.count("create", "update") for h in self.hosts),
+            checks_failed=sum(h.count("verify-failed") for h in self.hosts),
+            manual=sum(h.count("manual") for h in self.hosts),
+            hosts_with_changes=sum(1 for h in self.hosts if h.changes),
+            hosts=len(self.hosts),
+            unreachable=sum(1 for h in self.hosts if h.status == "unreachable"),
+            failed=sum(1 for h in self.hosts if h.status == "failed"),
+        )
+
+    @property
+    def converged(self) -> bool:
+        return all(h.status == "ok" and not h.changes for h in self.hosts)
+
+    @property
+    def exit_code(self) -> int:
+        """Terraform's -detailed-exitcode: 0 nothing to do, 2 drift, failed checks or hosts not read."""
+        return 0 if self.converged else 2

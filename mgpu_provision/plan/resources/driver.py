@@ -1,0 +1,81 @@
+"""The NVIDIA driver: installed at the rig's exact version or branch, and loaded (which may take a reboot).
+
+A new driver only takes effect once its kernel module is loaded, so every install comes with a reboot Change:
+with `reboot: allowed` apply carries it out (resource "reboot", step `{"kind": "reboot"}`, which apply runs
+through the agent's `reboot` verb rather than `apply`); with `reboot: never` it is a manual step saying so.
+A box where a newer driver is installed but an older module still runs gets the same reboot Change alone.
+"""
+
+from __future__ import annotations
+
+from ...spec.models import Driver
+from ..change import Action, Change, HostContext
+
+
+def diff(ctx: HostContext) -> list[Change]:
+    want = ctx.rig.driver
+    if want is None:
+        return []
+    info = ctx.facts.driver
+    installed = info.installed or info.version
+    desired = want.version or f"{want.branch}.x"
+    if not _satisfies(installed, want):
+        install = _install(ctx, want, installed, desired)
+        if install.action == "manual":
+            return [install]
+        return [install, _reboot(want, desired, loaded=info.loaded)]
+    pending = info.reboot_required or (info.loaded is not None and info.loaded != installed)
+    if pending:
+        return [_reboot(want, str(installed), loaded=info.loaded)]
+    return []
+
+
+def _satisfies(installed: str | None, want: Driver) -> bool:
+    if installed is None:
+        return False
+    if want.version is not None:
+        return installed == want.version
+    return installed.split(".")[0] == want.branch
+
+
+def _install(ctx: HostContext, want: Driver, installed: str | None, desired: str) -> Change:
+    summary = f"driver {installed} → {desired}" if installed else f"install driver {desired}"
+    action: Action = "update" if installed else "create"
+    if ctx.host.os != "linux":
+        summary = f"{summary} (by hand on {ctx.host.os})"
+        return Change("driver", "manual", summary, installed, desired, reboot=True, tags=("driver",))
+    target = {"version": want.version} if want.version else {"branch": want.branch}
+    step = {
+        "kind": "driver",
+        "method": want.method,
+        **target,
+        "flavor": want.flavor,
+        "hold": want.hold,
+        "fabricmanager": want.fabricmanager,
+    }
+    if want.method == "runfile":
+        step.update(runfile=want.runfile_url, sha256=want.runfile_sha256)
+    return Change("driver", action, summary, installed, desired, reboot=True, step=step, tags=("driver",))
+
+
+def _reboot(want: Driver, version: str, loaded: str | None) -> Change:
+    if want.reboot == "never":
+        return Change(
+            "reboot",
+            "manual",
+            f"reboot required to load driver {version} (policy: never)",
+            loaded,
+            version,
+            reboot=True,
+            tags=("driver",),
+        )
+    return Change(
+        "reboot",
+        "update",
+        f"reboot to load driver {version} (running: {loaded or 'none'})",
+        loaded,
+        version,
+        reboot=True,
+        step={"kind": "reboot"},
+        tags=("driver",),
+    )

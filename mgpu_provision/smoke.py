@@ -1,0 +1,251 @@
+"""The control side of `smoke`: start every node's part of the DDP run at once, and judge the fleet.
+
+Deciding who runs what (`plan_smoke`) and whether the result passes (`judge_group`) are pure functions over
+the rig and the nodes' answers; `run_smoke` is the thin shell that runs the node side (`smoke/node.py`, the
+agent's `smoke` verb) on all hosts together through `fleet.run_fleet`. A DDP group is the set of selected
+hosts that share a rig `ddp.master`; the master must be selected; ranks follow `LoadedRig.node_rank` order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ProvisionError
+from .fleet.session import MAX_FORKS, AgentSession, FleetOptions, HostOutcome, HostTarget, run_fleet
+from .plan.resources.envfiles import environment
+from .spec.loader import LoadedRig
+from .spec.models import Host
+
+# Beyond the node's own deadline: the torch probe, the SIGTERM/SIGKILL grace, and the SSH round trip.
+CALL_MARGIN_S = 90.0
+CLEANUP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class NodePart:
+    """One host's part of the run: the `smoke` verb's arguments (node.py's `Request`)."""
+
+    host: str
+    group: str  # the DDP master's name: the group's id
+    node_rank: int
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    host: str
+    node_rank: int
+    ok: bool
+    kind: str | None
+    diagnosis: str | None
+    ranks: list[dict[str, Any]]
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class GroupReport:
+    """One DDP group's verdict: every node passed, every rank joined, busbw at the largest size >= floor."""
+
+    master: str
+    endpoint: str
+    nnodes: int
+    nproc_per_node: int
+    expected_world_size: int
+    world_size: int | None
+    backend: str | None  # what rank 0 used: NCCL falls back to Gloo on a node without CUDA
+    ranks_joined: int
+    bandwidth: list[dict[str, Any]]
+    busbw_floor_gbps: float | None
+    problems: list[str]
+    nodes: list[NodeReport] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class SmokeReport:
+    run_id: str
+    groups: list[GroupReport]
+
+    @property
+    def ok(self) -> bool:
+        return all(g.ok for g in self.groups)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "ok": self.ok,
+            "groups": [{**dataclasses.asdict(g), "ok": g.ok} for g in self.groups],
+        }
+
+
+def plan_smoke(loaded: LoadedRig, hosts: list[Host], run_id: str) -> list[NodePart]:
+    """Each selected host's part, grouped by DDP master (master first); errors name what to fix."""
+    without = [h.name for h in hosts if loaded.rig_of(h).ddp is None]
+    if without:
+        raise ProvisionError(
+            f"smoke needs a `ddp` section in the rig of {', '.join(without)} (master, port, backend)"
+        )
+    selected = {h.name for h in hosts}
+    groups: dict[str, list[Host]] = {}
+    for host in hosts:
+        ddp = loaded.rig_of(host).ddp
+        assert ddp is not None  # checked above; narrows the type
+        if ddp.master not in selected:
+            raise ProvisionError(
+                f"{host.name}: its DDP master {ddp.master} is not selected; smoke runs whole DDP groups "
+                f"(add {ddp.master} to --limit)"
+            )
+        groups.setdefault(ddp.master, []).append(host)
+    smoke = loaded.spec.smoke
+    parts = []
+    for master_name, members in groups.items():
+        members.sort(key=loaded.node_rank)
+        master = loaded.host(master_name)
+        ddp = loaded.rig_of(master).ddp
+        assert ddp is not None
+        for rank, host in enumerate(members):  # spec rules keep a DDP group within one rig: same nproc
+            rig = loaded.rig_of(host)
+            args: dict[str, Any] = {
+                "node": host.name,
+                "python": smoke.python,
+                "nnodes": len(members),
+                "node_rank": rank,
+                "nproc_per_node": loaded.rig_of(host).nproc_per_node,
+                "master_addr": master.target,
+                "master_port": ddp.port,
+                "backend": ddp.backend,
+                "rdzv_backend": ddp.rdzv_backend,
+                "rdzv_id": ddp.rdzv_id or run_id,
+                "run_id": run_id,
+                "timeout_s": smoke.timeout_s,
+                "batch_size": smoke.batch_size,
+                "sizes_mib": list(smoke.sizes_mib),
+                "env": dict(environment(loaded, rig)),
+            }
+            parts.append(NodePart(host.name, master_name, rank, args))
+    return parts
+
+
+def node_report(part: NodePart, outcome: HostOutcome[dict[str, Any]]) -> NodeReport:
+    value = outcome.value
+    if outcome.status != "ok" or value is None:
+        return NodeReport(
+            part.host, part.node_rank, False, outcome.status, outcome.error, [], outcome.elapsed_s
+        )
+    return NodeReport(
+        part.host,
+        part.node_rank,
+        bool(value.get("ok")),
+        value.get("kind"),
+        value.get("diagnosis"),
+        list(value.get("ranks") or []),
+        float(value.get("elapsed_s") or outcome.elapsed_s),
+    )
+
+
+def judge_group(parts: list[NodePart], nodes: list[NodeReport], floor_gbps: float | None) -> GroupReport:
+    """Pure: the group passes when every node passed, ranks 0..N-1 each saw world size N, and the busbw of
+    the largest all_reduce size reaches the floor (when the rig file sets one)."""
+    first = parts[0].args
+    expected = first["nnodes"] * first["nproc_per_node"]
+    problems = [f"{n.host}: {n.diagnosis or n.kind or 'failed'}" for n in nodes if not n.ok]
+    ranks = {int(r["rank"]): r for n in nodes for r in n.ranks if "rank" in r}
+    missing = sorted(set(range(expected)) - set(ranks))
+    if missing and not problems:
+        problems.append(f"ranks {missing} of {expected} never reported")
+    wrong = sorted(r for r, res in ranks.items() if res.get("world_size") != expected)
+    if wrong:
+        problems.append(f"ranks {wrong} saw a world size other than {expected}")
+    rank0 = ranks.get(0, {})
+    bandwidth = list(rank0.get("bandwidth") or [])
+    if floor_gbps is not None and bandwidth:
+        largest = max(bandwidth, key=lambda b: float(b["size_mib"]))
+        if float(largest["busbw_gbps"]) < floor_gbps:
+            problems.append(
+                f"all_reduce busbw {largest['busbw_gbps']:g} GB/s at {largest['size_mib']:g} MiB is below "
+                f"the floor of {floor_gbps:g} GB/s"
+            )
+    return GroupReport(
+        master=parts[0].group,
+        endpoint=f"{first['master_addr']}:{first['master_port']}",
+        nnodes=first["nnodes"],
+        nproc_per_node=first["nproc_per_node"],
+        expected_world_size=expected,
+        world_size=rank0.get("world_size"),
+        backend=rank0.get("backend"),
+        ranks_joined=len(ranks),
+        bandwidth=bandwidth,
+        busbw_floor_gbps=floor_gbps,
+        problems=problems,
+        nodes=nodes,
+    )
+
+
+def build_report(
+    run_id: str,
+    parts: list[NodePart],
+    outcomes: Mapping[str, HostOutcome[dict[str, Any]]],
+    floor_gbps: float | None,
+) -> SmokeReport:
+    groups: dict[str, list[NodePart]] = {}
+    for part in parts:
+        groups.setdefault(part.group, []).append(part)
+    return SmokeReport(
+        run_id,
+        [
+            judge_group(members, [node_report(p, outcomes[p.host]) for p in members], floor_gbps)
+            for members in groups.values()
+        ],
+    )
+
+
+def run_smoke(
+    loaded: LoadedRig,
+    hosts: list[Host],
+    targets: list[HostTarget],
+    options: FleetOptions,
+    on_node_done: Callable[[str, bool], None] | None = None,
+) -> SmokeReport:
+    """Run the smoke on every selected host at once; hosts whose call failed get a cleanup call after."""
+    run_id = f"mgpu-smoke-{uuid.uuid4().hex[:12]}"
+    parts = plan_smoke(loaded, hosts, run_id)
+    if len(parts) > MAX_FORKS:
+        raise ProvisionError(f"smoke starts every node at once; {len(parts)} hosts exceed {MAX_FORKS}")
+    by_host = {p.host: p for p in parts}
+    chosen = [t for t in targets if t.name in by_host]
+    timeout = loaded.spec.smoke.timeout_s + CALL_MARGIN_S
+
+    def call(session: AgentSession) -> dict[str, Any]:
+        name = session.target.name
+        try:
+            result = session.call("smoke", by_host[name].args, timeout=timeout)
+        except Exception:
+            if on_node_done is not None:
+                on_node_done(name, False)
+            raise
+        if on_node_done is not None:
+            on_node_done(name, bool(result.get("ok")))
+        return result
+
+    # A DDP group with a member still queued behind a fork limit can never complete: start them all.
+    outcomes = run_fleet(chosen, call, dataclasses.replace(options, forks=len(chosen)))
+    failed = [t for t in chosen if outcomes[t.name].status != "ok"]
+    if failed:
+        # The node's own deadline ends its processes anyway; this ends them now, even if that call died.
+        run_fleet(
+            failed,
+            lambda s: s.call(
+                "smoke",
+                {"cleanup": True, "run_id": run_id, "node_rank": by_host[s.target.name].node_rank},
+                timeout=CLEANUP_TIMEOUT_S,
+            ),
+            dataclasses.replace(options, forks=len(failed)),
+        )
+    return build_report(run_id, parts, outcomes, loaded.spec.smoke.busbw_floor_gbps)
