@@ -17,7 +17,8 @@ from rich.table import Table
 
 from .errors import AgentError
 from .facts import Fact, Facts, GpuProcess
-from .fleet.session import AgentSession, HostOutcome, read_facts
+from .fleet.pool import HostOutcome
+from .fleet.session import AgentSession, read_facts
 from .spec.models import Reclaim
 
 Action = Literal["keep", "refused", "would-end", "ended", "failed"]

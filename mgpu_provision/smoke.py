@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ProvisionError
-from .fleet.session import MAX_FORKS, AgentSession, FleetOptions, HostOutcome, HostTarget, run_fleet
+from .fleet.options import MAX_FORKS, FleetOptions
+from .fleet.pool import HostOutcome, run_fleet
+from .fleet.session import AgentSession
+from .fleet.targets import HostTarget
 from .plan.resources.envfiles import environment
 from .spec.loader import LoadedRig
 from .spec.models import Host

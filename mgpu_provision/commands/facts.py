@@ -18,7 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..facts import Facts, Gpu, PcieLink
-from ..fleet.session import AgentSession, HostOutcome, read_facts, run_fleet
+from ..fleet.pool import HostOutcome, run_fleet
+from ..fleet.session import AgentSession, read_facts
 from ..node.topology import format_topology, gpu_matrix
 from ..plan.host import facts_request
 from . import options

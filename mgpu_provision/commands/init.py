@@ -13,7 +13,10 @@ from pathlib import Path
 
 from ..errors import ProvisionError
 from ..facts import Facts
-from ..fleet.session import DEFAULT_PYTHON, FleetOptions, HostTarget, read_facts, run_fleet
+from ..fleet.options import FleetOptions
+from ..fleet.pool import run_fleet
+from ..fleet.session import read_facts
+from ..fleet.targets import DEFAULT_PYTHON, HostTarget
 from ..initgen import env_file_paths, rig_from_facts
 from ..node.topology import format_topology, gpu_matrix
 

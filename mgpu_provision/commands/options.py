@@ -12,7 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fleet.session import MAX_FORKS, FleetOptions, HostTarget, targets_for
+from ..fleet.options import MAX_FORKS, FleetOptions
+from ..fleet.targets import HostTarget, targets_for
 from ..spec import LoadedRig, load_rig, select_hosts
 from ..spec.models import Host
 

@@ -14,7 +14,8 @@ import sys
 
 from rich.console import Console
 
-from ..fleet.session import AgentSession, run_fleet
+from ..fleet.pool import run_fleet
+from ..fleet.session import AgentSession
 from ..reclaim import HostResult, agent_args, as_json, collect, exit_code, reclaim_on, render_human
 from . import options
 

@@ -20,15 +20,10 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..errors import ConnectionFailed, ProvisionError
 from ..facts import Facts
-from ..fleet.session import (
-    AgentSession,
-    FleetOptions,
-    HostOutcome,
-    HostTarget,
-    open_session,
-    read_facts,
-    run_fleet,
-)
+from ..fleet.options import FleetOptions
+from ..fleet.pool import HostOutcome, run_fleet
+from ..fleet.session import AgentSession, open_session, read_facts
+from ..fleet.targets import HostTarget
 from ..plan.change import Change
 from ..plan.host import facts_request, plan_host
 from ..plan.resources.envfiles import node_path

@@ -1,9 +1,8 @@
-"""Reaching many boxes at once: targets, a bounded worker pool, and one agent session per host.
+"""Speaking the agent protocol with one host: `AgentSession.call`, the tool's one transport seam.
 
-Every command that touches nodes (facts, plan, apply, smoke, reclaim) goes through `run_fleet`: it gives each
-host its own connection in its own worker, bounds every phase with a timeout, and turns each host's fate
-into a `HostOutcome` so that one dead box never stops or hides the others. The agent protocol (ARCHITECTURE.md
-"The agent protocol") is spoken by `AgentSession.call`, the same way over SSH and for `local` hosts.
+The same command and envelope (docs/ARCHITECTURE.md, "The agent protocol") over SSH and for `local` hosts:
+the agent is uploaded once per version, every call is one command with its request on stdin, and every
+failure comes back as a plain-words error.
 """
 
 from __future__ import annotations
@@ -17,110 +16,22 @@ import subprocess
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+from typing import Any
 
 import fabric
 import paramiko
 from pydantic import ValidationError
 
-from ..errors import AgentError, ConnectionFailed, ProvisionError
+from ..errors import AgentError, ConnectionFailed
 from ..facts import Facts
-from .ssh import SharedSsh, describe, open_connection
+from .options import AgentPayload, FleetOptions
+from .ssh import open_connection
+from .targets import HostTarget, describe
 
-if TYPE_CHECKING:
-    from ..spec.loader import LoadedRig
-    from ..spec.models import Host
-
-T = TypeVar("T")
-
-MAX_FORKS = 64
 CONNECTION_LOST = -1  # Paramiko's exit status when the channel closed without one (sshd killed, link cut)
 AGENT_MISSING = 97  # the cached-agent command's "upload me, then run again" exit code
 CACHE_DIR = ".cache/mgpu-provision"  # under the login user's home
-DEFAULT_PYTHON = "python3"
-
-
-class AgentPayload(Protocol):
-    """What the fleet needs of `agent.bundle.AgentBundle`: the zipapp bytes and its content-addressed name."""
-
-    @property
-    def data(self) -> bytes: ...
-
-    @property
-    def name(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class HostTarget:
-    """Everything needed to reach one host and run its agent; built from the rig by `targets_for`."""
-
-    name: str
-    address: str
-    port: int | None
-    user: str | None
-    identity_file: str | None
-    jump: str | None
-    become: bool
-    python: str
-    connection: Literal["ssh", "local"]
-    simulate: str | None
-    connect_timeout_s: float
-    command_timeout_s: float
-
-
-def targets_for(loaded: LoadedRig, hosts: list[Host]) -> list[HostTarget]:
-    """Merge each host over the rig's defaults; paths (key, twin) resolve against the rig file's folder."""
-    defaults = loaded.spec.defaults
-    targets = []
-    for host in hosts:
-        identity = host.identity_file or defaults.identity_file
-        simulate = host.simulate
-        targets.append(
-            HostTarget(
-                name=host.name,
-                address=host.target,
-                port=host.port if host.port is not None else defaults.port,
-                user=host.user or defaults.user,
-                identity_file=str(loaded.resolve(identity)) if identity else None,
-                jump=host.jump or defaults.jump,
-                become=host.become if host.become is not None else bool(defaults.become),
-                python=host.python or defaults.python or DEFAULT_PYTHON,
-                connection=host.connection,
-                simulate=str(loaded.resolve(simulate)) if simulate else None,
-                connect_timeout_s=defaults.connect_timeout_s,
-                command_timeout_s=defaults.command_timeout_s,
-            )
-        )
-    return targets
-
-
-@dataclass
-class FleetOptions:
-    """How to run over the fleet. `agent` (an extension) lets tests and callers supply a prebuilt bundle.
-
-    `shared_ssh` is filled in by the first connection of a run: what all its connections read alike.
-    """
-
-    forks: int | None = None
-    accept_new_host_keys: bool = False
-    known_hosts: Path | None = None
-    ssh_config: Path | None = None
-    agent: AgentPayload | None = None
-    shared_ssh: SharedSsh | None = field(default=None, repr=False, compare=False)
-
-
-@dataclass
-class HostOutcome(Generic[T]):
-    """One host's fate: `fn`'s value when ok, else the plain-words error; unreachable = never logged in."""
-
-    status: Literal["ok", "failed", "unreachable"]
-    value: T | None
-    error: str | None
-    elapsed_s: float
 
 
 def agent_command(agent_name: str, python: str, verb: str, sudo: bool) -> str:
@@ -347,48 +258,3 @@ def open_session(target: HostTarget, options: FleetOptions, agent: AgentPayload)
     return SshAgentSession(target, agent, open_connection(target, options))
 
 
-def _default_agent() -> AgentPayload:
-    # Imported on first use: building the zipapp reads the node-side sources, which only fleet runs need.
-    from .bundle import build_agent
-
-    bundle: AgentPayload = build_agent()
-    return bundle
-
-
-def _run_one(
-    target: HostTarget, fn: Callable[[AgentSession], T], options: FleetOptions, agent: AgentPayload
-) -> HostOutcome[T]:
-    started = time.monotonic()
-
-    def outcome(
-        status: Literal["ok", "failed", "unreachable"], value: T | None, error: str | None
-    ) -> HostOutcome[T]:
-        return HostOutcome(status, value, error, time.monotonic() - started)
-
-    try:
-        session = open_session(target, options, agent)
-    except ConnectionFailed as exc:
-        return outcome("unreachable", None, str(exc))
-    try:
-        return outcome("ok", fn(session), None)
-    except ConnectionFailed as exc:
-        return outcome("unreachable", None, str(exc))
-    except ProvisionError as exc:
-        return outcome("failed", None, str(exc))
-    except Exception as exc:  # a bug or an unforeseen library error must still not hide the other hosts
-        return outcome("failed", None, f"{type(exc).__name__}: {exc}")
-    finally:
-        session.close()
-
-
-def run_fleet(
-    targets: list[HostTarget], fn: Callable[[AgentSession], T], options: FleetOptions
-) -> dict[str, HostOutcome[T]]:
-    """Run `fn` once per host, at most `forks` at a time; outcomes keyed by host name in target order."""
-    if not targets:
-        return {}
-    agent = options.agent or _default_agent()
-    forks = max(1, min(options.forks or len(targets), MAX_FORKS, len(targets)))
-    with ThreadPoolExecutor(max_workers=forks, thread_name_prefix="mgpu-fleet") as pool:
-        futures = {t.name: pool.submit(_run_one, t, fn, options, agent) for t in targets}
-        return {name: future.result() for name, future in futures.items()}

@@ -3,11 +3,10 @@
 Fabric's defaults are wrong for a provisioning tool: it accepts unknown host keys silently, it has no bound on
 the SSH banner or on opening a session (fabric issue 2197), and Paramiko's failures surface as exception
 types a person cannot act on. This module fixes those three things and nothing else; the worker pool and the
-agent protocol live in `fleet.py`.
+agent protocol live in `pool.py` and `session.py`.
 
-Each known_hosts file is parsed once per run and shared by its connections (`SharedSsh`): parsed per host,
-it cost time that grew with the square of the fleet. The Fabric config is not shared: a Connection writes
-setting changes into its config (invoke merges them), which races between threads (seen at 64 hosts).
+The Fabric config is not shared between connections: a Connection writes setting changes into its config
+(invoke merges them), which races between threads (seen at 64 hosts).
 """
 
 from __future__ import annotations
@@ -15,34 +14,18 @@ from __future__ import annotations
 import math
 import socket
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fabric
 import paramiko
 
 from ..errors import ConnectionFailed
-
-if TYPE_CHECKING:
-    from .session import FleetOptions, HostTarget
+from .options import FleetOptions, SharedSsh
+from .targets import HostTarget, describe
 
 # One lock for every known_hosts append in this process: worker threads accept keys concurrently.
 _KNOWN_HOSTS_LOCK = threading.Lock()
-
-
-@dataclass
-class SharedSsh:
-    """One run's parsed known_hosts files (per path), read by every worker; new keys added under a lock."""
-
-    host_keys: dict[Path, paramiko.HostKeys] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def known_hosts(self, path: Path) -> paramiko.HostKeys:
-        with self.lock:
-            if path not in self.host_keys:
-                self.host_keys[path] = paramiko.HostKeys(str(path) if path.exists() else None)
-            return self.host_keys[path]
 
 
 def known_hosts_name(address: str, port: int) -> str:
@@ -159,15 +142,6 @@ def make_connection(target: HostTarget, options: FleetOptions) -> fabric.Connect
     )
     _guard_host_keys(conn, describe(target, conn), options)
     return conn
-
-
-def describe(target: HostTarget, conn: fabric.Connection | None = None) -> str:
-    """`gpu-a (127.0.0.11:2222)`: the name people use and where it really points."""
-    if target.connection == "local":
-        return f"{target.name} (local)"
-    if conn is not None:
-        return f"{target.name} ({conn.host}:{conn.port})"
-    return f"{target.name} ({target.address}:{target.port or 22})"
 
 
 def open_connection(target: HostTarget, options: FleetOptions) -> fabric.Connection:

@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 
-from mgpu_provision.fleet.session import AgentSession, FleetOptions, HostTarget, run_fleet
+from mgpu_provision.fleet.options import FleetOptions
+from mgpu_provision.fleet.pool import run_fleet
+from mgpu_provision.fleet.session import AgentSession
+from mgpu_provision.fleet.targets import HostTarget
 from tests.hosts import FakeAgent, HostFactory, TestHost, fake_agent
 
 

@@ -29,8 +29,10 @@ from mgpu_provision.converge.playbooks import STEPS
 from mgpu_provision.converge.rollout import Serial
 from mgpu_provision.errors import AgentError, ConnectionFailed
 from mgpu_provision.facts import Facts
+from mgpu_provision.fleet import pool
 from mgpu_provision.fleet import session as fleet
-from mgpu_provision.fleet.session import FleetOptions, HostTarget, targets_for
+from mgpu_provision.fleet.options import FleetOptions
+from mgpu_provision.fleet.targets import HostTarget, targets_for
 from mgpu_provision.plan.change import Change
 from mgpu_provision.spec import LoadedRig, load_rig
 
@@ -405,7 +407,7 @@ def test_cli_refuses_without_a_terminal_or_yes(
 ) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
     load(tmp_path)
-    monkeypatch.setattr(fleet, "_default_agent", lambda: object())
+    monkeypatch.setattr(pool, "_default_agent", lambda: object())
     monkeypatch.setattr("sys.stdin.isatty", lambda: False)
     assert cli.main(["apply", str(tmp_path / "rig.yaml")]) == 1
     err = capsys.readouterr().err
@@ -421,7 +423,7 @@ def test_cli_json_recap(
 ) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box(unreachable=True)})
     load(tmp_path, RIG.replace("reboot: allowed", "reboot: never"))
-    monkeypatch.setattr(fleet, "_default_agent", lambda: object())
+    monkeypatch.setattr(pool, "_default_agent", lambda: object())
     code = cli.main(["apply", str(tmp_path / "rig.yaml"), "--yes", "--json", "--limit", "gpu-a,gpu-c"])
     out = json.loads(capsys.readouterr().out)
     assert code == 2
@@ -445,7 +447,7 @@ def test_declining_the_prompt_changes_nothing(
 ) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
     load(tmp_path)
-    monkeypatch.setattr(fleet, "_default_agent", lambda: object())
+    monkeypatch.setattr(pool, "_default_agent", lambda: object())
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     monkeypatch.setattr(Console, "input", lambda self, prompt: "y")
     assert cli.main(["apply", str(tmp_path / "rig.yaml")]) == 1

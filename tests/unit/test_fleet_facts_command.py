@@ -11,7 +11,7 @@ from mgpu_provision.cli import build_parser, main
 from mgpu_provision.commands import options
 from mgpu_provision.commands.facts import as_json, driver_line, link_matrix
 from mgpu_provision.facts import DriverInfo, Facts, Gpu, GpuPair, HostInfo
-from mgpu_provision.fleet.session import HostOutcome
+from mgpu_provision.fleet.pool import HostOutcome
 
 REPO = Path(__file__).resolve().parents[2]
 

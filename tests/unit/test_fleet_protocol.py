@@ -12,16 +12,11 @@ import paramiko
 import pytest
 
 from mgpu_provision.errors import AgentError
-from mgpu_provision.fleet.session import (
-    AGENT_MISSING,
-    FleetOptions,
-    HostTarget,
-    agent_command,
-    parse_response,
-    run_fleet,
-    targets_for,
-)
+from mgpu_provision.fleet.options import FleetOptions
+from mgpu_provision.fleet.pool import run_fleet
+from mgpu_provision.fleet.session import AGENT_MISSING, agent_command, parse_response
 from mgpu_provision.fleet.ssh import connect_error_message, known_hosts_name, make_connection
+from mgpu_provision.fleet.targets import HostTarget, targets_for
 from mgpu_provision.spec import load_rig
 from tests.hosts import fake_agent
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from mgpu_provision import reclaim
 from mgpu_provision.errors import AgentError
 from mgpu_provision.facts import Facts
-from mgpu_provision.fleet.session import HostOutcome
+from mgpu_provision.fleet.pool import HostOutcome
 from mgpu_provision.reclaim import HostReclaim, ReclaimedProcess
 from mgpu_provision.spec.models import Reclaim
 

@@ -17,7 +17,9 @@ import yaml
 from mgpu_provision import cli
 from mgpu_provision import smoke as control
 from mgpu_provision.errors import ProvisionError
-from mgpu_provision.fleet.session import FleetOptions, HostOutcome, HostTarget
+from mgpu_provision.fleet.options import FleetOptions
+from mgpu_provision.fleet.pool import HostOutcome
+from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.spec import load_rig
 from tests.unit.smoke_helpers import PASS_TIMEOUT_S, free_port, processes_of_run
 

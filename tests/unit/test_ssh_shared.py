@@ -9,7 +9,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from mgpu_provision.fleet.session import FleetOptions
+from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.ssh import _AcceptNew, make_connection
 from tests.unit.test_fleet_protocol import ssh_target
 

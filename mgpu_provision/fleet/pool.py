@@ -1,0 +1,79 @@
+"""Running one job on many hosts at once: a bounded worker pool, one agent session per host and worker.
+
+Every command that touches nodes (facts, plan, apply, smoke, reclaim) goes through `run_fleet`: it gives each
+host its own session in its own worker and turns each host's fate into a `HostOutcome`, so that one dead box
+never stops or hides the others.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+from ..errors import ConnectionFailed, ProvisionError
+from . import session
+from .options import MAX_FORKS, AgentPayload, FleetOptions
+from .session import AgentSession
+from .targets import HostTarget
+
+T = TypeVar("T")
+
+
+@dataclass
+class HostOutcome(Generic[T]):
+    """One host's fate: `fn`'s value when ok, else the plain-words error; unreachable = never logged in."""
+
+    status: Literal["ok", "failed", "unreachable"]
+    value: T | None
+    error: str | None
+    elapsed_s: float
+
+
+def _default_agent() -> AgentPayload:
+    # Imported on first use: building the zipapp reads the node-side sources, which only fleet runs need.
+    from .bundle import build_agent
+
+    bundle: AgentPayload = build_agent()
+    return bundle
+
+
+def _run_one(
+    target: HostTarget, fn: Callable[[AgentSession], T], options: FleetOptions, agent: AgentPayload
+) -> HostOutcome[T]:
+    started = time.monotonic()
+
+    def outcome(
+        status: Literal["ok", "failed", "unreachable"], value: T | None, error: str | None
+    ) -> HostOutcome[T]:
+        return HostOutcome(status, value, error, time.monotonic() - started)
+
+    try:
+        opened = session.open_session(target, options, agent)
+    except ConnectionFailed as exc:
+        return outcome("unreachable", None, str(exc))
+    try:
+        return outcome("ok", fn(opened), None)
+    except ConnectionFailed as exc:
+        return outcome("unreachable", None, str(exc))
+    except ProvisionError as exc:
+        return outcome("failed", None, str(exc))
+    except Exception as exc:  # a bug or an unforeseen library error must still not hide the other hosts
+        return outcome("failed", None, f"{type(exc).__name__}: {exc}")
+    finally:
+        opened.close()
+
+
+def run_fleet(
+    targets: list[HostTarget], fn: Callable[[AgentSession], T], options: FleetOptions
+) -> dict[str, HostOutcome[T]]:
+    """Run `fn` once per host, at most `forks` at a time; outcomes keyed by host name in target order."""
+    if not targets:
+        return {}
+    agent = options.agent or _default_agent()
+    forks = max(1, min(options.forks or len(targets), MAX_FORKS, len(targets)))
+    with ThreadPoolExecutor(max_workers=forks, thread_name_prefix="mgpu-fleet") as pool:
+        futures = {t.name: pool.submit(_run_one, t, fn, options, agent) for t in targets}
+        return {name: future.result() for name, future in futures.items()}
