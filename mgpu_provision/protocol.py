@@ -1,17 +1,27 @@
-"""Types of each verb's arguments, checked once at the agent's door.
+"""The agent protocol, defined once: each verb's arguments, the facts request, and the apply steps.
 
-The control side sends well-formed requests, but the agent is a program anyone on the node can call with any
-JSON; a mistyped value must be a `bad-request` that names the argument, not a traceback from deep inside a
-verb. Only the keys a verb reads are described; unknown keys are left alone for newer control sides.
+Both ends read this module: it ships to nodes inside the agent (Python 3.8, standard library only) and the
+control side builds its requests with the functions below. The agent checks every request against
+`VERB_ARGS` at its door, so a mistyped or missing value is a `bad-request` that names the argument, never a
+traceback from deep inside a verb; verbs then read their arguments without checking types again. Unknown
+keys are left alone, so an older agent answers a newer control side. The envelope around a request is
+described in docs/ARCHITECTURE.md ("The agent protocol").
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Tuple
+import math
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
-from .node.errors import AgentFailure
 
-Check = Tuple[str, Callable[[Any], bool]]
+class BadRequest(Exception):
+    """A request the agent refuses before any verb runs; the dispatcher answers it as kind `bad-request`."""
+
+
+class Arg(NamedTuple):
+    expected: str  # what the value must be, in words: "{verb}: `{name}` must be {expected}"
+    ok: Callable[[Any], bool]
+    required: bool = False
 
 
 def _is_text(value: Any) -> bool:
@@ -19,30 +29,180 @@ def _is_text(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and value >= 0
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-TEXT: Check = ("a string", _is_text)
-OPTIONAL_TEXT: Check = ("a string or null", lambda v: v is None or _is_text(v))
-NUMBER: Check = ("a number of 0 or more", _is_number)
-FLAG: Check = ("true or false", lambda v: isinstance(v, bool))
-TEXTS: Check = ("a list of strings", lambda v: isinstance(v, list) and all(_is_text(x) for x in v))
-OBJECTS: Check = ("a list of objects", lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v))
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
-VERB_ARGS: Dict[str, Dict[str, Check]] = {
-    "facts": {"files": TEXTS, "include_content": FLAG, "python": OPTIONAL_TEXT, "xorg_paths": TEXTS},
-    "apply": {"lock": TEXT, "lock_wait_s": NUMBER, "steps": OBJECTS},
-    "reboot": {"lock": TEXT, "lock_wait_s": NUMBER},
-    "reclaim": {"policy": TEXT, "patterns": TEXTS, "grace_s": NUMBER, "dry_run": FLAG},
+
+def text(required: bool = False) -> Arg:
+    return Arg("a string", _is_text, required)
+
+
+def line(required: bool = False) -> Arg:
+    return Arg("a non-empty one-line string", lambda v: _is_text(v) and v != "" and "\n" not in v, required)
+
+
+def optional_text() -> Arg:
+    return Arg("a string or null", lambda v: v is None or _is_text(v))
+
+
+def number(low: float = 0, high: float = math.inf, required: bool = False) -> Arg:
+    words = "a number of {:g} or more".format(low) if high == math.inf else "a number from {:g} to {:g}"
+    return Arg(words.format(low, high), lambda v: _is_number(v) and low <= v <= high, required)
+
+
+def positive(required: bool = False) -> Arg:
+    return Arg("a positive number", lambda v: _is_number(v) and v > 0, required)
+
+
+def integer(low: int, high: Optional[int] = None, required: bool = False) -> Arg:
+    words = "an integer >= {}".format(low) if high is None else "an integer from {} to {}".format(low, high)
+    return Arg(words, lambda v: _is_int(v) and v >= low and (high is None or v <= high), required)
+
+
+def flag() -> Arg:
+    return Arg("true or false", lambda v: isinstance(v, bool))
+
+
+def choice(*values: str, required: bool = False) -> Arg:
+    return Arg("one of " + ", ".join(values), lambda v: v in values, required)
+
+
+def texts() -> Arg:
+    return Arg("a list of strings", lambda v: isinstance(v, list) and all(_is_text(x) for x in v))
+
+
+def objects(required: bool = False) -> Arg:
+    ok = lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v)  # noqa: E731
+    return Arg("a list of objects", ok, required)
+
+
+def positives(required: bool = False) -> Arg:
+    ok = lambda v: isinstance(v, list) and all(_is_number(x) and x > 0 for x in v)  # noqa: E731
+    return Arg("a list of positive numbers", ok, required)
+
+
+def text_mapping() -> Arg:
+    ok = lambda v: isinstance(v, dict) and all(_is_text(k) and _is_text(x) for k, x in v.items())  # noqa: E731
+    return Arg("a mapping of names to strings", ok)
+
+
+RECLAIM_POLICIES = ("never", "orphans", "orphans+patterns")
+MAX_GRACE_S = 600.0
+
+VERB_ARGS: Dict[str, Dict[str, Arg]] = {
+    "facts": {"files": texts(), "include_content": flag(), "python": optional_text(), "xorg_paths": texts()},
+    "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects()},
+    "reboot": {"lock": line(), "lock_wait_s": number()},
+    "reclaim": {
+        "policy": choice(*RECLAIM_POLICIES),
+        "patterns": texts(),
+        "grace_s": number(0, MAX_GRACE_S),
+        "dry_run": flag(),
+    },
+    "smoke": {
+        "python": line(required=True),
+        "nnodes": integer(1, required=True),
+        "node_rank": integer(0, required=True),
+        "nproc_per_node": integer(1, required=True),
+        "master_addr": line(required=True),
+        "master_port": integer(1, 65535, required=True),
+        "backend": choice("nccl", "gloo", required=True),
+        "rdzv_backend": choice("static", "c10d", required=True),
+        "rdzv_id": line(required=True),
+        "run_id": line(),
+        "timeout_s": positive(required=True),
+        "batch_size": integer(1, required=True),
+        "sizes_mib": positives(required=True),
+        "iters": integer(1),
+        "env": text_mapping(),
+        "node": line(),
+    },
+    "smoke-cleanup": {"run_id": line(required=True), "node_rank": integer(0, required=True)},
 }
 
 
+def check_args(verb: str, args: Dict[str, Any]) -> None:
+    """Raise BadRequest naming the first argument that is missing or of the wrong kind."""
+    for name, arg in VERB_ARGS.get(verb, {}).items():
+        if name not in args:
+            if arg.required:
+                raise BadRequest("{}: `{}` is missing; it must be {}".format(verb, name, arg.expected))
+        elif not arg.ok(args[name]):
+            raise BadRequest("{}: `{}` must be {}, got {!r}".format(verb, name, arg.expected, args[name]))
+
+
 def check_request(verb: str, request: Dict[str, Any]) -> None:
-    """Raise AgentFailure("bad-request") naming the first argument of the wrong type."""
-    simulate = request.get("simulate")
-    if not OPTIONAL_TEXT[1](simulate):
-        raise AgentFailure("bad-request", "`simulate` must be a twin file path or null")
-    for name, (expected, ok) in VERB_ARGS.get(verb, {}).items():
-        args = request.get("args") or {}
-        if name in args and not ok(args[name]):
-            raise AgentFailure("bad-request", "{} argument `{}` must be {}".format(verb, name, expected))
+    """The whole request's check: the twin path, then the verb's arguments."""
+    if not optional_text().ok(request.get("simulate")):
+        raise BadRequest("`simulate` must be a twin file path or null")
+    check_args(verb, request.get("args") or {})
+
+
+# --- the facts request -------------------------------------------------------------------------------
+
+
+def facts_request(
+    files: Sequence[str] = (),
+    include_content: bool = False,
+    python: Optional[str] = None,
+    xorg_paths: Sequence[str] = (),
+) -> Dict[str, Any]:
+    """The `facts` verb's arguments. With no arguments: the minimal form, enough for GPUs, driver,
+    processes and the boot id (what apply's reboot wait and reclaim's check need)."""
+    return {
+        "files": list(files),
+        "include_content": include_content,
+        "python": python,
+        "xorg_paths": list(xorg_paths),
+    }
+
+
+# --- apply steps: what the `apply` verb carries out, one kind each ---------------------------------------
+
+FILE, DRIVER, PERSISTENCE = "file", "driver", "persistence"
+STEP_KINDS = (FILE, DRIVER, PERSISTENCE)
+# Not an `apply` step: carried out by the `reboot` verb between two facts reads.
+REBOOT = "reboot"
+
+
+def file_step(path: str, content: str, mode: str) -> Dict[str, Any]:
+    """Make `path` hold `content` with permission bits `mode` (octal text such as "0644"), atomically."""
+    return {"kind": FILE, "path": path, "content": content, "mode": mode}
+
+
+def persistence_step(gpus: List[int], enabled: bool) -> Dict[str, Any]:
+    return {"kind": PERSISTENCE, "gpus": list(gpus), "enabled": enabled}
+
+
+def driver_step(method: str, target: Dict[str, str], **options: Any) -> Dict[str, Any]:
+    """Install a driver: `target` is {"version": ...} or {"branch": ...}; options as the method needs them."""
+    return dict({"kind": DRIVER, "method": method}, **target, **options)
+
+
+def reboot_step() -> Dict[str, Any]:
+    return {"kind": REBOOT}
+
+
+# --- the other verbs' requests --------------------------------------------------------------------------
+
+
+def apply_request(lock: str, lock_wait_s: float, steps: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Carry out `steps` in order under the host lock `lock`, waiting up to `lock_wait_s` for it."""
+    return {"lock": lock, "lock_wait_s": lock_wait_s, "steps": steps}
+
+
+def reboot_request(lock: str, lock_wait_s: float) -> Dict[str, Any]:
+    """Reboot once the host lock is free (a reboot must not land in the middle of another apply)."""
+    return {"lock": lock, "lock_wait_s": lock_wait_s}
+
+
+def reclaim_request(policy: str, patterns: Sequence[str], grace_s: float, dry_run: bool) -> Dict[str, Any]:
+    return {"policy": policy, "patterns": list(patterns), "grace_s": grace_s, "dry_run": dry_run}
+
+
+def smoke_cleanup_request(run_id: str, node_rank: int) -> Dict[str, Any]:
+    """End one node's leftovers of a smoke run, for when that node's `smoke` call died."""
+    return {"run_id": run_id, "node_rank": node_rank}

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from . import protocol
 from .errors import AgentError
 from .facts import Fact, Facts, GpuProcess
 from .fleet.pool import HostOutcome
@@ -23,8 +24,6 @@ from .spec.models import Reclaim
 
 Action = Literal["keep", "refused", "would-end", "ended", "failed"]
 LEFT: frozenset[str] = frozenset({"refused", "would-end", "failed"})  # what keeps the exit code at 2
-# The facts verb's arguments when only the process list matters.
-FACTS_ARGS: dict[str, Any] = {"files": [], "include_content": False, "python": None, "xorg_paths": []}
 
 
 class ReclaimedProcess(GpuProcess):
@@ -66,12 +65,7 @@ def unique_pids(processes: list[ReclaimedProcess]) -> list[ReclaimedProcess]:
 
 def agent_args(policy: Reclaim, dry_run: bool) -> dict[str, Any]:
     """The `reclaim` verb's arguments for the rig's policy (validated with the rig file: spec/rules.py)."""
-    return {
-        "policy": policy.policy,
-        "patterns": list(policy.patterns),
-        "grace_s": policy.grace_s,
-        "dry_run": dry_run,
-    }
+    return protocol.reclaim_request(policy.policy, policy.patterns, policy.grace_s, dry_run)
 
 
 def parse_result(where: str, result: dict[str, Any]) -> HostResult:
@@ -118,7 +112,7 @@ def reclaim_on(session: AgentSession, args: dict[str, Any]) -> HostResult:
     result = parse_result(session.where, session.call("reclaim", args))
     if not any(p.action == "ended" for p in result.processes):
         return result
-    return verify(result, read_facts(session, FACTS_ARGS))
+    return verify(result, read_facts(session, protocol.facts_request()))
 
 
 def collect(outcomes: dict[str, HostOutcome[HostResult]]) -> list[HostReclaim]:

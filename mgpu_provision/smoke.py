@@ -20,6 +20,7 @@ from .fleet.pool import HostOutcome, run_fleet
 from .fleet.session import AgentSession
 from .fleet.targets import HostTarget
 from .plan.resources.envfiles import environment
+from .protocol import smoke_cleanup_request
 from .spec.loader import LoadedRig
 from .spec.models import Host
 
@@ -245,8 +246,8 @@ def run_smoke(
         run_fleet(
             failed,
             lambda s: s.call(
-                "smoke",
-                {"cleanup": True, "run_id": run_id, "node_rank": by_host[s.target.name].node_rank},
+                "smoke-cleanup",
+                smoke_cleanup_request(run_id, by_host[s.target.name].node_rank),
                 timeout=CLEANUP_TIMEOUT_S,
             ),
             dataclasses.replace(options, forks=len(failed)),

@@ -11,6 +11,7 @@ import argparse
 import re
 from pathlib import Path
 
+from .. import protocol
 from ..errors import ProvisionError
 from ..facts import Facts
 from ..fleet.options import FleetOptions
@@ -67,12 +68,7 @@ def run(args: argparse.Namespace) -> int:
         known_hosts=args.known_hosts,
         ssh_config=args.ssh_config,
     )
-    request = {
-        "files": env_file_paths(),
-        "include_content": False,
-        "python": args.smoke_python,
-        "xorg_paths": [],
-    }
+    request = protocol.facts_request(files=env_file_paths(), python=args.smoke_python)
     outcome = run_fleet([target], lambda session: read_facts(session, request), options)[target.name]
     if outcome.value is None:
         raise ProvisionError(f"could not read {args.source}: {outcome.error}")

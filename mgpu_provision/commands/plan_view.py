@@ -98,8 +98,9 @@ def change_json(change: Change) -> dict[str, Any]:
         "desired": change.desired,
         "reboot": change.reboot,
         "diff": change.diff,
-        "tags": list(change.tags),
-        "applies": change.step is not None,
+        "tags": [change.phase],
+        "phase": change.phase,
+        "applies": change.agent_step is not None,
     }
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from .. import protocol
 from ..errors import ConnectionFailed, ProvisionError
 from ..facts import Facts
 from ..fleet.options import FleetOptions
@@ -40,8 +41,6 @@ Progress = Callable[[str], None]
 LOCK_FILE = "apply.lock"
 # How long a driver install may take on the node (the agent bounds each package command at 1800 s).
 DRIVER_INSTALL_BOUND_S = 3600.0
-# The cheapest facts request: enough to see the boot id change after a reboot.
-_BOOT_PROBE: dict[str, Any] = {"files": [], "include_content": False, "python": None, "xorg_paths": []}
 _BOOT_PROBE_TIMEOUT_S = 30.0
 
 
@@ -225,15 +224,15 @@ def _run_steps(
     node: _Node, changes: list[Change], lock: str, settings: ApplySettings
 ) -> tuple[list[str], str | None]:
     """One agent `apply` call for every non-reboot step: what changed, and the failed step's error if any."""
-    steps = [c.step for c in changes if c.step is not None and c.step["kind"] != "reboot"]
+    steps = [c.agent_step for c in changes if c.agent_step is not None and c.phase != "reboot"]
     if not steps:
         return [], None
     # The agent may wait lock_wait_s for another apply's lock before its own steps run, and a driver
     # install (a DKMS build) outlasts any ordinary command: cutting it off would leave apt running unseen.
     timeout = node.target.command_timeout_s + settings.lock_wait_s
-    if any(step["kind"] == "driver" for step in steps):
+    if any(step["kind"] == protocol.DRIVER for step in steps):
         timeout += DRIVER_INSTALL_BOUND_S
-    answer = node.call("apply", {"lock": lock, "lock_wait_s": settings.lock_wait_s, "steps": steps}, timeout)
+    answer = node.call("apply", protocol.apply_request(lock, settings.lock_wait_s, steps), timeout)
     results = answer.get("results", [])
     done = [f"{r['kind']}: {r['message']}" for r in results if r.get("changed")]
     failed = next((r for r in results if r.get("error")), None)
@@ -249,12 +248,12 @@ def _reboot_and_wait(node: _Node, lock: str, settings: ApplySettings, progress: 
     name = node.target.name
     # Under the host lock: a reboot must not land in the middle of another apply's steps.
     timeout = node.target.command_timeout_s + settings.lock_wait_s
-    old = str(node.call("reboot", {"lock": lock, "lock_wait_s": settings.lock_wait_s}, timeout)["boot_id"])
+    old = str(node.call("reboot", protocol.reboot_request(lock, settings.lock_wait_s), timeout)["boot_id"])
     progress(f"{name}: rebooting, waiting up to {settings.reboot_timeout_s:g}s for it to come back")
     started = time.monotonic()
     while time.monotonic() - started < settings.reboot_timeout_s:
         try:
-            if node.facts(_BOOT_PROBE, _BOOT_PROBE_TIMEOUT_S).host.boot_id != old:
+            if node.facts(protocol.facts_request(), _BOOT_PROBE_TIMEOUT_S).host.boot_id != old:
                 progress(f"{name}: back after {time.monotonic() - started:.0f}s")
                 return
         except ProvisionError:  # down, or up without sshd yet: open a new connection next time
@@ -314,7 +313,7 @@ def converge_host(
             if error is not None:
                 changes = _planned(loaded, host, node.facts(request), settings.steps)
                 return end(error)
-            reboot_now = any(c.step is not None and c.step["kind"] == "reboot" for c in todo)
+            reboot_now = any(c.agent_step is not None and c.phase == "reboot" for c in todo)
             if reboot_now:
                 refusal = reboot_refusal(node.target, facts, _local_boot_id(), _is_local_address(node.target))
                 if refusal is not None:

@@ -15,10 +15,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import ProvisionError
-from ..plan.change import Change
+from ..plan.change import PHASES, Change
 
-# Every step a playbook may name; each matches the tag resource diffs give their Changes.
-STEPS = ("checks", "env", "sli", "persistence", "driver", "reboot")
+# Every step a playbook may name: the phases resource diffs give their Changes.
+STEPS = PHASES
 _MAX_BYTES = 64 * 1024
 _MESSAGES = {"extra_forbidden": "unknown key", "missing": "required key is missing"}
 
@@ -140,16 +140,9 @@ def select_steps(playbook: Playbook, tags: list[str] | None, skip_tags: list[str
     )
 
 
-def step_of(change: Change) -> str:
-    """The playbook step a Change belongs to: its first tag; reboots have a step of their own."""
-    if change.resource == "reboot":
-        return "reboot"
-    return change.tags[0] if change.tags else "checks"
-
-
 def reported(change: Change, steps: tuple[str, ...]) -> bool:
     """Whether a run of `steps` shows this Change: a pending reboot matters to the driver step too."""
-    step = step_of(change)
+    step = change.phase
     if step == "reboot":
         return "reboot" in steps or "driver" in steps
     return step in steps
@@ -157,7 +150,7 @@ def reported(change: Change, steps: tuple[str, ...]) -> bool:
 
 def carried_out(change: Change, steps: tuple[str, ...]) -> bool:
     """Whether a run of `steps` makes this Change (checks and manual steps never are)."""
-    return change.step is not None and step_of(change) in steps
+    return change.agent_step is not None and change.phase in steps
 
 
 def in_step_order(changes: list[Change], steps: tuple[str, ...]) -> list[Change]:
@@ -165,4 +158,4 @@ def in_step_order(changes: list[Change], steps: tuple[str, ...]) -> list[Change]
     what goes first (persistence before the driver install that would unload it)."""
     rank = {step: i for i, step in enumerate(steps)}
     shown = [c for c in changes if reported(c, steps)]
-    return sorted(shown, key=lambda c: rank.get(step_of(c), len(steps)))
+    return sorted(shown, key=lambda c: rank.get(c.phase, len(steps)))

@@ -20,7 +20,7 @@ import traceback
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from .. import __version__
-from ..protocol import check_request
+from ..protocol import BadRequest, check_request
 from .backend import Backend
 from .errors import AgentFailure
 from .nvidia import select_backend, simulation_target
@@ -48,15 +48,21 @@ def _reboot(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
 
 
 def _reclaim(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
-    from .reclaim import run  # type: ignore[import-not-found,unused-ignore]  # written separately
+    from .reclaim import run
 
     return run(args, backend()), None
 
 
 def _smoke(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
-    from .smoke import run  # type: ignore[import-not-found,unused-ignore]  # written separately
+    from .smoke import run
 
     return run(args), None
+
+
+def _smoke_cleanup(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
+    from .smoke import cleanup
+
+    return cleanup(args), None
 
 
 VERBS: Dict[str, Callable[[Dict[str, Any], BackendFactory], VerbOutcome]] = {
@@ -65,6 +71,7 @@ VERBS: Dict[str, Callable[[Dict[str, Any], BackendFactory], VerbOutcome]] = {
     "reboot": _reboot,
     "reclaim": _reclaim,
     "smoke": _smoke,
+    "smoke-cleanup": _smoke_cleanup,
 }
 
 
@@ -79,7 +86,10 @@ def handle(verb: Optional[str], raw_request: str) -> Tuple[Dict[str, Any], Optio
             raise AgentFailure("bad-request", f"the request on stdin is not JSON: {exc}") from None
         if not isinstance(request, dict) or not isinstance(request.get("args", {}), dict):
             raise AgentFailure("bad-request", 'the request must be {"args": {...}, "simulate": path or null}')
-        check_request(verb, request)
+        try:
+            check_request(verb, request)
+        except BadRequest as exc:
+            raise AgentFailure("bad-request", str(exc)) from None
         twin = simulation_target(request.get("simulate"))
         result, after = VERBS[verb](request.get("args") or {}, lambda: select_backend(twin))
         return {"ok": True, "agent_version": __version__, "result": result}, after

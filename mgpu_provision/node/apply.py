@@ -1,8 +1,8 @@
 """The `apply` and `reboot` verbs: carry out a host's planned steps in order, under the host lock.
 
-Steps are data from the control side's plan (`file`, `driver`, `persistence`). Each reports whether it
-changed anything, so a second apply of the same plan reports (and writes) nothing; the first failure stops
-the rest, which are reported as skipped, because later steps may depend on earlier ones.
+Steps are data from the control side's plan (their kinds are defined in `protocol.py`). Each reports
+whether it changed anything, so a second apply of the same plan reports (and writes) nothing; the first
+failure stops the rest, which are reported as skipped, because later steps may depend on earlier ones.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import stat
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .. import protocol
 from .atomic import HostLock, atomic_write
 from .backend import Backend, NvmlUnavailable
 from .errors import AgentFailure
@@ -23,9 +24,7 @@ StepResult = Tuple[bool, str]
 
 
 def apply(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
-    lock = args.get("lock")
-    if not lock:
-        raise AgentFailure("bad-request", "apply needs `lock`, the path of the host lock file")
+    lock = args["lock"]
     steps = args.get("steps") or []
     results: List[Dict[str, Any]] = []
     with HostLock(str(lock), float(args.get("lock_wait_s", DEFAULT_LOCK_WAIT_S))):
@@ -54,13 +53,13 @@ def apply(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
 
 def run_step(step: Any, backend: Backend) -> StepResult:
     kinds: Dict[str, Callable[[Dict[str, Any], Backend], StepResult]] = {
-        "file": file_step,
-        "driver": lambda s, b: b.install_driver(s),
-        "persistence": set_persistence,
+        protocol.FILE: file_step,
+        protocol.DRIVER: lambda s, b: b.install_driver(s),
+        protocol.PERSISTENCE: set_persistence,
     }
     if not isinstance(step, dict) or step.get("kind") not in kinds:
         raise AgentFailure("bad-request", f"unknown step {step!r}; kinds are {', '.join(sorted(kinds))}")
-    if step["kind"] == "file" and not step.get("path"):
+    if step["kind"] == protocol.FILE and not step.get("path"):
         raise AgentFailure("bad-request", "a file step needs `path`")
     return kinds[step["kind"]](step, backend)
 

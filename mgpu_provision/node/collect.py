@@ -11,7 +11,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from .. import __version__
-from . import files, reclaim, system, torch_probe
+from . import files, procs, reclaim, system, torch_probe
 from .backend import (
     NVLINK_MAX_LINKS,
     P2P_NVLINK,
@@ -90,8 +90,8 @@ def nvidia_facts(backend: Backend) -> Dict[str, Any]:
 
 def processes(holders: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """GPU memory holders described from /proc, with the same classification reclaim acts on."""
-    lookup = reclaim.proc_lookup()
-    btime, hz = reclaim.boot_time(), os.sysconf("SC_CLK_TCK")
+    lookup = procs.proc_lookup()
+    btime, hz = procs.boot_time(), os.sysconf("SC_CLK_TCK")
     described = []
     for holder in holders:
         info = lookup(holder["pid"])

@@ -7,28 +7,26 @@ ended before it answers: torchrun puts each worker in a session of its own, so t
 marker variable in their environment (a /proc scan), not by process group. The answer carries each rank's
 result and, on failure, a diagnosis read from the logs that names the rendezvous endpoint.
 
-`run({"cleanup": true, "run_id": ..., "node_rank": ...})` ends one node's leftovers of a run, for the control
-side when a host's call died. The marker holds the node rank too, because test hosts share one process table.
+`cleanup` (the `smoke-cleanup` verb) ends one node's leftovers of a run when a host's call died.
 
 Stdlib only, Python 3.8: this module runs on the nodes inside the agent zipapp.
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 from typing import Any
 
-from mgpu_provision.node.errors import AgentFailure
+from . import procs
+from .errors import AgentFailure
 
 MARKER_ENV = "MGPU_PROVISION_SMOKE"  # value: the run id; every process of a run inherits it
 GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
@@ -39,44 +37,33 @@ TORCH_PROBE = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spe
 
 
 class Request:
-    """The verb's arguments, checked: a bad request fails (kind `bad-request`) before anything starts.
+    """The verb's arguments (types checked at the agent's door, `protocol.VERB_ARGS["smoke"]`), with defaults.
 
     python, nnodes, node_rank, nproc_per_node, master_addr, master_port, backend (nccl|gloo), rdzv_backend
-    (static|c10d), rdzv_id, timeout_s, batch_size, sizes_mib, env (str -> str); optional: run_id (default
+    (static|c10d), rdzv_id, timeout_s, batch_size, sizes_mib; optional: env (str -> str), run_id (default
     rdzv_id), node (the name used in messages, default the hostname), iters (timed all_reduces per size).
     """
 
     def __init__(self, args: dict[str, Any]) -> None:
-        self.python = _text(args, "python")
-        self.nnodes = _integer(args, "nnodes", 1)
-        self.node_rank = _integer(args, "node_rank", 0)
+        self.python = str(args["python"])
+        self.nnodes = int(args["nnodes"])
+        self.node_rank = int(args["node_rank"])
         if self.node_rank >= self.nnodes:
-            raise _bad(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
-        self.nproc_per_node = _integer(args, "nproc_per_node", 1)
-        self.master_addr = _text(args, "master_addr")
-        self.master_port = _integer(args, "master_port", 1)
-        if self.master_port > 65535:
-            raise _bad(f"master_port {self.master_port} is not a TCP port")
-        self.backend = _choice(args, "backend", ("nccl", "gloo"))
-        self.rdzv_backend = _choice(args, "rdzv_backend", ("static", "c10d"))
-        self.rdzv_id = _text(args, "rdzv_id")
+            raise AgentFailure(
+                "bad-request", f"smoke: node_rank {self.node_rank} must be below nnodes {self.nnodes}"
+            )
+        self.nproc_per_node = int(args["nproc_per_node"])
+        self.master_addr = str(args["master_addr"])
+        self.master_port = int(args["master_port"])
+        self.backend = str(args["backend"])
+        self.rdzv_backend = str(args["rdzv_backend"])
+        self.rdzv_id = str(args["rdzv_id"])
         self.run_id = str(args.get("run_id") or self.rdzv_id)
-        timeout = args.get("timeout_s")
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-            raise _bad(f"timeout_s must be a positive number, got {timeout!r}")
-        self.timeout_s = float(timeout)
-        self.batch_size = _integer(args, "batch_size", 1)
-        sizes = args.get("sizes_mib")
-        if not isinstance(sizes, list) or not all(_positive(s) for s in sizes):
-            raise _bad(f"sizes_mib must be a list of positive numbers, got {sizes!r}")
-        self.sizes_mib = [float(s) for s in sizes]
+        self.timeout_s = float(args["timeout_s"])
+        self.batch_size = int(args["batch_size"])
+        self.sizes_mib = [float(s) for s in args["sizes_mib"]]
         self.iters = int(args.get("iters") or DEFAULT_ITERS)
-        env = args.get("env") or {}
-        if not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-        ):
-            raise _bad("env must map names to strings")
-        self.env: dict[str, str] = dict(env)
+        self.env: dict[str, str] = dict(args.get("env") or {})
         self.node = str(args.get("node") or socket.gethostname())
 
     @property
@@ -90,35 +77,6 @@ class Request:
 
 def marker(run_id: str, node_rank: int) -> str:
     return f"{run_id}/{node_rank}"
-
-
-def _bad(message: str) -> AgentFailure:
-    return AgentFailure("bad-request", "smoke: " + message)
-
-
-def _text(args: dict[str, Any], key: str) -> str:
-    value = args.get(key)
-    if not isinstance(value, str) or not value or "\n" in value:
-        raise _bad(f"{key} must be a non-empty one-line string, got {value!r}")
-    return value
-
-
-def _integer(args: dict[str, Any], key: str, minimum: int) -> int:
-    value = args.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise _bad(f"{key} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _choice(args: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:
-    value = args.get(key)
-    if value not in choices:
-        raise _bad(f"{key} must be one of {', '.join(choices)}, got {value!r}")
-    return str(value)
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def timeouts(timeout_s: float) -> tuple[int, float]:
@@ -291,33 +249,14 @@ def marked_processes(mark: str) -> list[int]:
 
 
 def end_processes(mark: str, leader: subprocess.Popen[bytes] | None = None) -> list[int]:
-    """SIGTERM torchrun's group and every marked process, SIGKILL what is left after GRACE_S; the pids that
-    survived even that (normally none)."""
-    _signal_all(mark, leader, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline and (_alive(leader) or marked_processes(mark)):
-        time.sleep(0.1)
-    _signal_all(mark, leader, signal.SIGKILL)
+    """End torchrun and every process of the run (`procs.end_processes`: SIGTERM, SIGKILL after GRACE_S);
+    the pids still marked after that (normally none). A second sweep catches workers started meanwhile."""
+    for _ in range(2):
+        targets = [info for info in map(procs.read_proc, marked_processes(mark)) if info is not None]
+        procs.end_processes(targets, GRACE_S)
     if leader is not None:
         leader.wait()
-    deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline and marked_processes(mark):
-        time.sleep(0.1)
     return marked_processes(mark)
-
-
-def _alive(leader: subprocess.Popen[bytes] | None) -> bool:
-    return leader is not None and leader.poll() is None
-
-
-def _signal_all(mark: str, leader: subprocess.Popen[bytes] | None, sig: int) -> None:
-    targets = marked_processes(mark)
-    if leader is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(leader.pid, sig)
-    for pid in targets:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
 
 
 def program_source() -> bytes:
@@ -367,14 +306,18 @@ def _identity(req: Request) -> dict[str, Any]:
     }
 
 
+def cleanup(args: dict[str, Any]) -> dict[str, Any]:
+    """The `smoke-cleanup` verb: end one node's leftovers of a run, for the control side when a host's call
+    died (the marker holds the node rank, because test hosts share one process table)."""
+    mark = marker(str(args["run_id"]), int(args["node_rank"]))
+    return {"marker": mark, "leftover_pids": end_processes(mark)}
+
+
 def run(args: dict[str, Any]) -> dict[str, Any]:
     """The `smoke` verb: node, node_rank, nnodes, nproc_per_node, master, run_id, ok, kind (None or e.g.
     torch-missing, port-in-use, rendezvous-unreachable, rendezvous-timeout, nccl, timeout, crash,
     check-failed), diagnosis, exit_code, timed_out, elapsed_s, ranks (program.py's per-rank results),
     log_tail (on failure) and leftover_pids (processes that survived SIGKILL; normally empty)."""
-    if args.get("cleanup"):
-        mark = marker(_text(args, "run_id"), _integer(args, "node_rank", 0))
-        return {"marker": mark, "leftover_pids": end_processes(mark)}
     req = Request(args)
     missing = probe_torch(req)
     if missing is not None:

@@ -1,8 +1,4 @@
-"""The unit every resource diff yields (`Change`) and the one input every diff reads (`HostContext`).
-
-They live apart from `plan.py` so that resource modules (including env files, written elsewhere) can import
-`Change` while `plan.py` imports them: `plan.py` re-exports `Change`, which is its documented home.
-"""
+"""The unit every resource diff yields (`Change`) and the one input every diff reads (`HostContext`)."""
 
 from __future__ import annotations
 
@@ -14,6 +10,9 @@ from ..node.topology import TopoMatrix
 from ..spec.models import Host, Rig
 
 Action = Literal["create", "update", "verify-failed", "manual"]
+# The playbook step a Change belongs to (`--tags`, `--skip-tags`): what kind of work carrying it out is.
+Phase = Literal["checks", "env", "sli", "persistence", "driver", "reboot"]
+PHASES: tuple[Phase, ...] = ("checks", "env", "sli", "persistence", "driver", "reboot")
 
 
 @dataclass(frozen=True)
@@ -25,17 +24,17 @@ class Change:
     summary: str
     current: str | None
     desired: str | None
-    reboot: bool = False
-    diff: str | None = None
-    step: dict[str, Any] | None = None
-    tags: tuple[str, ...] = ()
+    reboot: bool = False  # carrying it out takes effect only after a reboot
+    diff: str | None = None  # unified diff of a file's content
+    agent_step: dict[str, Any] | None = None  # the instruction for the agent (protocol.py); None: not applied
+    phase: Phase = "checks"
 
 
 def check_failed(
     resource: str, summary: str, current: str | None = None, desired: str | None = None
 ) -> Change:
     """A failed check: something apply cannot fix (hardware, cabling, services outside its reach)."""
-    return Change(resource, "verify-failed", summary, current, desired, tags=("checks",))
+    return Change(resource, "verify-failed", summary, current, desired)
 
 
 @dataclass(frozen=True)

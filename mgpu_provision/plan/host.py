@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from .. import protocol
 from ..errors import ProvisionError
 from ..facts import Facts
 from ..node.topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
@@ -47,12 +48,12 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
     and a rig that never said which python has torch would only get a failed probe of `python3`)."""
     desired = envfiles.desired_files(loaded, host)
     smoke = loaded.spec.smoke
-    return {
-        "files": [f.path for f in desired],
-        "include_content": True,
-        "python": smoke.python if "python" in smoke.model_fields_set else None,
-        "xorg_paths": [f.path for f in desired if f.tag == "sli"],
-    }
+    return protocol.facts_request(
+        files=[f.path for f in desired],
+        include_content=True,
+        python=smoke.python if "python" in smoke.model_fields_set else None,
+        xorg_paths=[f.path for f in desired if f.phase == "sli"],
+    )
 
 
 def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:

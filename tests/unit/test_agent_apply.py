@@ -133,7 +133,7 @@ def test_apply_needs_a_lock_path() -> None:
     reply = call("apply", {"steps": []})
     assert reply["error"] == {
         "kind": "bad-request",
-        "message": "apply needs `lock`, the path of the host lock file",
+        "message": "apply: `lock` is missing; it must be a non-empty one-line string",
     }
 
 

@@ -67,7 +67,7 @@ def sourced_env(script: str, tmp_path: Path, prefix: str = "") -> dict[str, str]
 
 def test_every_file_is_listed_with_mode_and_tag(tmp_path: Path) -> None:
     files = desired_files(load(tmp_path), load(tmp_path).host("gpu-b"))
-    assert [(f.path, f.mode, f.tag) for f in files] == [
+    assert [(f.path, f.mode, f.phase) for f in files] == [
         ("/etc/profile.d/mgpu-provision.sh", "0644", "env"),
         ("/etc/mgpu-provision/environment", "0644", "env"),
         ("/usr/local/bin/mgpu-torchrun", "0755", "env"),
@@ -273,10 +273,10 @@ def facts_with(*files: ManagedFile) -> Facts:
 def test_missing_file_is_created_with_a_diff_from_nothing() -> None:
     change = diff_file(FILE, ManagedFile(path="/etc/x.sh", exists=False))
     assert change is not None
-    assert (change.resource, change.action, change.tags) == ("file:/etc/x.sh", "create", ("env",))
+    assert (change.resource, change.action, change.phase) == ("file:/etc/x.sh", "create", "env")
     assert change.summary == "create /etc/x.sh (2 lines, mode 0644)"
     assert change.diff is not None and "--- /dev/null" in change.diff and "+b" in change.diff
-    assert change.step == {"kind": "file", "path": "/etc/x.sh", "content": "a\nb\n", "mode": "0644"}
+    assert change.agent_step == {"kind": "file", "path": "/etc/x.sh", "content": "a\nb\n", "mode": "0644"}
 
 
 def test_a_file_the_agent_did_not_report_is_created() -> None:

@@ -135,7 +135,8 @@ def test_plan_case(path: Path, tmp_path: Path) -> None:
         assert e["summary"] in change.summary
         # `step:` pins the keys of the agent step that apply would send (a subset: the rest may vary).
         for key, value in (e.get("step") or {}).items():
-            assert change.step is not None and change.step.get(key) == value, (key, change.step)
+            step = change.agent_step
+            assert step is not None and step.get(key) == value, (key, step)
 
 
 def test_every_case_has_a_description_and_an_expectation() -> None:

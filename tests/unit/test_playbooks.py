@@ -17,7 +17,7 @@ from mgpu_provision.converge.playbooks import (
     reported,
     select_steps,
 )
-from mgpu_provision.plan.change import Change
+from mgpu_provision.plan.change import Change, Phase
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGED = REPO / "mgpu_provision" / "playbooks"
@@ -97,16 +97,16 @@ def test_unknown_tags_are_refused() -> None:
         select_steps(load_playbook("audit"), ["nvlink"], None)
 
 
-def change(resource: str, tag: str, step: dict[str, str] | None = None) -> Change:
+def change(resource: str, phase: Phase, step: dict[str, str] | None = None) -> Change:
     return Change(
-        resource, "update" if step else "verify-failed", resource, None, None, step=step, tags=(tag,)
+        resource, "update" if step else "verify-failed", resource, None, None, agent_step=step, phase=phase
     )
 
 
 CHECK = change("gpus", "checks")
 FILE = change("file:/x", "env", {"kind": "file"})
 DRIVER = change("driver", "driver", {"kind": "driver"})
-REBOOT = change("reboot", "driver", {"kind": "reboot"})
+REBOOT = change("reboot", "reboot", {"kind": "reboot"})
 
 
 def test_reboots_belong_to_the_reboot_step_and_show_with_the_driver() -> None:

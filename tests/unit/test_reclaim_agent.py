@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.node import reclaim
+from mgpu_provision.node import procs, reclaim
 from mgpu_provision.node.errors import AgentFailure
-from mgpu_provision.node.reclaim import Classification, ProcInfo
+from mgpu_provision.node.procs import ProcInfo
+from mgpu_provision.node.reclaim import Classification
+from mgpu_provision.protocol import BadRequest, check_args
 
 
 def proc(pid: int, ppid: int, argv: str = "python train.py", **kw: object) -> ProcInfo:
@@ -33,8 +35,8 @@ INIT = proc(1, 0, "/sbin/init", comm="systemd", sid=1, unit="init.scope")
 SHELL = proc(50, 1, "-bash", comm="bash", sid=50)
 
 
-def table(*procs: ProcInfo) -> reclaim.Lookup:
-    by_pid = {p.pid: p for p in (INIT, SHELL, *procs)}
+def table(*listed: ProcInfo) -> procs.Lookup:
+    by_pid = {p.pid: p for p in (INIT, SHELL, *listed)}
     return by_pid.get
 
 
@@ -119,7 +121,7 @@ def test_parent_outside_the_pid_namespace_is_attached() -> None:
 
 def test_ancestors_stop_at_a_loop() -> None:
     a, b = proc(100, 101), proc(101, 100)
-    assert [p.pid for p in reclaim.ancestors(a, table(a, b))] == [101]
+    assert [p.pid for p in procs.ancestors(a, table(a, b))] == [101]
 
 
 # ---------------------------------------------------------------------------------------------- decide
@@ -186,25 +188,36 @@ def test_unknown_memory_use_still_counts_as_holding() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (
-            {"policy": "everything"},
-            "policy must be one of never, orphans, orphans+patterns, not 'everything'",
-        ),
         ({"policy": "orphans", "patterns": ["x"]}, "patterns are only used with policy orphans+patterns"),
         (
             {"policy": "orphans+patterns", "patterns": ["(unclosed"]},
             "pattern '(unclosed' is not a valid regular",
         ),
-        ({"patterns": "python"}, "patterns must be a list of strings"),
-        ({"grace_s": -1}, "grace_s must be a number of seconds from 0 to 600, not -1"),
-        ({"grace_s": True}, "grace_s must be a number of seconds from 0 to 600, not True"),
     ],
 )
-def test_bad_arguments_are_refused_with_a_message(args: dict[str, object], message: str) -> None:
+def test_arguments_that_do_not_fit_together_are_refused(args: dict[str, object], message: str) -> None:
     with pytest.raises(AgentFailure) as err:
         reclaim.run(args, backend=None)  # type: ignore[arg-type]
-    assert err.value.kind == "bad-args"
+    assert err.value.kind == "bad-request"
     assert message in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            {"policy": "everything"},
+            "reclaim: `policy` must be one of never, orphans, orphans+patterns, got 'everything'",
+        ),
+        ({"patterns": "python"}, "reclaim: `patterns` must be a list of strings, got 'python'"),
+        ({"grace_s": -1}, "reclaim: `grace_s` must be a number from 0 to 600, got -1"),
+        ({"grace_s": True}, "reclaim: `grace_s` must be a number from 0 to 600, got True"),
+    ],
+)
+def test_mistyped_arguments_are_refused_at_the_door(args: dict[str, object], message: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        check_args("reclaim", args)
+    assert str(err.value) == message
 
 
 # ---------------------------------------------------------------------------------------------- read_proc
@@ -244,7 +257,7 @@ def test_read_proc_parses_stat_status_cmdline_and_cgroup(tmp_path: Path) -> None
         cmdline=b"python\0train.py\0--lr\x000.1\0",
         cgroup="12:name=systemd:/system.slice/train.service\n0::/system.slice/train.service\n",
     )
-    info = reclaim.read_proc(4242, str(tmp_path))
+    info = procs.read_proc(4242, str(tmp_path))
     assert info == ProcInfo(
         4242,
         1,
@@ -258,14 +271,14 @@ def test_read_proc_parses_stat_status_cmdline_and_cgroup(tmp_path: Path) -> None
         True,
     )
     assert info.command == "python train.py --lr 0.1"
-    assert reclaim.read_proc(4243, str(tmp_path)) is None
+    assert procs.read_proc(4243, str(tmp_path)) is None
 
 
 def test_zombie_leader_is_alive_while_a_thread_runs(tmp_path: Path) -> None:
     zombie = stat_line(10, "python3", "Z", 1, 5, 100)
     fake_proc(tmp_path, 10, zombie, tasks={10: zombie, 11: stat_line(11, "python3", "S", 1, 5, 101)})
     fake_proc(tmp_path, 20, stat_line(20, "dead", "Z", 1, 5, 100))
-    live, dead = reclaim.read_proc(10, str(tmp_path)), reclaim.read_proc(20, str(tmp_path))
+    live, dead = procs.read_proc(10, str(tmp_path)), procs.read_proc(20, str(tmp_path))
     assert live is not None and live.alive and live.state == "Z"
     assert dead is not None and not dead.alive
     assert dead.command == "[dead]"
@@ -273,7 +286,7 @@ def test_zombie_leader_is_alive_while_a_thread_runs(tmp_path: Path) -> None:
 
 def test_boot_time_and_owner(tmp_path: Path) -> None:
     (tmp_path / "stat").write_text("cpu  1 2 3\nbtime 1764400000\nprocesses 5\n")
-    assert reclaim.boot_time(str(tmp_path)) == 1764400000.0
-    assert reclaim.owner_name(0) == "root"
-    assert reclaim.owner_name(None) is None
-    assert reclaim.owner_name(987654321) == "987654321"
+    assert procs.boot_time(str(tmp_path)) == 1764400000.0
+    assert procs.owner_name(0) == "root"
+    assert procs.owner_name(None) is None
+    assert procs.owner_name(987654321) == "987654321"

@@ -13,6 +13,7 @@ from mgpu_provision import reclaim
 from mgpu_provision.errors import AgentError
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet.pool import HostOutcome
+from mgpu_provision.protocol import facts_request
 from mgpu_provision.reclaim import HostReclaim, ReclaimedProcess
 from mgpu_provision.spec.models import Reclaim
 
@@ -127,7 +128,7 @@ def test_facts_are_asked_again_only_when_something_was_ended() -> None:
         {"reclaim": {"processes": [row(10, "ended")], "freed_mib": 1000}, "facts": facts_with().model_dump()}
     )
     assert reclaim.reclaim_on(done, {"dry_run": False}).freed_mib == 1000  # type: ignore[arg-type]
-    assert done.calls == [("reclaim", {"dry_run": False}), ("facts", reclaim.FACTS_ARGS)]
+    assert done.calls == [("reclaim", {"dry_run": False}), ("facts", facts_request())]
 
 
 # ------------------------------------------------------------------------------------------- judging

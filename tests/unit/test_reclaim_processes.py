@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.node import reclaim
+from mgpu_provision.node import procs, reclaim
 from mgpu_provision.node.backend import NvmlUnavailable
 from mgpu_provision.node.errors import AgentFailure
-from mgpu_provision.node.reclaim import ProcInfo
+from mgpu_provision.node.procs import ProcInfo
 
 MIB = 1024 * 1024
 IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
@@ -63,13 +63,13 @@ def wait_for(predicate: object, what: str, timeout_s: float = 10.0) -> None:
 
 def state(pid: int) -> str:
     """The comm of a live process, or its state letter when the leader is defunct."""
-    info = reclaim.read_proc(pid)
+    info = procs.read_proc(pid)
     assert info is not None
     return info.state if info.state == "Z" else info.comm
 
 
 def alive(pid: int) -> bool:
-    info = reclaim.read_proc(pid)
+    info = procs.read_proc(pid)
     return info is not None and info.alive
 
 
@@ -82,7 +82,7 @@ class Spawner:
         self.children: list[subprocess.Popen[str]] = []
 
     def _track(self, pid: int) -> int:
-        info = reclaim.read_proc(pid)
+        info = procs.read_proc(pid)
         assert info is not None
         self.started.append(info)
         return pid
@@ -114,7 +114,7 @@ class Spawner:
 
     def cleanup(self) -> None:
         for info in self.started:
-            now = reclaim.read_proc(info.pid)
+            now = procs.read_proc(info.pid)
             if now is not None and now.start_ticks == info.start_ticks and now.alive:
                 os.kill(info.pid, signal.SIGKILL)
         for proc in self.children:
@@ -206,21 +206,21 @@ def test_patterns_end_a_live_child_and_refuse_the_agent_and_its_ancestors(spawn:
 
 def test_a_reused_pid_is_left_alone(spawn: Spawner) -> None:
     pid = spawn.child()
-    listed = reclaim.read_proc(pid)
+    listed = procs.read_proc(pid)
     assert listed is not None
     impostor = listed._replace(start_ticks=listed.start_ticks - 1)
-    outcomes = reclaim.end_processes([impostor], grace_s=0.1)
+    outcomes = procs.end_processes([impostor], grace_s=0.1)
     assert outcomes == {pid: f"left alone: pid {pid} now names another process (pid reused)"}
     assert alive(pid)
 
 
 def test_a_process_gone_before_the_signal_counts_as_ended(spawn: Spawner) -> None:
     pid = spawn.orphan()
-    listed = reclaim.read_proc(pid)
+    listed = procs.read_proc(pid)
     assert listed is not None
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not alive(pid), "the process to die")
-    assert reclaim.end_processes([listed], grace_s=0.1) == {pid: "ended before it was signalled"}
+    assert procs.end_processes([listed], grace_s=0.1) == {pid: "ended before it was signalled"}
 
 
 def test_dead_holders_are_not_listed() -> None:

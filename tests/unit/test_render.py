@@ -22,8 +22,8 @@ DRIVER = Change(
     "535.161.08",
     "550.54.15",
     reboot=True,
-    step={"kind": "driver"},
-    tags=("driver",),
+    agent_step={"kind": "driver"},
+    phase="driver",
 )
 FILE = Change(
     "file:/etc/profile.d/mgpu-provision.sh",
@@ -32,8 +32,8 @@ FILE = Change(
     None,
     "mode 0644",
     diff="--- /dev/null\n+++ /etc/profile.d/mgpu-provision.sh\n@@ -0,0 +1,2 @@\n+export A=1\n+export B=2\n",
-    step={"kind": "file"},
-    tags=("env",),
+    agent_step={"kind": "file"},
+    phase="env",
 )
 LOOSE = Change("topology", "verify-failed", "GPU 1 link 2 is inactive: a loose bridge?", "NV3", "NV4")
 REBOOT = Change(
@@ -135,6 +135,7 @@ def test_json_schema_keys_are_stable() -> None:
         "reboot": True,
         "diff": None,
         "tags": ["driver"],
+        "phase": "driver",
         "applies": True,
     }
     assert doc["hosts"]["gpu-a"]["changes"][2]["applies"] is False

@@ -49,7 +49,7 @@ def test_linux_gets_the_mode_as_nvidia_xconfig_spells_it(tmp_path: Path) -> None
     loaded = load(tmp_path)
     host = loaded.host("lin")
     assert sli.desired_mode(host, loaded.rig_of(host)) == "Mosaic"
-    [xorg] = [f for f in desired_files(loaded, host) if f.tag == "sli"]
+    [xorg] = [f for f in desired_files(loaded, host) if f.phase == "sli"]
     assert xorg.path == "/etc/X11/xorg.conf.d/20-mgpu-provision.conf"
     assert 'Option         "SLI" "Mosaic"' in xorg.content
     assert sli.diff(context(loaded, "lin")) == []  # the file diff carries it on Linux
@@ -67,7 +67,7 @@ def test_windows_gets_a_manual_control_panel_step(tmp_path: Path) -> None:
     host = loaded.host("win")
     assert sli.desired_mode(host, loaded.rig_of(host)) is None
     [change] = sli.diff(context(loaded, "win"))
-    assert (change.resource, change.action, change.step, change.tags) == ("sli", "manual", None, ("sli",))
+    assert (change.resource, change.action, change.agent_step, change.phase) == ("sli", "manual", None, "sli")
     assert change.summary == (
         'set SLI to Mosaic by hand: NVIDIA Control Panel > 3D Settings > "Set SLI and PhysX configuration" > '
         '"Span display with Surround"'

@@ -163,16 +163,16 @@ def test_run_smoke_starts_all_hosts_at_once_and_cleans_up_failed_ones(
     hosts = list(loaded.spec.hosts)
     targets = [HostTarget(h.name, "x", None, None, None, None, False, "p", "ssh", None, 1, 1) for h in hosts]
     fleets: list[tuple[list[str], int | None]] = []
-    requests: list[tuple[str, dict[str, Any]]] = []
+    requests: list[tuple[str, str, dict[str, Any]]] = []
 
     class Session:
         def __init__(self, target: HostTarget) -> None:
             self.target = target
 
         def call(self, verb: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-            assert verb == "smoke" and timeout is not None
-            requests.append((self.target.name, args))
-            if self.target.name == "gpu-c" and not args.get("cleanup"):
+            assert verb in ("smoke", "smoke-cleanup") and timeout is not None
+            requests.append((verb, self.target.name, args))
+            if self.target.name == "gpu-c" and verb == "smoke":
                 raise ProvisionError("agent smoke did not finish")
             return {"ok": True, "ranks": ranks_of(args.get("node_rank", 0), world=6)}
 
@@ -193,7 +193,7 @@ def test_run_smoke_starts_all_hosts_at_once_and_cleans_up_failed_ones(
     )
     # Every host at once despite --forks 1, then a cleanup call for the one whose call failed.
     assert fleets == [(["gpu-b", "gpu-a", "gpu-c"], 3), (["gpu-c"], 1)]
-    assert requests[-1] == ("gpu-c", {"cleanup": True, "run_id": report.run_id, "node_rank": 2})
+    assert requests[-1] == ("smoke-cleanup", "gpu-c", {"run_id": report.run_id, "node_rank": 2})
     assert sorted(done) == [("gpu-a", True), ("gpu-b", True), ("gpu-c", False)]
     assert not report.ok and report.groups[0].problems[0] == "gpu-c: agent smoke did not finish"
 

@@ -8,6 +8,7 @@ that no process of the run is left and no port is held.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 
 from mgpu_provision.node import smoke as node
 from mgpu_provision.node.errors import AgentFailure
+from mgpu_provision.protocol import BadRequest, check_args
 from tests.unit.smoke_helpers import FAIL_TIMEOUT_S, free_port, listening, node_args, processes_of_run, run_id
 
 
@@ -34,23 +36,35 @@ def request(**over: Any) -> node.Request:
 @pytest.mark.parametrize(
     ("over", "message"),
     [
-        ({"python": ""}, "python must be a non-empty one-line string"),
-        ({"nnodes": 0}, "nnodes must be an integer >= 1, got 0"),
-        ({"node_rank": 2}, "node_rank 2 must be below nnodes 2"),
-        ({"master_port": 70000}, "master_port 70000 is not a TCP port"),
-        ({"backend": "mpi"}, "backend must be one of nccl, gloo, got 'mpi'"),
-        ({"rdzv_backend": "etcd"}, "rdzv_backend must be one of static, c10d"),
-        ({"timeout_s": 0}, "timeout_s must be a positive number, got 0"),
-        ({"sizes_mib": [1, -2]}, "sizes_mib must be a list of positive numbers"),
-        ({"env": {"A": 1}}, "env must map names to strings"),
-        ({"master_addr": "a\nb"}, "master_addr must be a non-empty one-line string"),
+        ({"python": ""}, "smoke: `python` must be a non-empty one-line string, got ''"),
+        ({"nnodes": 0}, "smoke: `nnodes` must be an integer >= 1, got 0"),
+        ({"master_port": 70000}, "smoke: `master_port` must be an integer from 1 to 65535, got 70000"),
+        ({"backend": "mpi"}, "smoke: `backend` must be one of nccl, gloo, got 'mpi'"),
+        ({"rdzv_backend": "etcd"}, "smoke: `rdzv_backend` must be one of static, c10d"),
+        ({"timeout_s": 0}, "smoke: `timeout_s` must be a positive number, got 0"),
+        ({"sizes_mib": [1, -2]}, "smoke: `sizes_mib` must be a list of positive numbers"),
+        ({"env": {"A": 1}}, "smoke: `env` must be a mapping of names to strings"),
+        ({"master_addr": "a\nb"}, "smoke: `master_addr` must be a non-empty one-line string"),
+        ({"rdzv_id": None}, "smoke: `rdzv_id` must be a non-empty one-line string, got None"),
     ],
 )
 def test_bad_request_names_the_field(over: dict[str, Any], message: str) -> None:
+    with pytest.raises(BadRequest, match=re.escape(message)):
+        check_args("smoke", {**node_args("r1", 29500, 0), **over})
+
+
+def test_a_missing_argument_is_named() -> None:
+    args = node_args("r1", 29500, 0)
+    del args["python"]
+    with pytest.raises(BadRequest, match="smoke: `python` is missing; it must be a non-empty one-line"):
+        check_args("smoke", args)
+
+
+def test_node_rank_must_be_below_nnodes() -> None:
     with pytest.raises(AgentFailure) as info:
-        request(**over)
+        request(node_rank=2)
     assert info.value.kind == "bad-request"
-    assert message in info.value.message
+    assert "node_rank 2 must be below nnodes 2" in info.value.message
 
 
 def test_timeouts_leave_room_before_the_deadline() -> None:
@@ -208,7 +222,7 @@ def test_cleanup_ends_marked_processes_even_when_they_ignore_sigterm() -> None:
     other = subprocess.Popen(["sleep", "60"], env={node.MARKER_ENV: node.marker(rid, 0)})
     try:
         started = time.monotonic()
-        answer = node.run({"cleanup": True, "run_id": rid, "node_rank": 1})
+        answer = node.cleanup({"run_id": rid, "node_rank": 1})
         assert answer == {"marker": f"{rid}/1", "leftover_pids": []}
         assert proc.wait(timeout=5) == -9  # needed SIGKILL
         assert time.monotonic() - started < node.GRACE_S * 2 + 2

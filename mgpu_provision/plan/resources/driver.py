@@ -1,13 +1,14 @@
 """The NVIDIA driver: installed at the rig's exact version or branch, and loaded (which may take a reboot).
 
 A new driver only takes effect once its kernel module is loaded, so every install comes with a reboot Change:
-with `reboot: allowed` apply carries it out (resource "reboot", step `{"kind": "reboot"}`, which apply runs
-through the agent's `reboot` verb rather than `apply`); with `reboot: never` it is a manual step saying so.
+with `reboot: allowed` apply carries it out (resource "reboot", phase "reboot", carried out by the agent's
+`reboot` verb rather than `apply`); with `reboot: never` it is a manual step saying so.
 A box where a newer driver is installed but an older module still runs gets the same reboot Change alone.
 """
 
 from __future__ import annotations
 
+from ... import protocol
 from ...spec.models import Driver
 from ..change import Action, Change, HostContext
 
@@ -43,19 +44,18 @@ def _install(ctx: HostContext, want: Driver, installed: str | None, desired: str
     action: Action = "update" if installed else "create"
     if ctx.host.os != "linux":
         summary = f"{summary} (by hand on {ctx.host.os})"
-        return Change("driver", "manual", summary, installed, desired, reboot=True, tags=("driver",))
-    target = {"version": want.version} if want.version else {"branch": want.branch}
-    step = {
-        "kind": "driver",
-        "method": want.method,
-        **target,
-        "flavor": want.flavor,
-        "hold": want.hold,
-        "fabricmanager": want.fabricmanager,
-    }
-    if want.method == "runfile":
-        step.update(runfile=want.runfile_url, sha256=want.runfile_sha256)
-    return Change("driver", action, summary, installed, desired, reboot=True, step=step, tags=("driver",))
+        return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
+    target = {"version": want.version} if want.version else {"branch": str(want.branch)}
+    runfile = {"runfile": want.runfile_url, "sha256": want.runfile_sha256} if want.method == "runfile" else {}
+    step = protocol.driver_step(
+        want.method,
+        target,
+        flavor=want.flavor,
+        hold=want.hold,
+        fabricmanager=want.fabricmanager,
+        **runfile,
+    )
+    return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
 
 
 def _reboot(want: Driver, version: str, loaded: str | None) -> Change:
@@ -67,7 +67,7 @@ def _reboot(want: Driver, version: str, loaded: str | None) -> Change:
             loaded,
             version,
             reboot=True,
-            tags=("driver",),
+            phase="reboot",
         )
     return Change(
         "reboot",
@@ -76,6 +76,6 @@ def _reboot(want: Driver, version: str, loaded: str | None) -> Change:
         loaded,
         version,
         reboot=True,
-        step={"kind": "reboot"},
-        tags=("driver",),
+        agent_step=protocol.reboot_step(),
+        phase="reboot",
     )

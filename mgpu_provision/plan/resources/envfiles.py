@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from ... import protocol
 from ...errors import ProvisionError
 from ...facts import Facts, ManagedFile
 from ...spec.models import Host, Rig
-from ..change import Change
+from ..change import Change, Phase
 from . import sli
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class DesiredFile:
     path: str
     content: str
     mode: str  # octal permission bits, e.g. "0644", as the agent's file step and facts spell them
-    tag: str  # the playbook step that manages it: "env" or "sli"
+    phase: Phase  # the playbook step that manages it: "env" or "sli"
 
     @property
     def sha256(self) -> str:
@@ -180,7 +181,7 @@ def _describe(mode: str | None, sha256: str | None) -> str:
 
 def diff_file(want: DesiredFile, have: ManagedFile | None) -> Change | None:
     """The Change that makes `have` (the node's file, None when not reported) into `want`, or None."""
-    step = {"kind": "file", "path": want.path, "content": want.content, "mode": want.mode}
+    step = protocol.file_step(want.path, want.content, want.mode)
     resource = f"file:{want.path}"
     desired = _describe(want.mode, want.sha256)
     if have is None or not have.exists:
@@ -192,8 +193,8 @@ def diff_file(want: DesiredFile, have: ManagedFile | None) -> Change | None:
             None,
             desired,
             diff=_unified("", want.content, want.path, "/dev/null"),
-            step=step,
-            tags=(want.tag,),
+            agent_step=step,
+            phase=want.phase,
         )
     same_content = have.content == want.content if have.content is not None else have.sha256 == want.sha256
     same_mode = have.mode == want.mode
@@ -214,8 +215,8 @@ def diff_file(want: DesiredFile, have: ManagedFile | None) -> Change | None:
         _describe(have.mode, have.sha256),
         desired,
         diff=diff,
-        step=step,
-        tags=(want.tag,),
+        agent_step=step,
+        phase=want.phase,
     )
 
 

@@ -6,6 +6,7 @@ is Linux-only), and only when the rig file asks for a value.
 
 from __future__ import annotations
 
+from ... import protocol
 from ..change import Change, HostContext
 
 
@@ -25,7 +26,7 @@ def diff(ctx: HostContext) -> list[Change]:
             summary=f"persistence mode {state[not wanted]} → {state[wanted]} on GPU {listed}",
             current=state[not wanted],
             desired=state[wanted],
-            step={"kind": "persistence", "gpus": wrong, "enabled": wanted},
-            tags=("persistence",),
+            agent_step=protocol.persistence_step(wrong, wanted),
+            phase="persistence",
         )
     ]

@@ -33,4 +33,4 @@ def diff(ctx: HostContext) -> list[Change]:
         return []
     where = 'NVIDIA Control Panel > 3D Settings > "Set SLI and PhysX configuration"'
     summary = f'set SLI to {mode} by hand: {where} > "{_WINDOWS_CHOICE[mode]}"'
-    return [Change("sli", "manual", summary, current, mode, tags=("sli",))]
+    return [Change("sli", "manual", summary, current, mode, phase="sli")]
