@@ -2,18 +2,16 @@
 
 The node decides which processes to end (it alone sees /proc); this side turns the rig's policy into the
 verb's arguments, checks the answer against the contract, verifies with a fresh `facts` call that ended
-processes no longer hold GPU memory, and sums it all up into one report, its exit code and its output.
+processes no longer hold GPU memory, and sums it all up per host with the exit code. The command
+(`commands/reclaim.py`) shows it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
 from . import protocol
 from .errors import AgentError
@@ -132,88 +130,3 @@ def exit_code(hosts: list[HostReclaim]) -> int:
         if host.status != "ok" or any(p.action in LEFT for p in host.processes):
             return 2
     return 0
-
-
-# ------------------------------------------------------------------------------------------- output
-
-
-def as_json(hosts: list[HostReclaim], dry_run: bool) -> dict[str, Any]:
-    """Stable keys for scripts: per host status, error, processes and freed MiB; the total; the exit code."""
-    return {
-        "dry_run": dry_run,
-        "hosts": {
-            h.name: {
-                "status": h.status,
-                "error": h.error,
-                "freed_mib": h.freed_mib,
-                "processes": [p.model_dump(mode="json") for p in h.processes],
-            }
-            for h in hosts
-        },
-        "freed_mib": sum(h.freed_mib for h in hosts),
-        "exit_code": exit_code(hosts),
-    }
-
-
-ACTION_STYLE = {"keep": "dim", "refused": "yellow", "would-end": "cyan", "ended": "green", "failed": "red"}
-
-
-def _started(epoch: float | None) -> str:
-    return "?" if epoch is None else datetime.fromtimestamp(epoch).strftime("%m-%d %H:%M:%S")
-
-
-# In the order `_table` fills each row.
-COLUMNS = ("pid", "ppid", "gpu", "MiB", "owner", "started", "command", "action", "why")
-NUMERIC = ("pid", "ppid", "gpu", "MiB")
-
-
-def _table(host: HostReclaim) -> Table:
-    table = Table(title=f"{host.name}", title_justify="left", expand=False)
-    for column in COLUMNS:
-        table.add_column(column, overflow="fold", justify="right" if column in NUMERIC else "left")
-    for p in host.processes:
-        style = ACTION_STYLE[p.action]
-        table.add_row(
-            str(p.pid),
-            "?" if p.ppid is None else str(p.ppid),
-            str(p.gpu),
-            "?" if p.used_mib is None else str(p.used_mib),
-            p.owner or "?",
-            _started(p.start_time),
-            (p.command or "")[:60],
-            f"[{style}]{p.action}[/{style}]",
-            p.reason,
-        )
-    return table
-
-
-def summary(hosts: list[HostReclaim], dry_run: bool) -> str:
-    reached = [h for h in hosts if h.status == "ok"]
-    if dry_run:
-        count = sum(h.count("would-end") for h in reached)
-        mib = sum(p.used_mib or 0 for h in reached for p in h.processes if p.action == "would-end")
-        line = f"Would end {count} process{'es' if count != 1 else ''} holding {mib} MiB"
-        line += " (dry run: --yes ends them)" if count else ""
-    else:
-        count = sum(h.count("ended") for h in reached)
-        line = (
-            f"Ended {count} process{'es' if count != 1 else ''}, freed {sum(h.freed_mib for h in hosts)} MiB"
-        )
-    problems = [f"{n} {what}" for what in ("refused", "failed") if (n := sum(h.count(what) for h in reached))]
-    unreachable = len(hosts) - len(reached)
-    if unreachable:
-        problems.append(f"{unreachable} host{'s' if unreachable != 1 else ''} failed or unreachable")
-    return f"{line} on {len(reached)} of {len(hosts)} hosts" + (
-        f"; {', '.join(problems)}" if problems else ""
-    )
-
-
-def render_human(hosts: list[HostReclaim], dry_run: bool, console: Console) -> None:
-    for host in hosts:
-        if host.status != "ok":
-            console.print(f"[red]{host.name}: {host.status}[/red]: {host.error}", highlight=False)
-        elif not host.processes:
-            console.print(f"{host.name}: no process holds GPU memory", highlight=False)
-        else:
-            console.print(_table(host))
-    console.print(summary(hosts, dry_run), highlight=False)

@@ -15,13 +15,14 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from ..converge.apply import ApplyResult, ApplySettings, Preview, preview, rollout
+from ..converge.apply import ApplyResult, ApplySettings, fleet_plan, rollout, to_carry_out
 from ..converge.playbooks import load_playbook, select_steps
 from ..converge.rollout import parse_max_fail_percent, parse_serial
 from ..errors import ProvisionError
-from ..plan.host import FleetPlan, HostPlan
+from ..plan.fleet import FleetPlan
 from . import options
-from .plan_view import change_json, change_lines, host_table, render_plan
+from .output import host_table
+from .plan_view import change_json, change_lines, render_plan
 
 MAX_WAIT_S = 3600
 
@@ -96,10 +97,10 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     out = err if args.json else Console(highlight=False, soft_wrap=True)
 
-    previews = preview(fleet.loaded, fleet.targets, steps, fleet.options)
-    busy = [p for p in previews.values() if p.to_do(steps)]
+    plan = fleet_plan(fleet.loaded, fleet.targets, steps, fleet.options)
+    busy = [h for h in plan.hosts if to_carry_out(h, steps)]
     if busy:
-        show_plan(out, list(previews.values()), steps)
+        show_plan(out, plan, steps)
         confirm(args.yes, len(busy), err)
     # A spinner with the latest step and the time spent: driver installs and reboot waits take minutes.
     # rich shows it only on a terminal; the progress lines themselves are always printed (logs, CI).
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         result = rollout(
             fleet.loaded,
             fleet.targets,
-            previews,
+            plan,
             settings,
             fleet.options,
             serial=serial,
@@ -139,9 +140,9 @@ def confirm(yes: bool, hosts: int, console: Console) -> None:
         raise NotConfirmed("apply cancelled: nothing was changed")
 
 
-def show_plan(console: Console, previews: list[Preview], steps: tuple[str, ...]) -> None:
+def show_plan(console: Console, plan: FleetPlan, steps: tuple[str, ...]) -> None:
     console.print(f"[bold]Plan[/] (playbook steps: {', '.join(steps)})")
-    render_plan(FleetPlan(tuple(HostPlan(p.host, p.status, p.changes, p.error) for p in previews)), console)
+    render_plan(plan, console)
 
 
 def show_recap(console: Console, result: ApplyResult) -> None:

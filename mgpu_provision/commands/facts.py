@@ -18,21 +18,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..facts import Facts, Gpu, PcieLink
-from ..fleet.pool import HostOutcome, run_fleet
-from ..fleet.session import AgentSession, read_facts
+from ..fleet.pool import HostOutcome
 from ..node.topology import format_topology, gpu_matrix
-from ..plan.host import facts_request
+from ..plan.fleet import gather_facts
 from . import options
-
-
-def collect(run: options.FleetRun) -> dict[str, HostOutcome[Facts]]:
-    """Facts of every chosen host; the request per host comes from the plan so facts and plan agree."""
-
-    def one(session: AgentSession) -> Facts:
-        host = run.loaded.host(session.target.name)
-        return read_facts(session, facts_request(run.loaded, host))
-
-    return run_fleet(run.targets, one, run.options)
 
 
 def as_json(outcomes: dict[str, HostOutcome[Facts]]) -> dict[str, Any]:
@@ -123,7 +112,7 @@ def render(outcomes: dict[str, HostOutcome[Facts]], console: Console) -> None:
 
 def run(args: argparse.Namespace) -> int:
     fleet = options.prepare(args)
-    outcomes = collect(fleet)
+    outcomes = gather_facts(fleet.loaded, fleet.targets, fleet.options)
     if args.json:
         print(json.dumps(as_json(outcomes), indent=2))
     else:

@@ -10,32 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..errors import ProvisionError
-from ..plan.host import FleetPlan, HostPlan, plan_host
+from ..plan.fleet import plan_fleet
 from . import options
-from .facts import collect
-from .plan_view import make_console, plan_json, render_plan
-
-
-def build_plan(fleet: options.FleetRun) -> FleetPlan:
-    """Facts from every host at once, then each host's plan; a host that was not read keeps its reason."""
-    hosts: list[HostPlan] = []
-    for name, outcome in collect(fleet).items():
-        if outcome.status != "ok" or outcome.value is None:
-            status = "failed" if outcome.status == "ok" else outcome.status  # ok without facts: not a plan
-            hosts.append(HostPlan(name, status, (), outcome.error))
-            continue
-        try:
-            changes = plan_host(fleet.loaded, fleet.loaded.host(name), outcome.value)
-        except ProvisionError as exc:  # e.g. a visible-device UUID no GPU of this box has: this host only
-            hosts.append(HostPlan(name, "failed", (), str(exc)))
-            continue
-        hosts.append(HostPlan(name, "ok", tuple(changes)))
-    return FleetPlan(tuple(hosts))
+from .output import make_console
+from .plan_view import plan_json, render_plan
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = build_plan(options.prepare(args))
+    fleet = options.prepare(args)
+    plan = plan_fleet(fleet.loaded, fleet.targets, fleet.options)
     if args.json:
         print(json.dumps(plan_json(plan), indent=2))
     else:

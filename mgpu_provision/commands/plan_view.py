@@ -1,32 +1,23 @@
-"""Output of plans for people (rich) and for programs (JSON, the stable schema in docs/plan-json.md).
+"""A plan for people (rich) and for programs (JSON, the stable schema in docs/plan-json.md).
 
-Kept apart from the plan logic so that `plan` and `apply` print the same plan the same way, and so that the
-wording a person reads can be tested as text. `host_table` and `make_console` are general helpers for the
-per-host recaps other commands print.
+`plan` and `apply` both show plans through this module, so they print the same plan the same way; the wording
+a person reads is tested as text.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from ..plan.host import Change, FleetPlan, HostPlan, PlanTotals
+from ..plan.change import Change
+from ..plan.fleet import FleetPlan, HostPlan, PlanTotals
 
 PLAN_JSON_VERSION = 1
 SYMBOL = {"create": "+", "update": "~", "verify-failed": "!", "manual": "?"}
 ACTION_STYLE = {"create": "green", "update": "yellow", "verify-failed": "red", "manual": "magenta"}
-STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red", "skipped": "dim"}
 DIFF_STYLE = {"+": "green", "-": "red", "@": "cyan"}
-
-
-def make_console(file: TextIO | None = None, width: int | None = None) -> Console:
-    """A console for command output: no guessing of highlights in host names or versions."""
-    return Console(file=file or sys.stdout, highlight=False, width=width)
 
 
 def _plural(count: int, one: str, many: str) -> str:
@@ -125,20 +116,3 @@ def plan_json(plan: FleetPlan) -> dict[str, Any]:
         "converged": plan.converged,
         "exit_code": plan.exit_code,
     }
-
-
-def host_table(rows: Mapping[str, Mapping[str, object]], columns: Sequence[str]) -> Table:
-    """A recap table, one row per host: `columns` read from each host's mapping ('' when absent); a column
-    named `status` is coloured (ok green, changed yellow, failed/unreachable red, skipped dim)."""
-    table = Table(show_edge=False, pad_edge=False, header_style="bold")
-    table.add_column("host", style="cyan")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("status", "error") else "right")
-    for name, row in rows.items():
-        cells: list[Text] = []
-        for column in columns:
-            value = "" if row.get(column) is None else str(row.get(column))
-            style = STATUS_STYLE.get(value, "") if column == "status" else ""
-            cells.append(Text(value, style=style))
-        table.add_row(name, *cells)
-    return table

@@ -4,7 +4,8 @@ Per host (`converge_host`), everything the plan can carry out goes to the node i
 the agent holds the host's lock for the whole change; a driver that needs a reboot gets one (when the rig and
 the playbook allow it, and never on the machine running this tool), then facts are read again and whatever
 the plan still shows is reported. Across hosts (`rollout`), batches from `--serial` run one after another and
-`--max-fail-percent` stops the later ones. `preview` is the plan shown for confirmation before anything runs.
+`--max-fail-percent` stops the later ones. `fleet_plan` is the plan shown for confirmation before anything
+runs, and the one the rollout carries out.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..fleet.pool import HostOutcome, run_fleet
 from ..fleet.session import AgentSession, open_session, read_facts
 from ..fleet.targets import HostTarget
 from ..plan.change import Change
+from ..plan.fleet import FleetPlan, HostPlan, plan_fleet
 from ..plan.host import facts_request, plan_host
 from ..plan.resources.envfiles import node_path
 from ..spec.models import Host
@@ -73,20 +75,6 @@ class HostRecap:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class Preview:
-    """One host's plan as shown for confirmation (restricted to the playbook's steps)."""
-
-    host: str
-    status: Literal["ok", "failed", "unreachable"]
-    changes: tuple[Change, ...] = ()
-    error: str | None = None
-    elapsed_s: float = 0.0
-
-    def to_do(self, steps: tuple[str, ...]) -> list[Change]:
-        return [c for c in self.changes if carried_out(c, steps)]
 
 
 @dataclass(frozen=True)
@@ -333,26 +321,19 @@ def converge_host(
     return end()
 
 
-def _preview_host(
-    session: AgentSession, loaded: LoadedRig, host: Host, steps: tuple[str, ...]
-) -> list[Change]:
-    return _planned(loaded, host, read_facts(session, facts_request(loaded, host)), steps)
+def to_carry_out(host: HostPlan, steps: tuple[str, ...]) -> list[Change]:
+    """What a run of `steps` changes on this host (its checks and manual steps are only reported)."""
+    return [c for c in host.changes if carried_out(c, steps)] if host.status == "ok" else []
 
 
-def preview(
+def fleet_plan(
     loaded: LoadedRig, targets: list[HostTarget], steps: tuple[str, ...], options: FleetOptions
-) -> dict[str, Preview]:
-    """Every host's plan, restricted to the playbook's steps, read in parallel: what a person confirms."""
-    outcomes = run_fleet(
-        targets, lambda s: _preview_host(s, loaded, loaded.host(s.target.name), steps), options
-    )
-    return {
-        name: Preview(name, o.status, tuple(o.value or ()), o.error, o.elapsed_s)
-        for name, o in outcomes.items()
-    }
+) -> FleetPlan:
+    """The plan apply shows for confirmation and then carries out: the playbook's steps, in its order."""
+    return plan_fleet(loaded, targets, options, lambda changes: in_step_order(changes, steps))
 
 
-def _recap_of_preview(p: Preview) -> HostRecap:
+def _recap_of_plan(p: HostPlan) -> HostRecap:
     if p.status == "ok":
         return finish(p.host, list(p.changes), [], elapsed_s=p.elapsed_s)
     return HostRecap(p.host, p.status, error=p.error, elapsed_s=p.elapsed_s)
@@ -384,7 +365,7 @@ def _converge_in_session(
 def rollout(
     loaded: LoadedRig,
     targets: list[HostTarget],
-    previews: dict[str, Preview],
+    plan: FleetPlan,
     settings: ApplySettings,
     options: FleetOptions,
     *,
@@ -394,19 +375,18 @@ def rollout(
 ) -> ApplyResult:
     """Converge the hosts batch by batch; a batch over `max_fail_percent` failed leaves the rest "skipped".
 
-    Hosts the preview found unreachable or with nothing to carry out are not contacted again: their recap is
-    the preview's, and they count in their batch like the others (an unreachable host is a failed one).
+    Hosts the plan found unreachable or with nothing to carry out are not contacted again: their recap is
+    the plan's, and they count in their batch like the others (an unreachable host is a failed one).
     """
+    planned = {h.host: h for h in plan.hosts}
     recaps: dict[str, HostRecap] = {}
     stop_reason: str | None = None
     for number, batch in enumerate(batches(targets, serial), start=1):
         if stop_reason is not None:
             recaps.update((t.name, HostRecap(t.name, "skipped", error=stop_reason)) for t in batch)
             continue
-        busy = [
-            t for t in batch if previews[t.name].status == "ok" and previews[t.name].to_do(settings.steps)
-        ]
-        recaps.update((t.name, _recap_of_preview(previews[t.name])) for t in batch if t not in busy)
+        busy = [t for t in batch if to_carry_out(planned[t.name], settings.steps)]
+        recaps.update((t.name, _recap_of_plan(planned[t.name])) for t in batch if t not in busy)
         if busy:
             progress(f"batch {number}: applying on {', '.join(t.name for t in busy)}")
             outcomes = run_fleet(
@@ -417,7 +397,7 @@ def rollout(
                     loaded,
                     loaded.host(s.target.name),
                     settings,
-                    previews[s.target.name].to_do(settings.steps),
+                    to_carry_out(planned[s.target.name], settings.steps),
                     progress,
                 ),
                 options,

@@ -2,15 +2,13 @@
 
 `facts_request` says what the agent must read for a host's plan; `plan_host` runs every resource's pure diff
 over those facts in a fixed order (checks first, then what apply changes, a reboot last so that it follows
-everything it must load); `HostPlan` and `FleetPlan` add per-host status, totals and the exit code that
-`plan` and `apply` share. The only read is the rig's captured `nvidia-smi topo -m` file on this machine.
+everything it must load).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from .. import protocol
 from ..errors import ProvisionError
@@ -25,8 +23,6 @@ from .resources import torch as torch_probe
 if TYPE_CHECKING:
     from ..spec import LoadedRig
 
-__all__ = ["Change", "FleetPlan", "HostPlan", "PlanTotals", "facts_request", "plan_host"]
-
 # Checks before changes: a person reads what is wrong with the box before what apply would do about it.
 DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
     gpus.diff,
@@ -38,9 +34,6 @@ DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
     persistence.diff,
     sli.diff,
 )
-
-HostStatus = Literal["ok", "unreachable", "failed"]
-
 
 def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
     """The `facts` verb's args for this host: its managed files (with content, for diffs), its X config and,
@@ -83,53 +76,3 @@ def expected_topology(loaded: LoadedRig, rig: Rig) -> TopoMatrix | None:
         raise ProvisionError(f"cannot read topology_file {path}: {exc.strerror or exc}") from exc
     except TopologyParseError as exc:
         raise ProvisionError(f"topology_file {path}: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class HostPlan:
-    """One host's part of a plan: its Changes, or why there are none to show (unreachable, failed)."""
-
-    host: str
-    status: HostStatus
-    changes: tuple[Change, ...] = ()
-    error: str | None = None
-
-    def count(self, *actions: str) -> int:
-        return sum(1 for c in self.changes if c.action in actions)
-
-
-@dataclass(frozen=True)
-class PlanTotals:
-    to_change: int  # create + update
-    checks_failed: int
-    manual: int
-    hosts_with_changes: int
-    hosts: int
-    unreachable: int
-    failed: int
-
-
-@dataclass(frozen=True)
-class FleetPlan:
-    hosts: tuple[HostPlan, ...]
-
-    @property
-    def totals(self) -> PlanTotals:
-        return PlanTotals(
-            to_change=sum(h.count("create", "update") for h in self.hosts),
-            checks_failed=sum(h.count("verify-failed") for h in self.hosts),
-            manual=sum(h.count("manual") for h in self.hosts),
-            hosts_with_changes=sum(1 for h in self.hosts if h.changes),
-            hosts=len(self.hosts),
-            unreachable=sum(1 for h in self.hosts if h.status == "unreachable"),
-            failed=sum(1 for h in self.hosts if h.status == "failed"),
-        )
-
-    @property
-    def converged(self) -> bool:
-        return all(h.status == "ok" and not h.changes for h in self.hosts)
-
-    @property
-    def exit_code(self) -> int:
-        """Terraform's -detailed-exitcode: 0 nothing to do, 2 drift, failed checks or hosts not read."""
-        return 0 if self.converged else 2

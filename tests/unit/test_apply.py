@@ -20,7 +20,7 @@ from mgpu_provision.converge.apply import (
     ApplySettings,
     HostRecap,
     finish,
-    preview,
+    fleet_plan,
     reboot_refusal,
     rollout,
     unconfirmed,
@@ -193,9 +193,9 @@ def run(
     **settings: Any,
 ) -> apply.ApplyResult:
     targets = targets_for(loaded, loaded.spec.hosts)
-    previews = preview(loaded, targets, steps, OPTIONS)
+    plan = fleet_plan(loaded, targets, steps, OPTIONS)
     config = ApplySettings(steps, poll_interval_s=0.0, **settings)
-    return rollout(loaded, targets, previews, config, OPTIONS, serial=serial, max_fail_percent=max_fail)
+    return rollout(loaded, targets, plan, config, OPTIONS, serial=serial, max_fail_percent=max_fail)
 
 
 def drifted() -> Box:
@@ -235,7 +235,7 @@ def test_a_second_apply_changes_and_writes_nothing(tmp_path: Path, boxes: dict[s
     result = run(load(tmp_path))
     assert [r.status for r in result.recaps] == ["ok", "ok", "ok"]
     assert {name: box.writes for name, box in boxes.items()} == writes
-    assert all(box.calls == ["facts"] for box in boxes.values())  # the preview alone: nothing to do
+    assert all(box.calls == ["facts"] for box in boxes.values())  # the plan alone: nothing to do
 
 
 def test_reboot_never_ends_as_reboot_required(tmp_path: Path, boxes: dict[str, Box]) -> None:
@@ -265,9 +265,9 @@ def test_the_wait_for_a_reboot_reconnects(tmp_path: Path, boxes: dict[str, Box])
     progress: list[str] = []
     loaded = load(tmp_path)
     targets = targets_for(loaded, loaded.spec.hosts)
-    previews = preview(loaded, targets, ALL, OPTIONS)
+    plan = fleet_plan(loaded, targets, ALL, OPTIONS)
     settings = ApplySettings(ALL, poll_interval_s=0.0)
-    recap = by_host(rollout(loaded, targets, previews, settings, OPTIONS, progress=progress.append))["gpu-a"]
+    recap = by_host(rollout(loaded, targets, plan, settings, OPTIONS, progress=progress.append))["gpu-a"]
     assert (recap.status, recap.rebooted) == ("changed", True), recap
     assert "gpu-a: rebooting, waiting up to 900s for it to come back" in progress
     assert progress[-1].startswith("gpu-a: back after")

@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from mgpu_provision import reclaim
+from mgpu_provision.commands import reclaim as view
 from mgpu_provision.errors import AgentError
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet.pool import HostOutcome
@@ -169,7 +170,7 @@ def test_collect_keeps_failed_and_unreachable_hosts() -> None:
 
 def test_summary_dry_run_counts_processes_once_across_gpus() -> None:
     hosts = [host("a", row(1, "would-end", 1000, gpu=0), row(1, "would-end", 500, gpu=1), row(2, "keep"))]
-    assert reclaim.summary(hosts, dry_run=True) == (
+    assert view.summary(hosts, dry_run=True) == (
         "Would end 1 process holding 1500 MiB (dry run: --yes ends them) on 1 of 1 hosts"
     )
 
@@ -180,15 +181,15 @@ def test_summary_after_ending_names_what_is_left() -> None:
         host("b", row(3, "failed"), row(4, "refused")),
         HostReclaim("c", "unreachable", "timed out"),
     ]
-    assert reclaim.summary(hosts, dry_run=False) == (
+    assert view.summary(hosts, dry_run=False) == (
         "Ended 2 processes, freed 2000 MiB on 2 of 3 hosts; 1 refused, 1 failed, 1 host failed or unreachable"
     )
-    assert reclaim.summary([host("a")], dry_run=True) == "Would end 0 processes holding 0 MiB on 1 of 1 hosts"
+    assert view.summary([host("a")], dry_run=True) == "Would end 0 processes holding 0 MiB on 1 of 1 hosts"
 
 
 def test_json_has_stable_keys() -> None:
     hosts = [host("a", row(1, "ended"), freed=1000), HostReclaim("b", "failed", "agent reclaim failed")]
-    out = reclaim.as_json(hosts, dry_run=False)
+    out = view.as_json(hosts, dry_run=False)
     assert out["freed_mib"] == 1000 and out["exit_code"] == 2 and out["dry_run"] is False
     assert out["hosts"]["b"] == {
         "status": "failed",
@@ -211,7 +212,7 @@ def test_human_output_has_a_table_per_node_and_the_total() -> None:
         host("gpu-b"),
         HostReclaim("gpu-c", "unreachable", "gpu-c: connection refused"),
     ]
-    reclaim.render_human(hosts, dry_run=False, console=Console(file=buffer, width=200, color_system=None))
+    view.render_human(hosts, dry_run=False, console=Console(file=buffer, width=200, color_system=None))
     text = buffer.getvalue()
     assert "gpu-a" in text and "4242" in text and "ended by SIGTERM" in text and "alice" in text
     started = datetime.fromtimestamp(1764400000.0 + 4242).strftime("%m-%d %H:%M:%S")
@@ -226,7 +227,7 @@ def test_human_output_has_a_table_per_node_and_the_total() -> None:
 def test_every_value_stands_under_its_own_heading() -> None:
     buffer = io.StringIO()
     hosts = [host("gpu-a", row(4242, "ended", used_mib=1200, gpu=3, reason="orphaned"), freed=1200)]
-    reclaim.render_human(hosts, dry_run=False, console=Console(file=buffer, width=250, color_system=None))
+    view.render_human(hosts, dry_run=False, console=Console(file=buffer, width=250, color_system=None))
     lines = buffer.getvalue().splitlines()
     header = next(line for line in lines if "ppid" in line)
     values = next(line for line in lines if "4242" in line)

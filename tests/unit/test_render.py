@@ -5,15 +5,10 @@ from __future__ import annotations
 import io
 import json
 
-from mgpu_provision.commands.plan_view import (
-    host_table,
-    make_console,
-    plan_json,
-    render_plan,
-    summary_line,
-    totals_line,
-)
-from mgpu_provision.plan.host import Change, FleetPlan, HostPlan
+from mgpu_provision.commands.output import host_table, make_console
+from mgpu_provision.commands.plan_view import plan_json, render_plan, summary_line, totals_line
+from mgpu_provision.plan.change import Change
+from mgpu_provision.plan.fleet import FleetPlan, HostPlan
 
 DRIVER = Change(
     "driver",

@@ -1,0 +1,36 @@
+"""Output helpers every command shares: a console that guesses no highlights, and the per-host recap table."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red", "skipped": "dim"}
+
+
+def make_console(file: TextIO | None = None, width: int | None = None) -> Console:
+    """A console for command output: no guessing of highlights in host names or versions."""
+    return Console(file=file or sys.stdout, highlight=False, width=width)
+
+
+
+def host_table(rows: Mapping[str, Mapping[str, object]], columns: Sequence[str]) -> Table:
+    """A recap table, one row per host: `columns` read from each host's mapping ('' when absent); a column
+    named `status` is coloured (ok green, changed yellow, failed/unreachable red, skipped dim)."""
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    table.add_column("host", style="cyan")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("status", "error") else "right")
+    for name, row in rows.items():
+        cells: list[Text] = []
+        for column in columns:
+            value = "" if row.get(column) is None else str(row.get(column))
+            style = STATUS_STYLE.get(value, "") if column == "status" else ""
+            cells.append(Text(value, style=style))
+        table.add_row(name, *cells)
+    return table
