@@ -21,8 +21,8 @@ from .fleet.session import AgentSession
 from .fleet.targets import HostTarget
 from .plan.resources.envfiles import environment
 from .protocol import smoke_cleanup_request
-from .spec.loader import LoadedRig
 from .spec.models import Host
+from .spec.rig import LoadedRig
 
 # Beyond the node's own deadline: the torch probe, the SIGTERM/SIGKILL grace, and the SSH round trip.
 CALL_MARGIN_S = 90.0

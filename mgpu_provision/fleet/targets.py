@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import fabric
 
-    from ..spec.loader import LoadedRig
     from ..spec.models import Host
+    from ..spec.rig import LoadedRig
 
 DEFAULT_PYTHON = "python3"
 

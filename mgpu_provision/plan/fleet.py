@@ -21,7 +21,7 @@ from .change import Change
 from .host import facts_request, plan_host
 
 if TYPE_CHECKING:
-    from ..spec.loader import LoadedRig
+    from ..spec.rig import LoadedRig
 
 HostStatus = Literal["ok", "unreachable", "failed"]
 

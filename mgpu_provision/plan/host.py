@@ -11,10 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol
-from ..errors import ProvisionError
 from ..facts import Facts
-from ..node.topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
-from ..spec.models import Host, Rig
+from ..spec.models import Host
 from .change import Change, HostContext
 from .resources import driver, envfiles, fabricmanager, gpus, pcie, persistence, sli
 from .resources import topology as links
@@ -58,21 +56,8 @@ def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
         rig=rig,
         facts=facts,
         visible_count=rig.gpus.count if visible is None else len(visible),
-        expected_topology=expected_topology(loaded, rig),
+        expected_topology=loaded.topologies.get(host.rig),
     )
     changes = [change for diff in DIFFS for change in diff(ctx)]
     changes += envfiles.diff_files(envfiles.desired_files(loaded, host), facts)
     return sorted(changes, key=lambda c: c.resource == "reboot")  # stable: only moves reboots to the end
-
-
-def expected_topology(loaded: LoadedRig, rig: Rig) -> TopoMatrix | None:
-    """The rig's captured `nvidia-smi topo -m`, parsed; None when the rig gives none."""
-    if rig.bridge.topology_file is None:
-        return None
-    path = loaded.resolve(rig.bridge.topology_file)
-    try:
-        return parse_topology(read_topology_text(str(path)))
-    except OSError as exc:
-        raise ProvisionError(f"cannot read topology_file {path}: {exc.strerror or exc}") from exc
-    except TopologyParseError as exc:
-        raise ProvisionError(f"topology_file {path}: {exc}") from exc

@@ -13,11 +13,12 @@ references against every name the file declares (`declared_hosts`, `declared_rig
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..node.topology import TopologyParseError, parse_topology, read_topology_text
+from ..node.topology import TopoMatrix
+from .files import resolve_path
 from .models import SLI_MODES, Host, Rig, RigFile
 
 Loc = tuple[str | int, ...]
@@ -51,6 +52,7 @@ class RuleInput:
     declared_hosts: frozenset[str]
     declared_rigs: frozenset[str]
     base_dir: Path
+    topologies: Mapping[str, TopoMatrix | str]  # rig name -> its parsed topology_file, or why it is unusable
 
     def hosts(self) -> Iterator[tuple[Loc, Host]]:
         for index, host in zip(self.host_index, self.spec.hosts, strict=True):
@@ -62,12 +64,6 @@ class RuleInput:
 
 
 Rule = Callable[[RuleInput], Iterable[Finding]]
-
-
-def resolve_path(base_dir: Path, path: str) -> Path:
-    """Relative paths in a rig file are relative to the rig file's folder, not to the working directory."""
-    expanded = Path(path).expanduser()
-    return expanded if expanded.is_absolute() else base_dir / expanded
 
 
 def host_rig_exists(inp: RuleInput) -> Iterator[Finding]:
@@ -361,22 +357,15 @@ def env_safe(inp: RuleInput) -> Iterator[Finding]:
 
 def topology_file_matches(inp: RuleInput) -> Iterator[Finding]:
     for loc, rig in inp.rigs():
-        if rig.bridge.topology_file is None:
+        found = inp.topologies.get(str(loc[1]))
+        if found is None:
             continue
         where = (*loc, "bridge", "topology_file")
-        path = resolve_path(inp.base_dir, rig.bridge.topology_file)
-        try:
-            text = read_topology_text(str(path))
-        except OSError as exc:
-            yield Finding(where, f"cannot read topology file {path}: {exc.strerror}")
-            continue
-        try:
-            matrix = parse_topology(text)
-        except TopologyParseError as exc:
-            yield Finding(where, f"{path} is not `nvidia-smi topo -m` output: {exc}")
-            continue
-        if matrix.gpu_count != rig.gpus.count:
-            yield Finding(where, f"{path} shows {matrix.gpu_count} GPU(s) but gpus.count is {rig.gpus.count}")
+        if isinstance(found, str):
+            yield Finding(where, found)
+        elif found.gpu_count != rig.gpus.count:
+            path = resolve_path(inp.base_dir, str(rig.bridge.topology_file))
+            yield Finding(where, f"{path} shows {found.gpu_count} GPU(s) but gpus.count is {rig.gpus.count}")
 
 
 def ssh_files_absolute(inp: RuleInput) -> Iterator[Finding]:

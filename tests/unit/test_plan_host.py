@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from test_plan_cases import TOPOLOGIES, case_facts
 
-from mgpu_provision.errors import ProvisionError
 from mgpu_provision.plan.host import facts_request, plan_host
 from mgpu_provision.spec import LoadedRig, load_rig
 
@@ -60,14 +59,10 @@ def test_facts_request_for_windows_manages_no_files(loaded: LoadedRig) -> None:
     assert request["files"] == [] and request["xorg_paths"] == []
 
 
-def test_garbled_topology_file_is_a_plain_error(loaded: LoadedRig, tmp_path: Path) -> None:
+def test_the_topology_file_is_read_once_when_the_rig_is_loaded(loaded: LoadedRig, tmp_path: Path) -> None:
+    before = plan_host(loaded, loaded.host("gpu-a"), case_facts(PAIR_BOX))
     (tmp_path / "captured.txt").write_text("GPU0 GPU1\nnot a matrix\n")
-    expected = r"topology_file .*captured\.txt: line 1: header has no 'CPU Affinity'"
-    with pytest.raises(ProvisionError, match=expected):
-        plan_host(loaded, loaded.host("gpu-a"), case_facts(PAIR_BOX))
-
-
-def test_vanished_topology_file_is_a_plain_error(loaded: LoadedRig, tmp_path: Path) -> None:
+    assert plan_host(loaded, loaded.host("gpu-a"), case_facts(PAIR_BOX)) == before
     (tmp_path / "captured.txt").unlink()
-    with pytest.raises(ProvisionError, match=r"cannot read topology_file .*captured\.txt: No such file"):
-        plan_host(loaded, loaded.host("gpu-a"), case_facts(PAIR_BOX))
+    assert plan_host(loaded, loaded.host("gpu-a"), case_facts(PAIR_BOX)) == before
+    assert loaded.topologies["pair"].gpu_count == 2
