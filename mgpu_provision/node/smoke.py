@@ -4,8 +4,10 @@ The agent's `smoke` verb calls `run(args)`. It checks that the interpreter has t
 (shipped beside this module, in the agent zipapp) to a temporary folder, and runs `<python> -m
 torch.distributed.run` in its own session with a hard deadline. Whatever happens, every process it started is
 ended before it answers: torchrun puts each worker in a session of its own, so the workers are found by a
-marker variable in their environment (a /proc scan), not by process group. The answer carries each rank's
-result and, on failure, a diagnosis read from the logs that names the rendezvous endpoint.
+marker variable in their environment (a /proc scan), not by process group. The ranks' result files are the
+verdict: once every local rank has written one, smoke ends torchrun itself rather than let it wait in its exit
+barrier for peers that may never come. The answer carries each rank's result and, on failure, a diagnosis
+read from the logs that names the rendezvous endpoint.
 
 `cleanup` (the `smoke-cleanup` verb) ends one node's leftovers of a run when a host's call died.
 
@@ -30,6 +32,10 @@ from .errors import AgentFailure
 
 MARKER_ENV = "MGPU_PROVISION_SMOKE"  # value: the run id; every process of a run inherits it
 GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
+# After the last local result, how long torchrun may take to leave by itself before smoke ends it: its exit
+# barrier normally completes within a second, and a slow peer's agent may still need the store it hosts.
+EXIT_GRACE_S = 5.0
+POLL_S = 0.2
 PROBE_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 15
 DEFAULT_ITERS = 5
@@ -210,7 +216,8 @@ def tail(log: str, lines: int) -> list[str]:
 def judge(
     req: Request, ranks: list[dict[str, Any]], exit_code: int | None, timed_out: bool, log: str
 ) -> dict[str, Any]:
-    """The node's verdict: it passes when torchrun exited 0 and every local rank reported every check ok."""
+    """The node's verdict: it passes when every local rank reported every check ok, however torchrun
+    ended after that (smoke may have ended it in its exit barrier, see `watch`); else the log says why."""
     kind: str | None = None
     diagnosis: str | None = None
     failed = [
@@ -220,7 +227,9 @@ def judge(
         if not c["ok"]
     ]
     errors = [f"rank {r.get('rank')}: {r['error']}" for r in ranks if r.get("error")]
-    if timed_out or exit_code != 0:
+    if len(ranks) == req.nproc_per_node and not failed and not errors:
+        return {"ok": True, "kind": None, "diagnosis": None}
+    if timed_out or exit_code not in (0, None):  # None: ended by smoke once every local rank had reported
         kind, diagnosis = diagnose(log, req, exit_code, timed_out)
         if kind == "crash" and errors:
             diagnosis = "; ".join(errors)
@@ -257,6 +266,29 @@ def end_processes(mark: str, leader: subprocess.Popen[bytes] | None = None) -> l
     if leader is not None:
         leader.wait()
     return marked_processes(mark)
+
+
+def reported(out_dir: str) -> int:
+    """How many local ranks have written their result (each appears whole: written, then renamed)."""
+    return len(glob.glob(os.path.join(out_dir, "rank-*.json")))
+
+
+def watch(leader: subprocess.Popen[bytes], out_dir: str, local_ranks: int, deadline: float) -> str:
+    """Wait for torchrun: "exited"; "timeout" at the deadline; or "reported" when every local rank wrote its
+    result and torchrun was still there EXIT_GRACE_S later. Its elastic agent then sits in an exit barrier
+    for up to 300 s (a value torchrun's command line cannot change) waiting for the peers' agents; a peer
+    agent whose worker failed after its result never arrives. The results already say all a smoke needs."""
+    reported_at: float | None = None
+    while leader.poll() is None:
+        now = time.monotonic()
+        if now >= deadline:
+            return "timeout"
+        if reported_at is None and reported(out_dir) >= local_ranks:
+            reported_at = now
+        if reported_at is not None and now - reported_at >= EXIT_GRACE_S:
+            return "reported"
+        time.sleep(POLL_S)
+    return "exited"
 
 
 def program_source() -> bytes:
@@ -340,25 +372,25 @@ def _run_in(req: Request, workdir: str) -> dict[str, Any]:
         json.dump(program_config(req, out_dir), f)
     log_path = os.path.join(workdir, "torchrun.log")
 
+    # torchrun's log folder (torchelastic_*, never deleted by torch) goes into the work folder, deleted after.
+    env = dict(child_environment(req, dict(os.environ)), TMPDIR=workdir)
     started = time.monotonic()
-    timed_out = False
     with open(log_path, "wb") as log_file:
         leader = subprocess.Popen(
             torchrun_command(req, program, config),
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env=child_environment(req, dict(os.environ)),
+            env=env,
             cwd=workdir,
             start_new_session=True,  # one group to signal, apart from the agent's own
         )
         try:
-            leader.wait(timeout=req.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            ending = watch(leader, out_dir, req.nproc_per_node, started + req.timeout_s)
         finally:
             leftovers = end_processes(req.marker, leader)
-    exit_code = None if timed_out else leader.returncode
+    timed_out = ending == "timeout"
+    exit_code = leader.returncode if ending == "exited" else None
     elapsed = time.monotonic() - started
 
     with open(log_path, "rb") as f:

@@ -3,8 +3,9 @@
 It exists to prove, with a real job, that a fleet can train together: every rank joins, collectives give
 exact results, one DDP step leaves identical parameters everywhere, DataParallel works on a CUDA node, and how
 fast all_reduce is. Each rank writes one JSON file (`rank-<RANK>.json` in the config's `out_dir`) that the
-node side (`smoke/node.py`) collects. Checks that fail are recorded and the rank still exits 0, so that no
+node side (`node/smoke.py`) collects. Checks that fail are recorded and the rank still exits 0, so that no
 rank is torn down before it has written its result; only an exception (a broken collective) exits non-zero.
+Once the result is written the rank leaves at once (`leave`), without the interpreter's teardown.
 
 Stdlib imports only at module level (torch is imported inside functions) and Python 3.8 syntax, because the
 module ships inside the agent zipapp and is copied to a temporary file on the node.
@@ -17,6 +18,7 @@ pg_timeout_s.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -113,7 +115,7 @@ class Rank:
             self.check_ddp_step()
             self.check_data_parallel()
             self.measure_bandwidth()
-            dist.barrier()
+            dist.barrier()  # every collective of every rank is done: nothing is in flight after this
         finally:
             dist.destroy_process_group()
         self.result["elapsed_s"] = round(time.monotonic() - started, 3)
@@ -320,5 +322,21 @@ def main(argv: List[str]) -> int:
     return 0
 
 
+def leave(code: int) -> None:
+    """End the process without interpreter finalization, once the result is on disk.
+
+    At finalization the garbage collector frees the process group (held by DDP's reducer in a reference
+    cycle) while Gloo's worker threads still run; one of them needs the GIL to free its last work object and
+    the C++ runtime aborts the rank (SIGABRT, "terminate called without an active exception") after its
+    result was written. A failed rank makes its torchrun skip the exit barrier that the peers' torchruns then
+    wait in. Nothing is left to do here (every collective is synchronous and done), so the teardown is
+    skipped; only the output streams need flushing.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed stream has nothing left to say
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    leave(main(sys.argv))

@@ -8,10 +8,12 @@ that no process of the run is left and no port is held.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -188,6 +190,14 @@ def test_judge_passes_only_with_every_local_rank_ok() -> None:
     assert crashed["kind"] == "crash" and crashed["diagnosis"] == "rank 0: RuntimeError: peer gone"
 
 
+def test_judge_goes_by_the_results_however_torchrun_ended_after_them() -> None:
+    """Exit code None: smoke ended torchrun in its exit barrier; -6: a rank aborted after its result."""
+    req = request()
+    for exit_code in (None, -6, 1):
+        assert node.judge(req, [rank(0), rank(1)], exit_code, False, "junk")["ok"] is True
+    assert node.judge(req, [rank(0), rank(1, ok=False)], None, False, "")["kind"] == "check-failed"
+
+
 # ---- the program travels inside the zipapp -----------------------------------------------------------
 
 
@@ -235,12 +245,24 @@ def test_cleanup_ends_marked_processes_even_when_they_ignore_sigterm() -> None:
 # ---- real runs ---------------------------------------------------------------------------------------
 
 
-def assert_clean(rid: str, port: int) -> None:
+def assert_clean(rid: str, port: int, tmp: Path | None = None) -> None:
     assert processes_of_run(rid) == []
     assert not listening(port)
+    if tmp is not None:  # the work folder, and torchrun's torchelastic_* log folder inside it
+        assert sorted(p.name for p in tmp.iterdir()) == []
 
 
-def test_two_nodes_of_two_ranks_pass_with_per_rank_results() -> None:
+@pytest.fixture
+def node_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary folder of the node's own (TMPDIR), to see what a run leaves in it."""
+    folder = tmp_path / "node-tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile caches the folder it chose first
+    return folder
+
+
+def test_two_nodes_of_two_ranks_pass_with_per_rank_results(node_tmp: Path) -> None:
     rid, port = run_id(), free_port()
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda r: node.run(node_args(rid, port, r)), [0, 1]))
@@ -257,7 +279,7 @@ def test_two_nodes_of_two_ranks_pass_with_per_rank_results() -> None:
                 assert b["busbw_gbps"] == pytest.approx(b["algbw_gbps"] * 1.5, abs=2e-4)  # 2(n-1)/n, n=4
     checksums = {r["param_checksum"] for result in results for r in result["ranks"]}
     assert len(checksums) == 1
-    assert_clean(rid, port)
+    assert_clean(rid, port, node_tmp)
 
 
 def test_torch_missing_names_interpreter_and_node() -> None:
@@ -274,7 +296,7 @@ def test_missing_interpreter_is_named() -> None:
     )
 
 
-def test_rendezvous_port_held_by_another_program_fails_fast_naming_it() -> None:
+def test_rendezvous_port_held_by_another_program_fails_fast_naming_it(node_tmp: Path) -> None:
     rid, port = run_id(), free_port()
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", port))
@@ -285,7 +307,7 @@ def test_rendezvous_port_held_by_another_program_fails_fast_naming_it() -> None:
     assert result["kind"] == "port-in-use", result
     assert result["diagnosis"] == f"rendezvous port {port} on 127.0.0.1 is already in use"
     assert elapsed < FAIL_TIMEOUT_S  # torch's own bind error (the kind above), not the deadline
-    assert_clean(rid, port)
+    assert_clean(rid, port, node_tmp)
 
 
 def test_master_where_nothing_listens_fails_within_the_rendezvous_timeout() -> None:
@@ -348,3 +370,50 @@ def test_agent_zipapp_on_python38_runs_a_one_node_smoke(tmp_path: Path) -> None:
     assert result["ok"] is True, result
     assert [(r["rank"], r["world_size"]) for r in result["ranks"]] == [(0, 1)]
     assert processes_of_run(rid) == []
+
+
+# The rendezvous gets 30 s of it (a quarter): both agents import torch at once on two busy cores.
+BARRIER_TEST_TIMEOUT_S = 120
+ABORT_AFTER_RESULT = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("smoke_program", sys.argv[1])
+program = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(program)
+program.main(sys.argv[1:])
+os.abort()  # the Gloo teardown crash after a passing result: this torchrun then skips its exit barrier
+"""
+
+
+def test_peer_agent_that_leaves_without_its_exit_barrier_costs_seconds_not_the_deadline(
+    tmp_path: Path,
+) -> None:
+    """Node 1's ranks pass, then abort while exiting, so its torchrun agent fails and leaves without the
+    exit barrier in which node 0's agent then waits 300 s. Node 0 is judged by its ranks' results instead."""
+    rid, port = run_id(), free_port()
+    config = tmp_path / "config.json"
+    settings = node.program_config(request(timeout_s=BARRIER_TEST_TIMEOUT_S), str(tmp_path))
+    config.write_text(json.dumps(settings))
+    wrapper = tmp_path / "abort_after_result.py"
+    wrapper.write_text(ABORT_AFTER_RESULT)
+    program = Path(node.__file__).with_name("smoke_program.py")
+    peer_request = node.Request(node_args(rid, port, 1, timeout_s=BARRIER_TEST_TIMEOUT_S))
+    peer = subprocess.Popen(
+        [*node.torchrun_command(peer_request, str(wrapper), str(program)), str(config)],
+        env=dict(node.child_environment(peer_request, dict(os.environ)), TMPDIR=str(tmp_path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        started = time.monotonic()
+        result = node.run(node_args(rid, port, 0, timeout_s=BARRIER_TEST_TIMEOUT_S))
+        elapsed = time.monotonic() - started
+        peer_log = peer.communicate(timeout=BARRIER_TEST_TIMEOUT_S)[0].decode(errors="replace")
+    finally:
+        peer.kill()
+        peer.wait()
+    assert peer.returncode != 0 and "SIGABRT" in peer_log, peer_log[-2000:]
+    assert sorted(p.name for p in tmp_path.glob("rank-*.json")) == ["rank-2.json", "rank-3.json"]
+    assert result["ok"], {k: v for k, v in result.items() if k != "ranks"}
+    # The old way ended at the deadline with kind "timeout"; now: the run's own time plus EXIT_GRACE_S.
+    assert result["timed_out"] is False and elapsed < BARRIER_TEST_TIMEOUT_S - 30, elapsed
+    assert_clean(rid, port)
