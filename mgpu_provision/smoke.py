@@ -1,9 +1,10 @@
 """The control side of `smoke`: start every node's part of the DDP run at once, and judge the fleet.
 
 Deciding who runs what (`plan_smoke`) and whether the result passes (`judge_group`) are pure functions over
-the rig and the nodes' answers; `run_smoke` is the thin shell that runs the node side (`smoke/node.py`, the
-agent's `smoke` verb) on all hosts together through `fleet.run_fleet`. A DDP group is the set of selected
-hosts that share a rig `ddp.master`; the master must be selected; ranks follow `LoadedRig.node_rank` order.
+the rig and the nodes' answers; `run_smoke` is the thin shell that runs the node side (`node/smoke.py`, the
+agent's `smoke` verb) on all hosts together through `fleet.run_fleet`. Each node runs with its `Rendezvous`
+(`LoadedRig.rendezvous`), the same one apply wrote into its launcher, so smoke runs whole DDP groups only:
+a selection holding part of a group is refused, since ranks cannot be renumbered behind the launchers' back.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .fleet.targets import HostTarget
 from .plan.resources.envfiles import environment
 from .protocol import smoke_cleanup_request
 from .spec.models import Host
-from .spec.rig import LoadedRig
+from .spec.rig import LoadedRig, Rendezvous
 
 # Beyond the node's own deadline: the torch probe, the SIGTERM/SIGKILL grace, and the SSH round trip.
 CALL_MARGIN_S = 90.0
@@ -31,12 +32,19 @@ CLEANUP_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True)
 class NodePart:
-    """One host's part of the run: the `smoke` verb's arguments (node.py's `Request`)."""
+    """One host's part of the run: its rendezvous and the `smoke` verb's arguments (node side's `Request`)."""
 
     host: str
-    group: str  # the DDP master's name: the group's id
-    node_rank: int
+    rendezvous: Rendezvous
     args: dict[str, Any]
+
+    @property
+    def group(self) -> str:
+        return self.rendezvous.master
+
+    @property
+    def node_rank(self) -> int:
+        return self.rendezvous.node_rank
 
 
 @dataclass(frozen=True)
@@ -90,51 +98,54 @@ class SmokeReport:
 
 
 def plan_smoke(loaded: LoadedRig, hosts: list[Host], run_id: str) -> list[NodePart]:
-    """Each selected host's part, grouped by DDP master (master first); errors name what to fix."""
+    """Each selected host's part, group by group (master first); errors name what to fix."""
     without = [h.name for h in hosts if loaded.rig_of(h).ddp is None]
     if without:
         raise ProvisionError(
             f"smoke needs a `ddp` section in the rig of {', '.join(without)} (master, port, backend)"
         )
     selected = {h.name for h in hosts}
-    groups: dict[str, list[Host]] = {}
+    groups: dict[str, Rendezvous] = {}
     for host in hosts:
-        ddp = loaded.rig_of(host).ddp
-        assert ddp is not None  # checked above; narrows the type
-        if ddp.master not in selected:
-            raise ProvisionError(
-                f"{host.name}: its DDP master {ddp.master} is not selected; smoke runs whole DDP groups "
-                f"(add {ddp.master} to --limit)"
-            )
-        groups.setdefault(ddp.master, []).append(host)
-    smoke = loaded.spec.smoke
+        rendezvous = loaded.rendezvous(host)
+        assert rendezvous is not None  # checked above; narrows the type
+        groups.setdefault(rendezvous.master, rendezvous)
     parts = []
-    for master_name, members in groups.items():
-        members.sort(key=loaded.node_rank)
-        master = loaded.host(master_name)
-        ddp = loaded.rig_of(master).ddp
-        assert ddp is not None
-        for rank, host in enumerate(members):  # spec rules keep a DDP group within one rig: same nproc
-            rig = loaded.rig_of(host)
-            args: dict[str, Any] = {
-                "node": host.name,
-                "python": smoke.python,
-                "nnodes": len(members),
-                "node_rank": rank,
-                "nproc_per_node": loaded.rig_of(host).nproc_per_node,
-                "master_addr": master.target,
-                "master_port": ddp.port,
-                "backend": ddp.backend,
-                "rdzv_backend": ddp.rdzv_backend,
-                "rdzv_id": ddp.rdzv_id or run_id,
-                "run_id": run_id,
-                "timeout_s": smoke.timeout_s,
-                "batch_size": smoke.batch_size,
-                "sizes_mib": list(smoke.sizes_mib),
-                "env": dict(environment(loaded, rig)),
-            }
-            parts.append(NodePart(host.name, master_name, rank, args))
+    for group in groups.values():
+        left_out = [name for name in group.members if name not in selected]
+        if left_out:
+            raise ProvisionError(
+                f"smoke runs whole DDP groups: the launchers of {', '.join(group.members)} were written for "
+                f"{group.nnodes} nodes, but {', '.join(left_out)} {'is' if len(left_out) == 1 else 'are'} "
+                f"not selected; add {'it' if len(left_out) == 1 else 'them'} to --limit"
+            )
+        for name in group.members:
+            parts.append(node_part(loaded, loaded.host(name), run_id))
     return parts
+
+
+def node_part(loaded: LoadedRig, host: Host, run_id: str) -> NodePart:
+    rendezvous = loaded.rendezvous(host)
+    assert rendezvous is not None
+    smoke = loaded.spec.smoke
+    args: dict[str, Any] = {
+        "node": host.name,
+        "python": smoke.python,
+        "nnodes": rendezvous.nnodes,
+        "node_rank": rendezvous.node_rank,
+        "nproc_per_node": rendezvous.nproc_per_node,
+        "master_addr": rendezvous.master_addr,
+        "master_port": rendezvous.port,
+        "backend": rendezvous.backend,
+        "rdzv_backend": rendezvous.rdzv_backend,
+        "rdzv_id": rendezvous.rdzv_id,
+        "run_id": run_id,
+        "timeout_s": smoke.timeout_s,
+        "batch_size": smoke.batch_size,
+        "sizes_mib": list(smoke.sizes_mib),
+        "env": dict(environment(loaded, loaded.rig_of(host))),
+    }
+    return NodePart(host.name, rendezvous, args)
 
 
 def node_report(part: NodePart, outcome: HostOutcome[dict[str, Any]]) -> NodeReport:
@@ -157,8 +168,8 @@ def node_report(part: NodePart, outcome: HostOutcome[dict[str, Any]]) -> NodeRep
 def judge_group(parts: list[NodePart], nodes: list[NodeReport], floor_gbps: float | None) -> GroupReport:
     """Pure: the group passes when every node passed, ranks 0..N-1 each saw world size N, and the busbw of
     the largest all_reduce size reaches the floor (when the rig file sets one)."""
-    first = parts[0].args
-    expected = first["nnodes"] * first["nproc_per_node"]
+    rendezvous = parts[0].rendezvous
+    expected = rendezvous.world_size
     problems = [f"{n.host}: {n.diagnosis or n.kind or 'failed'}" for n in nodes if not n.ok]
     ranks = {int(r["rank"]): r for n in nodes for r in n.ranks if "rank" in r}
     missing = sorted(set(range(expected)) - set(ranks))
@@ -177,10 +188,10 @@ def judge_group(parts: list[NodePart], nodes: list[NodeReport], floor_gbps: floa
                 f"the floor of {floor_gbps:g} GB/s"
             )
     return GroupReport(
-        master=parts[0].group,
-        endpoint=f"{first['master_addr']}:{first['master_port']}",
-        nnodes=first["nnodes"],
-        nproc_per_node=first["nproc_per_node"],
+        master=rendezvous.master,
+        endpoint=rendezvous.endpoint,
+        nnodes=rendezvous.nnodes,
+        nproc_per_node=rendezvous.nproc_per_node,
         expected_world_size=expected,
         world_size=rank0.get("world_size"),
         backend=rank0.get("backend"),

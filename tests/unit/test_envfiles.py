@@ -194,6 +194,7 @@ def test_launcher_runs_torchrun_with_this_nodes_rank(tmp_path: Path) -> None:
         "--node-rank=1",
         "--master-addr=10.0.0.11",
         "--master-port=29511",
+        "--rdzv-id=mgpu-gpu-a",  # the rig file sets none: apply's default, the same in smoke
         "train.py",
         "--epochs",
         "two words",

@@ -20,6 +20,7 @@ from mgpu_provision.errors import ProvisionError
 from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.pool import HostOutcome
 from mgpu_provision.fleet.targets import HostTarget
+from mgpu_provision.plan.resources.envfiles import desired_files
 from mgpu_provision.spec import load_rig
 from tests.unit.smoke_helpers import PASS_TIMEOUT_S, free_port, processes_of_run
 
@@ -72,16 +73,44 @@ def test_plan_puts_the_master_first_and_passes_the_rig_settings(tmp_path: Path) 
     args = parts[1].args
     assert args["nnodes"] == 3 and args["nproc_per_node"] == 2 and args["node_rank"] == 1
     assert (args["master_addr"], args["master_port"], args["backend"]) == ("10.0.0.11", 29555, "gloo")
-    assert args["rdzv_backend"] == "static" and args["rdzv_id"] == "run-1" and args["run_id"] == "run-1"
+    assert args["rdzv_backend"] == "static" and args["rdzv_id"] == "mgpu-gpu-a" and args["run_id"] == "run-1"
     assert (args["python"], args["timeout_s"], args["batch_size"]) == ("/opt/venv/bin/python", 60, 4)
     assert args["sizes_mib"] == [1.0, 4.0] and args["node"] == "gpu-b"
     assert args["env"]["NCCL_DEBUG"] == "WARN"
     assert args["env"]["NCCL_SOCKET_IFNAME"] == "lo" and args["env"]["GLOO_SOCKET_IFNAME"] == "lo"
 
 
-def test_limit_keeps_ranks_contiguous(tmp_path: Path) -> None:
-    parts = plan(tmp_path, HOSTS, ["gpu-c", "gpu-a"])
-    assert [(p.host, p.node_rank, p.args["nnodes"]) for p in parts] == [("gpu-a", 0, 2), ("gpu-c", 1, 2)]
+def test_smoke_runs_the_rendezvous_the_launchers_were_written_with(tmp_path: Path) -> None:
+    loaded = load_rig(rig_file(tmp_path, HOSTS, files={"profile_d": None}))
+    for part in control.plan_smoke(loaded, list(loaded.spec.hosts), "run-1"):
+        files = {f.path: f for f in desired_files(loaded, loaded.host(part.host))}
+        launcher = files["/usr/local/bin/mgpu-torchrun"]
+        args = part.args
+        for line in (
+            f"master_addr={args['master_addr']}",
+            f"master_port={args['master_port']}",
+            f"nnodes={args['nnodes']}",
+            f"node_rank={args['node_rank']}",
+            f"nproc_per_node={args['nproc_per_node']}",
+            f"rdzv_backend={args['rdzv_backend']}",
+            f"rdzv_id={args['rdzv_id']}",
+            f"export MGPU_DDP_BACKEND={args['backend']}",
+        ):
+            assert f"\n{line}\n" in launcher.content, (part.host, line)
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["gpu-c", "gpu-a"], "but gpu-b is not selected; add it to --limit"),
+        (["gpu-b"], "but gpu-a, gpu-c are not selected; add them to --limit"),
+    ],
+)
+def test_limit_to_part_of_a_ddp_group_is_refused(tmp_path: Path, names: list[str], message: str) -> None:
+    with pytest.raises(ProvisionError) as info:
+        plan(tmp_path, HOSTS, names)
+    written = "smoke runs whole DDP groups: the launchers of gpu-a, gpu-b, gpu-c were written for 3 nodes, "
+    assert str(info.value) == written + message
 
 
 def test_groups_with_different_masters_run_side_by_side(tmp_path: Path) -> None:
@@ -91,14 +120,6 @@ def test_groups_with_different_masters_run_side_by_side(tmp_path: Path) -> None:
         ("gpu-b", "gpu-a", 1, 2),
         ("hgx", "hgx", 0, 1),
     ]
-
-
-def test_master_left_out_by_limit_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ProvisionError) as info:
-        plan(tmp_path, HOSTS, ["gpu-b"])
-    assert str(info.value) == (
-        "gpu-b: its DDP master gpu-a is not selected; smoke runs whole DDP groups (add gpu-a to --limit)"
-    )
 
 
 def test_rig_without_ddp_is_an_error(tmp_path: Path) -> None:
@@ -238,7 +259,7 @@ def test_smoke_command_passes_on_two_local_hosts(tmp_path: Path, capsys: pytest.
 def test_smoke_command_fails_with_exit_2_naming_node_and_interpreter(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = cli.main(["smoke", str(local_rig(tmp_path, "/usr/bin/python3", free_port())), "--limit", "gpu-a"])
+    code = cli.main(["smoke", str(local_rig(tmp_path, "/usr/bin/python3", free_port()))])
     out = capsys.readouterr().out
     assert code == 2
     assert "FAIL" in out and "torch is not installed in /usr/bin/python3 on gpu-a" in " ".join(out.split())
@@ -249,7 +270,7 @@ def test_smoke_command_reports_rig_errors_with_exit_1(
 ) -> None:
     path = local_rig(tmp_path, sys.executable, free_port())
     assert cli.main(["smoke", str(path), "--limit", "gpu-b"]) == 1
-    assert "its DDP master gpu-a is not selected" in capsys.readouterr().err
+    assert "smoke runs whole DDP groups" in capsys.readouterr().err
 
 
 def test_human_output_shows_nodes_bandwidth_and_verdict(tmp_path: Path) -> None:

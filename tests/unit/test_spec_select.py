@@ -52,14 +52,24 @@ def test_host_and_rig_lookup(fleet: LoadedRig) -> None:
 
 def test_ddp_group_puts_master_first_then_file_order(fleet: LoadedRig) -> None:
     assert names(fleet.ddp_group(fleet.host("gpu-b"))) == ["gpu-a", "gpu-b"]
-    assert [fleet.node_rank(fleet.host(n)) for n in ("gpu-a", "gpu-b")] == [0, 1]
     assert names(fleet.ddp_group(fleet.host("a100-1"))) == ["a100-2", "a100-1"]
-    assert fleet.node_rank(fleet.host("a100-1")) == 1
+
+
+def test_rendezvous_is_the_groups_with_this_hosts_node_rank(fleet: LoadedRig) -> None:
+    a, b = (fleet.rendezvous(fleet.host(n)) for n in ("gpu-a", "gpu-b"))
+    assert a is not None and b is not None
+    assert (a.node_rank, b.node_rank) == (0, 1)
+    assert a.members == b.members == ("gpu-a", "gpu-b")
+    assert (b.master, b.master_addr, b.port, b.endpoint) == ("gpu-a", "10.0.0.11", 29500, "10.0.0.11:29500")
+    assert (b.nnodes, b.nproc_per_node, b.world_size) == (2, 2, 4)
+    assert (b.backend, b.rdzv_backend, b.rdzv_id) == ("nccl", "static", "mgpu-gpu-a")
+    quad = fleet.rendezvous(fleet.host("a100-1"))
+    assert quad is not None and (quad.node_rank, quad.nproc_per_node, quad.world_size) == (1, 3, 6)
 
 
 def test_host_without_ddp_trains_alone(fleet: LoadedRig) -> None:
     assert names(fleet.ddp_group(fleet.host("solo"))) == ["solo"]
-    assert fleet.node_rank(fleet.host("solo")) == 0
+    assert fleet.rendezvous(fleet.host("solo")) is None
 
 
 def test_visible_indices(fleet: LoadedRig) -> None:

@@ -120,20 +120,20 @@ def node_path(loaded: LoadedRig, host: Host, path: str) -> str:
     return str(loaded.resolve(path)) if host.connection == "local" else path
 
 
-def _launcher_context(loaded: LoadedRig, host: Host, rig: Rig) -> dict[str, Any] | None:
-    ddp = rig.ddp
-    if ddp is None:
+def _launcher_context(loaded: LoadedRig, host: Host) -> dict[str, Any] | None:
+    rendezvous = loaded.rendezvous(host)
+    if rendezvous is None:
         return None
     return {
-        "master_name": ddp.master,
-        "master_addr": loaded.host(ddp.master).target,
-        "master_port": ddp.port,
-        "nnodes": len(loaded.ddp_group(host)),
-        "node_rank": loaded.node_rank(host),
-        "nproc_per_node": rig.nproc_per_node,
-        "backend": ddp.backend,
-        "rdzv_backend": ddp.rdzv_backend,
-        "rdzv_id": ddp.rdzv_id or f"mgpu-{ddp.master}",
+        "master_name": rendezvous.master,
+        "master_addr": rendezvous.master_addr,
+        "master_port": rendezvous.port,
+        "nnodes": rendezvous.nnodes,
+        "node_rank": rendezvous.node_rank,
+        "nproc_per_node": rendezvous.nproc_per_node,
+        "backend": rendezvous.backend,
+        "rdzv_backend": rendezvous.rdzv_backend,
+        "rdzv_id": rendezvous.rdzv_id,
         "python": loaded.spec.smoke.python,
     }
 
@@ -157,7 +157,7 @@ def desired_files(loaded: LoadedRig, host: Host) -> list[DesiredFile]:
     if paths.environment_file:
         path = node_path(loaded, host, paths.environment_file)
         files.append(DesiredFile(path, render("environment.j2", **common), "0644", "env"))
-    launcher = _launcher_context(loaded, host, rig)
+    launcher = _launcher_context(loaded, host)
     if paths.launcher and launcher is not None:
         content = render("mgpu-torchrun.j2", profile_path=profile_path, **common, **launcher)
         files.append(DesiredFile(node_path(loaded, host, paths.launcher), content, "0755", "env"))
