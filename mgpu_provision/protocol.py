@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
+INSTALLED_FILE_KEYS = ("role", "path", "content", "mode")
+
 
 class BadRequest(Exception):
     """A request the agent refuses before any verb runs; the dispatcher answers it as kind `bad-request`."""
@@ -84,6 +86,16 @@ def positives(required: bool = False) -> Arg:
     return Arg("a list of positive numbers", ok, required)
 
 
+def _is_installed_file(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(value.get(k), str) for k in INSTALLED_FILE_KEYS)
+
+
+def installed_files() -> Arg:
+    """Files a node must hold as apply writes them: role (for messages), path, content, mode ("0755")."""
+    ok = lambda v: isinstance(v, list) and all(_is_installed_file(x) for x in v)  # noqa: E731
+    return Arg("a list of objects with the strings " + ", ".join(INSTALLED_FILE_KEYS), ok)
+
+
 def text_mapping() -> Arg:
     ok = lambda v: isinstance(v, dict) and all(_is_text(k) and _is_text(x) for k, x in v.items())  # noqa: E731
     return Arg("a mapping of names to strings", ok)
@@ -119,6 +131,8 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "iters": integer(1),
         "env": text_mapping(),
         "node": line(),
+        "launcher": optional_text(),  # the installed mgpu-torchrun; null: smoke runs torchrun itself
+        "files": installed_files(),  # checked before any rank starts
     },
     "smoke-cleanup": {"run_id": line(required=True), "node_rank": integer(0, required=True)},
 }

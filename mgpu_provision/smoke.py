@@ -20,7 +20,7 @@ from .fleet.options import MAX_FORKS, FleetOptions
 from .fleet.pool import HostOutcome, run_fleet
 from .fleet.session import AgentSession
 from .fleet.targets import HostTarget
-from .plan.resources.envfiles import environment
+from .plan.resources.envfiles import desired_files, environment, launcher_path
 from .protocol import smoke_cleanup_request
 from .spec.models import Host
 from .spec.rig import LoadedRig, Rendezvous
@@ -56,6 +56,7 @@ class NodeReport:
     diagnosis: str | None
     ranks: list[dict[str, Any]]
     elapsed_s: float
+    launcher: str | None = None  # the installed launcher the node ran; None: torchrun started by smoke
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class GroupReport:
 class SmokeReport:
     run_id: str
     groups: list[GroupReport]
+    notices: list[str] = field(default_factory=list)  # what the user should know even when it passed
 
     @property
     def ok(self) -> bool:
@@ -93,6 +95,7 @@ class SmokeReport:
         return {
             "run_id": self.run_id,
             "ok": self.ok,
+            "notices": self.notices,
             "groups": [{**dataclasses.asdict(g), "ok": g.ok} for g in self.groups],
         }
 
@@ -128,6 +131,7 @@ def node_part(loaded: LoadedRig, host: Host, run_id: str) -> NodePart:
     rendezvous = loaded.rendezvous(host)
     assert rendezvous is not None
     smoke = loaded.spec.smoke
+    launcher = launcher_path(loaded, host)
     args: dict[str, Any] = {
         "node": host.name,
         "python": smoke.python,
@@ -144,15 +148,40 @@ def node_part(loaded: LoadedRig, host: Host, run_id: str) -> NodePart:
         "batch_size": smoke.batch_size,
         "sizes_mib": list(smoke.sizes_mib),
         "env": dict(environment(loaded, loaded.rig_of(host))),
+        "launcher": launcher,
+        "files": installed_files(loaded, host, launcher),
     }
     return NodePart(host.name, rendezvous, args)
+
+
+def installed_files(loaded: LoadedRig, host: Host, launcher: str | None) -> list[dict[str, str]]:
+    """What the node's launcher and env files must hold before smoke runs them: what apply writes now."""
+    if launcher is None:  # smoke runs torchrun itself from the rig file: no installed file is used
+        return []
+    return [
+        {
+            "role": "launcher" if file.path == launcher else "env file",
+            "path": file.path,
+            "content": file.content,
+            "mode": file.mode,
+        }
+        for file in desired_files(loaded, host)
+        if file.phase == "env"
+    ]
 
 
 def node_report(part: NodePart, outcome: HostOutcome[dict[str, Any]]) -> NodeReport:
     value = outcome.value
     if outcome.status != "ok" or value is None:
         return NodeReport(
-            part.host, part.node_rank, False, outcome.status, outcome.error, [], outcome.elapsed_s
+            part.host,
+            part.node_rank,
+            False,
+            outcome.status,
+            outcome.error,
+            [],
+            outcome.elapsed_s,
+            part.args["launcher"],
         )
     return NodeReport(
         part.host,
@@ -162,6 +191,7 @@ def node_report(part: NodePart, outcome: HostOutcome[dict[str, Any]]) -> NodeRep
         value.get("diagnosis"),
         list(value.get("ranks") or []),
         float(value.get("elapsed_s") or outcome.elapsed_s),
+        part.args["launcher"],
     )
 
 
@@ -203,6 +233,16 @@ def judge_group(parts: list[NodePart], nodes: list[NodeReport], floor_gbps: floa
     )
 
 
+NO_LAUNCHER = (
+    "files.launcher is null: smoke started torchrun itself with the rig file's rendezvous and environment; "
+    "no installed launcher or env file was run or checked"
+)
+
+
+def notices(parts: list[NodePart]) -> list[str]:
+    return [NO_LAUNCHER] if any(part.args["launcher"] is None for part in parts) else []
+
+
 def build_report(
     run_id: str,
     parts: list[NodePart],
@@ -218,6 +258,7 @@ def build_report(
             judge_group(members, [node_report(p, outcomes[p.host]) for p in members], floor_gbps)
             for members in groups.values()
         ],
+        notices(parts),
     )
 
 

@@ -61,6 +61,8 @@ def render_group(group: GroupReport, console: Console) -> None:
 
 
 def render_human(report: SmokeReport, console: Console) -> None:
+    for notice in report.notices:
+        console.print(f"[yellow]note:[/] {notice}", highlight=False)
     for group in report.groups:
         render_group(group, console)
 

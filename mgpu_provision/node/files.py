@@ -1,4 +1,5 @@
-"""Facts read from the node's own files: the managed files (for diffs) and the X config's SLI option.
+"""The node's own files: the managed files (for diffs, and smoke's check that they are still what apply
+wrote) and the X config's SLI option.
 
 None of these depend on the NVIDIA layer, so they are the same on real and simulated nodes.
 """
@@ -40,6 +41,50 @@ def describe_file(path: str, include_content: bool) -> Dict[str, Any]:
         "mode": f"{mode:04o}",
         "content": content,
     }
+
+
+QUOTE_CHARS = 80
+
+
+def _quote(line: str) -> str:
+    return "`" + (line if len(line) <= QUOTE_CHARS else line[: QUOTE_CHARS - 3] + "...") + "`"
+
+
+def first_difference(have: str, want: str) -> str:
+    """Where the node's text first differs from what the rig file renders, in words."""
+    have_lines, want_lines = have.splitlines(), want.splitlines()
+    common = min(len(have_lines), len(want_lines))
+    for index in range(common):
+        if have_lines[index] != want_lines[index]:
+            got, wanted = _quote(have_lines[index]), _quote(want_lines[index])
+            return f"line {index + 1} is {got}, the rig file renders {wanted}"
+    number = common + 1
+    if len(have_lines) > len(want_lines):
+        return f"line {number} {_quote(have_lines[number - 1])} is not in the rig file's version"
+    if len(have_lines) < len(want_lines):
+        return f"line {number} {_quote(want_lines[number - 1])} is missing"
+    return "the line endings differ"
+
+
+def installed_problem(role: str, path: str, content: str, mode: str) -> Optional[str]:
+    """Why the file at `path` is not what apply would write now (`content`, `mode`), or None.
+
+    `role` names the file in the message ("launcher", "env file"); each message ends in what to do.
+    """
+    have = describe_file(path, include_content=True)
+    if not have["exists"]:
+        return f"{role} {path} is missing: run apply"
+    if "mode" not in have:
+        return f"{role} {path} cannot be read: run apply"
+    if int(mode, 8) & 0o111 and not int(have["mode"], 8) & 0o111:
+        return f"{role} {path} is not executable (mode {have['mode']}): run apply"
+    if have["content"] != content:
+        text = have["content"]
+        where = first_difference(text, content) if text is not None else "it is not UTF-8 text"
+        return f"{role} {path} is stale: run apply ({where})"
+    if have["mode"] != mode:
+        return f"{role} {path} has mode {have['mode']}, apply writes {mode}: run apply"
+    return None
 
 
 def _config_files(paths: Sequence[str]) -> List[str]:

@@ -1,13 +1,16 @@
 """The node side of `smoke`: start this node's part of the DDP run under torchrun, bounded, and clean up.
 
-The agent's `smoke` verb calls `run(args)`. It checks that the interpreter has torch, writes the smoke program
-(shipped beside this module, in the agent zipapp) to a temporary folder, and runs `<python> -m
-torch.distributed.run` in its own session with a hard deadline. Whatever happens, every process it started is
-ended before it answers: torchrun puts each worker in a session of its own, so the workers are found by a
-marker variable in their environment (a /proc scan), not by process group. The ranks' result files are the
-verdict: once every local rank has written one, smoke ends torchrun itself rather than let it wait in its exit
-barrier for peers that may never come. The answer carries each rank's result and, on failure, a diagnosis
-read from the logs that names the rendezvous endpoint.
+The agent's `smoke` verb calls `run(args)`. It checks that the launcher and env files apply installed are
+still what the rig file renders and that the interpreter has torch, writes the smoke program (shipped beside
+this module, in the agent zipapp) to a temporary folder, and runs the installed launcher (`mgpu-torchrun`,
+which sources the env files and execs torchrun with the group's rendezvous) in its own session with a hard
+deadline; with no launcher (`files.launcher: null`) it runs `<python> -m torch.distributed.run` itself.
+Whatever happens, every process it started is ended before it answers: torchrun puts each worker in a
+session of its own, so the workers are found by a marker variable in their environment (a /proc scan), not
+by process group. The ranks' result files are the verdict: once every local rank has written one, smoke ends
+torchrun itself rather than let it wait in its exit barrier for peers that may never come. The answer
+carries each rank's result and, on failure, a diagnosis read from the logs that names the rendezvous
+endpoint.
 
 `cleanup` (the `smoke-cleanup` verb) ends one node's leftovers of a run when a host's call died.
 
@@ -27,7 +30,7 @@ import tempfile
 import time
 from typing import Any
 
-from . import procs
+from . import files, procs
 from .errors import AgentFailure
 
 MARKER_ENV = "MGPU_PROVISION_SMOKE"  # value: the run id; every process of a run inherits it
@@ -46,8 +49,10 @@ class Request:
     """The verb's arguments (types checked at the agent's door, `protocol.VERB_ARGS["smoke"]`), with defaults.
 
     python, nnodes, node_rank, nproc_per_node, master_addr, master_port, backend (nccl|gloo), rdzv_backend
-    (static|c10d), rdzv_id, timeout_s, batch_size, sizes_mib; optional: env (str -> str), run_id (default
-    rdzv_id), node (the name used in messages, default the hostname), iters (timed all_reduces per size).
+    (static|c10d), rdzv_id, timeout_s, batch_size, sizes_mib; optional: env (str -> str: what the env files
+    set), run_id (default rdzv_id), node (the name used in messages, default the hostname), iters (timed
+    all_reduces per size), launcher (the installed launcher's path, or null), files (what the launcher and env
+    files must hold: role, path, content, mode).
     """
 
     def __init__(self, args: dict[str, Any]) -> None:
@@ -71,6 +76,9 @@ class Request:
         self.iters = int(args.get("iters") or DEFAULT_ITERS)
         self.env: dict[str, str] = dict(args.get("env") or {})
         self.node = str(args.get("node") or socket.gethostname())
+        launcher = args.get("launcher")
+        self.launcher: str | None = str(launcher) if launcher else None
+        self.files: list[dict[str, str]] = list(args.get("files") or [])
 
     @property
     def marker(self) -> str:
@@ -93,13 +101,24 @@ def timeouts(timeout_s: float) -> tuple[int, float]:
     return rendezvous, max(2.0, timeout_s * 0.5)
 
 
-def torchrun_command(req: Request, program: str, config: str) -> list[str]:
+def rendezvous_options(req: Request) -> list[str]:
+    """What smoke adds to the launcher's torchrun options: no restarts, and a rendezvous timeout within the
+    deadline (torchrun's own default is 900 s for static, 600 s for c10d)."""
     rendezvous_s, _ = timeouts(req.timeout_s)
+    if req.rdzv_backend == "static":
+        return ["--max-restarts", "0", "--rdzv-conf", f"timeout={rendezvous_s}"]
+    return ["--max-restarts", "0", "--rdzv-conf", f"join_timeout={rendezvous_s},read_timeout={rendezvous_s}"]
+
+
+def torchrun_command(req: Request, program: str, config: str) -> list[str]:
+    """The command of this node's part: the installed launcher with smoke's options and program, or (no
+    launcher) torchrun with the rendezvous spelled out as the launcher would."""
+    if req.launcher is not None:
+        return [req.launcher, *rendezvous_options(req), program, config]
     command = [
         req.python, "-m", "torch.distributed.run",
         "--nnodes", str(req.nnodes),
         "--nproc-per-node", str(req.nproc_per_node),
-        "--max-restarts", "0",
         "--rdzv-id", req.rdzv_id,
     ]  # fmt: skip
     if req.rdzv_backend == "static":
@@ -107,15 +126,10 @@ def torchrun_command(req: Request, program: str, config: str) -> list[str]:
             "--node-rank", str(req.node_rank),
             "--master-addr", req.master_addr,
             "--master-port", str(req.master_port),
-            "--rdzv-conf", f"timeout={rendezvous_s}",
         ]  # fmt: skip
     else:
-        command += [
-            "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", req.endpoint,
-            "--rdzv-conf", f"join_timeout={rendezvous_s},read_timeout={rendezvous_s}",
-        ]  # fmt: skip
-    return [*command, program, config]
+        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", req.endpoint]
+    return [*command, *rendezvous_options(req), program, config]
 
 
 def program_config(req: Request, out_dir: str) -> dict[str, Any]:
@@ -130,9 +144,12 @@ def program_config(req: Request, out_dir: str) -> dict[str, Any]:
     }
 
 
-def child_environment(req: Request, base: dict[str, str]) -> dict[str, str]:
+def child_environment(req: Request, base: dict[str, str], rig_env: bool = True) -> dict[str, str]:
+    """`base` with smoke's own variables; with `rig_env`, also what the env files set (the launcher sources
+    them itself, so that a run through it proves the files, not smoke's copy of their values)."""
     env = dict(base)
-    env.update(req.env)
+    if rig_env:
+        env.update(req.env)
     env.setdefault("OMP_NUM_THREADS", "1")  # torch's default of one thread per core starves the other ranks
     env["PYTHONUNBUFFERED"] = "1"  # a killed rank's last words must reach the log
     env[MARKER_ENV] = req.marker
@@ -335,6 +352,7 @@ def _identity(req: Request) -> dict[str, Any]:
         "nproc_per_node": req.nproc_per_node,
         "master": req.endpoint,
         "run_id": req.run_id,
+        "launcher": req.launcher,
     }
 
 
@@ -345,15 +363,23 @@ def cleanup(args: dict[str, Any]) -> dict[str, Any]:
     return {"marker": mark, "leftover_pids": end_processes(mark)}
 
 
+def not_applied(req: Request) -> dict[str, Any] | None:
+    """A failed node result when the launcher or an env file differs from what apply would write now."""
+    found = (files.installed_problem(f["role"], f["path"], f["content"], f["mode"]) for f in req.files)
+    problems = [problem for problem in found if problem is not None]
+    return failure(req, "not-applied", "; ".join(problems)) if problems else None
+
+
 def run(args: dict[str, Any]) -> dict[str, Any]:
-    """The `smoke` verb: node, node_rank, nnodes, nproc_per_node, master, run_id, ok, kind (None or e.g.
-    torch-missing, port-in-use, rendezvous-unreachable, rendezvous-timeout, nccl, timeout, crash,
-    check-failed), diagnosis, exit_code, timed_out, elapsed_s, ranks (program.py's per-rank results),
-    log_tail (on failure) and leftover_pids (processes that survived SIGKILL; normally empty)."""
+    """The `smoke` verb: node, node_rank, nnodes, nproc_per_node, master, run_id, launcher (what ran: the
+    installed launcher, or null for torchrun), ok, kind (None or e.g. not-applied, torch-missing,
+    port-in-use, rendezvous-unreachable, rendezvous-timeout, nccl, timeout, crash, check-failed), diagnosis,
+    exit_code, timed_out, elapsed_s, ranks (the program's per-rank results), log_tail (on failure) and
+    leftover_pids (processes that survived SIGKILL; normally empty)."""
     req = Request(args)
-    missing = probe_torch(req)
-    if missing is not None:
-        return missing
+    refused = not_applied(req) or probe_torch(req)
+    if refused is not None:
+        return refused
     workdir = tempfile.mkdtemp(prefix="mgpu-smoke-")
     try:
         return _run_in(req, workdir)
@@ -373,7 +399,7 @@ def _run_in(req: Request, workdir: str) -> dict[str, Any]:
     log_path = os.path.join(workdir, "torchrun.log")
 
     # torchrun's log folder (torchelastic_*, never deleted by torch) goes into the work folder, deleted after.
-    env = dict(child_environment(req, dict(os.environ)), TMPDIR=workdir)
+    env = dict(child_environment(req, dict(os.environ), rig_env=req.launcher is None), TMPDIR=workdir)
     started = time.monotonic()
     with open(log_path, "wb") as log_file:
         leader = subprocess.Popen(

@@ -48,10 +48,23 @@ def smoke_rig(
     )
 
 
-def smoke(capsys: pytest.CaptureFixture[str], factory: HostFactory, rig: Path) -> tuple[int, dict[str, Any]]:
+def smoke(
+    capsys: pytest.CaptureFixture[str], factory: HostFactory, rig: Path, *more: str
+) -> tuple[int, dict[str, Any]]:
     capsys.readouterr()
-    code = main(["smoke", str(rig), "--json", "--known-hosts", str(factory.known_hosts)])
+    code = main(["smoke", str(rig), "--json", "--known-hosts", str(factory.known_hosts), *more])
     return code, json.loads(capsys.readouterr().out)
+
+
+def apply_env_files(capsys: pytest.CaptureFixture[str], factory: HostFactory, rig: Path) -> None:
+    """Install the launcher and env files on every host, as a user does before smoke."""
+    capsys.readouterr()
+    code = main(["apply", str(rig), "--playbook", "env", "--yes", "--known-hosts", str(factory.known_hosts)])
+    assert code == 0, capsys.readouterr()
+
+
+LAUNCHER = "/usr/local/bin/mgpu-torchrun"
+PROFILE = "/etc/profile.d/mgpu-provision.sh"
 
 
 @pytest.mark.parametrize("count", [2, 3])
@@ -60,13 +73,12 @@ def test_hosts_of_two_processes_each_pass_with_per_rank_results(
 ) -> None:
     twin = load_twin("rtx3090-nvlink")
     hosts = [test_hosts.start(f"gpu-{i}", twin, rig="pair") for i in range(count)]
-    code, report = smoke(
-        capsys,
-        test_hosts,
-        smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, PASS_TIMEOUT_S, site_packages()),
-    )
+    rig = smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, PASS_TIMEOUT_S, site_packages())
+    apply_env_files(capsys, test_hosts, rig)
+    code, report = smoke(capsys, test_hosts, rig)
     group = report["groups"][0]
     assert code == 0, group["problems"]
+    assert report["notices"] == [] and {n["launcher"] for n in group["nodes"]} == {LAUNCHER}
     assert (group["world_size"], group["ranks_joined"], group["nnodes"]) == (2 * count, 2 * count, count)
     for node_rank, node in enumerate(group["nodes"]):
         assert node["host"] == f"gpu-{node_rank}" and node["ok"] is True
@@ -86,6 +98,7 @@ def test_node_that_never_starts_fails_the_others_in_time_and_leaves_no_process(
     twin = load_twin("rtx3090-nvlink")
     hosts = [test_hosts.start(f"gpu-{i}", twin, rig="pair") for i in range(3)]
     rig = smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, FAIL_TIMEOUT_S, site_packages())
+    apply_env_files(capsys, test_hosts, rig)
     hosts[1].kill()
     started = time.monotonic()
     code, report = smoke(capsys, test_hosts, rig)
@@ -108,10 +121,58 @@ def test_node_without_torch_is_named_with_its_interpreter(
 ) -> None:
     twin = load_twin("rtx3090-nvlink")
     hosts = [test_hosts.start(f"gpu-{i}", twin, rig="pair") for i in range(2)]
-    code, report = smoke(
-        capsys, test_hosts, smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, FAIL_TIMEOUT_S)
-    )
+    rig = smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, FAIL_TIMEOUT_S)
+    apply_env_files(capsys, test_hosts, rig)
+    code, report = smoke(capsys, test_hosts, rig)
     assert code == 2
     problems = report["groups"][0]["problems"]
     assert "gpu-0: torch is not installed in /usr/bin/python3 on gpu-0" in problems
     assert "gpu-1: torch is not installed in /usr/bin/python3 on gpu-1" in problems
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        (
+            f"sed -i 's/^node_rank=1$/node_rank=0/' {LAUNCHER}",
+            f"launcher {LAUNCHER} is stale: run apply (line 10 is `node_rank=0`, the rig file renders "
+            "`node_rank=1`)",
+        ),
+        (f"chmod 0644 {LAUNCHER}", f"launcher {LAUNCHER} is not executable (mode 0644): run apply"),
+        (f"rm {PROFILE}", f"env file {PROFILE} is missing: run apply"),
+        (
+            f"sed -i 's/^export OMP_NUM_THREADS=1$/export OMP_NUM_THREADS=8/' {PROFILE}",
+            f"env file {PROFILE} is stale: run apply (line ",
+        ),
+    ],
+)
+def test_a_node_whose_launcher_or_env_file_was_changed_after_apply_fails_with_the_reason(
+    tamper: str, reason: str, test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gpu-1 refuses before any rank starts, naming the file and line; gpu-0 then waits for it in vain."""
+    twin = load_twin("rtx3090-nvlink")
+    hosts = [test_hosts.start(f"gpu-{i}", twin, rig="pair") for i in range(2)]
+    rig = smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, FAIL_TIMEOUT_S, site_packages())
+    apply_env_files(capsys, test_hosts, rig)
+    hosts[1].run_in_ns(tamper)
+    code, report = smoke(capsys, test_hosts, rig)
+    assert code == 2
+    nodes = {n["host"]: n for n in report["groups"][0]["nodes"]}
+    assert nodes["gpu-1"]["kind"] == "not-applied" and nodes["gpu-1"]["ranks"] == []
+    assert nodes["gpu-1"]["diagnosis"].startswith(reason), nodes["gpu-1"]["diagnosis"]
+    assert nodes["gpu-0"]["kind"] in ("rendezvous-timeout", "crash"), nodes["gpu-0"]
+    assert processes_of_run(report["run_id"]) == []
+
+
+def test_limit_to_part_of_a_ddp_group_is_refused(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    twin = load_twin("rtx3090-nvlink")
+    hosts = [test_hosts.start(f"gpu-{i}", twin, rig="pair") for i in range(2)]
+    rig = smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, FAIL_TIMEOUT_S)
+    capsys.readouterr()
+    assert main(["smoke", str(rig), "--limit", "gpu-1", "--known-hosts", str(test_hosts.known_hosts)]) == 1
+    assert (
+        "smoke runs whole DDP groups: the launchers of gpu-0, gpu-1 were written for 2 nodes, but gpu-0 is "
+        "not selected; add it to --limit" in " ".join(capsys.readouterr().err.split())
+    )

@@ -99,6 +99,29 @@ def test_smoke_runs_the_rendezvous_the_launchers_were_written_with(tmp_path: Pat
             assert f"\n{line}\n" in launcher.content, (part.host, line)
 
 
+def test_nodes_check_the_files_apply_installed_and_run_the_launcher(tmp_path: Path) -> None:
+    parts = plan(tmp_path, HOSTS)
+    args = parts[1].args
+    assert args["launcher"] == "/usr/local/bin/mgpu-torchrun"
+    assert [(f["role"], f["path"], f["mode"]) for f in args["files"]] == [
+        ("env file", "/etc/profile.d/mgpu-provision.sh", "0644"),
+        ("env file", "/etc/mgpu-provision/environment", "0644"),
+        ("launcher", "/usr/local/bin/mgpu-torchrun", "0755"),
+    ]
+    loaded = load_rig(tmp_path / "rig.yaml")
+    want = {f.path: f.content for f in desired_files(loaded, loaded.host("gpu-b"))}
+    assert all(f["content"] == want[f["path"]] for f in args["files"])
+
+
+def test_without_a_launcher_smoke_checks_the_rig_file_only_and_says_so(tmp_path: Path) -> None:
+    loaded = load_rig(rig_file(tmp_path, HOSTS, files={"launcher": None}))
+    parts = control.plan_smoke(loaded, list(loaded.spec.hosts), "run-1")
+    assert all(p.args["launcher"] is None and p.args["files"] == [] for p in parts)
+    report = control.build_report("run-1", parts, {p.host: ok_outcome(p.node_rank) for p in parts}, None)
+    assert report.as_dict()["notices"] == [control.NO_LAUNCHER]
+    assert "files.launcher is null: smoke started torchrun itself" in control.NO_LAUNCHER
+
+
 @pytest.mark.parametrize(
     ("names", "message"),
     [
@@ -222,11 +245,10 @@ def test_run_smoke_starts_all_hosts_at_once_and_cleans_up_failed_ones(
 # ---- real: two local hosts through the agent zipapp and the command line ----------------------------
 
 
-def local_rig(tmp_path: Path, python: str, port: int) -> Path:
-    hosts = [
-        {"name": "gpu-a", "address": "127.0.0.1", "rig": "pair", "connection": "local"},
-        {"name": "gpu-b", "address": "127.0.0.1", "rig": "pair", "connection": "local"},
-    ]
+def local_rig(tmp_path: Path, python: str, port: int, names: tuple[str, ...] = ("gpu-a", "gpu-b")) -> Path:
+    """Local hosts on this machine. They share one file system, so only a single host can have its own
+    launcher; with more, smoke runs torchrun itself (`files.launcher: null`)."""
+    hosts = [{"name": name, "address": "127.0.0.1", "rig": "pair", "connection": "local"} for name in names]
     path = rig_file(tmp_path, hosts)
     document = yaml.safe_load(path.read_text())
     document["rigs"]["pair"]["ddp"]["port"] = port
@@ -237,8 +259,23 @@ def local_rig(tmp_path: Path, python: str, port: int) -> Path:
         "sizes_mib": [0.0625, 0.25],
     }
     document["env"] = {"OMP_NUM_THREADS": "1"}
+    own = {"profile_d": "node/profile.sh", "environment_file": "node/env", "launcher": "node/mgpu-torchrun"}
+    document["files"] = own if len(names) == 1 else {"launcher": None}
     path.write_text(yaml.safe_dump(document))
     return path
+
+
+def install(rig: Path) -> dict[str, Path]:
+    """Write what apply would write on the (single, local) host of `rig`."""
+    loaded = load_rig(rig)
+    written = {}
+    for file in desired_files(loaded, loaded.spec.hosts[0]):
+        path = Path(file.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(file.content)
+        path.chmod(int(file.mode, 8))
+        written[path.name] = path
+    return written
 
 
 def test_smoke_command_passes_on_two_local_hosts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -253,7 +290,33 @@ def test_smoke_command_passes_on_two_local_hosts(tmp_path: Path, capsys: pytest.
     assert [n["host"] for n in group["nodes"]] == ["gpu-a", "gpu-b"]
     assert [r["rank"] for r in group["nodes"][1]["ranks"]] == [2, 3]
     assert [b["size_mib"] for b in group["bandwidth"]] == [0.0625, 0.25]
+    assert out["notices"] == [control.NO_LAUNCHER]
     assert processes_of_run(out["run_id"]) == []
+
+
+def test_smoke_runs_the_installed_launcher_and_refuses_a_stale_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rig = local_rig(tmp_path, sys.executable, free_port(), ("gpu-a",))
+    written = install(rig)
+    code = cli.main(["smoke", str(rig), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    node = out["groups"][0]["nodes"][0]
+    assert out["notices"] == [] and node["launcher"] == str(written["mgpu-torchrun"])
+    assert [r["rank"] for r in node["ranks"]] == [0, 1] and processes_of_run(out["run_id"]) == []
+
+    launcher = written["mgpu-torchrun"]
+    launcher.write_text(launcher.read_text().replace("nproc_per_node=2", "nproc_per_node=1"))
+    code = cli.main(["smoke", str(rig), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 2
+    node = out["groups"][0]["nodes"][0]
+    assert (node["kind"], node["diagnosis"]) == (
+        "not-applied",
+        f"launcher {launcher} is stale: run apply (line 11 is `nproc_per_node=1`, the rig file renders "
+        "`nproc_per_node=2`)",
+    )
 
 
 def test_smoke_command_fails_with_exit_2_naming_node_and_interpreter(

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from mgpu_provision.node import files
 from mgpu_provision.node import smoke as node
 from mgpu_provision.node.errors import AgentFailure
 from mgpu_provision.protocol import BadRequest, check_args
@@ -48,6 +49,11 @@ def request(**over: Any) -> node.Request:
         ({"env": {"A": 1}}, "smoke: `env` must be a mapping of names to strings"),
         ({"master_addr": "a\nb"}, "smoke: `master_addr` must be a non-empty one-line string"),
         ({"rdzv_id": None}, "smoke: `rdzv_id` must be a non-empty one-line string, got None"),
+        ({"launcher": 7}, "smoke: `launcher` must be a string or null, got 7"),
+        (
+            {"files": [{"role": "launcher", "path": "/x", "content": "y"}]},
+            "smoke: `files` must be a list of objects with the strings role, path, content, mode",
+        ),
     ],
 )
 def test_bad_request_names_the_field(over: dict[str, Any], message: str) -> None:
@@ -80,9 +86,25 @@ def test_static_command_passes_node_rank_master_and_rendezvous_timeout() -> None
     command = node.torchrun_command(request(timeout_s=30), "/t/p.py", "/t/c.json")
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     text = " ".join(command)
-    assert "--nnodes 2 --nproc-per-node 2 --max-restarts 0" in text
-    assert "--node-rank 0 --master-addr 127.0.0.1 --master-port 29500 --rdzv-conf timeout=7" in text
+    assert "--nnodes 2 --nproc-per-node 2 --rdzv-id r1" in text
+    assert (
+        "--node-rank 0 --master-addr 127.0.0.1 --master-port 29500 --max-restarts 0 --rdzv-conf timeout=7"
+        in text
+    )
     assert command[-2:] == ["/t/p.py", "/t/c.json"]
+
+
+def test_installed_launcher_gets_only_what_smoke_adds() -> None:
+    command = node.torchrun_command(request(timeout_s=30, launcher="/usr/local/bin/mgpu-torchrun"), "p", "c")
+    assert command == [
+        "/usr/local/bin/mgpu-torchrun",
+        "--max-restarts",
+        "0",
+        "--rdzv-conf",
+        "timeout=7",
+        "p",
+        "c",
+    ]
 
 
 def test_c10d_command_uses_the_endpoint_and_join_timeout() -> None:
@@ -96,6 +118,66 @@ def test_child_environment_marks_the_run_and_keeps_threads_low() -> None:
     assert env[node.MARKER_ENV] == "r1/0"
     assert env["OMP_NUM_THREADS"] == "1" and env["NCCL_DEBUG"] == "WARN" and env["PATH"] == "/bin"
     assert node.child_environment(request(env={"OMP_NUM_THREADS": "4"}), {})["OMP_NUM_THREADS"] == "4"
+    # Through the launcher the env files set the variables, not smoke.
+    assert "NCCL_DEBUG" not in node.child_environment(request(env={"NCCL_DEBUG": "WARN"}), {}, rig_env=False)
+
+
+# ---- the installed launcher and env files --------------------------------------------------------------
+
+LAUNCHER = '#!/bin/sh\nset -eu\nnode_rank=1\nexec python3 -m torch.distributed.run "$@"\n'
+
+
+def installed(tmp_path: Path, content: str = LAUNCHER, mode: int = 0o755) -> dict[str, str]:
+    path = tmp_path / "mgpu-torchrun"
+    path.write_text(content)
+    path.chmod(mode)
+    return {"role": "launcher", "path": str(path), "content": LAUNCHER, "mode": "0755"}
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "message"),
+    [
+        (LAUNCHER, 0o755, None),
+        (LAUNCHER, 0o644, "launcher {path} is not executable (mode 0644): run apply"),
+        (
+            LAUNCHER.replace("node_rank=1", "node_rank=0"),
+            0o755,
+            "launcher {path} is stale: run apply (line 3 is `node_rank=0`, the rig file renders "
+            "`node_rank=1`)",
+        ),
+        (
+            LAUNCHER + "echo extra\n",
+            0o755,
+            "launcher {path} is stale: run apply (line 5 `echo extra` is not in the rig file's version)",
+        ),
+        (
+            LAUNCHER.rsplit("exec", 1)[0],
+            0o755,
+            "launcher {path} is stale: run apply (line 4 `exec python3 -m "
+            'torch.distributed.run "$@"` is missing)',
+        ),
+        (LAUNCHER, 0o775, "launcher {path} has mode 0775, apply writes 0755: run apply"),
+    ],
+)
+def test_installed_file_problems_name_the_file_and_the_line(
+    tmp_path: Path, content: str, mode: int, message: str | None
+) -> None:
+    want = installed(tmp_path, content, mode)
+    problem = files.installed_problem(want["role"], want["path"], want["content"], want["mode"])
+    assert problem == (message.format(path=want["path"]) if message else None)
+
+
+def test_missing_or_stale_files_fail_the_node_before_anything_starts(tmp_path: Path) -> None:
+    stale = installed(tmp_path, LAUNCHER.replace("node_rank=1", "node_rank=0"))
+    gone = {"role": "env file", "path": str(tmp_path / "profile.sh"), "content": "x\n", "mode": "0644"}
+    started = time.monotonic()
+    result = node.run(node_args(run_id(), free_port(), 1, launcher=stale["path"], files=[stale, gone]))
+    assert time.monotonic() - started < 2  # no torch import, no torchrun
+    assert (result["ok"], result["kind"], result["ranks"]) == (False, "not-applied", [])
+    assert result["diagnosis"] == (
+        f"launcher {stale['path']} is stale: run apply (line 3 is `node_rank=0`, the rig file renders "
+        f"`node_rank=1`); env file {gone['path']} is missing: run apply"
+    )
 
 
 # ---- diagnoses from real torch log lines --------------------------------------------------------------

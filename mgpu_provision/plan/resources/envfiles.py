@@ -138,6 +138,14 @@ def _launcher_context(loaded: LoadedRig, host: Host) -> dict[str, Any] | None:
     }
 
 
+def launcher_path(loaded: LoadedRig, host: Host) -> str | None:
+    """Where apply installs `host`'s launcher; None when it installs none (`files.launcher: null`, no ddp)."""
+    path = loaded.spec.files.launcher
+    if not path or host.os == "windows" or loaded.rendezvous(host) is None:
+        return None
+    return node_path(loaded, host, path)
+
+
 def desired_files(loaded: LoadedRig, host: Host) -> list[DesiredFile]:
     """Every file apply manages on `host`; a path set to null in the rig's `files` is left alone."""
     if host.os == "windows":  # profile.d, systemd and sh launchers are Linux things; SLI is a manual step
