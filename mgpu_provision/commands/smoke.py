@@ -1,9 +1,10 @@
 """`mgpu-provision smoke RIG`: prove with a real multi-node DDP run that the fleet can train together.
 
-Every selected node starts its part under torchrun at once (`smoke/control.py`); this module only wires the
-options, shows progress while the run lasts, and prints per node pass/fail, the world size and the all_reduce
-bandwidth table, or `--json`. Exit 0: every DDP group passed; 2: a node failed, a rank never joined or busbw
-is below the rig's floor; 1: an error (rig file, selection).
+Every selected node starts its part through its installed launcher at once (`mgpu_provision/smoke.py`);
+this module only wires the options, shows progress while the run lasts, and prints per node pass/fail,
+where each rank ran (backend, device), the world size and the all_reduce bandwidth table, or `--json`.
+Exit 0: every DDP group passed; 2: a node failed, a rank never joined or busbw is below the rig's floor;
+1: an error (rig file, selection).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import json
 import sys
 import threading
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -35,6 +37,13 @@ def render_group(group: GroupReport, console: Console) -> None:
             node.diagnosis or "",
         )
     console.print(nodes)
+    if group.devices:
+        devices = Table(title="ranks", title_justify="left")
+        for column in ("rank", "node", "backend", "device"):
+            devices.add_column(column)
+        for rank in group.devices:
+            devices.add_row(str(rank["rank"]), rank["host"], str(rank["backend"]), device_text(rank))
+        console.print(devices)
     if group.bandwidth:
         band = Table(
             title=f"all_reduce over {group.world_size} ranks (nccl-tests busbw)", title_justify="left"
@@ -51,6 +60,8 @@ def render_group(group: GroupReport, console: Console) -> None:
         console.print(band)
     verdict = "[green]pass[/]" if group.ok else "[red]FAIL[/]"
     floor = f", busbw floor {group.busbw_floor_gbps:g} GB/s" if group.busbw_floor_gbps is not None else ""
+    if group.backend is not None and group.backend != group.requested_backend:
+        floor += f" (the rig says {group.requested_backend}: simulated nodes run Gloo)"
     console.print(
         f"Smoke {verdict}: world size {group.world_size if group.world_size is not None else '-'} of "
         f"{group.expected_world_size} ({group.nnodes} nodes x {group.nproc_per_node}), "
@@ -58,6 +69,14 @@ def render_group(group: GroupReport, console: Console) -> None:
     )
     for problem in group.problems:
         console.print(f"  [red]![/] {problem}", markup=True, highlight=False)
+
+
+def device_text(rank: dict[str, Any]) -> str:
+    gpu = rank.get("gpu")
+    if not gpu:
+        return str(rank.get("device") or "-") + (" (simulated node)" if rank.get("simulated") else "")
+    uuid = f", {gpu['uuid']}" if gpu.get("uuid") else ""
+    return f"{rank.get('device')}: {gpu.get('name')}{uuid}"
 
 
 def render_human(report: SmokeReport, console: Console) -> None:

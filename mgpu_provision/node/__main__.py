@@ -56,7 +56,7 @@ def _reclaim(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
 def _smoke(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
     from .smoke import run
 
-    return run(args), None
+    return run(args, simulated=backend().simulated), None
 
 
 def _smoke_cleanup(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:

@@ -30,7 +30,7 @@ import tempfile
 import time
 from typing import Any
 
-from . import files, procs
+from . import files, procs, torch_probe
 from .errors import AgentFailure
 
 MARKER_ENV = "MGPU_PROVISION_SMOKE"  # value: the run id; every process of a run inherits it
@@ -42,7 +42,10 @@ POLL_S = 0.2
 PROBE_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 15
 DEFAULT_ITERS = 5
-TORCH_PROBE = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 3)"
+# all_reduce sizes when the rig file names none: up to the bus bandwidth plateau on GPUs (nccl-tests go to
+# 128 MiB and beyond), small where Gloo moves them through the CPU.
+GPU_SIZES_MIB = [1.0, 4.0, 16.0, 64.0, 128.0, 256.0]
+CPU_SIZES_MIB = [0.25, 1.0, 4.0]
 
 
 class Request:
@@ -55,7 +58,8 @@ class Request:
     files must hold: role, path, content, mode).
     """
 
-    def __init__(self, args: dict[str, Any]) -> None:
+    def __init__(self, args: dict[str, Any], simulated: bool = False) -> None:
+        self.simulated = simulated  # the node's NVIDIA layer is a twin: its GPUs cannot run NCCL
         self.python = str(args["python"])
         self.nnodes = int(args["nnodes"])
         self.node_rank = int(args["node_rank"])
@@ -72,13 +76,22 @@ class Request:
         self.run_id = str(args.get("run_id") or self.rdzv_id)
         self.timeout_s = float(args["timeout_s"])
         self.batch_size = int(args["batch_size"])
-        self.sizes_mib = [float(s) for s in args["sizes_mib"]]
+        sizes = args.get("sizes_mib")
+        if not sizes:
+            sizes = GPU_SIZES_MIB if self.run_backend == "nccl" else CPU_SIZES_MIB
+        self.sizes_mib = [float(s) for s in sizes]
         self.iters = int(args.get("iters") or DEFAULT_ITERS)
         self.env: dict[str, str] = dict(args.get("env") or {})
         self.node = str(args.get("node") or socket.gethostname())
         launcher = args.get("launcher")
         self.launcher: str | None = str(launcher) if launcher else None
         self.files: list[dict[str, str]] = list(args.get("files") or [])
+
+    @property
+    def run_backend(self) -> str:
+        """The backend the ranks use: the rig's, except Gloo on a simulated node. Never a quiet fallback:
+        NCCL on a node whose torch cannot use CUDA fails the node instead (`probe_torch`)."""
+        return "gloo" if self.simulated else self.backend
 
     @property
     def marker(self) -> str:
@@ -136,7 +149,9 @@ def program_config(req: Request, out_dir: str) -> dict[str, Any]:
     return {
         "out_dir": out_dir,
         "expected_world_size": req.nnodes * req.nproc_per_node,
-        "backend": req.backend,
+        "backend": req.run_backend,
+        "requested_backend": req.backend,
+        "simulated": req.simulated,
         "batch_size": req.batch_size,
         "sizes_mib": req.sizes_mib,
         "iters": req.iters,
@@ -316,26 +331,32 @@ def program_source() -> bytes:
 
 
 def probe_torch(req: Request) -> dict[str, Any] | None:
-    """A failed node result when the interpreter is missing or lacks torch, else None."""
-    try:
-        probe = subprocess.run(
-            [req.python, "-c", TORCH_PROBE],
-            env=child_environment(req, dict(os.environ)),  # the run's env: PYTHONPATH may be where torch is
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            timeout=PROBE_TIMEOUT_S,
+    """A failed node result when the interpreter is missing or lacks torch, or when the ranks are to use
+    NCCL and torch cannot give each of them a GPU (a CPU-only build, a driver too old for the build, too
+    few visible GPUs); else None."""
+    env = child_environment(req, dict(os.environ))  # the run's env: PYTHONPATH may be where torch is
+    probe = torch_probe.probe_torch(req.python, PROBE_TIMEOUT_S, env=env)
+    if not probe["ok"]:
+        return failure(req, str(probe.get("kind") or "python-broken"), f"{probe['error']} on {req.node}")
+    if req.run_backend != "nccl":
+        return None
+    torch_here = f"torch {probe.get('version')} in {req.python} on {req.node}"
+    if not probe.get("cuda_available"):
+        why = (
+            "it is a CPU-only build"
+            if probe.get("cuda_build") is None
+            else probe.get("cuda_warning") or "torch.cuda.is_available() is False"
         )
-    except FileNotFoundError:
-        return failure(req, "python-missing", f"python interpreter {req.python} not found on {req.node}")
-    except subprocess.TimeoutExpired:
+        return failure(req, "no-cuda", f"the rig says nccl, but {torch_here} cannot use CUDA: {why}")
+    count = int(probe.get("device_count") or 0)
+    if count < req.nproc_per_node:
+        visible = env.get("CUDA_VISIBLE_DEVICES")
         return failure(
-            req, "python-hung", f"{req.python} on {req.node} did not answer within {PROBE_TIMEOUT_S:g} s"
+            req,
+            "no-cuda",
+            f"the rig says nccl with {req.nproc_per_node} processes per node, but {torch_here} sees "
+            f"{count} GPU(s)" + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""),
         )
-    if probe.returncode == 3:
-        return failure(req, "torch-missing", torch_missing(req))
-    if probe.returncode != 0:
-        last = tail(probe.stderr.decode(errors="replace"), 1)
-        return failure(req, "python-broken", f"{req.python} on {req.node} failed: {' '.join(last)}")
     return None
 
 
@@ -353,6 +374,9 @@ def _identity(req: Request) -> dict[str, Any]:
         "master": req.endpoint,
         "run_id": req.run_id,
         "launcher": req.launcher,
+        "backend": req.run_backend,
+        "requested_backend": req.backend,
+        "simulated": req.simulated,
     }
 
 
@@ -370,17 +394,20 @@ def not_applied(req: Request) -> dict[str, Any] | None:
     return failure(req, "not-applied", "; ".join(problems)) if problems else None
 
 
-def run(args: dict[str, Any]) -> dict[str, Any]:
+def run(args: dict[str, Any], simulated: bool = False) -> dict[str, Any]:
     """The `smoke` verb: node, node_rank, nnodes, nproc_per_node, master, run_id, launcher (what ran: the
     installed launcher, or null for torchrun), ok, kind (None or e.g. not-applied, torch-missing,
     port-in-use, rendezvous-unreachable, rendezvous-timeout, nccl, timeout, crash, check-failed), diagnosis,
     exit_code, timed_out, elapsed_s, ranks (the program's per-rank results), log_tail (on failure) and
     leftover_pids (processes that survived SIGKILL; normally empty)."""
-    req = Request(args)
+    req = Request(args, simulated)
     refused = not_applied(req) or probe_torch(req)
     if refused is not None:
         return refused
-    workdir = tempfile.mkdtemp(prefix="mgpu-smoke-")
+    # Named after the run and node, so that anyone can tell whose folder it is (and that none is left).
+    workdir = tempfile.mkdtemp(
+        prefix="mgpu-smoke-%s-%d-" % (re.sub(r"[^\w.-]", "_", req.run_id)[:64], req.node_rank)
+    )
     try:
         return _run_in(req, workdir)
     finally:

@@ -40,9 +40,14 @@ def bus_bandwidth(algbw_gbps: float, world_size: int) -> float:
     return algbw_gbps * 2.0 * (world_size - 1) / world_size
 
 
-def choose_backend(requested: str, cuda_available: bool) -> str:
-    """NCCL only where CUDA GPUs are visible; on CPU Gloo still proves rendezvous, networking and DDP."""
-    return "nccl" if requested == "nccl" and cuda_available else "gloo"
+def device_of(backend: str, cuda_available: bool, local_rank: int) -> str:
+    """The rank's device: its GPU under NCCL, the CPU under Gloo. NCCL without CUDA is an error, never a
+    quiet run on the CPU: the node side checks CUDA first, so this only fires when a rank disagrees."""
+    if backend != "nccl":
+        return "cpu"
+    if not cuda_available:
+        raise RuntimeError("backend nccl needs CUDA, and torch.cuda.is_available() is False in this rank")
+    return "cuda:%d" % local_rank
 
 
 def allreduce_pattern(rank: int, n: int) -> List[float]:
@@ -71,13 +76,19 @@ class Rank:
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.cuda = torch.cuda.is_available()
-        self.backend = choose_backend(str(config["backend"]), self.cuda)
-        if self.backend == "nccl":
+        self.backend = str(config["backend"])
+        self.device = torch.device(device_of(self.backend, torch.cuda.is_available(), self.local_rank))
+        self.cuda = self.backend == "nccl"
+        gpu = None
+        if self.cuda:
             torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
-        else:
-            self.device = torch.device("cpu")
+            properties = torch.cuda.get_device_properties(self.local_rank)
+            gpu = {
+                "index": self.local_rank,  # CUDA's numbering, after CUDA_VISIBLE_DEVICES
+                "name": properties.name,
+                "uuid": str(getattr(properties, "uuid", "")) or None,
+                "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            }
         self.result: Json = {
             "rank": self.rank,
             "local_rank": self.local_rank,
@@ -88,9 +99,11 @@ class Rank:
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "torch": str(torch.__version__),
-            "requested_backend": config["backend"],
+            "requested_backend": config.get("requested_backend", self.backend),
+            "simulated": bool(config.get("simulated")),
             "backend": self.backend,
             "device": str(self.device),
+            "gpu": gpu,
             "cuda_devices": torch.cuda.device_count() if self.cuda else 0,
             "checks": [],
             "bandwidth": [],

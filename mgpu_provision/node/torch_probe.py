@@ -8,10 +8,11 @@ cheap part (finding torch without importing it) runs in the same child as the im
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from .system import read_text
 
@@ -32,8 +33,14 @@ try:
 except ImportError as exc:
     print(json.dumps({"import_error": str(exc), "missing": getattr(exc, "name", None) == "torch"}))
 else:
-    print(json.dumps({"version": torch.__version__, "cuda_available": torch.cuda.is_available(),
-                      "device_count": torch.cuda.device_count(), "key": key}))
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:  # why CUDA is unusable, e.g. a too-old driver
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    build = getattr(getattr(torch, "version", None), "cuda", None)  # None: a CPU-only wheel
+    why = None if available or not caught else str(caught[-1].message).strip().splitlines()[0]
+    print(json.dumps({"version": torch.__version__, "cuda_build": build, "cuda_available": available,
+                      "cuda_warning": why, "device_count": torch.cuda.device_count(), "key": key}))
 """
 _NODE_STATE = ("/proc/sys/kernel/random/boot_id", "/proc/driver/nvidia/version")
 
@@ -43,10 +50,12 @@ def torch_cache_file() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "mgpu-provision", "torch-probe.json")
 
 
-def _node_state() -> List[Optional[str]]:
-    # What can change torch's CUDA answer without touching torch: a reboot, a driver (re)load, the devices.
+def _node_state(env: Mapping[str, str]) -> List[Optional[str]]:
+    # What can change torch's CUDA answer without touching torch: a reboot, a driver (re)load, the devices,
+    # and this probe itself (an agent whose probe reports more must not reuse an older agent's answer).
     state = [read_text(path) for path in _NODE_STATE]
-    return [*state, os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("NVIDIA_VISIBLE_DEVICES")]
+    visible = [env.get("CUDA_VISIBLE_DEVICES"), env.get("NVIDIA_VISIBLE_DEVICES")]
+    return [*state, *visible, hashlib.sha256(_TORCH_PROBE.encode()).hexdigest()[:16]]
 
 
 def _load_cache(path: str) -> Dict[str, Any]:
@@ -70,8 +79,15 @@ def _save_cache(path: str, cache: Dict[str, Any]) -> None:
         pass
 
 
-def probe_torch(python: str, timeout_s: float = 120.0, cache_file: Optional[str] = None) -> Dict[str, Any]:
-    """Ask `python` for its torch (version, CUDA, devices); failures become a plain `error`.
+def probe_torch(
+    python: str,
+    timeout_s: float = 120.0,
+    cache_file: Optional[str] = None,
+    env: Optional[Mapping[str, str]] = None,
+) -> Dict[str, Any]:
+    """Ask `python` (in `env`, default the agent's) for its torch: version, CUDA build, whether CUDA is
+    usable (and the warning that says why not), devices. Failures become a plain `error` and a `kind`
+    (python-missing, python-broken, python-hung, torch-missing, torch-broken).
 
     A working torch's answer is cached in `cache_file` (default `torch_cache_file()`); failures never are,
     so a fixed install is seen at once.
@@ -80,7 +96,7 @@ def probe_torch(python: str, timeout_s: float = 120.0, cache_file: Optional[str]
     cache = _load_cache(path)
     found = cache.get(python)
     entry: Dict[str, Any] = found if isinstance(found, dict) else {}
-    state = _node_state()
+    state = _node_state(os.environ if env is None else env)
     usable = entry.get("state") == state and isinstance(entry.get("answer"), dict)
     cached_key = json.dumps(entry.get("key")) if usable else ""
     result: Dict[str, Any] = {"python": python, "ok": False}
@@ -91,13 +107,15 @@ def probe_torch(python: str, timeout_s: float = 120.0, cache_file: Optional[str]
             text=True,
             timeout=timeout_s,
             check=False,
+            env=None if env is None else dict(env),
         )
     except FileNotFoundError:
-        return dict(result, error=f"{python} does not exist on this host")
+        return dict(result, kind="python-missing", error=f"{python} does not exist")
     except PermissionError:
-        return dict(result, error=f"{python} is not executable")
+        return dict(result, kind="python-missing", error=f"{python} is not executable")
     except subprocess.TimeoutExpired:
-        return dict(result, error=f"the torch probe in {python} did not finish within {timeout_s:g} s")
+        error = f"the torch probe in {python} did not finish within {timeout_s:g} s"
+        return dict(result, kind="python-hung", error=error)
     lines = done.stdout.strip().splitlines()
     try:
         answer = json.loads(lines[-1]) if done.returncode == 0 and lines else None
@@ -105,11 +123,12 @@ def probe_torch(python: str, timeout_s: float = 120.0, cache_file: Optional[str]
         answer = None
     if not isinstance(answer, dict):
         tail = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
-        return dict(result, error=f"the torch probe in {python} failed: {tail[0]}")
+        return dict(result, kind="python-broken", error=f"the torch probe in {python} failed: {tail[0]}")
     if answer.get("missing"):
-        return dict(result, error=f"torch is not installed in {python}")
+        return dict(result, kind="torch-missing", error=f"torch is not installed in {python}")
     if "import_error" in answer:
-        return dict(result, error=f"import torch failed in {python}: {answer['import_error']}")
+        error = f"import torch failed in {python}: {answer['import_error']}"
+        return dict(result, kind="torch-broken", error=error)
     key = answer.pop("key", None)
     if answer.pop("cached", False):
         answer = entry["answer"]

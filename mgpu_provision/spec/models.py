@@ -228,8 +228,9 @@ class Smoke(Strict):
     timeout_s: float = Field(180.0, gt=0, le=7200)
     batch_size: int = Field(8, ge=1, le=65536)
     busbw_floor_gbps: float | None = Field(None, ge=0, description="fail when all_reduce busbw is below")
-    sizes_mib: list[Annotated[float, Field(gt=0, le=16384)]] = Field(
-        default_factory=lambda: [0.25, 1.0, 4.0, 16.0], description="all_reduce sizes to time"
+    sizes_mib: list[Annotated[float, Field(gt=0, le=16384)]] | None = Field(
+        None,
+        description="all_reduce sizes to time; default 1 to 256 MiB on GPUs (NCCL), 0.25 to 4 MiB with Gloo",
     )
 
 

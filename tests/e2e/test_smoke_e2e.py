@@ -9,7 +9,6 @@ site-packages on PYTHONPATH, passed through the rig file's `env` as any site-spe
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -18,34 +17,17 @@ from typing import Any
 import pytest
 
 from mgpu_provision.cli import main
-from tests.hosts import NODE_PYTHON, HostFactory, TestHost, load_twin
-from tests.unit.smoke_helpers import FAIL_TIMEOUT_S, PASS_TIMEOUT_S, free_port, listening, processes_of_run
-
-
-def site_packages() -> str:
-    spec = importlib.util.find_spec("torch")
-    assert spec is not None and spec.origin is not None
-    return str(Path(spec.origin).parents[1])
-
-
-def smoke_rig(
-    factory: HostFactory, path: Path, hosts: list[TestHost], timeout_s: float, torch_path: str | None = None
-) -> Path:
-    env = {"OMP_NUM_THREADS": "1", **({"PYTHONPATH": torch_path} if torch_path else {})}
-    ddp = {
-        "master": hosts[0].name,
-        "port": free_port(),
-        "backend": "gloo",
-        "nproc_per_node": 2,
-        "ifname": "lo",
-    }
-    return factory.write_rig(
-        path,
-        hosts,
-        rigs={"pair": {"gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2}, "ddp": ddp}},
-        env=env,
-        smoke={"python": NODE_PYTHON, "timeout_s": timeout_s, "batch_size": 4, "sizes_mib": [0.0625, 0.25]},
-    )
+from tests.hosts import HostFactory
+from tests.unit.smoke_helpers import (
+    FAIL_TIMEOUT_S,
+    PASS_TIMEOUT_S,
+    apply_env_files,
+    listening,
+    processes_of_run,
+    site_packages,
+    smoke_rig,
+    start_hosts,
+)
 
 
 def smoke(
@@ -56,13 +38,6 @@ def smoke(
     return code, json.loads(capsys.readouterr().out)
 
 
-def apply_env_files(capsys: pytest.CaptureFixture[str], factory: HostFactory, rig: Path) -> None:
-    """Install the launcher and env files on every host, as a user does before smoke."""
-    capsys.readouterr()
-    code = main(["apply", str(rig), "--playbook", "env", "--yes", "--known-hosts", str(factory.known_hosts)])
-    assert code == 0, capsys.readouterr()
-
-
 LAUNCHER = "/usr/local/bin/mgpu-torchrun"
 PROFILE = "/etc/profile.d/mgpu-provision.sh"
 
@@ -71,13 +46,17 @@ PROFILE = "/etc/profile.d/mgpu-provision.sh"
 def test_hosts_of_two_processes_each_pass_with_per_rank_results(
     count: int, test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    twin = load_twin("rtx3090-nvlink")
-    hosts = [test_hosts.start(f"gpu-{i}", twin, rig="pair") for i in range(count)]
-    rig = smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, PASS_TIMEOUT_S, site_packages())
-    apply_env_files(capsys, test_hosts, rig)
+    hosts = start_hosts(test_hosts, count)
+    # The rig's NCCL on test hosts, whose GPUs are a twin's: Gloo runs, and the report says so.
+    rig = smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, PASS_TIMEOUT_S, site_packages(), "nccl")
+    apply_env_files(test_hosts, rig)
     code, report = smoke(capsys, test_hosts, rig)
     group = report["groups"][0]
     assert code == 0, group["problems"]
+    assert (group["backend"], group["requested_backend"]) == ("gloo", "nccl")
+    assert [(d["rank"], d["host"], d["device"], d["simulated"]) for d in group["devices"]] == [
+        (rank, f"gpu-{rank // 2}", "cpu", True) for rank in range(2 * count)
+    ]
     assert report["notices"] == [] and {n["launcher"] for n in group["nodes"]} == {LAUNCHER}
     assert (group["world_size"], group["ranks_joined"], group["nnodes"]) == (2 * count, 2 * count, count)
     for node_rank, node in enumerate(group["nodes"]):
@@ -95,10 +74,9 @@ def test_node_that_never_starts_fails_the_others_in_time_and_leaves_no_process(
 ) -> None:
     """gpu-1's sshd is gone, so its part never starts: gpu-0 (master) and gpu-2 must end within the timeout,
     saying who they waited for, with nothing of the run left on any host and the port free again."""
-    twin = load_twin("rtx3090-nvlink")
-    hosts = [test_hosts.start(f"gpu-{i}", twin, rig="pair") for i in range(3)]
+    hosts = start_hosts(test_hosts, 3)
     rig = smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, FAIL_TIMEOUT_S, site_packages())
-    apply_env_files(capsys, test_hosts, rig)
+    apply_env_files(test_hosts, rig)
     hosts[1].kill()
     started = time.monotonic()
     code, report = smoke(capsys, test_hosts, rig)
@@ -119,10 +97,9 @@ def test_node_that_never_starts_fails_the_others_in_time_and_leaves_no_process(
 def test_node_without_torch_is_named_with_its_interpreter(
     test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    twin = load_twin("rtx3090-nvlink")
-    hosts = [test_hosts.start(f"gpu-{i}", twin, rig="pair") for i in range(2)]
+    hosts = start_hosts(test_hosts, 2)
     rig = smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, FAIL_TIMEOUT_S)
-    apply_env_files(capsys, test_hosts, rig)
+    apply_env_files(test_hosts, rig)
     code, report = smoke(capsys, test_hosts, rig)
     assert code == 2
     problems = report["groups"][0]["problems"]
@@ -150,10 +127,9 @@ def test_a_node_whose_launcher_or_env_file_was_changed_after_apply_fails_with_th
     tamper: str, reason: str, test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """gpu-1 refuses before any rank starts, naming the file and line; gpu-0 then waits for it in vain."""
-    twin = load_twin("rtx3090-nvlink")
-    hosts = [test_hosts.start(f"gpu-{i}", twin, rig="pair") for i in range(2)]
+    hosts = start_hosts(test_hosts, 2)
     rig = smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, FAIL_TIMEOUT_S, site_packages())
-    apply_env_files(capsys, test_hosts, rig)
+    apply_env_files(test_hosts, rig)
     hosts[1].run_in_ns(tamper)
     code, report = smoke(capsys, test_hosts, rig)
     assert code == 2
@@ -167,8 +143,7 @@ def test_a_node_whose_launcher_or_env_file_was_changed_after_apply_fails_with_th
 def test_limit_to_part_of_a_ddp_group_is_refused(
     test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    twin = load_twin("rtx3090-nvlink")
-    hosts = [test_hosts.start(f"gpu-{i}", twin, rig="pair") for i in range(2)]
+    hosts = start_hosts(test_hosts, 2)
     rig = smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, FAIL_TIMEOUT_S)
     capsys.readouterr()
     assert main(["smoke", str(rig), "--limit", "gpu-1", "--known-hosts", str(test_hosts.known_hosts)]) == 1

@@ -1,14 +1,21 @@
-"""Helpers shared by the smoke tests: free ports, a /proc scan for a run's processes, listening sockets."""
+"""Helpers shared by the smoke tests: free ports, a /proc scan for a run's processes, listening sockets,
+and test hosts that form a DDP group."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import os
 import socket
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
+from mgpu_provision import cli
 from mgpu_provision.node.smoke import MARKER_ENV
+from tests.hosts import NODE_PYTHON, HostFactory, TestHost, load_twin
 
 # Generous deadlines: six torch imports per run can take tens of seconds on two busy cores. A passing run ends
 # as soon as it is done; a failing one must still name its cause before the deadline, so FAIL_TIMEOUT_S leaves
@@ -77,3 +84,57 @@ def node_args(rid: str, port: int, node_rank: int, **over: Any) -> dict[str, Any
     }
     args.update(over)
     return args
+
+
+# ---- test hosts (e2e and reliability tests) ----------------------------------------------------------
+
+
+def start_hosts(factory: HostFactory, count: int) -> list[TestHost]:
+    """gpu-0 .. gpu-N: 2x RTX 3090 twins of rig `pair`."""
+    twin = load_twin("rtx3090-nvlink")
+    return [factory.start(f"gpu-{i}", twin, rig="pair") for i in range(count)]
+
+
+def site_packages() -> str:
+    """Where this venv's torch lives: test hosts hide the venv, so nodes get it on PYTHONPATH."""
+    spec = importlib.util.find_spec("torch")
+    assert spec is not None and spec.origin is not None
+    return str(Path(spec.origin).parents[1])
+
+
+def smoke_rig(
+    factory: HostFactory,
+    path: Path,
+    hosts: list[TestHost],
+    timeout_s: float,
+    torch_path: str | None = None,
+    backend: str = "gloo",
+) -> Path:
+    """A rig whose hosts form one DDP group (master: the first) of two ranks each, on loopback."""
+    env = {"OMP_NUM_THREADS": "1", **({"PYTHONPATH": torch_path} if torch_path else {})}
+    ddp = {
+        "master": hosts[0].name,
+        "port": free_port(),
+        "backend": backend,
+        "nproc_per_node": 2,
+        "ifname": "lo",
+    }
+    return factory.write_rig(
+        path,
+        hosts,
+        rigs={
+            "pair": {"gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2}, "ddp": {**ddp, "ifname": "lo"}}
+        },
+        env=env,
+        smoke={"python": NODE_PYTHON, "timeout_s": timeout_s, "batch_size": 4, "sizes_mib": [0.0625, 0.25]},
+    )
+
+
+def apply_env_files(factory: HostFactory, rig: Path) -> None:
+    """Install the launcher and env files on every host, as a user does before smoke."""
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        code = cli.main(
+            ["apply", str(rig), "--playbook", "env", "--yes", "--known-hosts", str(factory.known_hosts)]
+        )
+    assert code == 0, said.getvalue()

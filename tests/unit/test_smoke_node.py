@@ -374,8 +374,69 @@ def test_missing_interpreter_is_named() -> None:
     result = node.run(node_args(run_id(), free_port(), 0, python="/nonexistent/python3", node="gpu-a"))
     assert (result["kind"], result["diagnosis"]) == (
         "python-missing",
-        "python interpreter /nonexistent/python3 not found on gpu-a",
+        "/nonexistent/python3 does not exist on gpu-a",
     )
+
+
+def test_nccl_with_a_torch_that_cannot_use_cuda_fails_the_node_before_anything_starts() -> None:
+    """This venv's torch is a CPU-only build: the rig's nccl must not become a quiet Gloo run on the CPU."""
+    args = node_args(run_id(), free_port(), 0, backend="nccl", node="gpu-a")
+    result = node.run(args, simulated=False)
+    assert (result["ok"], result["kind"], result["ranks"]) == (False, "no-cuda", [])
+    assert result["backend"] == "nccl" and result["simulated"] is False
+    assert result["diagnosis"].startswith("the rig says nccl, but torch 2.")
+    assert result["diagnosis"].endswith(
+        f"in {sys.executable} on gpu-a cannot use CUDA: it is a CPU-only build"
+    )
+
+
+@pytest.mark.parametrize(
+    ("probe", "why"),
+    [
+        (
+            {
+                "cuda_build": "12.8",
+                "cuda_available": False,
+                "cuda_warning": "CUDA initialization: The NVIDIA "
+                "driver on your system is too old (found version 11040).",
+            },
+            "cannot use CUDA: CUDA initialization: The NVIDIA driver on your system is too old (found "
+            "version 11040).",
+        ),
+        (
+            {"cuda_build": "12.8", "cuda_available": False, "cuda_warning": None},
+            "cannot use CUDA: torch.cuda.is_available() is False",
+        ),
+        (
+            {"cuda_build": "12.8", "cuda_available": True, "device_count": 1},
+            "the rig says nccl with 2 processes per node, but torch 2.13.0 in /p on gpu-a sees 1 GPU(s) "
+            "(CUDA_VISIBLE_DEVICES=3)",
+        ),
+    ],
+)
+def test_why_nccl_cannot_run_is_said(
+    monkeypatch: pytest.MonkeyPatch, probe: dict[str, Any], why: str
+) -> None:
+    answer = {"python": "/p", "ok": True, "version": "2.13.0", **probe}
+    monkeypatch.setattr(node.torch_probe, "probe_torch", lambda *a, **k: answer)
+    args = node_args(
+        "r1", 29500, 0, backend="nccl", python="/p", node="gpu-a", env={"CUDA_VISIBLE_DEVICES": "3"}
+    )
+    refused = node.probe_torch(node.Request(args))
+    assert refused is not None and refused["kind"] == "no-cuda"
+    assert refused["diagnosis"].endswith(why), refused["diagnosis"]
+    assert (
+        node.probe_torch(node.Request(args, simulated=True)) is None
+    )  # a twin's GPUs: Gloo, said in the report
+
+
+def test_sizes_reach_the_bus_plateau_on_gpus_and_stay_small_on_the_cpu() -> None:
+    without = {k: v for k, v in node_args("r1", 29500, 0).items() if k != "sizes_mib"}
+    assert node.Request({**without, "backend": "nccl"}).sizes_mib == node.GPU_SIZES_MIB
+    assert max(node.GPU_SIZES_MIB) >= 128
+    assert node.Request({**without, "backend": "nccl"}, simulated=True).sizes_mib == node.CPU_SIZES_MIB
+    assert node.Request({**without, "backend": "gloo"}).sizes_mib == node.CPU_SIZES_MIB
+    assert node.Request({**without, "sizes_mib": [8]}).sizes_mib == [8.0]
 
 
 def test_rendezvous_port_held_by_another_program_fails_fast_naming_it(node_tmp: Path) -> None:
@@ -438,10 +499,12 @@ def test_agent_zipapp_on_python38_runs_a_one_node_smoke(tmp_path: Path) -> None:
     pyz = tmp_path / "agent.pyz"
     pyz.write_bytes(build_agent().data)
     rid = run_id()
-    args = node_args(rid, free_port(), 0, nnodes=1, nproc_per_node=1, node="gpu-a")
+    args = node_args(rid, free_port(), 0, nnodes=1, nproc_per_node=1, node="gpu-a", backend="nccl")
+    del args["sizes_mib"]  # the node picks them: small, since a simulated node runs Gloo on the CPU
+    twin = Path(__file__).parents[2] / "examples" / "twins" / "rtx3090-nvlink.yaml"
     done = subprocess.run(
         [str(PYTHON38), str(pyz), "smoke"],
-        input=json.dumps({"args": args, "simulate": None}),
+        input=json.dumps({"args": args, "simulate": str(twin)}),
         capture_output=True,
         text=True,
         timeout=args["timeout_s"] + 30,
@@ -451,6 +514,10 @@ def test_agent_zipapp_on_python38_runs_a_one_node_smoke(tmp_path: Path) -> None:
     result = answer["result"]
     assert result["ok"] is True, result
     assert [(r["rank"], r["world_size"]) for r in result["ranks"]] == [(0, 1)]
+    assert (result["backend"], result["requested_backend"], result["simulated"]) == ("gloo", "nccl", True)
+    rank = result["ranks"][0]
+    assert (rank["backend"], rank["device"], rank["simulated"]) == ("gloo", "cpu", True)
+    assert [b["size_mib"] for b in rank["bandwidth"]] == node.CPU_SIZES_MIB
     assert processes_of_run(rid) == []
 
 

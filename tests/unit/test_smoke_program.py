@@ -19,10 +19,11 @@ def test_busbw_is_algbw_times_2_n_minus_1_over_n(world: int, factor: float) -> N
     assert program.bus_bandwidth(10.0, world) == pytest.approx(10.0 * factor)
 
 
-def test_backend_is_nccl_only_with_cuda() -> None:
-    assert program.choose_backend("nccl", True) == "nccl"
-    assert program.choose_backend("nccl", False) == "gloo"
-    assert program.choose_backend("gloo", True) == "gloo"
+def test_nccl_runs_on_the_ranks_gpu_and_never_falls_back_to_the_cpu() -> None:
+    assert program.device_of("nccl", True, 1) == "cuda:1"
+    assert program.device_of("gloo", True, 1) == "cpu"
+    with pytest.raises(RuntimeError, match="backend nccl needs CUDA"):
+        program.device_of("nccl", False, 0)
 
 
 def test_allreduce_pattern_sums_to_the_expected_values() -> None:
@@ -45,7 +46,9 @@ def test_a_failed_check_is_recorded_and_the_rank_still_reports(tmp_path: Path) -
     config = {
         "out_dir": str(tmp_path),
         "expected_world_size": 2,
-        "backend": "nccl",
+        "backend": "gloo",
+        "requested_backend": "nccl",
+        "simulated": True,
         "batch_size": 2,
         "sizes_mib": [0.0625],
         "iters": 1,
@@ -62,7 +65,8 @@ def test_a_failed_check_is_recorded_and_the_rank_still_reports(tmp_path: Path) -
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "rank-0.json").read_text())
     assert result["ok"] is False and result["error"] is None
-    assert result["backend"] == "gloo" and result["requested_backend"] == "nccl"
+    assert (result["backend"], result["requested_backend"], result["simulated"]) == ("gloo", "nccl", True)
+    assert (result["device"], result["gpu"]) == ("cpu", None)
     checks = {c["name"]: c for c in result["checks"]}
     assert checks["world_size"] == {"name": "world_size", "ok": False, "detail": "1 ranks joined, expected 2"}
     assert checks["all_reduce"]["ok"] and checks["ddp_step"]["ok"]

@@ -43,7 +43,9 @@ EXPECTED = {
     "python": sys.executable,
     "ok": True,
     "version": "2.13.0",
+    "cuda_build": None,  # the stand-in has no torch.version: a CPU-only build
     "cuda_available": False,
+    "cuda_warning": None,
     "device_count": 0,
 }
 
