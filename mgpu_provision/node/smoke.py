@@ -52,10 +52,10 @@ class Request:
     """The verb's arguments (types checked at the agent's door, `protocol.VERB_ARGS["smoke"]`), with defaults.
 
     python, nnodes, node_rank, nproc_per_node, master_addr, master_port, backend (nccl|gloo), rdzv_backend
-    (static|c10d), rdzv_id, timeout_s, batch_size, sizes_mib; optional: env (str -> str: what the env files
-    set), run_id (default rdzv_id), node (the name used in messages, default the hostname), iters (timed
-    all_reduces per size), launcher (the installed launcher's path, or null), files (what the launcher and env
-    files must hold: role, path, content, mode).
+    (static|c10d), rdzv_id, timeout_s, batch_size; optional: sizes_mib (default by backend), env (str -> str:
+    what the env files set), run_id (default rdzv_id), node (the name used in messages, default the
+    hostname), iters (timed all_reduces per size), launcher (the installed launcher's path, or null), files
+    (what the launcher and env files must hold: role, path, content, mode). `simulated`: the agent's twin.
     """
 
     def __init__(self, args: dict[str, Any], simulated: bool = False) -> None:
