@@ -80,19 +80,14 @@ def render_plan(plan: FleetPlan, console: Console) -> None:
     console.print(Text(summary_line(plan), style=style), soft_wrap=True)
 
 
+# The keys of a change in `plan --json`, in order (docs/plan-json.md); `tags`, `phase` and `applies` follow.
+CHANGE_KEYS = ("resource", "action", "summary", "current", "desired", "reboot", "diff")
+
+
 def change_json(change: Change) -> dict[str, Any]:
-    return {
-        "resource": change.resource,
-        "action": change.action,
-        "summary": change.summary,
-        "current": change.current,
-        "desired": change.desired,
-        "reboot": change.reboot,
-        "diff": change.diff,
-        "tags": [change.phase],
-        "phase": change.phase,
-        "applies": change.agent_step is not None,
-    }
+    document: dict[str, Any] = {key: getattr(change, key) for key in CHANGE_KEYS}
+    document.update(tags=[change.phase], phase=change.phase, applies=change.agent_step is not None)
+    return document
 
 
 def plan_json(plan: FleetPlan) -> dict[str, Any]:
