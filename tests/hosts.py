@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 SSHD = "/usr/sbin/sshd"
+APPLY_LOCK = "/var/lib/mgpu-provision/apply.lock"  # the default files.state_dir's lock
 SSH_PORT = 2222
 NODE_PYTHON = "/usr/bin/python3"
 # Folders the tool manages on a node; each test host gets a private, initially empty copy.
@@ -505,3 +506,18 @@ def fake_agent(tag: str = "") -> FakeAgent:
         archive.writestr(entry, _FAKE_AGENT_MAIN + f"# {tag}\n")
     data = buffer.getvalue()
     return FakeAgent(data, f"agent-{hashlib.sha256(data).hexdigest()[:16]}.pyz")
+
+
+def hold_lock(host: TestHost, seconds: float, lock: str = APPLY_LOCK) -> subprocess.Popen[bytes]:
+    """Take the host's apply lock from inside its namespaces, as another apply's agent would."""
+    assert host.process is not None
+    # -o: only flock itself holds the lock, so killing it releases the lock at once.
+    script = f"mkdir -p {Path(lock).parent} && echo $$ > {lock} && exec flock -o {lock} sleep {seconds}"
+    holder = subprocess.Popen(
+        ["nsenter", "-t", str(host.process.pid), "-m", "-u", "--", "sh", "-c", script], start_new_session=True
+    )
+    deadline = time.monotonic() + 10
+    while host.run_in_ns(f"flock -n {lock} true", check=False).returncode == 0:
+        assert time.monotonic() < deadline, "the lock holder did not start"
+        time.sleep(0.05)
+    return holder

@@ -19,7 +19,7 @@ import pytest
 
 from mgpu_provision.cli import main
 from tests.hosts import NODE_PYTHON, HostFactory, TestHost, load_twin
-from tests.unit.smoke_helpers import FAIL_TIMEOUT_S, PASS_TIMEOUT_S, free_port, listening, processes_of_run
+from tests.smoke_helpers import FAIL_TIMEOUT_S, PASS_TIMEOUT_S, free_port, listening, processes_of_run
 
 
 def site_packages() -> str:

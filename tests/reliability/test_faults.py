@@ -18,8 +18,9 @@ from typing import Literal
 import pytest
 import yaml
 
-from tests.e2e.test_apply_e2e import hold_lock, rig_file, twin
-from tests.hosts import _FAKE_SUDO, MANAGED_DIRS, HostFactory, TestHost
+from tests.factories import pair_rig_file as rig_file
+from tests.factories import rtx3090_twin as twin
+from tests.hosts import _FAKE_SUDO, MANAGED_DIRS, HostFactory, TestHost, hold_lock
 from tests.reliability.conftest import Trial
 from tests.reliability.nodes import (
     Run,

@@ -12,10 +12,8 @@ from typing import Any
 
 import pytest
 
-from mgpu_provision.facts import Facts
 from mgpu_provision.node.__main__ import handle
 from mgpu_provision.node.apply import BACKUP_SUFFIX, write_file
-from mgpu_provision.node.collect import collect
 from mgpu_provision.node.driver import (
     Command,
     apt_commands,
@@ -28,7 +26,7 @@ from mgpu_provision.node.driver import (
     version_key,
 )
 from mgpu_provision.node.errors import AgentFailure
-from mgpu_provision.node.nvidia import select_backend
+from tests.factories import facts_from_twin
 
 ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "examples" / "twins"
@@ -161,10 +159,10 @@ def test_a_second_apply_waits_then_refuses_naming_the_holder(tmp_path: Path, twi
         )
         assert 0.5 <= waited < 3
         # A reboot waits for the same lock: it must not land in the middle of the holder's steps.
-        boot_before = facts(twin).host.boot_id
+        boot_before = facts_from_twin(twin).host.boot_id
         reply = call("reboot", {"lock": str(lock), "lock_wait_s": 0.2}, twin)
         assert reply["ok"] is False and reply["error"]["kind"] == "locked"
-        assert facts(twin).host.boot_id == boot_before
+        assert facts_from_twin(twin).host.boot_id == boot_before
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
@@ -173,16 +171,12 @@ def test_a_second_apply_waits_then_refuses_naming_the_holder(tmp_path: Path, twi
     assert call("apply", {"lock": str(lock), "lock_wait_s": 0.5, "steps": []})["ok"]
 
 
-def facts(twin: Path) -> Facts:
-    return Facts.model_validate(collect({}, select_backend(str(twin))))
-
-
 def test_simulated_driver_install_mismatch_reboot_converged(tmp_path: Path, twin: Path) -> None:
     original = twin.read_text()
     step = {"kind": "driver", "method": "apt", "version": "550.90.07", "hold": True, "fabricmanager": True}
     (result,) = apply_steps(tmp_path, [step], twin)
     assert result["changed"] and "reboot required" in result["message"]
-    between = facts(twin)
+    between = facts_from_twin(twin)
     assert between.driver.nvml == "version-mismatch" and between.driver.reboot_required
     assert (between.driver.installed, between.driver.loaded) == ("550.90.07", "550.54.15")
     assert between.gpus == []
@@ -191,7 +185,7 @@ def test_simulated_driver_install_mismatch_reboot_converged(tmp_path: Path, twin
 
     reply = call("reboot", {}, twin)
     assert reply == {"ok": True, "agent_version": reply["agent_version"], "result": {"boot_id": old_boot}}
-    after = facts(twin)
+    after = facts_from_twin(twin)
     assert (
         after.driver.nvml == "ok" and after.driver.version == "550.90.07" and not after.driver.reboot_required
     )
@@ -223,7 +217,7 @@ def test_simulated_persistence_mode(tmp_path: Path, twin: Path) -> None:
         "error": None,
         "message": "persistence mode enabled on GPU 0,2",
     }
-    assert [g.persistence_mode for g in facts(twin).gpus][:3] == [True, False, True]
+    assert [g.persistence_mode for g in facts_from_twin(twin).gpus][:3] == [True, False, True]
     (second,) = apply_steps(tmp_path, [step], twin)
     assert second["changed"] is False and second["message"] == "persistence mode already enabled on GPU 0,2"
 

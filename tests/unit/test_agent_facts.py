@@ -14,39 +14,21 @@ from typing import Any
 import pytest
 import yaml
 
-from mgpu_provision.facts import Facts
-from mgpu_provision.node.collect import collect
 from mgpu_provision.node.errors import AgentFailure
 from mgpu_provision.node.files import describe_file
 from mgpu_provision.node.nvidia import select_backend
 from mgpu_provision.node.topology import parse_topology
 from mgpu_provision.node.torch_probe import probe_torch
+from tests.factories import facts_from_twin, write_twin
 
 ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "examples" / "twins"
 REFERENCE = ROOT / "tests" / "fixtures" / "topologies"
 
 
-def facts_of(twin: Path | None, **args: Any) -> Facts:
-    raw = collect(args, select_backend(str(twin) if twin else None))
-    return Facts.model_validate(json.loads(json.dumps(raw)))
-
-
-def write_twin(tmp_path: Path, topology: str | None, gpu_count: int, **extra: Any) -> Path:
-    twin: dict[str, Any] = {
-        "driver": {"version": "550.54.15", "loaded": "550.54.15", "cuda": "12.4"},
-        "gpus": [{"name": "NVIDIA GeForce RTX 3090", "memory_mib": 24576} for _ in range(gpu_count)],
-        "topology": topology,
-    }
-    twin.update(extra)
-    path = tmp_path / "twin.json"
-    path.write_text(json.dumps(twin))
-    return path
-
-
 @pytest.mark.parametrize("name", ["rtx3090-nvlink.yaml", "h100-hgx.yaml", "rtx4090-pcie.yaml"])
 def test_example_twin_facts_equal_the_matrix_pair_by_pair(name: str) -> None:
-    facts = facts_of(TWINS / name)
+    facts = facts_from_twin(TWINS / name)
     twin = yaml.safe_load((TWINS / name).read_text())
     matrix = parse_topology(twin["topology"])
     assert facts.host.simulated and facts.driver.nvml == "ok"
@@ -58,11 +40,11 @@ def test_example_twin_facts_equal_the_matrix_pair_by_pair(name: str) -> None:
         for b in range(a + 1, len(facts.gpus)):
             assert facts.cell(a, b) == matrix.gpu_cell(a, b)
     assert len({g.uuid for g in facts.gpus}) == len(facts.gpus)
-    assert facts.gpus == facts_of(TWINS / name).gpus  # generated UUIDs and bus ids are stable
+    assert facts.gpus == facts_from_twin(TWINS / name).gpus  # generated UUIDs and bus ids are stable
 
 
 def test_rtx3090_links_end_at_the_other_gpu() -> None:
-    facts = facts_of(TWINS / "rtx3090-nvlink.yaml")
+    facts = facts_from_twin(TWINS / "rtx3090-nvlink.yaml")
     gpu0, gpu1 = facts.gpus
     assert [link.link for link in gpu0.nvlinks] == [0, 1, 2, 3]
     for gpu, other in ((gpu0, gpu1), (gpu1, gpu0)):
@@ -75,7 +57,7 @@ def test_rtx3090_links_end_at_the_other_gpu() -> None:
 
 
 def test_h100_links_end_at_switches_and_fabric_manager_runs() -> None:
-    facts = facts_of(TWINS / "h100-hgx.yaml")
+    facts = facts_from_twin(TWINS / "h100-hgx.yaml")
     assert all(len(g.nvlinks) == 18 for g in facts.gpus)
     assert {link.remote_type for g in facts.gpus for link in g.nvlinks} == {"switch"}
     bus_ids = {g.pci_bus_id for g in facts.gpus}
@@ -86,7 +68,7 @@ def test_h100_links_end_at_switches_and_fabric_manager_runs() -> None:
 
 
 def test_rtx4090_has_no_nvlink_and_reports_pcie_classes() -> None:
-    facts = facts_of(TWINS / "rtx4090-pcie.yaml")
+    facts = facts_from_twin(TWINS / "rtx4090-pcie.yaml")
     assert all(g.nvlinks == [] for g in facts.gpus)
     pair = facts.pair(1, 2)
     assert pair is not None and (pair.pcie, pair.nvlinks, pair.p2p_nvlink) == ("PHB", 0, "NS")
@@ -95,7 +77,7 @@ def test_rtx4090_has_no_nvlink_and_reports_pcie_classes() -> None:
 
 def test_a_loose_bridge_takes_both_ends_down(tmp_path: Path) -> None:
     text = (REFERENCE / "2x-rtx3090-nvlink-bridge.txt").read_text()
-    facts = facts_of(write_twin(tmp_path, text, 2, nvlink_down=[{"gpu": 1, "link": 2}]))
+    facts = facts_from_twin(write_twin(tmp_path, text, 2, nvlink_down=[{"gpu": 1, "link": 2}]))
     assert [link.active for link in facts.gpus[1].nvlinks] == [True, True, False, True]
     assert [link.active for link in facts.gpus[0].nvlinks] == [True, True, False, True]
     assert facts.gpus[1].nvlinks[2].remote_type is None  # NVML is not asked about an inactive link
@@ -104,7 +86,7 @@ def test_a_loose_bridge_takes_both_ends_down(tmp_path: Path) -> None:
 
 def test_a_down_switch_link_lowers_only_that_gpus_pairs(tmp_path: Path) -> None:
     text = (REFERENCE / "8x-h100-hgx-nvswitch-with-nics.txt").read_text()
-    facts = facts_of(write_twin(tmp_path, text, 8, nvswitch=True, nvlink_down=[{"gpu": 3, "link": 0}]))
+    facts = facts_from_twin(write_twin(tmp_path, text, 8, nvswitch=True, nvlink_down=[{"gpu": 3, "link": 0}]))
     assert facts.cell(3, 5) == "NV17" and facts.cell(5, 3) == "NV17"
     assert facts.cell(0, 1) == "NV18"
 
@@ -114,7 +96,7 @@ def test_mesh_links_are_handed_out_in_peer_order(tmp_path: Path) -> None:
         "\tGPU0\tGPU1\tGPU2\tCPU Affinity\n"
         "GPU0\t X \tNV1\tNV2\t0\nGPU1\tNV1\t X \tSYS\t0\nGPU2\tNV2\tSYS\t X \t0\n"
     )
-    facts = facts_of(write_twin(tmp_path, mesh, 3))
+    facts = facts_from_twin(write_twin(tmp_path, mesh, 3))
     remotes = [link.remote_pci_bus_id for link in facts.gpus[0].nvlinks]
     assert remotes == [facts.gpus[1].pci_bus_id, facts.gpus[2].pci_bus_id, facts.gpus[2].pci_bus_id]
     assert (facts.cell(0, 1), facts.cell(0, 2), facts.cell(1, 2)) == ("NV1", "NV2", "SYS")
@@ -122,7 +104,7 @@ def test_mesh_links_are_handed_out_in_peer_order(tmp_path: Path) -> None:
 
 def test_no_driver_twin_reads_like_a_box_without_driver(tmp_path: Path) -> None:
     twin = write_twin(tmp_path, None, 2, driver={"version": None})
-    facts = facts_of(twin)
+    facts = facts_from_twin(twin)
     assert facts.driver.nvml == "no-driver"
     assert facts.driver.message == "no NVIDIA driver is installed (libnvidia-ml.so.1 not found)"
     assert facts.gpus == [] and facts.driver.loaded is None and not facts.driver.reboot_required
@@ -130,7 +112,7 @@ def test_no_driver_twin_reads_like_a_box_without_driver(tmp_path: Path) -> None:
 
 def test_version_mismatch_hides_gpu_facts_and_asks_for_a_reboot(tmp_path: Path) -> None:
     twin = write_twin(tmp_path, None, 2, driver={"version": "550.90.07", "loaded": "550.54.15"})
-    facts = facts_of(twin)
+    facts = facts_from_twin(twin)
     assert facts.driver.nvml == "version-mismatch"
     assert facts.driver.message is not None and "reboot" in facts.driver.message
     assert (facts.driver.installed, facts.driver.loaded, facts.driver.reboot_required) == (
@@ -143,7 +125,7 @@ def test_version_mismatch_hides_gpu_facts_and_asks_for_a_reboot(tmp_path: Path) 
 
 @pytest.mark.skipif(os.path.exists("/proc/driver/nvidia/version"), reason="this machine has an NVIDIA driver")
 def test_real_nvml_without_driver_is_a_fact_not_a_traceback() -> None:
-    facts = facts_of(None)
+    facts = facts_from_twin(None)
     assert not facts.host.simulated
     assert facts.driver.nvml == "no-driver"
     assert facts.driver.message == "no NVIDIA driver is installed (libnvidia-ml.so.1 not found)"
@@ -163,7 +145,7 @@ def test_twin_processes_are_real_processes_read_from_proc(
 ) -> None:
     gone = 2**22 + 1  # above the largest pid_max Linux allows: never a live process
     processes = [{"pid": sleeper.pid, "gpu": 1, "used_mib": 1200}, {"pid": gone, "gpu": 0, "used_mib": 5}]
-    facts = facts_of(write_twin(tmp_path, None, 2, processes=processes))
+    facts = facts_from_twin(write_twin(tmp_path, None, 2, processes=processes))
     by_pid = {p.pid: p for p in facts.processes}
     live = by_pid[sleeper.pid]
     assert (live.gpu, live.used_mib, live.ppid, live.alive) == (1, 1200, os.getpid(), True)
@@ -183,7 +165,7 @@ def test_files_sli_and_torch_facts(tmp_path: Path) -> None:
     xorg.mkdir()
     (xorg / "10-other.conf").write_text('Section "Screen"\n  # Option "SLI" "On"\nEndSection\n')
     (xorg / "20-nvidia.conf").write_text('Section "Screen"\n    Option  "SLI" "Mosaic"\nEndSection\n')
-    facts = facts_of(
+    facts = facts_from_twin(
         TWINS / "rtx3090-nvlink.yaml",
         files=[str(managed), str(binary), str(tmp_path / "absent")],
         include_content=True,
@@ -205,13 +187,13 @@ def test_files_sli_and_torch_facts(tmp_path: Path) -> None:
     reason="/usr/bin/python3 has torch here",
 )
 def test_torch_missing_is_said_plainly() -> None:
-    facts = facts_of(TWINS / "rtx4090-pcie.yaml", python="/usr/bin/python3")
+    facts = facts_from_twin(TWINS / "rtx4090-pcie.yaml", python="/usr/bin/python3")
     assert facts.torch is not None
     assert facts.torch.error == "torch is not installed in /usr/bin/python3"
 
 
 def test_torch_probe_reports_version_and_devices() -> None:
-    facts = facts_of(TWINS / "rtx4090-pcie.yaml", python=sys.executable)
+    facts = facts_from_twin(TWINS / "rtx4090-pcie.yaml", python=sys.executable)
     assert facts.torch is not None and facts.torch.ok, facts.torch
     import torch
 
@@ -256,7 +238,7 @@ def test_unreadable_twin_documents(tmp_path: Path) -> None:
 
 def test_topology_file_is_relative_to_the_twin(tmp_path: Path) -> None:
     (tmp_path / "topo.txt").write_text((REFERENCE / "5x-rtx4090-pcie-dual-socket.txt").read_text())
-    facts = facts_of(write_twin(tmp_path, None, 5, topology_file="topo.txt"))
+    facts = facts_from_twin(write_twin(tmp_path, None, 5, topology_file="topo.txt"))
     assert facts.cell(3, 4) == "PHB"
 
 

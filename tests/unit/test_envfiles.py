@@ -21,6 +21,7 @@ from mgpu_provision.plan.resources.envfiles import (
     diff_files,
 )
 from mgpu_provision.spec import LoadedRig, load_rig
+from tests import factories
 
 RIG = """\
 version: 1
@@ -250,26 +251,6 @@ def test_control_characters_are_refused(quote: Any) -> None:
 FILE = DesiredFile("/etc/x.sh", "a\nb\n", "0644", "env")
 
 
-def facts_with(*files: ManagedFile) -> Facts:
-    host = {
-        "hostname": "h",
-        "os": "Linux",
-        "kernel": "6",
-        "arch": "x86_64",
-        "boot_id": "b",
-        "python": "3",
-        "user": "root",
-    }
-    return Facts.model_validate(
-        {
-            "agent_version": "0",
-            "host": host,
-            "driver": {"nvml": "ok"},
-            "files": [f.model_dump() for f in files],
-        }
-    )
-
-
 def test_missing_file_is_created_with_a_diff_from_nothing() -> None:
     change = diff_file(FILE, ManagedFile(path="/etc/x.sh", exists=False))
     assert change is not None
@@ -280,7 +261,7 @@ def test_missing_file_is_created_with_a_diff_from_nothing() -> None:
 
 
 def test_a_file_the_agent_did_not_report_is_created() -> None:
-    [change] = diff_files([FILE], facts_with())
+    [change] = diff_files([FILE], facts_with_files())
     assert change.action == "create"
 
 
@@ -303,8 +284,8 @@ def test_mode_drift_alone_is_an_update() -> None:
 def test_without_content_the_hash_decides() -> None:
     same = ManagedFile(path="/etc/x.sh", exists=True, mode="0644", sha256=FILE.sha256)
     other = ManagedFile(path="/etc/x.sh", exists=True, mode="0644", sha256="f" * 64)
-    assert diff_files([FILE], facts_with(same)) == []
-    [change] = diff_files([FILE], facts_with(other))
+    assert diff_files([FILE], facts_with_files(same)) == []
+    [change] = diff_files([FILE], facts_with_files(other))
     assert change.summary == "update /etc/x.sh (content)" and change.diff is None
 
 
@@ -315,7 +296,7 @@ def test_converged_file_gives_no_change(tmp_path: Path) -> None:
         ManagedFile(path=f.path, exists=True, content=f.content, mode=f.mode, sha256=f.sha256)
         for f in desired
     ]
-    assert diff_files(desired, facts_with(*on_node)) == []
+    assert diff_files(desired, facts_with_files(*on_node)) == []
 
 
 def test_x_config_sets_the_sli_option_in_screen_and_device(tmp_path: Path) -> None:
@@ -324,3 +305,7 @@ def test_x_config_sets_the_sli_option_in_screen_and_device(tmp_path: Path) -> No
     sections = [line for line in content.splitlines() if line.startswith("Section")]
     assert sections == ['Section "Device"', 'Section "Screen"']
     assert textwrap.dedent(content).count("EndSection") == 2
+
+
+def facts_with_files(*files: ManagedFile) -> Facts:
+    return factories.facts(files=[f.model_dump() for f in files])

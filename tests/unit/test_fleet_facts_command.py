@@ -10,8 +10,9 @@ import pytest
 from mgpu_provision.cli import build_parser, main
 from mgpu_provision.commands import options
 from mgpu_provision.commands.facts import as_json, driver_line, link_matrix
-from mgpu_provision.facts import DriverInfo, Facts, Gpu, GpuPair, HostInfo
+from mgpu_provision.facts import DriverInfo, Facts, GpuPair
 from mgpu_provision.fleet.pool import HostOutcome
+from tests import factories
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,16 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 def facts(
     driver: DriverInfo, gpus: int = 0, pairs: list[GpuPair] | None = None, nvswitch: bool = False
 ) -> Facts:
-    return Facts(
-        agent_version="1",
-        host=HostInfo(
-            hostname="h", os="Debian", kernel="6", arch="x86_64", boot_id="b", python="3.11", user="root"
-        ),
-        driver=driver,
-        gpus=[
-            Gpu(index=i, name="G", uuid=f"GPU-{i}", pci_bus_id=f"0:{i}", memory_mib=1) for i in range(gpus)
-        ],
-        pairs=pairs or [],
+    return factories.facts(
+        driver=driver.model_dump(),
+        gpus=[factories.gpu(i) for i in range(gpus)],
+        pairs=[p.model_dump() for p in pairs or []],
         nvswitch=nvswitch,
     )
 

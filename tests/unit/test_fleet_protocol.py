@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,9 @@ from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.pool import run_fleet
 from mgpu_provision.fleet.session import AGENT_MISSING, agent_command, parse_response
 from mgpu_provision.fleet.ssh import connect_error_message, known_hosts_name, make_connection
-from mgpu_provision.fleet.targets import HostTarget, targets_for
+from mgpu_provision.fleet.targets import targets_for
 from mgpu_provision.spec import load_rig
+from tests.factories import local_target, ssh_target
 from tests.hosts import fake_agent
 
 WHERE = "gpu-a (10.0.0.1:22)"
@@ -107,25 +107,6 @@ def test_targets_merge_defaults_and_resolve_paths(tmp_path: Path) -> None:
     assert (me.connection, me.become) == ("local", False)
 
 
-def local_target(**changes: Any) -> HostTarget:
-    fields: dict[str, Any] = dict(
-        name="me",
-        address="127.0.0.1",
-        port=None,
-        user=None,
-        identity_file=None,
-        jump=None,
-        become=False,
-        python=sys.executable,
-        connection="local",
-        simulate="/twins/x.yaml",
-        connect_timeout_s=5.0,
-        command_timeout_s=10.0,
-    )
-    fields.update(changes)
-    return HostTarget(**fields)
-
-
 def test_local_session_uploads_once_and_speaks_the_protocol(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -187,10 +168,6 @@ def test_a_bug_in_the_callback_is_a_failed_outcome_not_a_traceback(tmp_path: Pat
 
     outcome = run_fleet([local_target()], broken, FleetOptions(agent=fake_agent()))["me"]
     assert (outcome.status, outcome.error) == ("failed", "KeyError: 'gpus'")
-
-
-def ssh_target(**changes: Any) -> HostTarget:
-    return local_target(connection="ssh", address="10.0.0.1", port=2222, user="root", **changes)
 
 
 @pytest.mark.parametrize(

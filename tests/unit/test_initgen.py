@@ -12,18 +12,16 @@ from mgpu_provision.commands.init import parse_destination
 from mgpu_provision.errors import ProvisionError
 from mgpu_provision.facts import Facts
 from mgpu_provision.initgen import env_file_paths, rig_from_facts, rig_name_for
-from mgpu_provision.node.collect import collect
-from mgpu_provision.node.nvidia import select_backend
 from mgpu_provision.node.topology import format_topology, gpu_matrix
 from mgpu_provision.plan.host import plan_host
 from mgpu_provision.spec import load_rig
+from tests.factories import facts_from_twin
 
 TWINS = Path(__file__).resolve().parents[2] / "examples" / "twins"
 
 
 def facts_of(twin: Path, **args: Any) -> Facts:
-    raw = collect({"files": env_file_paths(), **args}, select_backend(str(twin)))
-    return Facts.model_validate(json.loads(json.dumps(raw)))
+    return facts_from_twin(twin, files=env_file_paths(), **args)
 
 
 def write_init(tmp_path: Path, facts: Facts) -> Path:

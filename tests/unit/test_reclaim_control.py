@@ -17,6 +17,7 @@ from mgpu_provision.fleet.pool import HostOutcome
 from mgpu_provision.protocol import facts_request
 from mgpu_provision.reclaim import HostReclaim, ReclaimedProcess
 from mgpu_provision.spec.models import Reclaim
+from tests import factories
 
 
 def row(pid: int, action: str, used_mib: int | None = 1000, gpu: int = 0, **kw: Any) -> dict[str, Any]:
@@ -44,22 +45,7 @@ def procs(*rows: dict[str, Any]) -> list[ReclaimedProcess]:
 
 
 def facts_with(*processes: dict[str, Any]) -> Facts:
-    return Facts.model_validate(
-        {
-            "agent_version": "0.1.0",
-            "host": {
-                "hostname": "gpu-a",
-                "os": "Debian",
-                "kernel": "6.1",
-                "arch": "x86_64",
-                "boot_id": "b",
-                "python": "3.11",
-                "user": "root",
-            },
-            "driver": {"nvml": "ok"},
-            "processes": list(processes),
-        }
-    )
+    return factories.facts(processes=list(processes))
 
 
 # ------------------------------------------------------------------------------------------- arguments

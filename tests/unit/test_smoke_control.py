@@ -21,7 +21,7 @@ from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.pool import HostOutcome
 from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.spec import load_rig
-from tests.unit.smoke_helpers import PASS_TIMEOUT_S, free_port, processes_of_run
+from tests.smoke_helpers import PASS_TIMEOUT_S, free_port, processes_of_run
 
 
 def rig_file(tmp_path: Path, hosts: list[dict[str, Any]], **over: Any) -> Path:

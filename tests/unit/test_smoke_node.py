@@ -23,7 +23,7 @@ import pytest
 from mgpu_provision.node import smoke as node
 from mgpu_provision.node.errors import AgentFailure
 from mgpu_provision.protocol import BadRequest, check_args
-from tests.unit.smoke_helpers import FAIL_TIMEOUT_S, free_port, listening, node_args, processes_of_run, run_id
+from tests.smoke_helpers import FAIL_TIMEOUT_S, free_port, listening, node_args, processes_of_run, run_id
 
 
 def request(**over: Any) -> node.Request:
