@@ -2,8 +2,9 @@
 
 End-to-end tests need several "boxes" that the control side reaches over real SSH, whose managed folders
 (`/etc/mgpu-provision`, `/etc/profile.d`, ...) and home directory are private to each box, and whose NVIDIA
-layer is a twin file (DESIGN.md "Test hosts"). Each host is one `sshd -D` started through `unshare`, so the
-sshd process itself holds the namespaces: `nsenter` into its pid sees the box as the agent sees it.
+layer is a twin file (docs/ARCHITECTURE.md "Test hosts"). Each host is one `sshd -D` started through
+`unshare`, so the sshd process itself holds the namespaces: `nsenter` into its pid sees the box as the agent
+sees it.
 
 Addresses are 127.<a>.<b>.<n> with <a>.<b> derived from this process's pid, so concurrent test sessions
 (xdist workers, other checkouts) never collide; a bind probe skips any address already in use.

@@ -1,6 +1,6 @@
 """Installing an exact NVIDIA driver (and Fabric Manager at the same version) on a real node.
 
-The command lines follow domain-facts.md §7: apt installs the branch package at the exact Debian version
+apt installs the branch package at the exact Debian version
 and holds every versioned piece (or unattended-upgrades moves the libraries and NVML reports a mismatch);
 dnf uses the module stream of the branch (`/fm` profile for Fabric Manager) and versionlock; the runfile is
 checked against its sha256 before it runs silently. Deciding the commands is pure; running them is not.

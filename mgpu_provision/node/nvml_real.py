@@ -1,6 +1,6 @@
 """The real NVIDIA layer: NVML through the bundled pynvml, packages through apt/dnf, reboots through systemd.
 
-The traps are those of domain-facts.md §1 and §8: nvmlInit's failures are facts to report, not crashes;
+NVML's traps are handled here: nvmlInit's failures are facts to report, not crashes;
 the NVLink loop ends on NotSupported (no NVLink) or InvalidArgument (past this GPU's links); struct bus ids
 are bytes; pynvml's P2P read index constant is a tuple, so the interface passes plain ints.
 """

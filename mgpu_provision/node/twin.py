@@ -1,9 +1,9 @@
 """Reading a simulated node's twin file and the overlay of what installs and reboots changed on it.
 
-The twin (DESIGN.md "Simulated nodes", `schemas/twin.schema.json`) is a public contract written by people,
-so it is read leniently (YAML or JSON, optional fields filled with stable defaults) and checked with messages
-that name the field. The twin itself is never written: driver installs and reboots land in the overlay
-`<twin>.state.json` beside it, written atomically like every other file the agent writes.
+The twin (docs/ARCHITECTURE.md "Simulated nodes", `schemas/twin.schema.json`) is a public contract written by
+people, so it is read leniently (YAML or JSON, optional fields filled with stable defaults) and checked with
+messages that name the field. The twin itself is never written: driver installs and reboots land in the
+overlay `<twin>.state.json` beside it, written atomically like every other file the agent writes.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The real NVML backend against a scripted pynvml: init failures as facts, the link loop's two endings,
-bytes bus ids, and plain-int P2P indices (domain-facts.md §1, §8)."""
+bytes bus ids, and plain-int P2P indices (pynvml's own constant for it is a tuple)."""
 
 from __future__ import annotations
 
