@@ -13,6 +13,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
+# A node whose agent sees this variable (set by its sshd, or passed on by the login shell) is simulated: its
+# NVIDIA layer is the twin file the variable names.
+SIMULATE_ENV = "MGPU_PROVISION_SIMULATE"
+
 
 class BadRequest(Exception):
     """A request the agent refuses before any verb runs; the dispatcher answers it as kind `bad-request`."""
@@ -94,8 +98,8 @@ MAX_GRACE_S = 600.0
 
 VERB_ARGS: Dict[str, Dict[str, Arg]] = {
     "facts": {"files": texts(), "include_content": flag(), "python": optional_text(), "xorg_paths": texts()},
-    "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects()},
-    "reboot": {"lock": line(), "lock_wait_s": number()},
+    "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects(), "simulated": flag()},
+    "reboot": {"lock": line(), "lock_wait_s": number(), "simulated": flag()},
     "reclaim": {
         "policy": choice(*RECLAIM_POLICIES),
         "patterns": texts(),
@@ -189,14 +193,17 @@ def reboot_step() -> Dict[str, Any]:
 # --- the other verbs' requests --------------------------------------------------------------------------
 
 
-def apply_request(lock: str, lock_wait_s: float, steps: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """Carry out `steps` in order under the host lock `lock`, waiting up to `lock_wait_s` for it."""
-    return {"lock": lock, "lock_wait_s": lock_wait_s, "steps": steps}
+def apply_request(
+    lock: str, lock_wait_s: float, steps: List[Dict[str, Any]], simulated: bool
+) -> Dict[str, Any]:
+    """Carry out `steps` in order under the host lock `lock`, waiting up to `lock_wait_s` for it; only on a
+    node that is (`simulated`) what its facts said it is."""
+    return {"lock": lock, "lock_wait_s": lock_wait_s, "steps": steps, "simulated": simulated}
 
 
-def reboot_request(lock: str, lock_wait_s: float) -> Dict[str, Any]:
+def reboot_request(lock: str, lock_wait_s: float, simulated: bool) -> Dict[str, Any]:
     """Reboot once the host lock is free (a reboot must not land in the middle of another apply)."""
-    return {"lock": lock, "lock_wait_s": lock_wait_s}
+    return {"lock": lock, "lock_wait_s": lock_wait_s, "simulated": simulated}
 
 
 def reclaim_request(policy: str, patterns: Sequence[str], grace_s: float, dry_run: bool) -> Dict[str, Any]:

@@ -248,10 +248,13 @@ class HostFactory:
         rig: str | None = None,
         extra_sshd_config: str = "",
         login_user: str | None = None,
-        sudo: Literal["nopasswd", "password"] | None = None,
+        sudo: Literal["nopasswd", "password", "real"] | None = None,
+        sftp: bool = True,
     ) -> TestHost:
         """Start a host. `login_user` adds a non-root account (uid 1000) that only this host knows;
-        `sudo` puts a stand-in `sudo` on its PATH that runs the command (nopasswd) or wants a password."""
+        `sudo` puts a stand-in `sudo` on its PATH that runs the command (nopasswd) or wants a password, or
+        (real) gives the login user a NOPASSWD rule for the machine's real sudo, env_reset and all;
+        `sftp=False` leaves the SFTP subsystem out, as hardened images do."""
         address = self.pool.take()
         host_dir = self.root / name
         host_dir.mkdir()
@@ -268,13 +271,16 @@ class HostFactory:
             mounts.append(f"mount --bind {private} {target}")
         if login_user:
             mounts += _private_account(host_dir, login_user)
-        if sudo:
+        if sudo == "real":
+            mounts.append(_sudo_rule(host_dir))
+        elif sudo:
             fake = host_dir / "managed" / str(MANAGED_DIRS.index("/usr/local/bin")) / "sudo"
             fake.write_text(_FAKE_SUDO[sudo])
             fake.chmod(0o755)
-        (host_dir / "sshd_config").write_text(
-            _sshd_config(host, host_dir / "authorized_keys") + extra_sshd_config
-        )
+        config = _sshd_config(host, host_dir / "authorized_keys") + extra_sshd_config
+        if not sftp:
+            config = config.replace("Subsystem sftp internal-sftp\n", "")
+        (host_dir / "sshd_config").write_text(config)
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
         script = " && ".join(
             [
@@ -360,6 +366,19 @@ _FAKE_SUDO = {
     "nopasswd": _LOG_SUDO + '[ "$1" = -n ] && shift\nexec "$@"\n',
     "password": _LOG_SUDO + 'echo "sudo: a password is required" >&2\nexit 1\n',
 }
+
+
+def _sudo_rule(host_dir: Path) -> str:
+    """A private /etc/sudoers.d giving the login account (uid 1000) passwordless sudo on this host only, for
+    the real sudo binary. By uid: the machine may already name uid 1000 otherwise, and sudo goes by name."""
+    if shutil.which("sudo") is None:
+        raise RuntimeError("test hosts with real sudo need the sudo package (apt-get install sudo)")
+    rules = host_dir / "sudoers.d"
+    rules.mkdir(mode=0o755)
+    rule = rules / "mgpu-tests"
+    rule.write_text("#1000 ALL=(ALL:ALL) NOPASSWD: ALL\n")
+    rule.chmod(0o440)
+    return f"mount --bind {rules} /etc/sudoers.d"
 
 
 def _private_account(host_dir: Path, user: str) -> list[str]:

@@ -215,7 +215,7 @@ def _planned(loaded: LoadedRig, host: Host, facts: Facts, steps: tuple[str, ...]
 
 
 def _run_steps(
-    node: ReopenableSession, changes: list[Change], lock: str, settings: ApplySettings
+    node: ReopenableSession, changes: list[Change], lock: str, settings: ApplySettings, simulated: bool
 ) -> tuple[list[str], str | None]:
     """One agent `apply` call for every non-reboot step: what changed, and the failed step's error if any."""
     steps = [c.agent_step for c in changes if c.agent_step is not None and c.phase != "reboot"]
@@ -226,7 +226,7 @@ def _run_steps(
     timeout = node.target.command_timeout_s + settings.lock_wait_s
     if any(step["kind"] == protocol.DRIVER for step in steps):
         timeout += DRIVER_INSTALL_BOUND_S
-    answer = node.call("apply", protocol.apply_request(lock, settings.lock_wait_s, steps), timeout)
+    answer = node.call("apply", protocol.apply_request(lock, settings.lock_wait_s, steps, simulated), timeout)
     results = answer.get("results", [])
     done = [f"{r['kind']}: {r['message']}" for r in results if r.get("changed")]
     failed = next((r for r in results if r.get("error")), None)
@@ -238,11 +238,14 @@ def _run_steps(
     return done, f"step {failed['index'] + 1} ({what}) failed: {failed['error']}"
 
 
-def _reboot_and_wait(node: ReopenableSession, lock: str, settings: ApplySettings, progress: Progress) -> None:
+def _reboot_and_wait(
+    node: ReopenableSession, lock: str, settings: ApplySettings, progress: Progress, simulated: bool
+) -> None:
     name = node.target.name
     # Under the host lock: a reboot must not land in the middle of another apply's steps.
     timeout = node.target.command_timeout_s + settings.lock_wait_s
-    old = str(node.call("reboot", protocol.reboot_request(lock, settings.lock_wait_s), timeout)["boot_id"])
+    request = protocol.reboot_request(lock, settings.lock_wait_s, simulated)
+    old = str(node.call("reboot", request, timeout)["boot_id"])
     progress(f"{name}: rebooting, waiting up to {settings.reboot_timeout_s:g}s for it to come back")
     started = time.monotonic()
     while time.monotonic() - started < settings.reboot_timeout_s:
@@ -304,7 +307,7 @@ def converge_host(
                     todo = [c for c in todo if c.resource != "reboot"]
                 if not todo:
                     break
-                applied, error = _run_steps(node, todo, lock, settings)
+                applied, error = _run_steps(node, todo, lock, settings, facts.host.simulated)
                 done += applied
                 if error is not None:
                     changes = _planned(loaded, host, node.facts(request), settings.steps)
@@ -317,7 +320,7 @@ def converge_host(
                         notes.append(f"not rebooted: {refusal}")
                         reboot_now = False
                 if reboot_now:
-                    _reboot_and_wait(node, lock, settings, progress)
+                    _reboot_and_wait(node, lock, settings, progress, facts.host.simulated)
                     rebooted = True
                 facts = node.facts(request)
                 changes = _planned(loaded, host, facts, settings.steps)

@@ -23,7 +23,21 @@ DEFAULT_LOCK_WAIT_S = 10.0
 StepResult = Tuple[bool, str]
 
 
+def same_node(args: Dict[str, Any], backend: Backend) -> None:
+    """Refuse to change a node that is not what its facts said: a rehearsal on a simulated node must never
+    reach the real machine (e.g. when sudo dropped the variable that points the agent at its twin)."""
+    expected = args.get("simulated")
+    if expected is not None and expected != backend.simulated:
+        said, now = ("simulated", "a real machine") if expected else ("a real machine", "simulated")
+        raise AgentFailure(
+            "refused",
+            f"this node answered as {said} when it was planned and answers as {now} now: nothing was "
+            "changed (check that MGPU_PROVISION_SIMULATE reaches the agent, also under sudo)",
+        )
+
+
 def apply(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
+    same_node(args, backend)
     lock = args["lock"]
     steps = args.get("steps") or []
     results: List[Dict[str, Any]] = []
@@ -129,6 +143,7 @@ def reboot(args: Dict[str, Any], backend: Backend) -> Tuple[Dict[str, Any], Opti
     With `lock`, the reboot waits for the host lock like an apply does, so it never lands in the middle of
     another apply's steps; the lock is then held until this process ends with the reboot.
     """
+    same_node(args, backend)
     lock = (
         HostLock(str(args["lock"]), float(args.get("lock_wait_s", DEFAULT_LOCK_WAIT_S)))
         if args.get("lock")

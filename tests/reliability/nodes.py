@@ -132,9 +132,11 @@ def agent_pids(host: TestHost, verb: str) -> list[int]:
 
 
 def _is_agent(cmdline: str, verb: str) -> bool:
-    # `python3 ~/.cache/mgpu-provision/agent-H[.pyz] VERB`: the zipapp, or the folder it unpacks itself into.
+    # `python3 ~/.cache/mgpu-provision/agent-H[.pyz] VERB [TWIN]`: the zipapp, or the folder it unpacks into.
     words = cmdline.split()
-    return len(words) >= 2 and words[-1] == verb and "/mgpu-provision/agent-" in words[-2]
+    return any(
+        "/mgpu-provision/agent-" in word and words[i + 1] == verb for i, word in enumerate(words[:-1])
+    )
 
 
 def wait_for(predicate: Any, what: str, timeout: float = 20) -> None:

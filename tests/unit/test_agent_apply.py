@@ -367,3 +367,28 @@ def test_a_cached_download_is_reused(tmp_path: Path) -> None:
     cached.write_bytes(b"#!/bin/sh\n")
     step = {"runfile": "https://127.0.0.1:9/NVIDIA.run", "sha256": "cd" * 32}
     assert fetch_runfile(step, cache_dir=str(tmp_path)) == str(cached)
+
+
+@pytest.mark.parametrize(
+    ("verb", "planned_as_simulated"), [("apply", True), ("apply", False), ("reboot", True)]
+)
+def test_a_node_that_is_not_what_it_was_planned_as_is_never_changed(
+    tmp_path: Path, twin: Path, verb: str, planned_as_simulated: bool
+) -> None:
+    target = tmp_path / "written"
+    step = {"kind": "file", "path": str(target), "content": "x\n", "mode": "0644"}
+    args = {"lock": str(tmp_path / "apply.lock"), "steps": [step], "simulated": planned_as_simulated}
+    # Planned as simulated, now answering from the real machine (sudo dropped the twin), or the reverse.
+    reply = call(verb, args, None if planned_as_simulated else twin)
+    assert reply["ok"] is False and reply["error"]["kind"] == "refused"
+    assert "nothing was changed" in reply["error"]["message"]
+    assert not target.exists()
+
+
+def test_a_state_folder_that_cannot_be_made_is_named(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state folder should be")
+    reply = call("apply", {"lock": str(blocker / "apply.lock"), "steps": []})
+    assert reply["error"]["kind"] == "lock"
+    assert f"cannot take the host lock {blocker}/apply.lock" in reply["error"]["message"]
+    assert f"the state folder {blocker} must be creatable" in reply["error"]["message"]

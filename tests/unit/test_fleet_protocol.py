@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +28,38 @@ def ok(result: Any) -> str:
     return json.dumps({"ok": True, "agent_version": "1", "result": result})
 
 
-def test_agent_command_runs_cached_agent_or_exits_97() -> None:
-    command = agent_command("agent-0123.pyz", "/opt/py 3/bin/python3", "facts", sudo=False)
-    assert command == (
-        'd=~/.cache/mgpu-provision/agent-0123; [ -f "$d/__main__.py" ] && '
-        "exec '/opt/py 3/bin/python3' \"$d\" facts; "
-        'f=~/.cache/mgpu-provision/agent-0123.pyz; [ -f "$f" ] || exit 97; '
-        "exec '/opt/py 3/bin/python3' \"$f\" facts"
-    )
+def run_agent_command(home: Path, sudo: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
+    """The agent command in `sh` with HOME=home, and a stand-in python that prints its arguments."""
+    python = home / "py 3" / "python3"
+    python.parent.mkdir(exist_ok=True)
+    python.write_text('#!/bin/sh\nprintf "%s|" "$@"\n')
+    python.chmod(0o755)
+    command = agent_command("agent-0123.pyz", str(python), "facts", sudo=sudo)
+    return subprocess.run(
+        ["sh", "-c", command], env={"HOME": str(home), "PATH": "/usr/bin:/bin", **env},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+def test_agent_command_prints_its_cache_folder_and_exits_97_without_the_agent(tmp_path: Path) -> None:
+    done = run_agent_command(tmp_path)
+    assert (done.returncode, done.stdout) == (AGENT_MISSING, f"{tmp_path}/.cache/mgpu-provision")
+
+
+def test_agent_command_prefers_the_unpacked_folder_and_passes_the_login_simulation_on(tmp_path: Path) -> None:
+    cache = tmp_path / ".cache" / "mgpu-provision"
+    cache.mkdir(parents=True)
+    (cache / "agent-0123.pyz").write_bytes(b"zip")
+    done = run_agent_command(tmp_path, MGPU_PROVISION_SIMULATE="/twins/a b.yaml")
+    assert done.stdout == f"{cache}/agent-0123.pyz|facts|/twins/a b.yaml|"
+    (cache / "agent-0123").mkdir()
+    (cache / "agent-0123" / "__main__.py").write_text("")
+    assert run_agent_command(tmp_path).stdout == f"{cache}/agent-0123|facts||"
+
+
+def test_agent_command_runs_python_under_sudo_with_become() -> None:
     sudo = agent_command("a.pyz", "python3", "apply", sudo=True)
-    assert 'exec sudo -n python3 "$d" apply;' in sudo and sudo.endswith('exec sudo -n python3 "$f" apply')
+    assert sudo.count('exec sudo -n python3 "$') == 2 and '"${MGPU_PROVISION_SIMULATE-}"' in sudo
 
 
 def test_parse_response_returns_result() -> None:
