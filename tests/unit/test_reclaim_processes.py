@@ -6,6 +6,7 @@ on are all real; only the GPU layer is faked (which pids hold how much memory).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -315,3 +316,45 @@ def test_holds_device_sees_an_open_device_file(tmp_path: Path) -> None:
         for proc in (holder, other):
             proc.kill()
             proc.wait()
+
+
+def test_a_process_whose_open_files_cannot_be_seen_is_not_signalled(spawn: Spawner) -> None:
+    pid = spawn.orphan()
+    listed = procs.read_proc(pid)
+    assert listed is not None
+    outcomes = procs.end_processes([listed], 0.1, holds_gpu=lambda _: None)
+    assert outcomes == {pid: f"failed: cannot see the open files of pid {pid} (run the agent as root)"}
+    assert alive(pid)
+
+
+NOBODY = 65534
+
+
+def seen_by_nobody(pid: int) -> list[bool | str | None]:
+    """What an agent running as user nobody reads about `pid`: (holds_device, torchrun_run)."""
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the forked child reports through the pipe)
+        try:
+            os.setuid(NOBODY)
+            info = procs.read_proc(pid)
+            os.write(writer, json.dumps([procs.holds_device(pid), info and info.torchrun_run]).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as answer:
+        text = answer.read()
+    os.waitpid(child, 0)
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to look as another user")
+def test_another_users_process_cannot_be_confirmed_and_its_environment_is_not_read() -> None:
+    # A root-owned torchrun worker seen by an agent running as nobody: /proc hides its fds and environment.
+    worker = subprocess.Popen(["sleep", "300"], env={"TORCHELASTIC_RUN_ID": "r1"})
+    try:
+        assert seen_by_nobody(worker.pid) == [None, None]
+        assert procs.read_proc(worker.pid).torchrun_run == "r1"  # type: ignore[union-attr]
+    finally:
+        worker.kill()
+        worker.wait()
