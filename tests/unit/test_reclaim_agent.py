@@ -11,7 +11,7 @@ from mgpu_provision.node.errors import AgentFailure
 from mgpu_provision.node.procs import ProcInfo
 from mgpu_provision.node.reclaim import Classification
 from mgpu_provision.protocol import BadRequest, check_args
-from tests.unit.test_reclaim_cases import INIT, SHELL, proc
+from tests.factories import INIT, SHELL, proc
 
 
 def table(*listed: ProcInfo) -> procs.Lookup:

@@ -7,7 +7,6 @@ from the tree is dead. The first cases are the review's: live jobs the old class
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import pytest
@@ -15,41 +14,8 @@ import pytest
 from mgpu_provision.node import procs, reclaim
 from mgpu_provision.node.procs import ProcInfo
 from mgpu_provision.node.reclaim import OWN_GROUP, Classification
+from tests.factories import INIT, SHELL, job, proc, session
 
-
-def proc(pid: int, ppid: int, argv: str = "python train.py", **kw: object) -> ProcInfo:
-    """A process; by default a member of the login shell's job (pid 50) with nothing special about it."""
-    fields: dict[str, object] = {
-        "pid": pid,
-        "ppid": ppid,
-        "state": "S",
-        "comm": os.path.basename(argv.split()[0]) if argv else "x",
-        "argv": argv.split(),
-        "uid": 1000,
-        "start_ticks": 1000 + pid,
-        "sid": 50,
-        "unit": "session-3.scope",
-        "alive": True,
-        "pgid": 50,
-        "ignores_hup": False,
-        "torchrun_run": None,
-    }
-    fields.update(kw)
-    return ProcInfo(**fields)  # type: ignore[arg-type]
-
-
-def job(pid: int, ppid: int, argv: str = "python train.py", **kw: object) -> ProcInfo:
-    """A process leading its own process group in the login shell's session (an interactive shell's job)."""
-    return proc(pid, ppid, argv, **{"pgid": pid, **kw})
-
-
-def session(pid: int, ppid: int, argv: str = "python train.py", **kw: object) -> ProcInfo:
-    """A process that leads its own session (setsid, sshd's command shell, a container's init)."""
-    return proc(pid, ppid, argv, **{"pgid": pid, "sid": pid, **kw})
-
-
-INIT = session(1, 0, "/sbin/init", comm="systemd", unit="init.scope")
-SHELL = session(50, 40, "-bash", comm="bash")  # the user's login shell; absent from a tree after logout
 RUN = "3f2a9c"
 
 
