@@ -93,6 +93,11 @@ def text_mapping() -> Arg:
     return Arg("a mapping of names to strings", ok)
 
 
+def user_name() -> Arg:
+    ok = lambda v: v is None or (_is_text(v) and v != "" and not any(c.isspace() or c in ":/" for c in v))  # noqa: E731
+    return Arg("a user name or null", ok)
+
+
 RECLAIM_POLICIES = ("never", "orphans", "orphans+patterns")
 MAX_GRACE_S = 600.0
 
@@ -105,6 +110,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "patterns": texts(),
         "grace_s": number(0, MAX_GRACE_S),
         "dry_run": flag(),
+        "user": user_name(),
     },
     "smoke": {
         "python": line(required=True),
@@ -206,8 +212,17 @@ def reboot_request(lock: str, lock_wait_s: float, simulated: bool) -> Dict[str, 
     return {"lock": lock, "lock_wait_s": lock_wait_s, "simulated": simulated}
 
 
-def reclaim_request(policy: str, patterns: Sequence[str], grace_s: float, dry_run: bool) -> Dict[str, Any]:
-    return {"policy": policy, "patterns": list(patterns), "grace_s": grace_s, "dry_run": dry_run}
+def reclaim_request(
+    policy: str, patterns: Sequence[str], grace_s: float, dry_run: bool, user: Optional[str] = None
+) -> Dict[str, Any]:
+    """`user`: end only that user's processes (None: anyone's)."""
+    return {
+        "policy": policy,
+        "patterns": list(patterns),
+        "grace_s": grace_s,
+        "dry_run": dry_run,
+        "user": user,
+    }
 
 
 def smoke_cleanup_request(run_id: str, node_rank: int) -> Dict[str, Any]:

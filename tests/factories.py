@@ -1,4 +1,4 @@
-"""Builders every test shares: facts as the agent reports them, twins as people write them, rig files.
+"""Builders every test shares: facts as the agent reports them, twins as people write them, rigs, processes.
 
 One place builds each kind of test object, so that a change to the facts contract or the twin format is made
 once here rather than in every test module that needs a box; test modules import from here, never from each
@@ -8,6 +8,7 @@ other.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from mgpu_provision.facts import Facts
 from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.node.collect import collect
 from mgpu_provision.node.nvidia import select_backend
+from mgpu_provision.node.procs import ProcInfo
 from mgpu_provision.node.topology import nvlink_count, parse_topology
 
 if TYPE_CHECKING:
@@ -229,3 +231,41 @@ def pair_rig_file(
     return factory.write_rig(
         path, hosts, rigs={"pair": rig}, smoke={"python": str(fake)}, env={"MGPU_ROUND": env}
     )
+
+
+# --- processes as /proc shows them (reclaim's classifier) ----------------------------------------------
+
+
+def proc(pid: int, ppid: int, argv: str = "python train.py", **kw: object) -> ProcInfo:
+    """A process; by default a member of the login shell's job (pid 50) with nothing special about it."""
+    fields: dict[str, object] = {
+        "pid": pid,
+        "ppid": ppid,
+        "state": "S",
+        "comm": os.path.basename(argv.split()[0]) if argv else "x",
+        "argv": argv.split(),
+        "uid": 1000,
+        "start_ticks": 1000 + pid,
+        "sid": 50,
+        "unit": "session-3.scope",
+        "alive": True,
+        "pgid": 50,
+        "ignores_hup": False,
+        "torchrun_run": None,
+    }
+    fields.update(kw)
+    return ProcInfo(**fields)  # type: ignore[arg-type]
+
+
+def job(pid: int, ppid: int, argv: str = "python train.py", **kw: object) -> ProcInfo:
+    """A process leading its own process group in the login shell's session (an interactive shell's job)."""
+    return proc(pid, ppid, argv, **{"pgid": pid, **kw})
+
+
+def session(pid: int, ppid: int, argv: str = "python train.py", **kw: object) -> ProcInfo:
+    """A process that leads its own session (setsid, sshd's command shell, a container's init)."""
+    return proc(pid, ppid, argv, **{"pgid": pid, "sid": pid, **kw})
+
+
+INIT = session(1, 0, "/sbin/init", comm="systemd", unit="init.scope")
+SHELL = session(50, 40, "-bash", comm="bash")  # the user's login shell; absent from a tree after logout

@@ -51,6 +51,8 @@ class Backend(abc.ABC):
     """What a node's NVIDIA layer answers. `open()` must succeed before any NVML-shaped method is used."""
 
     simulated = False
+    # NVML names processes by their pid in the initial pid namespace, whichever namespace asks.
+    reports_host_pids = True
 
     # --- outside NVML: driver packages, kernel module, services, machine ---
     @abc.abstractmethod
@@ -142,3 +144,7 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
         """(pid, used GPU memory in bytes or None) of the compute processes on a GPU."""
+
+    @abc.abstractmethod
+    def holds_gpu(self, pid: int) -> Optional[bool]:
+        """Whether the process has the GPU open right now; None when the agent may not look."""

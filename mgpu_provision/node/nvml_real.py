@@ -13,7 +13,7 @@ import re
 import subprocess
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import driver, system
+from . import driver, procs, system
 from .backend import Backend, NoSuchLink, NvmlUnavailable, nvml_message
 
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
@@ -178,6 +178,9 @@ class RealBackend(Backend):
     def processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
         found = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle(gpu))
         return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in found]
+
+    def holds_gpu(self, pid: int) -> Optional[bool]:
+        return procs.holds_device(pid)
 
 
 def _service_state(unit: str) -> str:

@@ -32,6 +32,8 @@ _SWITCH_BUSES = 4  # an HGX baseboard's NVSwitches, for plausible remote bus ids
 
 class SimulatedBackend(Backend):
     simulated = True
+    # The twin's pids are processes as the agent sees them (schemas/twin.schema.json).
+    reports_host_pids = False
 
     def __init__(self, twin_path: str) -> None:
         self.twin = Twin(twin_path)
@@ -181,3 +183,8 @@ class SimulatedBackend(Backend):
             for p in self.twin.processes
             if int(p.get("gpu", 0)) == gpu
         ]
+
+    def holds_gpu(self, pid: int) -> Optional[bool]:
+        # There is no /dev/nvidia* here: a process holds the simulated GPU while the twin, as it is now,
+        # lists it.
+        return any(int(p["pid"]) == pid for p in Twin(self.twin.path).processes)
