@@ -25,6 +25,7 @@ from .backend import (
     NoSuchLink,
     NvmlUnavailable,
 )
+from .pci import same_pci
 
 FACTS_SCHEMA_VERSION = 1
 _MIB = 1024 * 1024
@@ -144,18 +145,13 @@ def pair_links(gpus: List[Dict[str, Any]], a: int, b: int) -> int:
             for link in gpu["nvlinks"]
             if link["active"]
             and link["remote_type"] == remote_type
-            and (remote_bus is None or _same_bus(link["remote_pci_bus_id"], remote_bus))
+            and (remote_bus is None or same_pci(link["remote_pci_bus_id"], remote_bus))
         )
 
     switched = min(active(gpus[a], "switch"), active(gpus[b], "switch"))
     if switched:
         return switched
     return min(active(gpus[a], "gpu", gpus[b]["pci_bus_id"]), active(gpus[b], "gpu", gpus[a]["pci_bus_id"]))
-
-
-def _same_bus(x: Optional[str], y: str) -> bool:
-    # NVML pads the domain to 8 digits in some calls and 4 in others; compare the bus/device/function part.
-    return x is not None and x.upper().split(":", 1)[-1] == y.upper().split(":", 1)[-1]
 
 
 def pair_facts(backend: Backend, gpus: List[Dict[str, Any]], a: int, b: int) -> Dict[str, Any]:

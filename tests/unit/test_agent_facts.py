@@ -109,6 +109,24 @@ def test_a_down_switch_link_lowers_only_that_gpus_pairs(tmp_path: Path) -> None:
     assert facts.cell(0, 1) == "NV18"
 
 
+def test_links_are_matched_by_the_full_pci_address_across_domains(tmp_path: Path) -> None:
+    # A multi-segment host (Grace, GB200): bus 01:00.0 exists in domain 0 and in domain 1.
+    matrix = (
+        "\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\n"
+        "GPU0\t X \tNV4\tSYS\tSYS\t0\nGPU1\tNV4\t X \tSYS\tSYS\t0\n"
+        "GPU2\tSYS\tSYS\t X \tNV4\t0\nGPU3\tSYS\tSYS\tNV4\t X \t0\n"
+    )
+    buses = ["00000000:01:00.0", "00000000:02:00.0", "00000001:01:00.0", "00000001:02:00.0"]
+    twin = write_twin(tmp_path, matrix, 4)
+    data = json.loads(twin.read_text())
+    for gpu, bus in zip(data["gpus"], buses, strict=True):
+        gpu["pci_bus_id"] = bus
+    twin.write_text(json.dumps(data))
+    facts = facts_of(twin)
+    assert (facts.cell(0, 1), facts.cell(2, 3)) == ("NV4", "NV4")
+    assert (facts.cell(1, 2), facts.cell(0, 2), facts.cell(1, 3)) == ("SYS", "SYS", "SYS")
+
+
 def test_mesh_links_are_handed_out_in_peer_order(tmp_path: Path) -> None:
     mesh = (
         "\tGPU0\tGPU1\tGPU2\tCPU Affinity\n"
