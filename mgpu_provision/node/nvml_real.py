@@ -176,7 +176,12 @@ class RealBackend(Backend):
         return self._optional(lambda: call(self._handle(a), self._handle(b), index))  # type: ignore[no-any-return]
 
     def processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
-        found = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle(gpu))
+        nvml, handle = self._nvml, self._handle(gpu)
+        try:
+            found = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except (nvml.NVMLLibraryMismatchError, nvml.NVMLError_FunctionNotFound):
+            # Drivers before R510 lack the `_v3` symbol the unversioned call uses; `_v2` has the same answer.
+            found = nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
         return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in found]
 
 

@@ -164,3 +164,29 @@ def test_loaded_module_version_is_read_from_proc() -> None:
     open_line = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build\n"
     assert parse_nvrm_version(open_line) == "570.124.06"
     assert parse_nvrm_version("") is None and parse_nvrm_version(None) is None
+
+
+class PreR510Nvml(ScriptedNvml):
+    """A driver older than R510: libnvidia-ml has no `_v3` running-processes symbol, so pynvml's unversioned
+    call raises NVMLLibraryMismatchError (not an NVMLError); the `_v2` call answers."""
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version ...")
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: int) -> list[Any]:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: int) -> list[Any]:
+        return super().nvmlDeviceGetComputeRunningProcesses(handle)
+
+
+def test_running_processes_fall_back_to_v2_on_drivers_before_r510(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mgpu_provision.node import reclaim
+
+    PreR510Nvml().install(monkeypatch)
+    monkeypatch.setattr(RealBackend, "installed_version", lambda self: "470.256.02")
+    monkeypatch.setattr(RealBackend, "loaded_version", lambda self: "470.256.02")
+    raw = nvidia_facts(RealBackend())
+    assert raw["processes"] == [{"pid": 2**22 + 1, "gpu": 2, "used_mib": None, "alive": False}]
+    result = reclaim.run({"policy": "orphans", "dry_run": True}, RealBackend())
+    assert result == {"processes": [], "freed_mib": 0}  # the holder's pid is not alive: nothing to end
