@@ -62,6 +62,14 @@ class NvLink(Fact):
     remote_pci_bus_id: str | None = None
 
 
+class LostGpu(Fact):
+    """A GPU NVML enumerates but answers GpuIsLost for (fallen off the bus); kept out of `gpus`."""
+
+    index: int
+    pci_bus_id: str | None = Field(None, description="its PCI address, when NVML still knows it")
+    error: str = Field(description='NVML\'s words, e.g. "GPU is lost"')
+
+
 class Gpu(Fact):
     index: int
     name: str
@@ -144,6 +152,7 @@ class Facts(Fact):
     host: HostInfo
     driver: DriverInfo
     gpus: list[Gpu] = Field(default_factory=list)
+    lost_gpus: list[LostGpu] = Field(default_factory=list, description="GPUs NVML answers GpuIsLost for")
     pairs: list[GpuPair] = Field(default_factory=list)
     nvswitch: bool = False
     board: Board = Board()

@@ -47,6 +47,10 @@ class NoSuchLink(Exception):
     """The GPU has no NVLink at this index (NVML NotSupported or InvalidArgument): the link loop ends."""
 
 
+class GpuLost(Exception):
+    """NVML answers GpuIsLost for this GPU (fallen off the bus): it is reported lost, the others are read."""
+
+
 class Backend(abc.ABC):
     """What a node's NVIDIA layer answers. `open()` must succeed before any NVML-shaped method is used."""
 

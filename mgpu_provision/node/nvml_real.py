@@ -14,7 +14,7 @@ import subprocess
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import driver, system
-from .backend import Backend, NoSuchLink, NvmlUnavailable, nvml_message
+from .backend import Backend, GpuLost, NoSuchLink, NvmlUnavailable, nvml_message
 
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 _LIB_VERSION = re.compile(r"libnvidia-ml\.so\.([0-9]+\.[0-9]+(?:\.[0-9]+)?)$")
@@ -23,6 +23,28 @@ _FM_SERVICE = "nvidia-fabricmanager"
 
 def _decode(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _LostAware:
+    """pynvml with `NVMLError_GpuIsLost` raised as `GpuLost`, so facts report one lost GPU and read the
+    others. Only the `nvml*` functions are wrapped: the `NVMLError_*` classes pass through for `except`."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._module, name)
+        if not name.startswith("nvml") or not callable(value):
+            return value
+        lost = self._module.NVMLError_GpuIsLost
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return value(*args, **kwargs)
+            except lost as exc:
+                raise GpuLost(str(exc)) from None
+
+        return call
 
 
 class RealBackend(Backend):
@@ -92,12 +114,14 @@ class RealBackend(Backend):
             if status is None:
                 raise NvmlUnavailable("error", f"NVML could not be initialised: {exc}") from None
             raise NvmlUnavailable(status, nvml_message(status)) from None
-        self._nvml = pynvml
+        self._nvml = _LostAware(pynvml)
+        self._handles = {}
 
     def close(self) -> None:
         if self._nvml is not None:
             self._nvml.nvmlShutdown()
             self._nvml = None
+        self._handles = {}  # a handle is only valid in the NVML session that made it
 
     def _handle(self, gpu: int) -> Any:
         if gpu not in self._handles:

@@ -99,11 +99,18 @@ class ScriptedNvml:
         return [SimpleNamespace(pid=2**22 + 1, usedGpuMemory=None)] if handle == 2 else []
 
 
+def real_facts(
+    monkeypatch: pytest.MonkeyPatch, nvml: ScriptedNvml, driver: str = "550.54.15"
+) -> dict[str, Any]:
+    """nvidia_facts of the real backend over a scripted pynvml, with the driver installed and loaded."""
+    nvml.install(monkeypatch)
+    monkeypatch.setattr(RealBackend, "installed_version", lambda self: driver)
+    monkeypatch.setattr(RealBackend, "loaded_version", lambda self: driver)
+    return nvidia_facts(RealBackend())
+
+
 def test_facts_from_a_scripted_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    ScriptedNvml().install(monkeypatch)
-    monkeypatch.setattr(RealBackend, "installed_version", lambda self: "550.54.15")
-    monkeypatch.setattr(RealBackend, "loaded_version", lambda self: "550.54.15")
-    raw = nvidia_facts(RealBackend())
+    raw = real_facts(monkeypatch, ScriptedNvml())
     driver = DriverInfo.model_validate(raw["driver"])
     assert (driver.nvml, driver.version, driver.cuda, driver.reboot_required) == (
         "ok",
@@ -183,10 +190,53 @@ class PreR510Nvml(ScriptedNvml):
 def test_running_processes_fall_back_to_v2_on_drivers_before_r510(monkeypatch: pytest.MonkeyPatch) -> None:
     from mgpu_provision.node import reclaim
 
-    PreR510Nvml().install(monkeypatch)
-    monkeypatch.setattr(RealBackend, "installed_version", lambda self: "470.256.02")
-    monkeypatch.setattr(RealBackend, "loaded_version", lambda self: "470.256.02")
-    raw = nvidia_facts(RealBackend())
+    raw = real_facts(monkeypatch, PreR510Nvml(), driver="470.256.02")
     assert raw["processes"] == [{"pid": 2**22 + 1, "gpu": 2, "used_mib": None, "alive": False}]
     result = reclaim.run({"policy": "orphans", "dry_run": True}, RealBackend())
     assert result == {"processes": [], "freed_mib": 0}  # the holder's pid is not alive: nothing to end
+
+
+class LostGpuNvml(ScriptedNvml):
+    """GPU 1 fell off the bus: NVML still enumerates it and knows its PCI address, every other question
+    about it answers GpuIsLost."""
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        if handle == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return super().nvmlDeviceGetName(handle)
+
+
+def test_a_lost_gpu_is_reported_and_the_others_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = real_facts(monkeypatch, LostGpuNvml())
+    assert [g["index"] for g in raw["gpus"]] == [0, 2]
+    assert raw["lost_gpus"] == [{"index": 1, "pci_bus_id": "00000000:21:00.0", "error": "GPU is lost"}]
+    assert [(p["a"], p["b"]) for p in raw["pairs"]] == [(0, 2)]
+    assert raw["pairs"][0]["nvlinks"] == 0  # GPU 0's links led to the lost GPU
+
+
+class SessionNvml(ScriptedNvml):
+    """Handles die with the NVML session that made them, as real `nvmlDevice_t` handles do."""
+
+    def __init__(self) -> None:
+        self.session = 0
+
+    def nvmlInit(self) -> None:
+        self.session += 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        return (self.session, index)
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        session, index = handle
+        if session != self.session:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        return super().nvmlDeviceGetName(index)
+
+
+def test_handles_do_not_outlive_the_nvml_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    SessionNvml().install(monkeypatch)
+    backend = RealBackend()
+    for _ in range(2):  # e.g. facts, then reclaim, in one agent process
+        backend.open()
+        assert backend.name(0) == "NVIDIA GeForce RTX 3090"
+        backend.close()

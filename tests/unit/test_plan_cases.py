@@ -3,7 +3,7 @@ Changes `plan_host` must give, in order (resource, action, and a substring of th
 
 A case gives its facts inline (`facts:`), or builds them from a `box:` (a `nvidia-smi topo -m` file
 from `tests/fixtures/topologies/`, the GPU model, and what is broken: down links, odd GPUs, PCIe
-links) with `facts:` keys replacing the built ones and `facts_patch_pairs:` ("a-b": {...}) changing
+links, lost GPUs) with `facts:` keys replacing the built ones and `facts_patch_pairs:` ("a-b": {...}) changing
 single GPU pairs. Either way the result is validated by `facts.Facts`, as the agent's answer is.
 """
 
@@ -99,7 +99,14 @@ def box_facts(box: dict[str, Any]) -> dict[str, Any]:
                     "p2p_nvlink": "OK" if active else "NS",
                 }
             )
-    return {"gpus": gpus, "pairs": pairs, "nvswitch": nvswitch, "driver": DRIVER_OK}
+    lost = set(box.get("lost", []))  # GPUs NVML answers GpuIsLost for: out of gpus and pairs
+    return {
+        "gpus": [g for g in gpus if g["index"] not in lost],
+        "lost_gpus": [{"index": i, "pci_bus_id": bus[i], "error": "GPU is lost"} for i in sorted(lost)],
+        "pairs": [p for p in pairs if not lost & {p["a"], p["b"]}],
+        "nvswitch": nvswitch,
+        "driver": DRIVER_OK,
+    }
 
 
 def case_facts(case: dict[str, Any]) -> Facts:
