@@ -26,6 +26,7 @@ from .backend import (
     NoSuchLink,
     NvmlUnavailable,
 )
+from .health import health_facts
 from .pci import same_pci
 
 FACTS_SCHEMA_VERSION = 1
@@ -63,7 +64,8 @@ def nvidia_facts(backend: Backend) -> Dict[str, Any]:
     except NvmlUnavailable as exc:
         driver.update(nvml=exc.status, message=exc.message)
         empty: Dict[str, Any] = {"gpus": [], "lost_gpus": [], "pairs": [], "nvswitch": False, "processes": []}
-        return dict(empty, driver=driver)
+        # Xids and the kernel module's readiness need no NVML, and often explain why it failed.
+        return dict(empty, driver=driver, health=health_facts(backend, [], []))
     try:
         cuda = backend.cuda_driver_version()
         driver.update(
@@ -79,6 +81,7 @@ def nvidia_facts(backend: Backend) -> Dict[str, Any]:
             for pid, used in backend.processes(gpu["index"])
         ]
         pairs = [pair_facts(backend, a, b) for n, a in enumerate(gpus) for b in gpus[n + 1 :]]
+        health = health_facts(backend, gpus, lost)
     finally:
         backend.close()
     nvswitch = any(link["remote_type"] == "switch" for gpu in gpus for link in gpu["nvlinks"])
@@ -86,6 +89,7 @@ def nvidia_facts(backend: Backend) -> Dict[str, Any]:
         "driver": driver,
         "gpus": gpus,
         "lost_gpus": lost,
+        "health": health,
         "pairs": pairs,
         "nvswitch": nvswitch,
         "processes": processes(holders),

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import driver, system
 from .backend import Backend, GpuLost, NoSuchLink, NvmlUnavailable, nvml_message
+from .nvml_health import RealHealth
 
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 _LIB_VERSION = re.compile(r"libnvidia-ml\.so\.([0-9]+\.[0-9]+(?:\.[0-9]+)?)$")
@@ -47,7 +48,7 @@ class _LostAware:
         return call
 
 
-class RealBackend(Backend):
+class RealBackend(RealHealth, Backend):
     def __init__(self) -> None:
         self._nvml: Any = None
         self._handles: Dict[int, Any] = {}
@@ -129,10 +130,12 @@ class RealBackend(Backend):
         return self._handles[gpu]
 
     def _optional(self, call: Callable[[], Any]) -> Any:
-        """Ask NVML something this GPU may not support; None instead of NotSupported."""
+        """Ask NVML something this GPU or driver may not answer: None on NotSupported, on a call this
+        libnvidia-ml lacks (FunctionNotFound) and on NoData."""
+        nvml = self._nvml
         try:
             return call()
-        except self._nvml.NVMLError_NotSupported:
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, nvml.NVMLError_NoData):
             return None
 
     def driver_version(self) -> str:

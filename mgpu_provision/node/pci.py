@@ -34,3 +34,9 @@ def same_pci(a: Optional[str], b: Optional[str]) -> bool:
     key = pci_key(a)
     return key is not None and key == pci_key(b)
 
+
+
+def same_slot(a: Optional[str], b: Optional[str]) -> bool:
+    """Same domain, bus and device: the kernel's Xid lines leave the function out."""
+    ka, kb = pci_key(a), pci_key(b)
+    return ka is not None and kb is not None and ka[:3] == kb[:3]

@@ -9,7 +9,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from mgpu_provision.facts import DriverInfo, Gpu, GpuPair
+from mgpu_provision.facts import DriverInfo, Gpu, GpuPair, HostHealth
 from mgpu_provision.node.collect import nvidia_facts
 from mgpu_provision.node.nvml_real import RealBackend
 
@@ -98,12 +98,44 @@ class ScriptedNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
         return [SimpleNamespace(pid=2**22 + 1, usedGpuMemory=None)] if handle == 2 else []
 
+    # Health, as GeForce cards answer: no ECC, no memory repair, no MIG; a driver older than the fabric calls.
+    def _not_supported(self, *args: Any) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    nvmlDeviceGetEccMode = nvmlDeviceGetRetiredPagesPendingStatus = nvmlDeviceGetRemappedRows = _not_supported
+    nvmlDeviceGetMigMode = _not_supported
+
+    def _function_not_found(self, *args: Any) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    nvmlDeviceGetGpuFabricInfoV = nvmlDeviceGetGpuFabricInfo = _function_not_found
+    nvmlDeviceGetCurrentClocksEventReasons = _function_not_found  # before R535: the throttle call answers
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:
+        slowdown = pynvml.nvmlClocksThrottleReasonHwSlowdown | pynvml.nvmlClocksThrottleReasonSwPowerCap
+        return int(slowdown if handle == 1 else pynvml.nvmlClocksThrottleReasonGpuIdle)
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: int) -> int:
+        return 300_000 if handle == 0 else 350_000
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: int) -> int:
+        return 350_000
+
+    def nvmlDeviceGetComputeMode(self, handle: int) -> int:
+        exclusive, default = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS, pynvml.NVML_COMPUTEMODE_DEFAULT
+        return int(exclusive if handle == 2 else default)
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:
+        return 7 if (handle, link, counter) == (0, 1, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT) else 0
+
 
 def real_facts(
     monkeypatch: pytest.MonkeyPatch, nvml: ScriptedNvml, driver: str = "550.54.15"
 ) -> dict[str, Any]:
     """nvidia_facts of the real backend over a scripted pynvml, with the driver installed and loaded."""
     nvml.install(monkeypatch)
+    monkeypatch.setattr(RealBackend, "xid_events", lambda self: ("journal", [("0000:21:00", 79)]))
+    monkeypatch.setattr(RealBackend, "kernel_readiness", lambda self: None)
     monkeypatch.setattr(RealBackend, "installed_version", lambda self: driver)
     monkeypatch.setattr(RealBackend, "loaded_version", lambda self: driver)
     return nvidia_facts(RealBackend())
@@ -240,3 +272,60 @@ def test_handles_do_not_outlive_the_nvml_session(monkeypatch: pytest.MonkeyPatch
         backend.open()
         assert backend.name(0) == "NVIDIA GeForce RTX 3090"
         backend.close()
+
+
+def test_health_from_a_scripted_geforce_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    health = HostHealth.model_validate(real_facts(monkeypatch, ScriptedNvml())["health"])
+    gpu0, gpu1, gpu2 = health.gpus
+    assert (gpu0.throttle, gpu1.throttle) == ([], ["sw_power_cap", "hw_slowdown"])  # via the pre-R535 call
+    assert (gpu0.power_limit_w, gpu0.default_power_limit_w, gpu1.power_limit_w) == (300, 350, 350)
+    assert [g.compute_mode for g in health.gpus] == ["default", "default", "exclusive_process"]
+    assert (gpu0.ecc_mode, gpu0.remapped_rows_pending, gpu0.mig, gpu0.fabric_state) == (None,) * 4
+    assert [(e.link, e.crc) for e in gpu0.nvlink_errors] == [(0, 0), (1, 7), (2, 0)]  # link 3 is down
+    assert gpu2.nvlink_errors == []
+    assert [(x.gpu, x.code) for x in health.xid] == [(1, 79)]
+    # NotSupported is said once per value, naming the GPUs, and is no failure.
+    assert health.not_checked == [
+        "ecc: not supported on GPU 0, 1, 2",
+        "memory repair: not supported on GPU 0, 1, 2",
+        "kernel: not read (no /lib/modules, or a twin without `kernel`)",
+    ]
+
+
+class DatacenterNvml(ScriptedNvml):
+    """A100s on an NVSwitch baseboard with a driver before R550 (no `...FabricInfoV`)."""
+
+    def nvmlDeviceGetEccMode(self, handle: int) -> list[int]:
+        return [pynvml.NVML_FEATURE_ENABLED, pynvml.NVML_FEATURE_DISABLED if handle == 1 else 1]
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, kind: int, counter: int) -> int:
+        assert kind == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        return {pynvml.NVML_VOLATILE_ECC: 2, pynvml.NVML_AGGREGATE_ECC: 5}[counter] if handle == 0 else 0
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:
+        return (0, 3, 1, 0) if handle == 2 else (0, 0, 0, 0)
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
+        return [pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE if handle == 1 else 0]
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: int, info: Any) -> int:
+        info._obj.state = pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS if handle == 1 else 3
+        info._obj.status = pynvml.NVML_ERROR_NOT_READY if handle == 2 else pynvml.NVML_SUCCESS
+        return int(pynvml.NVML_SUCCESS)
+
+
+def test_health_from_a_scripted_datacenter_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    health = HostHealth.model_validate(real_facts(monkeypatch, DatacenterNvml())["health"])
+    gpu0, gpu1, gpu2 = health.gpus
+    ecc = (gpu0.ecc_mode, gpu0.ecc_volatile_uncorrectable, gpu0.ecc_aggregate_uncorrectable)
+    assert ecc == (True, 2, 5)
+    assert (gpu1.ecc_mode, gpu1.ecc_pending_mode) == (True, False)
+    rows = (gpu2.remapped_rows_pending, gpu2.remapped_rows_uncorrectable, gpu2.retired_pages)
+    assert rows == (True, 3, None)
+    assert (gpu1.mig, gpu1.mig_pending) == (False, True)
+    assert [(g.fabric_state, g.fabric_status) for g in health.gpus] == [
+        ("completed", "success"),
+        ("in_progress", "success"),
+        ("completed", "NVML Error with code 27"),  # pynvml's words without a libnvidia-ml to ask
+    ]
+    assert health.not_checked == ["kernel: not read (no /lib/modules, or a twin without `kernel`)"]
