@@ -3,8 +3,9 @@ Changes `plan_host` must give, in order (resource, action, and a substring of th
 
 A case gives its facts inline (`facts:`), or builds them from a `box:` (a `nvidia-smi topo -m` file
 from `tests/fixtures/topologies/`, the GPU model, and what is broken: down links, odd GPUs, PCIe
-links, lost GPUs) with `facts:` keys replacing the built ones and `facts_patch_pairs:` ("a-b": {...}) changing
-single GPU pairs. Either way the result is validated by `facts.Facts`, as the agent's answer is.
+links, lost GPUs) with `facts:` keys replacing the built ones, `facts_patch_pairs:` ("a-b": {...})
+changing single GPU pairs and `health:` adding health facts (see `case_health`). Either way the result is
+validated by `facts.Facts`, as the agent's answer is.
 """
 
 from __future__ import annotations
@@ -109,11 +110,29 @@ def box_facts(box: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def case_health(health: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """`health:` of a case: every GPU healthy (what a GeForce card answers), then `gpus: {"1": {...}}` patches
+    single GPUs; `xid`, `kernel` and `not_checked` are taken as given."""
+    patches = {int(k): v for k, v in (health.get("gpus") or {}).items()}
+    return {
+        "gpus": [
+            {"index": g["index"], "compute_mode": "default", "throttle": [], **patches.get(g["index"], {})}
+            for g in gpus
+        ],
+        "xid": health.get("xid", []),
+        "xid_source": "journal",
+        "kernel": health.get("kernel"),
+        "not_checked": health.get("not_checked", []),
+    }
+
+
 def case_facts(case: dict[str, Any]) -> Facts:
     facts: dict[str, Any] = {"agent_version": "0.1.0", "host": HOST_INFO, "driver": DRIVER_OK}
     if "box" in case:
         facts.update(box_facts(case["box"]))
     facts.update(case.get("facts") or {})
+    if "health" in case:
+        facts["health"] = case_health(case["health"], facts.get("gpus", []))
     for key, patch in (case.get("facts_patch_pairs") or {}).items():
         a, b = (int(i) for i in key.split("-"))
         pair = next(p for p in facts["pairs"] if (p["a"], p["b"]) == (a, b))
