@@ -436,3 +436,48 @@ def test_p2p_ok_with_lists_the_peers_reads_reach(tmp_path: Path) -> None:
     data["gpus"][1]["health"] = {"p2p_ok_with": []}
     twin.write_text(json.dumps(data))
     assert [(p.p2p_read, p.p2p_nvlink) for p in facts_of(twin).pairs] == [("CNS", "OK")]
+
+
+# The health part of the twin format exactly as issue 15 gives it (with a topology for two GPUs).
+ISSUE_TWIN = """\
+driver: {version: "550.54.15", loaded: "550.54.15", cuda: "12.4"}
+gpus:
+  - name: "NVIDIA A100-SXM4-80GB"
+    memory_mib: 81920
+    health:
+      xid: [79]
+      ecc: {mode: true, volatile_uncorrectable: 0, aggregate_uncorrectable: 0}
+      retired_pages: {pending: false, count: 0}
+      remapped_rows: {pending: false, failure: false, uncorrectable: 0}
+      nvlink_errors: [{link: 0, crc: 0, replay: 0, recovery: 0}]
+      throttle: []
+      power_limit_w: 400
+      default_power_limit_w: 400
+      compute_mode: default
+      mig: false
+      fabric: {state: completed, status: success}
+      lost: false
+      p2p_ok_with: [1]
+  - name: "NVIDIA A100-SXM4-80GB"
+    memory_mib: 81920
+kernel: {running: "6.8.0-45-generic", installed: ["6.8.0-45-generic", "6.8.0-47-generic"],
+         nvidia_module_for: ["6.8.0-45-generic"], secure_boot: false, module_signed: true}
+"""
+
+
+def test_the_issue_twin_format_is_read_and_described_by_the_schema(tmp_path: Path) -> None:
+    path = tmp_path / "twin.yaml"
+    path.write_text(ISSUE_TWIN)
+    facts = facts_of(path)
+    assert facts.health is not None and facts.health.kernel is not None
+    assert facts.health.kernel.nvidia_module_for == ["6.8.0-45-generic"]
+    assert [(x.gpu, x.code) for x in facts.health.xid] == [(0, 79)]
+    schema = json.loads((ROOT / "schemas" / "twin.schema.json").read_text())
+    twin = yaml.safe_load(ISSUE_TWIN)
+    health = schema["properties"]["gpus"]["items"]["properties"]["health"]["properties"]
+    assert set(twin["gpus"][0]["health"]) == set(health)
+    for key in ("ecc", "retired_pages", "remapped_rows", "fabric"):
+        assert set(twin["gpus"][0]["health"][key]) == set(health[key]["properties"]), key
+    link = health["nvlink_errors"]["items"]["properties"]
+    assert set(twin["gpus"][0]["health"]["nvlink_errors"][0]) == set(link)
+    assert set(twin["kernel"]) == set(schema["properties"]["kernel"]["properties"])
