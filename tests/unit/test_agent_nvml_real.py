@@ -237,12 +237,22 @@ class LostGpuNvml(ScriptedNvml):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         return super().nvmlDeviceGetName(handle)
 
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        if handle == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return super().nvmlDeviceGetComputeRunningProcesses(handle)
+
 
 def test_a_lost_gpu_is_reported_and_the_others_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     raw = real_facts(monkeypatch, LostGpuNvml())
     assert [g["index"] for g in raw["gpus"]] == [0, 2]
     assert raw["lost_gpus"] == [{"index": 1, "pci_bus_id": "00000000:21:00.0", "error": "GPU is lost"}]
     assert [(p["a"], p["b"]) for p in raw["pairs"]] == [(0, 2)]
+    assert raw["processes"] == [{"pid": 2**22 + 1, "gpu": 2, "used_mib": None, "alive": False}]
+    from mgpu_provision.node import reclaim
+
+    result = reclaim.run({"policy": "orphans", "dry_run": True}, RealBackend())
+    assert result == {"processes": [], "freed_mib": 0}
     assert raw["pairs"][0]["nvlinks"] == 0  # GPU 0's links led to the lost GPU
 
 
