@@ -1,7 +1,7 @@
-"""Health checks end to end: one fleet of simulated 2x RTX 3090 boxes behind real sshd test hosts, each
-with one health problem in its twin, must report that problem on the right GPU with the right advice, while a
-healthy twin on the same fleet passes; apply then converges power limit and compute mode, and a second plan
-of that host is clean.
+"""Health checks end to end: one fleet of simulated boxes (2x RTX 3090 and HGX H100) behind real sshd test
+hosts, each with one health problem in its twin, must report that problem on the right GPU with the right
+advice, while healthy twins of both rig types on the same fleet pass; apply then converges power limit and
+compute mode, and a second plan of that host is clean.
 """
 
 from __future__ import annotations
@@ -26,8 +26,14 @@ RIG = {
         "bridge": {"kind": "nvlink-bridge", "pairs": [[0, 1]], "links": 4},
         "driver": {"version": "550.54.15", "reboot": "never"},
         "health": {"power_limit_w": 300},
-    }
+    },
+    "hgx": {
+        "gpus": {"model": "NVIDIA H100 80GB HBM3", "count": 8},
+        "bridge": {"kind": "nvswitch", "links": 18},
+        "driver": {"version": "550.54.15", "reboot": "never", "fabricmanager": True},
+    },
 }
+REGISTERED = {"fabric": {"state": "completed", "status": "success"}}
 # Per host: (GPU index -> health keys its twin adds, top-level twin keys) and the one Change it must show.
 SICK: dict[str, tuple[dict[int, dict[str, Any]], dict[str, Any], tuple[str, str, str]]] = {
     "healthy": ({}, {}, ("", "", "")),
@@ -57,6 +63,22 @@ SICK: dict[str, tuple[dict[int, dict[str, Any]], dict[str, Any], tuple[str, str,
         {},
         ("topology", "verify-failed", "P2P reads between GPU 0 and GPU 1 fail (CNS: chipset not supported)"),
     ),
+    "ecc": (
+        {0: {"ecc": {"mode": True, "volatile_uncorrectable": 2}}},
+        {},
+        ("ecc", "verify-failed", "GPU 0 has 2 uncorrectable ECC error(s) since the driver loaded"),
+    ),
+    "mig": ({1: {"mig": True}}, {}, ("mig", "manual", "MIG is on on GPU 1, the rig expects off")),
+    "hgx-ok": ({i: REGISTERED for i in range(8)}, {}, ("", "", "")),
+    "hgx-fabric": (
+        {i: REGISTERED if i != 5 else {"fabric": {"state": "in_progress"}} for i in range(8)},
+        {},
+        (
+            "fabric",
+            "verify-failed",
+            "GPU 5 fabric registration is in_progress: check that nvidia-fabricmanager",
+        ),
+    ),
     "upgraded": (
         {},
         {"kernel": dict(READY, installed=[KERNEL, "6.8.0-47-generic"])},
@@ -65,10 +87,15 @@ SICK: dict[str, tuple[dict[int, dict[str, Any]], dict[str, Any], tuple[str, str,
 }
 
 
-def twin_for(gpus: dict[int, dict[str, Any]], top: dict[str, Any]) -> dict[str, Any]:
-    twin: dict[str, Any] = yaml.safe_load(load_twin("rtx3090-nvlink"))
+def rig_of(name: str) -> str:
+    return "hgx" if name.startswith("hgx") else "pair"
+
+
+def twin_for(gpus: dict[int, dict[str, Any]], top: dict[str, Any], rig: str = "pair") -> dict[str, Any]:
+    twin: dict[str, Any] = yaml.safe_load(load_twin("h100-hgx" if rig == "hgx" else "rtx3090-nvlink"))
+    healthy = HEALTHY_GPU if rig == "pair" else {}
     for index, gpu in enumerate(twin["gpus"]):
-        gpu["health"] = dict(HEALTHY_GPU, **copy.deepcopy(gpus.get(index, {})))
+        gpu["health"] = dict(healthy, **copy.deepcopy(gpus.get(index, {})))
     twin["kernel"] = READY
     twin.update(top)
     return twin
@@ -82,7 +109,10 @@ def plan_json(capsys: pytest.CaptureFixture[str], rig: Path, known: Path, *more:
 
 @pytest.fixture
 def fleet(test_hosts: HostFactory, tmp_path: Path) -> tuple[list[TestHost], Path]:
-    hosts = [test_hosts.start(name, twin_for(gpus, top), rig="pair") for name, (gpus, top, _) in SICK.items()]
+    hosts = [
+        test_hosts.start(name, twin_for(gpus, top, rig_of(name)), rig=rig_of(name))
+        for name, (gpus, top, _) in SICK.items()
+    ]
     files = {"profile_d": None, "environment_file": None, "launcher": None}
     return hosts, test_hosts.write_rig(tmp_path / "rig.yaml", hosts, rigs=RIG, files=files)
 
