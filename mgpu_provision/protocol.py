@@ -165,7 +165,6 @@ def facts_request(
 FILE, DRIVER, PERSISTENCE = "file", "driver", "persistence"
 COMPUTE_MODE, POWER_LIMIT = "compute-mode", "power-limit"
 STEP_KINDS = (FILE, DRIVER, PERSISTENCE, COMPUTE_MODE, POWER_LIMIT)
-COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
 
@@ -180,7 +179,7 @@ def persistence_step(gpus: List[int], enabled: bool) -> Dict[str, Any]:
 
 
 def compute_mode_step(gpus: List[int], mode: str) -> Dict[str, Any]:
-    """Set the compute mode (one of COMPUTE_MODES) of `gpus`."""
+    """Set the compute mode ("default", "exclusive_process" or "prohibited") of `gpus`."""
     return {"kind": COMPUTE_MODE, "gpus": list(gpus), "mode": mode}
 
 

@@ -29,6 +29,7 @@ CLOCK_EVENTS = (
     (0x80, "hw_power_brake"),
 )
 COMPUTE_MODES = {0: "default", 2: "prohibited", 3: "exclusive_process"}
+COMPUTE_MODE_CODES = {name: code for code, name in COMPUTE_MODES.items()}
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 XidEvent = Tuple[str, int]  # (PCI domain:bus:device as the kernel log prints it, Xid code)
 

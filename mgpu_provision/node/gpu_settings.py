@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .backend import COMPUTE_MODES, Backend, NvmlUnavailable
+from .backend import COMPUTE_MODE_CODES, Backend, NvmlUnavailable
 from .errors import AgentFailure
 
 StepResult = Tuple[bool, str]
-_MODE_CODES = {name: code for code, name in COMPUTE_MODES.items()}
 
 
 def set_compute_mode(step: Dict[str, Any], backend: Backend) -> StepResult:
     name = step.get("mode")
-    if name not in _MODE_CODES:
-        raise AgentFailure("bad-request", f"compute mode {name!r} is not one of {', '.join(_MODE_CODES)}")
-    code = _MODE_CODES[name]
+    if name not in COMPUTE_MODE_CODES:
+        known = ", ".join(COMPUTE_MODE_CODES)
+        raise AgentFailure("bad-request", f"compute mode {name!r} is not one of {known}")
+    code = COMPUTE_MODE_CODES[name]
     changed, gpus = _converge(
         backend, step, "compute mode", lambda gpu: code, backend.compute_mode, backend.set_compute_mode
     )

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .backend import (
     AGGREGATE_ECC,
     CLOCK_EVENTS,
+    COMPUTE_MODE_CODES,
     COMPUTE_MODES,
     FABRIC_STATES,
     NVLINK_CRC_FLIT,
@@ -26,7 +27,6 @@ from .errors import AgentFailure
 from .twin import Twin
 from .twin_health import twin_xids
 
-_MODE_CODES = {name: code for code, name in COMPUTE_MODES.items()}
 _STATE_CODES = {name: code for code, name in FABRIC_STATES.items()}
 _COUNTER_KEYS = {NVLINK_REPLAY: "replay", NVLINK_RECOVERY: "recovery", NVLINK_CRC_FLIT: "crc"}
 P2P_CHIPSET_NOT_SUPPORTED = 1
@@ -105,7 +105,7 @@ class SimulatedHealth:
 
     def compute_mode(self, gpu: int) -> Optional[int]:
         name = self.twin.state.get("compute_mode", {}).get(str(gpu), self._health(gpu).get("compute_mode"))
-        return _MODE_CODES[name or "default"]
+        return COMPUTE_MODE_CODES[name or "default"]
 
     def set_compute_mode(self, gpu: int, mode: int) -> None:
         self._overlay("compute_mode", gpu, COMPUTE_MODES[mode])

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .backend import CLOCK_EVENTS, COMPUTE_MODES, FABRIC_STATES
 from .errors import AgentFailure
 
-THROTTLE_NAMES = ("hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal", "sw_power_cap")
-COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
-FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")
+THROTTLE_NAMES = tuple(name for _, name in CLOCK_EVENTS)
+COMPUTE_MODE_NAMES = tuple(COMPUTE_MODES.values())
+FABRIC_STATE_NAMES = tuple(FABRIC_STATES.values())
 
 Rule = Tuple[str, Callable[[Any], bool]]  # (what the value must be, in words; the test)
 
@@ -47,7 +48,7 @@ def _mapping_of(fields: Dict[str, Rule]) -> Rule:
 ECC = {"mode": FLAG, "volatile_uncorrectable": COUNT, "aggregate_uncorrectable": COUNT}
 RETIRED = {"pending": FLAG, "count": COUNT}
 REMAPPED = {"pending": FLAG, "failure": FLAG, "uncorrectable": COUNT}
-FABRIC = {"state": _choice(FABRIC_STATES), "status": TEXT}
+FABRIC = {"state": _choice(FABRIC_STATE_NAMES), "status": TEXT}
 LINK_ERRORS = {"link": COUNT, "crc": COUNT, "replay": COUNT, "recovery": COUNT}
 NESTED = {"ecc": ECC, "retired_pages": RETIRED, "remapped_rows": REMAPPED, "fabric": FABRIC}
 HEALTH: Dict[str, Rule] = {
@@ -60,12 +61,12 @@ HEALTH: Dict[str, Rule] = {
         lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
     ),
     "throttle": (
-        "a list of " + _choice(THROTTLE_NAMES)[0],
+        "a list of these: " + ", ".join(THROTTLE_NAMES),
         lambda v: isinstance(v, list) and set(v) <= set(THROTTLE_NAMES),
     ),
     "power_limit_w": COUNT,
     "default_power_limit_w": COUNT,
-    "compute_mode": _choice(COMPUTE_MODES),
+    "compute_mode": _choice(COMPUTE_MODE_NAMES),
     "mig": FLAG,
     "fabric": _mapping_of(FABRIC),
     "lost": FLAG,

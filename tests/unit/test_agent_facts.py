@@ -272,7 +272,7 @@ def test_torch_probe_reports_version_and_devices() -> None:
                     {"name": "A", "memory_mib": 1},
                 ]
             },
-            "gpus[0].health.throttle must be a list of one of hw_slowdown,",
+            "gpus[0].health.throttle must be a list of these: sw_power_cap, hw_slowdown,",
         ),
         (
             {
