@@ -68,8 +68,10 @@ class RealHealth:
             nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
             nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
         )
-        count = sum(len(nvml.nvmlDeviceGetRetiredPages(self._handle(gpu), cause)) for cause in causes)
-        return pending == nvml.NVML_FEATURE_ENABLED, count
+        count = self._optional(
+            lambda: sum(len(nvml.nvmlDeviceGetRetiredPages(self._handle(gpu), cause)) for cause in causes)
+        )
+        return pending == nvml.NVML_FEATURE_ENABLED, int(count or 0)
 
     def remapped_rows(self, gpu: int) -> Optional[Tuple[int, bool, bool]]:
         rows = self._optional(lambda: self._nvml.nvmlDeviceGetRemappedRows(self._handle(gpu)))

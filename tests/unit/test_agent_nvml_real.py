@@ -339,3 +339,24 @@ def test_health_from_a_scripted_datacenter_nvml(monkeypatch: pytest.MonkeyPatch)
         ("completed", "NVML Error with code 27"),  # pynvml's words without a libnvidia-ml to ask
     ]
     assert health.not_checked == ["kernel: not read (no /lib/modules, or a twin without `kernel`)"]
+
+
+class VoltaNvml(DatacenterNvml):
+    """V100s: page retirement instead of row remapping."""
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: int) -> int:
+        return int(pynvml.NVML_FEATURE_ENABLED if handle == 0 else pynvml.NVML_FEATURE_DISABLED)
+
+    def nvmlDeviceGetRetiredPages(self, handle: int, cause: int) -> list[int]:
+        double_bit = cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+        return [0x7F000] if handle == 0 and double_bit else []
+
+
+def test_health_of_pre_ampere_gpus_reads_retired_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    health = HostHealth.model_validate(real_facts(monkeypatch, VoltaNvml())["health"])
+    pages = [(g.retired_pages_pending, g.retired_pages) for g in health.gpus]
+    assert pages == [(True, 1), (False, 0), (False, 0)]
+    assert {g.remapped_rows_pending for g in health.gpus} == {None}
