@@ -177,6 +177,7 @@ class GpuHealth(Fact):
     )
     power_limit_w: int | None = None
     default_power_limit_w: int | None = None
+    power_limit_range_w: tuple[int, int] | None = Field(None, description="(lowest, highest) limit accepted")
     compute_mode: Literal["default", "exclusive_process", "prohibited", "unknown"] | None = None
     mig: bool | None = None
     mig_pending: bool | None = None

@@ -198,6 +198,10 @@ class Backend(abc.ABC):
         """(current, default) power management limit in milliwatts."""
 
     @abc.abstractmethod
+    def power_limit_range_mw(self, gpu: int) -> Optional[Tuple[int, int]]:
+        """(lowest, highest) power limit the GPU accepts, in milliwatts."""
+
+    @abc.abstractmethod
     def set_power_limit_mw(self, gpu: int, milliwatts: int) -> None: ...
 
     @abc.abstractmethod

@@ -84,6 +84,7 @@ def gpu_health(backend: Backend, gpu: Gpu, skipped: NotChecked) -> Dict[str, Any
         skipped.gpus.setdefault("memory repair", []).append(index)
     reasons = skipped.read("clock event reasons", index, lambda: backend.clock_event_reasons(index))
     power = skipped.read("power limit", index, lambda: backend.power_limits_mw(index))
+    power_range = backend.power_limit_range_mw(index) if power is not None else None
     mode = skipped.read("compute mode", index, lambda: backend.compute_mode(index))
     mig = backend.mig_mode(index)  # NotSupported on every GPU without MIG: not worth a line
     fabric = backend.fabric_info(index)  # likewise on every GPU outside an NVSwitch fabric
@@ -102,6 +103,7 @@ def gpu_health(backend: Backend, gpu: Gpu, skipped: NotChecked) -> Dict[str, Any
         "throttle": None if reasons is None else [name for bit, name in CLOCK_EVENTS if reasons & bit],
         "power_limit_w": None if power is None else round(power[0] / 1000),
         "default_power_limit_w": None if power is None else round(power[1] / 1000),
+        "power_limit_range_w": None if power_range is None else [round(mw / 1000) for mw in power_range],
         "compute_mode": None if mode is None else COMPUTE_MODES.get(mode, "unknown"),
         "mig": None if mig is None else mig[0],
         "mig_pending": None if mig is None else mig[1],

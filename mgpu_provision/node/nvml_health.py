@@ -95,6 +95,11 @@ class RealHealth:
         default = self._optional(lambda: nvml.nvmlDeviceGetPowerManagementDefaultLimit(self._handle(gpu)))
         return None if limit is None or default is None else (int(limit), int(default))
 
+    def power_limit_range_mw(self, gpu: int) -> Optional[Tuple[int, int]]:
+        call = self._nvml.nvmlDeviceGetPowerManagementLimitConstraints
+        found = self._optional(lambda: call(self._handle(gpu)))
+        return None if found is None else (int(found[0]), int(found[1]))
+
     def set_power_limit_mw(self, gpu: int, milliwatts: int) -> None:
         self._nvml.nvmlDeviceSetPowerManagementLimit(self._handle(gpu), milliwatts)
 

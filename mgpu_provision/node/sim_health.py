@@ -98,6 +98,9 @@ class SimulatedHealth:
             return None
         return limit * 1000, health.get("default_power_limit_w", health.get("power_limit_w", limit)) * 1000
 
+    def power_limit_range_mw(self, gpu: int) -> Optional[Tuple[int, int]]:
+        return None  # the twin format has no range: every limit is accepted
+
     def set_power_limit_mw(self, gpu: int, milliwatts: int) -> None:
         if self.power_limits_mw(gpu) is None:
             raise AgentFailure("nvml", f"GPU {gpu} has no power limit to set (simulated: no power_limit_w)")

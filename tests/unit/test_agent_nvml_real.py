@@ -121,6 +121,9 @@ class ScriptedNvml:
     def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: int) -> int:
         return 350_000
 
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: int) -> list[int]:
+        return [100_000, 350_000]
+
     def nvmlDeviceGetComputeMode(self, handle: int) -> int:
         exclusive, default = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS, pynvml.NVML_COMPUTEMODE_DEFAULT
         return int(exclusive if handle == 2 else default)
@@ -289,6 +292,7 @@ def test_health_from_a_scripted_geforce_nvml(monkeypatch: pytest.MonkeyPatch) ->
     gpu0, gpu1, gpu2 = health.gpus
     assert (gpu0.throttle, gpu1.throttle) == ([], ["sw_power_cap", "hw_slowdown"])  # via the pre-R535 call
     assert (gpu0.power_limit_w, gpu0.default_power_limit_w, gpu1.power_limit_w) == (300, 350, 350)
+    assert gpu0.power_limit_range_w == (100, 350)
     assert [g.compute_mode for g in health.gpus] == ["default", "default", "exclusive_process"]
     assert (gpu0.ecc_mode, gpu0.remapped_rows_pending, gpu0.mig, gpu0.fabric_state) == (None,) * 4
     assert [(e.link, e.crc) for e in gpu0.nvlink_errors] == [(0, 0), (1, 7), (2, 0)]  # link 3 is down

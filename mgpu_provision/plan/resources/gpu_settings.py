@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ... import protocol
 from ...facts import GpuHealth
-from ..change import Change, HostContext
+from ..change import Change, HostContext, check_failed
 
 
 def diff(ctx: HostContext) -> list[Change]:
@@ -34,6 +34,18 @@ def _gpus(indices: list[int]) -> str:
 
 def _power(ctx: HostContext, gpus: list[GpuHealth]) -> list[Change]:
     want = ctx.rig.health.power_limit_w
+    refused = [g for g in gpus if want is not None and g.power_limit_range_w and not _within(want, g)]
+    if refused:
+        # NVML would refuse the setter; a failed check says why instead of a failed apply step.
+        return [
+            check_failed(
+                "power",
+                f"GPU {g.index} accepts power limits of {_range(g)}, the rig's power_limit_w is {want} W",
+                f"{g.power_limit_w} W",
+                f"{want} W",
+            )
+            for g in refused
+        ]
     wrong: dict[int, tuple[int, int]] = {}
     for gpu in gpus:
         target = want if want is not None else gpu.default_power_limit_w
@@ -57,6 +69,16 @@ def _power(ctx: HostContext, gpus: list[GpuHealth]) -> list[Change]:
             phase="persistence",
         )
     ]
+
+
+def _within(watts: int, gpu: GpuHealth) -> bool:
+    low, high = gpu.power_limit_range_w or (watts, watts)
+    return low <= watts <= high
+
+
+def _range(gpu: GpuHealth) -> str:
+    low, high = gpu.power_limit_range_w or (0, 0)
+    return f"{low}-{high} W"
 
 
 def _compute_mode(ctx: HostContext, gpus: list[GpuHealth]) -> list[Change]:
