@@ -99,7 +99,7 @@ def gpu_health(backend: Backend, gpu: Gpu, skipped: NotChecked) -> Dict[str, Any
         "remapped_rows_uncorrectable": None if rows is None else rows[0],
         "remapped_rows_pending": None if rows is None else rows[1],
         "remapped_rows_failure": None if rows is None else rows[2],
-        "nvlink_errors": nvlink_errors(backend, gpu),
+        "nvlink_errors": nvlink_errors(backend, gpu, skipped),
         "throttle": None if reasons is None else [name for bit, name in CLOCK_EVENTS if reasons & bit],
         "power_limit_w": None if power is None else round(power[0] / 1000),
         "default_power_limit_w": None if power is None else round(power[1] / 1000),
@@ -112,8 +112,9 @@ def gpu_health(backend: Backend, gpu: Gpu, skipped: NotChecked) -> Dict[str, Any
     }
 
 
-def nvlink_errors(backend: Backend, gpu: Gpu) -> List[Dict[str, int]]:
-    """Error counters of the GPU's active links; a link whose counters NVML cannot read is left out."""
+def nvlink_errors(backend: Backend, gpu: Gpu, skipped: NotChecked) -> List[Dict[str, int]]:
+    """Error counters of the GPU's active links; a link whose counters NVML cannot read is left out (and the
+    GPU named once in `not_checked`)."""
     found = []
     for link in gpu["nvlinks"]:
         if not link["active"]:
@@ -123,6 +124,8 @@ def nvlink_errors(backend: Backend, gpu: Gpu) -> List[Dict[str, int]]:
             for counter in (NVLINK_CRC_FLIT, NVLINK_CRC_DATA, NVLINK_REPLAY, NVLINK_RECOVERY)
         ]
         if any(count is None for count in read):
+            if gpu["index"] not in skipped.gpus.get("nvlink errors", []):
+                skipped.gpus.setdefault("nvlink errors", []).append(gpu["index"])
             continue
         flit, data, replay, recovery = (int(count or 0) for count in read)
         found.append({"link": link["link"], "crc": flit + data, "replay": replay, "recovery": recovery})

@@ -346,7 +346,10 @@ def test_health_from_a_scripted_datacenter_nvml(monkeypatch: pytest.MonkeyPatch)
 
 
 class VoltaNvml(DatacenterNvml):
-    """V100s: page retirement instead of row remapping."""
+    """V100s: page retirement instead of row remapping; a driver that cannot count NVLink errors."""
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -364,3 +367,5 @@ def test_health_of_pre_ampere_gpus_reads_retired_pages(monkeypatch: pytest.Monke
     pages = [(g.retired_pages_pending, g.retired_pages) for g in health.gpus]
     assert pages == [(True, 1), (False, 0), (False, 0)]
     assert {g.remapped_rows_pending for g in health.gpus} == {None}
+    assert health.gpus[0].nvlink_errors == []
+    assert "nvlink errors: not supported on GPU 0, 1" in health.not_checked  # GPU 2 has no NVLink
