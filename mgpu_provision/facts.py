@@ -62,6 +62,14 @@ class NvLink(Fact):
     remote_pci_bus_id: str | None = None
 
 
+class LostGpu(Fact):
+    """A GPU NVML enumerates but answers GpuIsLost for (fallen off the bus); kept out of `gpus`."""
+
+    index: int
+    pci_bus_id: str | None = Field(None, description="its PCI address, when NVML still knows it")
+    error: str = Field(description='NVML\'s words, e.g. "GPU is lost"')
+
+
 class Gpu(Fact):
     index: int
     name: str
@@ -138,12 +146,77 @@ class TorchInfo(Fact):
     error: str | None = None
 
 
+class NvlinkErrors(Fact):
+    """Error counters of one active NVLink since the driver loaded."""
+
+    link: int
+    crc: int = Field(description="CRC errors (flit + data)")
+    replay: int
+    recovery: int
+
+
+FabricState = Literal["not_supported", "not_started", "in_progress", "completed", "unknown"]
+
+
+class GpuHealth(Fact):
+    """Health values of one GPU; None = the GPU or driver cannot say (not checked)."""
+
+    index: int
+    ecc_mode: bool | None = None
+    ecc_pending_mode: bool | None = Field(None, description="the ECC mode after the next reboot")
+    ecc_volatile_uncorrectable: int | None = Field(None, description="since the driver loaded")
+    ecc_aggregate_uncorrectable: int | None = Field(None, description="over the GPU's life")
+    retired_pages_pending: bool | None = Field(None, description="before Ampere: waits for a reset")
+    retired_pages: int | None = None
+    remapped_rows_uncorrectable: int | None = Field(None, description="Ampere and later")
+    remapped_rows_pending: bool | None = Field(None, description="a remap waits for a GPU reset")
+    remapped_rows_failure: bool | None = Field(None, description="a remap failed: memory beyond repair")
+    nvlink_errors: list[NvlinkErrors] = Field(default_factory=list)
+    throttle: list[str] | None = Field(
+        None, description="active clock events: hw_slowdown, hw_thermal, hw_power_brake, sw_thermal, ..."
+    )
+    power_limit_w: int | None = None
+    default_power_limit_w: int | None = None
+    power_limit_range_w: tuple[int, int] | None = Field(None, description="(lowest, highest) limit accepted")
+    compute_mode: Literal["default", "exclusive_process", "prohibited", "unknown"] | None = None
+    mig: bool | None = None
+    mig_pending: bool | None = None
+    fabric_state: FabricState | None = None
+    fabric_status: str | None = Field(None, description='"success" or NVML\'s words for the failure')
+
+
+class XidEvent(Fact):
+    gpu: int | None = Field(description="the GPU at that address; None when NVML lists no GPU there")
+    pci_bus_id: str = Field(description="domain:bus:device as the kernel log prints it")
+    code: int
+
+
+class KernelReadiness(Fact):
+    running: str
+    installed: list[str] = Field(default_factory=list, description="kernels with an image in /boot")
+    nvidia_module_for: list[str] = Field(default_factory=list, description="kernels with an nvidia.ko")
+    secure_boot: bool | None = None
+    module_signed: bool | None = Field(None, description="judged only with Secure Boot on")
+
+
+class HostHealth(Fact):
+    gpus: list[GpuHealth] = Field(default_factory=list)
+    xid: list[XidEvent] = Field(default_factory=list, description="Xids in this boot's kernel log, in order")
+    xid_source: str | None = Field(None, description="journal, kmsg, dmesg or twin; None: no log readable")
+    kernel: KernelReadiness | None = None
+    not_checked: list[str] = Field(default_factory=list, description="values not read, each said once")
+
+    def gpu(self, index: int) -> GpuHealth | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+
 class Facts(Fact):
     schema_version: int = FACTS_SCHEMA_VERSION
     agent_version: str
     host: HostInfo
     driver: DriverInfo
     gpus: list[Gpu] = Field(default_factory=list)
+    lost_gpus: list[LostGpu] = Field(default_factory=list, description="GPUs NVML answers GpuIsLost for")
     pairs: list[GpuPair] = Field(default_factory=list)
     nvswitch: bool = False
     board: Board = Board()
@@ -152,6 +225,7 @@ class Facts(Fact):
     files: list[ManagedFile] = Field(default_factory=list)
     processes: list[GpuProcess] = Field(default_factory=list)
     torch: TorchInfo | None = None
+    health: HostHealth | None = Field(None, description="None from an agent that does not read health")
 
     def file(self, path: str) -> ManagedFile | None:
         return next((f for f in self.files if f.path == path), None)

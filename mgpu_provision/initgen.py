@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 from .facts import Facts
 from .spec.models import SCHEMA_COMMENT, Files
@@ -86,6 +87,29 @@ def driver_lines(facts: Facts) -> list[str]:
     ]
 
 
+def health_lines(facts: Facts) -> list[str]:
+    """The `health:` settings this box runs with where they are not the defaults (one value on every GPU),
+    so the written rig plans clean; nothing when the box reports no health or uses the defaults."""
+    gpus = facts.health.gpus if facts.health is not None else []
+
+    def common(values: list[Any]) -> Any:
+        return values[0] if values and None not in values and len(set(values)) == 1 else None
+
+    found = {
+        "ecc": common([g.ecc_mode for g in gpus]),
+        "compute_mode": common([g.compute_mode for g in gpus]),
+        "mig": common([g.mig for g in gpus]),
+    }
+    if any(g.power_limit_w != g.default_power_limit_w for g in gpus):
+        found["power_limit_w"] = common([g.power_limit_w for g in gpus])
+    defaults = {"compute_mode": "default", "mig": False, "ecc": None}
+    keep = {k: v for k, v in found.items() if v is not None and v != defaults.get(k) and v != "unknown"}
+    if not keep:
+        return []
+    words = ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in keep.items())
+    return [f"    health: {{{words}}}  # review: the settings this box runs with"]
+
+
 def host_line(host_name: str, address: str, rig: str, connection: dict[str, str | int | None]) -> str:
     fields = [f"name: {host_name}", f"address: {_q(address)}", f"rig: {rig}"]
     fields += [f"{key}: {_q(str(value))}" for key, value in connection.items() if value is not None]
@@ -129,6 +153,7 @@ def rig_from_facts(
         lines.append('    gpus: {model: "REPLACE ME", count: 1}  # review: NVML saw no GPU on this box')
         nproc = 1
     lines += driver_lines(facts)
+    lines += health_lines(facts)
     backend = "nccl" if facts.gpus else "gloo"
     lines += [
         f"    ddp: {{master: {host_name}, port: 29500, backend: {backend}, nproc_per_node: {nproc}}}",

@@ -173,7 +173,8 @@ def facts_request(
 # --- apply steps: what the `apply` verb carries out, one kind each ---------------------------------------
 
 FILE, DRIVER, PERSISTENCE = "file", "driver", "persistence"
-STEP_KINDS = (FILE, DRIVER, PERSISTENCE)
+COMPUTE_MODE, POWER_LIMIT = "compute-mode", "power-limit"
+STEP_KINDS = (FILE, DRIVER, PERSISTENCE, COMPUTE_MODE, POWER_LIMIT)
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
 
@@ -185,6 +186,16 @@ def file_step(path: str, content: str, mode: str) -> Dict[str, Any]:
 
 def persistence_step(gpus: List[int], enabled: bool) -> Dict[str, Any]:
     return {"kind": PERSISTENCE, "gpus": list(gpus), "enabled": enabled}
+
+
+def compute_mode_step(gpus: List[int], mode: str) -> Dict[str, Any]:
+    """Set the compute mode ("default", "exclusive_process" or "prohibited") of `gpus`."""
+    return {"kind": COMPUTE_MODE, "gpus": list(gpus), "mode": mode}
+
+
+def power_limit_step(gpus: List[int], watts: Optional[int]) -> Dict[str, Any]:
+    """Set the power limit of `gpus` to `watts`, or with None to each GPU's default limit."""
+    return {"kind": POWER_LIMIT, "gpus": list(gpus), "watts": watts}
 
 
 def driver_step(method: str, target: Dict[str, str], **options: Any) -> Dict[str, Any]:

@@ -80,7 +80,8 @@ def bus_id(index: int) -> str:
 
 def box_facts(box: dict[str, Any]) -> dict[str, Any]:
     """Facts fields of a box wired as a `topo -m` file in tests/fixtures/topologies says, then broken as
-    `box` says: `model`, `names` (odd GPUs), `down` links, `pcie` links, `nvswitch`, `persistence`."""
+    `box` says: `model`, `names` (odd GPUs), `down` links, `pcie` links, `nvswitch`, `persistence`, `lost`
+    (GPUs NVML answers GpuIsLost for)."""
     matrix = parse_topology((TOPOLOGIES / box["topology"]).read_text())
     n = matrix.gpu_count
     nvswitch = bool(box.get("nvswitch", False))
@@ -125,16 +126,41 @@ def box_facts(box: dict[str, Any]) -> dict[str, Any]:
             pcie_cell = None if links else cell
             p2p = "OK" if active else "NS"
             pairs.append({"a": i, "b": j, "pcie": pcie_cell, "nvlinks": active, "p2p_nvlink": p2p})
-    return {"gpus": gpus, "pairs": pairs, "nvswitch": nvswitch, "driver": dict(DRIVER_OK)}
+    lost = set(box.get("lost", []))  # GPUs NVML answers GpuIsLost for: out of gpus and pairs
+    return {
+        "gpus": [g for g in gpus if g["index"] not in lost],
+        "lost_gpus": [{"index": i, "pci_bus_id": bus_id(i), "error": "GPU is lost"} for i in sorted(lost)],
+        "pairs": [p for p in pairs if not lost & {p["a"], p["b"]}],
+        "nvswitch": nvswitch,
+        "driver": dict(DRIVER_OK),
+    }
+
+
+def case_health(health: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """`health:` of a case: every GPU healthy (what a GeForce card answers), then `gpus: {"1": {...}}` patches
+    single GPUs; `xid`, `kernel` and `not_checked` are taken as given."""
+    patches = {int(k): v for k, v in (health.get("gpus") or {}).items()}
+    return {
+        "gpus": [
+            {"index": g["index"], "compute_mode": "default", "throttle": [], **patches.get(g["index"], {})}
+            for g in gpus
+        ],
+        "xid": health.get("xid", []),
+        "xid_source": "journal",
+        "kernel": health.get("kernel"),
+        "not_checked": health.get("not_checked", []),
+    }
 
 
 def case_facts(case: dict[str, Any]) -> Facts:
-    """Facts of a plan case (tests/unit/plan_cases): `box:` built, then `facts:` keys and
-    `facts_patch_pairs:` ("a-b": {...}) over it."""
+    """Facts of a plan case (tests/unit/plan_cases): `box:` built, then `facts:` keys, `health:` (see
+    `case_health`) and `facts_patch_pairs:` ("a-b": {...}) over it."""
     facts: dict[str, Any] = {"agent_version": "0.1.0", "host": HOST_INFO, "driver": dict(DRIVER_OK)}
     if "box" in case:
         facts.update(box_facts(case["box"]))
     facts.update(case.get("facts") or {})
+    if "health" in case:
+        facts["health"] = case_health(case["health"], facts.get("gpus", []))
     for key, patch in (case.get("facts_patch_pairs") or {}).items():
         a, b = (int(i) for i in key.split("-"))
         pair = next(p for p in facts["pairs"] if (p["a"], p["b"]) == (a, b))

@@ -83,7 +83,16 @@ def link_matrix(facts: Facts) -> str:
         return pair.cell if pair is not None else "?"
 
     # Facts carry no CPU/NUMA affinity, so the matrix is printed without those trailing columns.
-    return format_topology(dataclasses.replace(gpu_matrix(len(facts.gpus), cell), titles=()))
+    count = len(facts.gpus) + len(facts.lost_gpus)  # a lost GPU keeps its index: its cells read `?`
+    return format_topology(dataclasses.replace(gpu_matrix(count, cell), titles=()))
+
+
+def health_lines(facts: Facts) -> list[str]:
+    """Lost GPUs, and what the node could not read (once per value); the verdicts are `plan`'s."""
+    lines = [f"GPU {gpu.index} is lost ({gpu.error})" for gpu in facts.lost_gpus]
+    if facts.health is not None and facts.health.not_checked:
+        lines.append("not checked: " + "; ".join(facts.health.not_checked))
+    return lines
 
 
 def host_view(name: str, facts: Facts) -> RenderableType:
@@ -98,6 +107,7 @@ def host_view(name: str, facts: Facts) -> RenderableType:
         parts += [gpu_table(facts), Text(link_matrix(facts).rstrip("\n"))]
     else:
         parts.append(Text("no GPUs"))
+    parts += [Text(line, style="yellow") for line in health_lines(facts)]
     return Group(*parts)
 
 

@@ -13,6 +13,7 @@ import stat
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import protocol
+from . import gpu_settings
 from .atomic import HostLock, atomic_write
 from .backend import Backend, NvmlUnavailable
 from .errors import AgentFailure
@@ -70,6 +71,8 @@ def run_step(step: Any, backend: Backend) -> StepResult:
         protocol.FILE: file_step,
         protocol.DRIVER: lambda s, b: b.install_driver(s),
         protocol.PERSISTENCE: set_persistence,
+        protocol.COMPUTE_MODE: gpu_settings.set_compute_mode,
+        protocol.POWER_LIMIT: gpu_settings.set_power_limit,
     }
     if not isinstance(step, dict) or step.get("kind") not in kinds:
         raise AgentFailure("bad-request", f"unknown step {step!r}; kinds are {', '.join(sorted(kinds))}")

@@ -18,6 +18,20 @@ REMOTE_GPU, REMOTE_IBMNPU, REMOTE_SWITCH, REMOTE_UNKNOWN = 0, 1, 2, 0xFF
 TOPOLOGY_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 P2P_READ, P2P_NVLINK = 0, 2
 P2P_STATUS_NAMES = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
+# Health (nvml.h): ECC counter types, NVLink error counters, clock event reason bits, compute modes, fabric.
+VOLATILE_ECC, AGGREGATE_ECC = 0, 1
+NVLINK_REPLAY, NVLINK_RECOVERY, NVLINK_CRC_FLIT, NVLINK_CRC_DATA = 0, 1, 2, 3
+CLOCK_EVENTS = (
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x20, "sw_thermal"),
+    (0x40, "hw_thermal"),
+    (0x80, "hw_power_brake"),
+)
+COMPUTE_MODES = {0: "default", 2: "prohibited", 3: "exclusive_process"}
+COMPUTE_MODE_CODES = {name: code for code, name in COMPUTE_MODES.items()}
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+XidEvent = Tuple[str, int]  # (PCI domain:bus:device as the kernel log prints it, Xid code)
 
 # One wording per NVML failure, shared by both backends so a simulated node reads like a real one.
 _NVML_MESSAGES = {
@@ -45,6 +59,10 @@ class NvmlUnavailable(Exception):
 
 class NoSuchLink(Exception):
     """The GPU has no NVLink at this index (NVML NotSupported or InvalidArgument): the link loop ends."""
+
+
+class GpuLost(Exception):
+    """NVML answers GpuIsLost for this GPU (fallen off the bus): it is reported lost, the others are read."""
 
 
 class Backend(abc.ABC):
@@ -148,3 +166,61 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def holds_gpu(self, pid: int) -> Optional[bool]:
         """Whether the process has the GPU open right now; None when the agent may not look."""
+
+    # --- health: None wherever the GPU or driver cannot say (NotSupported, a call the driver lacks) ---
+    @abc.abstractmethod
+    def xid_events(self) -> Tuple[Optional[str], List[XidEvent]]:
+        """(where they were read, the Xids logged since boot); source None when no kernel log was readable."""
+
+    @abc.abstractmethod
+    def kernel_readiness(self) -> Optional[Dict[str, Any]]:
+        """`facts.KernelReadiness` as a dict, None when it cannot be judged here."""
+
+    @abc.abstractmethod
+    def ecc_mode(self, gpu: int) -> Optional[Tuple[bool, bool]]:
+        """(current, pending) ECC mode."""
+
+    @abc.abstractmethod
+    def ecc_uncorrectable(self, gpu: int, counter: int) -> Optional[int]:
+        """Uncorrectable ECC errors, VOLATILE_ECC (since the driver loaded) or AGGREGATE_ECC (lifetime)."""
+
+    @abc.abstractmethod
+    def retired_pages(self, gpu: int) -> Optional[Tuple[bool, int]]:
+        """(retirement pending, pages retired) on GPUs before Ampere."""
+
+    @abc.abstractmethod
+    def remapped_rows(self, gpu: int) -> Optional[Tuple[int, bool, bool]]:
+        """(rows remapped for uncorrectable errors, remap pending, remap failed) on Ampere and later."""
+
+    @abc.abstractmethod
+    def nvlink_error_counter(self, gpu: int, link: int, counter: int) -> Optional[int]: ...
+
+    @abc.abstractmethod
+    def clock_event_reasons(self, gpu: int) -> Optional[int]:
+        """Bit mask of CLOCK_EVENTS bits currently active."""
+
+    @abc.abstractmethod
+    def power_limits_mw(self, gpu: int) -> Optional[Tuple[int, int]]:
+        """(current, default) power management limit in milliwatts."""
+
+    @abc.abstractmethod
+    def power_limit_range_mw(self, gpu: int) -> Optional[Tuple[int, int]]:
+        """(lowest, highest) power limit the GPU accepts, in milliwatts."""
+
+    @abc.abstractmethod
+    def set_power_limit_mw(self, gpu: int, milliwatts: int) -> None: ...
+
+    @abc.abstractmethod
+    def compute_mode(self, gpu: int) -> Optional[int]:
+        """A COMPUTE_MODES key."""
+
+    @abc.abstractmethod
+    def set_compute_mode(self, gpu: int, mode: int) -> None: ...
+
+    @abc.abstractmethod
+    def mig_mode(self, gpu: int) -> Optional[Tuple[bool, bool]]:
+        """(current, pending) MIG mode."""
+
+    @abc.abstractmethod
+    def fabric_info(self, gpu: int) -> Optional[Tuple[int, str]]:
+        """(FABRIC_STATES key, "success" or NVML's words for the registration's result)."""

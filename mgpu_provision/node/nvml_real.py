@@ -14,7 +14,8 @@ import subprocess
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import driver, procs, system
-from .backend import Backend, NoSuchLink, NvmlUnavailable, nvml_message
+from .backend import Backend, GpuLost, NoSuchLink, NvmlUnavailable, nvml_message
+from .nvml_health import RealHealth
 
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 _LIB_VERSION = re.compile(r"libnvidia-ml\.so\.([0-9]+\.[0-9]+(?:\.[0-9]+)?)$")
@@ -25,7 +26,29 @@ def _decode(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RealBackend(Backend):
+class _LostAware:
+    """pynvml with `NVMLError_GpuIsLost` raised as `GpuLost`, so facts report one lost GPU and read the
+    others. Only the `nvml*` functions are wrapped: the `NVMLError_*` classes pass through for `except`."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._module, name)
+        if not name.startswith("nvml") or not callable(value):
+            return value
+        lost = self._module.NVMLError_GpuIsLost
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return value(*args, **kwargs)
+            except lost as exc:
+                raise GpuLost(str(exc)) from None
+
+        return call
+
+
+class RealBackend(RealHealth, Backend):
     def __init__(self) -> None:
         self._nvml: Any = None
         self._handles: Dict[int, Any] = {}
@@ -92,12 +115,14 @@ class RealBackend(Backend):
             if status is None:
                 raise NvmlUnavailable("error", f"NVML could not be initialised: {exc}") from None
             raise NvmlUnavailable(status, nvml_message(status)) from None
-        self._nvml = pynvml
+        self._nvml = _LostAware(pynvml)
+        self._handles = {}
 
     def close(self) -> None:
         if self._nvml is not None:
             self._nvml.nvmlShutdown()
             self._nvml = None
+        self._handles = {}  # a handle is only valid in the NVML session that made it
 
     def _handle(self, gpu: int) -> Any:
         if gpu not in self._handles:
@@ -105,10 +130,12 @@ class RealBackend(Backend):
         return self._handles[gpu]
 
     def _optional(self, call: Callable[[], Any]) -> Any:
-        """Ask NVML something this GPU may not support; None instead of NotSupported."""
+        """Ask NVML something this GPU or driver may not answer: None on NotSupported, on a call this
+        libnvidia-ml lacks (FunctionNotFound) and on NoData."""
+        nvml = self._nvml
         try:
             return call()
-        except self._nvml.NVMLError_NotSupported:
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, nvml.NVMLError_NoData):
             return None
 
     def driver_version(self) -> str:
@@ -176,7 +203,12 @@ class RealBackend(Backend):
         return self._optional(lambda: call(self._handle(a), self._handle(b), index))  # type: ignore[no-any-return]
 
     def processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
-        found = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle(gpu))
+        nvml, handle = self._nvml, self._handle(gpu)
+        try:
+            found = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except (nvml.NVMLLibraryMismatchError, nvml.NVMLError_FunctionNotFound):
+            # Drivers before R510 lack the `_v3` symbol the unversioned call uses; `_v2` has the same answer.
+            found = nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
         return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in found]
 
     def holds_gpu(self, pid: int) -> Optional[bool]:

@@ -22,6 +22,7 @@ from .backend import (
 )
 from .driver import branch_of, version_key
 from .errors import AgentFailure
+from .sim_health import SimulatedHealth
 from .topology import nvlink_count
 from .twin import Twin, link_plan
 
@@ -30,7 +31,7 @@ _P2P_OK, _P2P_NOT_SUPPORTED = 0, 5
 _SWITCH_BUSES = 4  # an HGX baseboard's NVSwitches, for plausible remote bus ids
 
 
-class SimulatedBackend(Backend):
+class SimulatedBackend(SimulatedHealth, Backend):
     simulated = True
     # The twin's pids are processes as the agent sees them (schemas/twin.schema.json).
     reports_host_pids = False
@@ -128,6 +129,7 @@ class SimulatedBackend(Backend):
         return len(self.twin.gpus)
 
     def name(self, gpu: int) -> str:
+        self.alive(gpu)
         return str(self.twin.gpus[gpu]["name"])
 
     def uuid(self, gpu: int) -> str:
@@ -172,7 +174,7 @@ class SimulatedBackend(Backend):
 
     def p2p_status(self, a: int, b: int, index: int) -> Optional[int]:
         if index != P2P_NVLINK:
-            return _P2P_OK
+            return self.p2p_read_status(a, b)
         matrix = self.twin.topology
         linked = matrix is not None and nvlink_count(matrix.gpu_cell(a, b)) > 0
         return _P2P_OK if linked else _P2P_NOT_SUPPORTED

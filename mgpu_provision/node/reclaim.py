@@ -17,7 +17,7 @@ import pwd
 import re
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
-from .backend import Backend, NvmlUnavailable
+from .backend import Backend, GpuLost, NvmlUnavailable
 from .errors import AgentFailure
 from .procs import (
     PROC_ROOT,
@@ -224,12 +224,18 @@ def _holders(backend: Backend) -> List[Dict[str, Any]]:
             exc.status, "cannot list the processes holding GPU memory: " + exc.message
         ) from None
     try:
-        return [
+        holders = []
+        for gpu in range(backend.device_count()):
+            try:
+                found = backend.processes(gpu)
+            except GpuLost:
+                continue  # its memory is gone with it; reclaim the others
             # Rounded up: a process holding any memory at all must not look like one that holds none.
-            {"pid": pid, "gpu": gpu, "used_mib": None if used is None else -(-used // MIB)}
-            for gpu in range(backend.device_count())
-            for pid, used in backend.processes(gpu)
-        ]
+            holders += [
+                {"pid": pid, "gpu": gpu, "used_mib": None if used is None else -(-used // MIB)}
+                for pid, used in found
+            ]
+        return holders
     finally:
         backend.close()
 

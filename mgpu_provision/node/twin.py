@@ -17,6 +17,7 @@ from .atomic import atomic_write
 from .errors import AgentFailure
 from .miniyaml import MiniYamlError, loads
 from .topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
+from .twin_health import read_gpu_health, read_kernel
 
 DEFAULT_PCIE = {"gen": 4, "width": 16, "max_gen": 4, "max_width": 16}
 
@@ -38,6 +39,7 @@ class Twin:
         drivers = _list(data.get("available_drivers"), "available_drivers")
         self.available_drivers: List[str] = [str(v) for v in drivers]
         self.topology = self._topology(data)
+        self.kernel = read_kernel(self.path, data.get("kernel"))
         self.nvlink_down = {
             (_int(d, "gpu", "nvlink_down[]"), _int(d, "link", "nvlink_down[]"))
             for d in _list(data.get("nvlink_down"), "nvlink_down")
@@ -121,6 +123,7 @@ def _complete_gpu(path: str, index: int, raw: Any) -> Dict[str, Any]:
     gpu.setdefault("uuid", stable_uuid(path, index, gpu["name"]))
     gpu.setdefault("pci_bus_id", default_bus_id(index))
     gpu["pcie"] = dict(DEFAULT_PCIE, **_mapping(gpu.get("pcie") or {}, f"{where}.pcie"))
+    gpu["health"] = read_gpu_health(path, f"{where}.health", gpu.get("health"))
     return gpu
 
 

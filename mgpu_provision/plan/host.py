@@ -14,7 +14,18 @@ from .. import protocol
 from ..facts import Facts
 from ..spec.models import Host
 from .change import Change, HostContext
-from .resources import driver, envfiles, fabricmanager, gpus, pcie, persistence, sli
+from .resources import (
+    driver,
+    envfiles,
+    fabricmanager,
+    gpu_settings,
+    gpus,
+    health,
+    kernel,
+    pcie,
+    persistence,
+    sli,
+)
 from .resources import topology as links
 from .resources import torch as torch_probe
 
@@ -27,9 +38,12 @@ DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
     links.diff,
     pcie.diff,
     fabricmanager.diff,
+    health.diff,
+    kernel.diff,
     torch_probe.diff,
     driver.diff,
     persistence.diff,
+    gpu_settings.diff,
     sli.diff,
 )
 

@@ -8,7 +8,7 @@ Field-local rules (types, ranges, patterns) live here; rules that relate several
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
@@ -143,6 +143,40 @@ class Driver(Strict):
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
 
 
+HealthCheck = Literal[
+    "xid", "ecc", "memory_repair", "nvlink_errors", "throttle", "power", "compute_mode", "mig", "fabric",
+    "kernel",
+]
+HEALTH_CHECKS: tuple[str, ...] = get_args(HealthCheck)
+# Xids that mean the GPU needs a person: ECC/memory (48, 63, 64, 92, 94, 95), NVLink (74), off the bus (79).
+CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95)
+
+
+class Health(Strict):
+    """Health checks on every box of the rig: all on by default; `skip` switches some off."""
+
+    skip: list[HealthCheck] = Field(
+        default_factory=list, description="checks to switch off: " + ", ".join(HEALTH_CHECKS)
+    )
+    critical_xids: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
+        default_factory=lambda: list(CRITICAL_XIDS), description="Xid codes that fail the xid check"
+    )
+    ecc: bool | None = Field(None, description="expected ECC mode; null: the mode is not judged (errors are)")
+    nvlink_error_max: int = Field(
+        100, ge=0, description="most CRC, replay or recovery errors an active NVLink may count since boot"
+    )
+    power_limit_w: int | None = Field(
+        None, ge=1, le=5000, description="power limit apply sets on every GPU; null: each GPU's default"
+    )
+    compute_mode: Literal["default", "exclusive_process", "prohibited"] = Field(
+        "default", description="compute mode apply sets on every GPU"
+    )
+    mig: bool = Field(False, description="expected MIG mode (a change needs a GPU reset: a manual step)")
+
+    def checks(self, name: str) -> bool:
+        return name not in self.skip
+
+
 SLI_MODES = ("Off", "Mosaic")
 
 
@@ -206,6 +240,7 @@ class Rig(Strict):
         None, description="GPU indices or UUIDs CUDA may see (CUDA_VISIBLE_DEVICES); default all"
     )
     ddp: Ddp | None = None
+    health: Health = Field(default_factory=Health, description="GPU health checks (all on by default)")
     env: dict[Annotated[str, Field(pattern=ENV_NAME)], EnvValue] = Field(
         default_factory=dict, description="extra variables for this rig, merged over the fleet's `env`"
     )

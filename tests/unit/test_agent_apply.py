@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from mgpu_provision.node.__main__ import handle
 from mgpu_provision.node.apply import BACKUP_SUFFIX, write_file
@@ -120,6 +121,9 @@ def test_first_failure_skips_the_rest(tmp_path: Path) -> None:
             "file mode 'rwx' is not an octal",
         ),
         ({"kind": "driver", "method": "apt"}, "a driver step needs `version`"),
+        ({"kind": "compute-mode", "mode": "exclusive_thread"}, "compute mode 'exclusive_thread' is not one"),
+        ({"kind": "power-limit", "watts": "300"}, "power limit '300' is not a whole number of watts"),
+        ({"kind": "power-limit", "watts": 300}, "GPU 0 reports no power limit (NVML: not supported)"),
     ],
 )
 def test_bad_steps_fail_with_a_message(tmp_path: Path, twin: Path, step: dict[str, Any], error: str) -> None:
@@ -220,6 +224,33 @@ def test_simulated_persistence_mode(tmp_path: Path, twin: Path) -> None:
     assert [g.persistence_mode for g in facts_from_twin(twin).gpus][:3] == [True, False, True]
     (second,) = apply_steps(tmp_path, [step], twin)
     assert second["changed"] is False and second["message"] == "persistence mode already enabled on GPU 0,2"
+
+
+def test_simulated_compute_mode_and_power_limit(tmp_path: Path, twin: Path) -> None:
+    data = yaml.safe_load(twin.read_text())
+    for gpu in data["gpus"]:
+        gpu["health"] = {"power_limit_w": 500, "default_power_limit_w": 700, "compute_mode": "prohibited"}
+    twin = tmp_path / "twin.json"
+    twin.write_text(json.dumps(data))
+    steps = [
+        {"kind": "compute-mode", "gpus": [1, 2], "mode": "exclusive_process"},
+        {"kind": "power-limit", "gpus": [0], "watts": 600},
+        {"kind": "power-limit", "gpus": [3], "watts": None},
+    ]
+    first = apply_steps(tmp_path, steps, twin)
+    assert [(r["changed"], r["message"]) for r in first] == [
+        (True, "compute mode exclusive_process set on GPU 1,2"),
+        (True, "power limit 600 W set on GPU 0"),
+        (True, "power limit default set on GPU 3"),
+    ]
+    health = facts_from_twin(twin).health
+    assert health is not None
+    modes = [g.compute_mode for g in health.gpus][:3]
+    assert modes == ["prohibited", "exclusive_process", "exclusive_process"]
+    assert [g.power_limit_w for g in health.gpus][:4] == [600, 500, 500, 700]
+    second = apply_steps(tmp_path, steps, twin)
+    assert [r["changed"] for r in second] == [False, False, False]
+    assert second[0]["message"] == "compute mode exclusive_process already on GPU 1,2"
 
 
 def test_persistence_without_nvml_fails_plainly(tmp_path: Path) -> None:

@@ -91,6 +91,24 @@ def test_a_down_switch_link_lowers_only_that_gpus_pairs(tmp_path: Path) -> None:
     assert facts.cell(0, 1) == "NV18"
 
 
+def test_links_are_matched_by_the_full_pci_address_across_domains(tmp_path: Path) -> None:
+    # A multi-segment host (Grace, GB200): bus 01:00.0 exists in domain 0 and in domain 1.
+    matrix = (
+        "\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\n"
+        "GPU0\t X \tNV4\tSYS\tSYS\t0\nGPU1\tNV4\t X \tSYS\tSYS\t0\n"
+        "GPU2\tSYS\tSYS\t X \tNV4\t0\nGPU3\tSYS\tSYS\tNV4\t X \t0\n"
+    )
+    buses = ["00000000:01:00.0", "00000000:02:00.0", "00000001:01:00.0", "00000001:02:00.0"]
+    twin = write_twin(tmp_path, matrix, 4)
+    data = json.loads(twin.read_text())
+    for gpu, bus in zip(data["gpus"], buses, strict=True):
+        gpu["pci_bus_id"] = bus
+    twin.write_text(json.dumps(data))
+    facts = facts_from_twin(twin)
+    assert (facts.cell(0, 1), facts.cell(2, 3)) == ("NV4", "NV4")
+    assert (facts.cell(1, 2), facts.cell(0, 2), facts.cell(1, 3)) == ("SYS", "SYS", "SYS")
+
+
 def test_mesh_links_are_handed_out_in_peer_order(tmp_path: Path) -> None:
     mesh = (
         "\tGPU0\tGPU1\tGPU2\tCPU Affinity\n"
@@ -211,6 +229,47 @@ def test_torch_probe_reports_version_and_devices() -> None:
         ({"nvlink_down": [{"gpu": 0}]}, "nvlink_down[].link must be an integer"),
         ({"processes": {"pid": 1}}, "processes must be a list"),
         ({"topology": None, "topology_file": "missing.txt"}, "topology_file: cannot read"),
+        (
+            {
+                "gpus": [
+                    {"name": "A", "memory_mib": 1, "health": {"ecc": {"mode": "on"}}},
+                    {"name": "A", "memory_mib": 1},
+                ]
+            },
+            "gpus[0].health.ecc.mode must be true or false, got 'on'",
+        ),
+        (
+            {
+                "gpus": [
+                    {"name": "A", "memory_mib": 1},
+                    {"name": "A", "memory_mib": 1, "health": {"xids": [79]}},
+                ]
+            },
+            "gpus[1].health has an unknown key 'xids' (known: xid, ecc,",
+        ),
+        (
+            {
+                "gpus": [
+                    {"name": "A", "memory_mib": 1, "health": {"throttle": ["hot"]}},
+                    {"name": "A", "memory_mib": 1},
+                ]
+            },
+            "gpus[0].health.throttle must be a list of these: sw_power_cap, hw_slowdown,",
+        ),
+        (
+            {
+                "gpus": [
+                    {"name": "A", "memory_mib": 1, "health": {"nvlink_errors": [{"crc": 1}]}},
+                    {"name": "A", "memory_mib": 1},
+                ]
+            },
+            "gpus[0].health.nvlink_errors[0].link is required",
+        ),
+        ({"kernel": {"installed": ["6.8.0-45-generic"]}}, "kernel.running is required"),
+        (
+            {"kernel": {"running": "6.8.0-45-generic", "secure_boot": "yes"}},
+            "kernel.secure_boot must be true or false",
+        ),
     ],
 )
 def test_bad_twins_are_refused_with_the_field(tmp_path: Path, change: dict[str, Any], message: str) -> None:
@@ -283,3 +342,124 @@ def test_torch_probe_failures_are_plain(tmp_path: Path, body: str, error: str) -
 
 def test_a_folder_given_as_managed_file_does_not_break_facts(tmp_path: Path) -> None:
     assert describe_file(str(tmp_path), include_content=True) == {"path": str(tmp_path), "exists": True}
+
+
+A100 = {"name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920}
+
+
+def test_twin_health_reads_as_nvml_would_answer(tmp_path: Path) -> None:
+    sick = {
+        "xid": [79, 79],
+        "ecc": {"mode": True, "volatile_uncorrectable": 2},
+        "remapped_rows": {"pending": True, "uncorrectable": 1},
+        "nvlink_errors": [{"link": 1, "crc": 500}],
+        "throttle": ["hw_slowdown", "sw_power_cap"],
+        "power_limit_w": 300,
+        "default_power_limit_w": 400,
+        "compute_mode": "exclusive_process",
+        "mig": True,
+        "fabric": {"state": "in_progress", "status": "success"},
+    }
+    kernel = {"running": "6.8.0-45-generic", "installed": ["6.8.0-45-generic", "6.8.0-47-generic"]}
+    text = (REFERENCE / "2x-rtx3090-nvlink-bridge.txt").read_text()
+    twin = write_twin(tmp_path, text, 2, kernel=kernel)
+    data = json.loads(twin.read_text())
+    data["gpus"] = [dict(A100, health=sick), dict(A100, health={"lost": True})]
+    twin.write_text(json.dumps(data))
+    facts = facts_from_twin(twin)
+    assert [g.index for g in facts.gpus] == [0] and [g.index for g in facts.lost_gpus] == [1]
+    assert facts.health is not None and facts.health.xid_source == "twin"
+    assert [(x.gpu, x.pci_bus_id, x.code) for x in facts.health.xid] == [(0, "00000000:11:00", 79)] * 2
+    gpu = facts.health.gpus[0]
+    assert (gpu.ecc_mode, gpu.ecc_volatile_uncorrectable, gpu.ecc_aggregate_uncorrectable) == (True, 2, 0)
+    assert (gpu.remapped_rows_pending, gpu.remapped_rows_failure, gpu.retired_pages_pending) == (
+        True,
+        False,
+        None,
+    )
+    assert [(e.link, e.crc, e.replay) for e in gpu.nvlink_errors] == [
+        (0, 0, 0),
+        (1, 500, 0),
+        (2, 0, 0),
+        (3, 0, 0),
+    ]
+    assert gpu.throttle == ["sw_power_cap", "hw_slowdown"]
+    assert (gpu.power_limit_w, gpu.default_power_limit_w, gpu.compute_mode, gpu.mig) == (
+        300,
+        400,
+        "exclusive_process",
+        True,
+    )
+    assert (gpu.fabric_state, gpu.fabric_status) == ("in_progress", "success")
+    assert facts.health.kernel is not None and facts.health.kernel.nvidia_module_for == []
+    assert facts.health.not_checked == []
+
+
+def test_a_twin_without_health_is_a_healthy_box(tmp_path: Path) -> None:
+    text = (REFERENCE / "2x-rtx3090-nvlink-bridge.txt").read_text()
+    facts = facts_from_twin(write_twin(tmp_path, text, 2))
+    assert facts.health is not None and facts.health.xid == [] and facts.health.kernel is None
+    gpu = facts.health.gpus[0]
+    assert (gpu.ecc_mode, gpu.power_limit_w, gpu.mig, gpu.fabric_state) == (None, None, None, None)
+    assert (gpu.compute_mode, gpu.throttle) == ("default", [])
+    assert facts.health.not_checked == [
+        "ecc: not supported on GPU 0, 1",
+        "memory repair: not supported on GPU 0, 1",
+        "power limit: not supported on GPU 0, 1",
+        "kernel: not read (no /lib/modules, or a twin without `kernel`)",
+    ]
+    assert [p.p2p_read for p in facts.pairs] == ["OK"]
+
+
+def test_p2p_ok_with_lists_the_peers_reads_reach(tmp_path: Path) -> None:
+    text = (REFERENCE / "2x-rtx3090-nvlink-bridge.txt").read_text()
+    twin = write_twin(tmp_path, text, 2)
+    data = json.loads(twin.read_text())
+    data["gpus"][1]["health"] = {"p2p_ok_with": []}
+    twin.write_text(json.dumps(data))
+    assert [(p.p2p_read, p.p2p_nvlink) for p in facts_from_twin(twin).pairs] == [("CNS", "OK")]
+
+
+# The health part of the twin format exactly as issue 15 gives it (with a topology for two GPUs).
+ISSUE_TWIN = """\
+driver: {version: "550.54.15", loaded: "550.54.15", cuda: "12.4"}
+gpus:
+  - name: "NVIDIA A100-SXM4-80GB"
+    memory_mib: 81920
+    health:
+      xid: [79]
+      ecc: {mode: true, volatile_uncorrectable: 0, aggregate_uncorrectable: 0}
+      retired_pages: {pending: false, count: 0}
+      remapped_rows: {pending: false, failure: false, uncorrectable: 0}
+      nvlink_errors: [{link: 0, crc: 0, replay: 0, recovery: 0}]
+      throttle: []
+      power_limit_w: 400
+      default_power_limit_w: 400
+      compute_mode: default
+      mig: false
+      fabric: {state: completed, status: success}
+      lost: false
+      p2p_ok_with: [1]
+  - name: "NVIDIA A100-SXM4-80GB"
+    memory_mib: 81920
+kernel: {running: "6.8.0-45-generic", installed: ["6.8.0-45-generic", "6.8.0-47-generic"],
+         nvidia_module_for: ["6.8.0-45-generic"], secure_boot: false, module_signed: true}
+"""
+
+
+def test_the_issue_twin_format_is_read_and_described_by_the_schema(tmp_path: Path) -> None:
+    path = tmp_path / "twin.yaml"
+    path.write_text(ISSUE_TWIN)
+    facts = facts_from_twin(path)
+    assert facts.health is not None and facts.health.kernel is not None
+    assert facts.health.kernel.nvidia_module_for == ["6.8.0-45-generic"]
+    assert [(x.gpu, x.code) for x in facts.health.xid] == [(0, 79)]
+    schema = json.loads((ROOT / "schemas" / "twin.schema.json").read_text())
+    twin = yaml.safe_load(ISSUE_TWIN)
+    health = schema["properties"]["gpus"]["items"]["properties"]["health"]["properties"]
+    assert set(twin["gpus"][0]["health"]) == set(health)
+    for key in ("ecc", "retired_pages", "remapped_rows", "fabric"):
+        assert set(twin["gpus"][0]["health"][key]) == set(health[key]["properties"]), key
+    link = health["nvlink_errors"]["items"]["properties"]
+    assert set(twin["gpus"][0]["health"]["nvlink_errors"][0]) == set(link)
+    assert set(twin["kernel"]) == set(schema["properties"]["kernel"]["properties"])

@@ -9,8 +9,8 @@ import pytest
 
 from mgpu_provision.cli import build_parser, main
 from mgpu_provision.commands import options
-from mgpu_provision.commands.facts import as_json, driver_line, link_matrix
-from mgpu_provision.facts import DriverInfo, Facts, GpuPair
+from mgpu_provision.commands.facts import as_json, driver_line, health_lines, link_matrix
+from mgpu_provision.facts import DriverInfo, Facts, GpuPair, HostHealth, LostGpu
 from mgpu_provision.fleet.pool import HostOutcome
 from tests import factories
 
@@ -60,6 +60,25 @@ def test_link_matrix_prints_topo_m_cells_and_marks_unknown_pairs() -> None:
         ["GPU0", "X", "NV4", "SYS"],
         ["GPU1", "NV4", "X", "?"],
         ["GPU2", "SYS", "?", "X"],
+    ]
+
+
+def test_lost_gpus_and_values_not_read_are_said_once() -> None:
+    seen = facts(OK_DRIVER, 1).model_copy(
+        update={
+            "lost_gpus": [LostGpu(index=1, pci_bus_id="0:1", error="GPU is lost")],
+            "health": HostHealth(
+                not_checked=["ecc: not supported on GPU 0", "xid: no kernel log could be read"]
+            ),
+        }
+    )
+    assert health_lines(seen) == [
+        "GPU 1 is lost (GPU is lost)",
+        "not checked: ecc: not supported on GPU 0; xid: no kernel log could be read",
+    ]
+    assert [line.split() for line in link_matrix(seen).splitlines()][1:] == [
+        ["GPU0", "X", "?"],
+        ["GPU1", "?", "X"],
     ]
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from mgpu_provision.commands.init import parse_destination
 from mgpu_provision.errors import ProvisionError
@@ -93,3 +94,17 @@ def test_destination_parsing(text: str, expected: tuple[str | None, str, int | N
 def test_bad_destinations_are_refused(text: str, message: str) -> None:
     with pytest.raises(ProvisionError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_destination(text)
+
+
+def test_gpu_settings_that_are_not_the_defaults_are_written_and_plan_clean(tmp_path: Path) -> None:
+    twin: dict[str, Any] = yaml.safe_load((TWINS / "rtx3090-nvlink.yaml").read_text())
+    for gpu in twin["gpus"]:
+        gpu["health"] = {"compute_mode": "exclusive_process", "ecc": {"mode": True}}
+        gpu["health"].update(power_limit_w=300, default_power_limit_w=350)
+    path = tmp_path / "twin.json"
+    path.write_text(json.dumps(twin))
+    facts = facts_of(path)
+    rig = write_init(tmp_path, facts)
+    assert "    health: {ecc: true, compute_mode: exclusive_process, power_limit_w: 300}" in rig.read_text()
+    loaded = load_rig(rig)
+    assert plan_host(loaded, loaded.host("box-1"), facts) == []

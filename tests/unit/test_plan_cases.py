@@ -3,8 +3,9 @@ Changes `plan_host` must give, in order (resource, action, and a substring of th
 
 A case gives its facts inline (`facts:`), or builds them from a `box:` (a `nvidia-smi topo -m` file
 from `tests/fixtures/topologies/`, the GPU model, and what is broken: down links, odd GPUs, PCIe
-links) with `facts:` keys replacing the built ones and `facts_patch_pairs:` ("a-b": {...}) changing
-single GPU pairs. Either way the result is validated by `facts.Facts`, as the agent's answer is.
+links, lost GPUs) with `facts:` keys replacing the built ones, `facts_patch_pairs:` ("a-b": {...})
+changing single GPU pairs and `health:` adding health facts (see `tests/factories.case_health`). Either way
+the result is validated by `facts.Facts`, as the agent's answer is.
 """
 
 from __future__ import annotations

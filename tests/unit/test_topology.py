@@ -167,6 +167,16 @@ def test_a100_nvswitch() -> None:
     assert {matrix.gpu_cell(i, j) for i in range(8) for j in range(8) if i != j} == {"NV12"}
 
 
+def test_ansi_underlined_header_as_nvidia_smi_prints_it_to_a_terminal() -> None:
+    # nvidia-smi underlines the header row (ESC[4m ... ESC[0m); saved captures keep the codes.
+    lines = A100_4X_NV12.splitlines(keepends=True)
+    lines[0] = "\x1b[4m" + lines[0].rstrip("\n") + "\x1b[0m\n"
+    matrix = parse_topology("".join(lines))
+    assert matrix == parse_topology(A100_4X_NV12)
+    bold_row = DGX1_MESH.replace("GPU3    NV2", "\x1b[1mGPU3\x1b[0m    NV2")
+    assert parse_topology(bold_row).gpu_cell(3, 0) == "NV2"
+
+
 def test_crlf_line_endings() -> None:
     matrix = parse_topology(OLD_DRIVER_MLX.replace("\n", "\r\n"))
     assert matrix.nvlinks(0, 1) == 2
