@@ -35,7 +35,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "apply",
         help="converge the fleet to the rig file (shows the plan and asks first)",
-        description=__doc__,
+        description=(
+            "Converge the fleet to the rig file, a batch of hosts at a time.\n\n"
+            "Shows the plan and asks first (unless --yes; without a terminal it needs --yes). Each host is\n"
+            "changed in one locked call with atomic file writes, then read again for the recap. Exit 0 when\n"
+            "every host converged, 2 when one failed, was unreachable, was skipped or needs a reboot,\n"
+            "1 on errors."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  mgpu-provision apply rig.yaml --serial 1 --max-fail-percent 0\n"
         "  mgpu-provision apply rig.yaml --playbook env --yes\n"

@@ -116,7 +116,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "demo",
         help="run validate, plan, apply, plan and smoke on a built-in simulated rig",
-        description=__doc__,
+        description=(
+            "Try the tool on a built-in simulated box: no GPU, no SSH, no root needed.\n\n"
+            "Writes a rig file for one simulated 2x RTX 3090 NVLink workstation reached without SSH\n"
+            "(its managed files go to the sandbox folder), then runs validate, plan, apply, plan again\n"
+            "and a real DDP smoke test (Gloo on the CPU; needs torch) on it. Only the NVIDIA layer is\n"
+            "simulated."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  mgpu-provision demo\n  mgpu-provision demo --dir /tmp/mgpu-demo",
     )

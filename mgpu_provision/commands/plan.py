@@ -30,9 +30,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "plan",
         help="show the drift: what differs from the rig file on each box (changes nothing)",
-        description="Read every chosen host and show what apply would change (+ create, ~ update), "
-        "which checks fail (!) and what needs a person (?). Exit 0 no drift, 2 drift, failed checks "
-        "or unreachable hosts, 1 error.",
+        description=(
+            "Show the drift: what differs from the rig file on each box. Changes nothing.\n\n"
+            "Each change is marked + create, ~ update, ! failed check (apply cannot fix it) or ? manual\n"
+            "step. Exit 0 no drift, 2 drift, a failed check or an unreachable host, 1 error."
+        ),
         epilog="examples:\n  mgpu-provision plan rig.yaml\n"
         "  mgpu-provision plan rig.yaml --limit 'rtx*' --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -125,11 +125,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "reclaim",
         help="find and end processes holding GPU memory after killed jobs (dry run unless --yes)",
-        description="List every process holding GPU memory on the chosen hosts, whether it is orphaned or "
-        "part of a live torchrun job, and what the rig's reclaim policy (never, orphans, orphans+patterns) "
-        "does with it. Without --yes nothing is ended. Exit 0 when there is nothing to do or everything "
-        "selected was ended, 2 when something is left, refused or failed or a host is unreachable, "
-        "1 on errors.",
+        description=(
+            "Find and end processes that still hold GPU memory after their job died.\n\n"
+            "Lists every process holding GPU memory on the chosen hosts, whether it is orphaned or part of\n"
+            "a live torchrun job, and what the rig's reclaim policy (never, orphans, orphans+patterns) does\n"
+            "with it. Without --yes nothing is ended. Exit 0 when there is nothing to do or everything\n"
+            "selected was ended, 2 when something is left, refused or failed or a host is unreachable,\n"
+            "1 on errors."
+        ),
         epilog="examples:\n  mgpu-provision reclaim rig.yaml            # dry run: what would be ended\n"
         "  mgpu-provision reclaim rig.yaml --yes --limit gpu-b",
         formatter_class=argparse.RawDescriptionHelpFormatter,

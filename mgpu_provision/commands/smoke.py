@@ -92,11 +92,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "smoke",
         help="run a small multi-node DDP job on the fleet and report pass/fail and all_reduce bandwidth",
-        description="Start a DDP smoke program under torchrun on every chosen node at once, with the rig "
-        "file's rendezvous (ddp), interpreter, timeout, batch size and env. It checks that every rank joins, "
-        "an all_reduce is exact, one DDP step leaves identical parameters, DataParallel works on CUDA nodes, "
-        "and measures all_reduce algbw/busbw. Every process it starts is ended, pass or fail. Exit 0 pass, "
-        "2 fail (a node, a missing rank, busbw below smoke.busbw_floor_gbps), 1 error.",
+        description=(
+            "Run a small DDP job on every chosen node at once and report pass/fail and bandwidth.\n\n"
+            "torchrun starts it with the rig file's rendezvous (ddp), python, timeout, batch size and env.\n"
+            "It checks that every rank joins, an all_reduce is exact, one DDP step leaves identical\n"
+            "parameters and DataParallel works on CUDA nodes, and measures all_reduce algbw/busbw. Every\n"
+            "process it starts is ended, pass or fail. Exit 0 pass, 2 fail (a node, a missing rank, busbw\n"
+            "below smoke.busbw_floor_gbps), 1 error."
+        ),
         epilog="examples:\n  mgpu-provision smoke rig.yaml\n"
         "  mgpu-provision smoke rig.yaml --limit gpu-a,gpu-b --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,

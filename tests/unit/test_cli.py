@@ -14,12 +14,25 @@ from mgpu_provision.cli import COMMANDS, build_parser, main
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mixed-fleet.yaml"
 
 
-def test_every_command_is_registered_with_examples_in_its_help() -> None:
+# Words that belong to the code, not to a person reading --help.
+DEVELOPER_WORDS = ("Thin", "module", "initgen", "rig_from_facts", "preview", "rollout`", "newcomer", ".py")
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_commands_help_is_for_users(name: str) -> None:
     parser = build_parser()
     (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(sub.choices) == set(COMMANDS)
-    for name, command in sub.choices.items():
-        assert "example" in (command.epilog or ""), f"{name} --help has no examples"
+    command = sub.choices[name]
+    description = (command.description or "").splitlines()
+    summary = description[0]
+    assert summary.endswith(".") and len(summary) <= 100, f"{name}: first line is not a one-line summary"
+    assert len(description) == 1 or description[1] == "", f"{name}: the summary runs on: {description[:2]}"
+    epilog = (command.epilog or "").splitlines()
+    assert epilog[0] == "examples:" and epilog[1].startswith(f"  mgpu-provision {name}"), f"{name}: {epilog}"
+    text = command.format_help()
+    assert not [w for w in DEVELOPER_WORDS if w in text], f"{name} --help has developer notes:\n{text}"
+    assert max(len(line) for line in text.splitlines()) <= 110, f"{name} --help has overlong lines"
 
 
 def test_a_provision_error_is_one_line_exit_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
