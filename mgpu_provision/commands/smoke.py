@@ -14,14 +14,14 @@ import sys
 import threading
 
 from rich.console import Console
-from rich.table import Table
 
 from ..smoke import GroupReport, SmokeReport, run_smoke
 from . import options
+from .output import plain_table, plural
 
 
 def render_group(group: GroupReport, console: Console) -> None:
-    nodes = Table(title=f"DDP group of {group.master} (rendezvous {group.endpoint})", title_justify="left")
+    nodes = plain_table(f"DDP group of {group.master} (rendezvous {group.endpoint})")
     for column in ("node", "rank", "result", "ranks ok", "seconds", "why"):
         nodes.add_column(column)
     for node in group.nodes:
@@ -36,9 +36,7 @@ def render_group(group: GroupReport, console: Console) -> None:
         )
     console.print(nodes)
     if group.bandwidth:
-        band = Table(
-            title=f"all_reduce over {group.world_size} ranks (nccl-tests busbw)", title_justify="left"
-        )
+        band = plain_table(f"all_reduce over {group.world_size} ranks (nccl-tests busbw)")
         for column in ("size MiB", "time us", "algbw GB/s", "busbw GB/s"):
             band.add_column(column, justify="right")
         for row in group.bandwidth:
@@ -53,8 +51,9 @@ def render_group(group: GroupReport, console: Console) -> None:
     floor = f", busbw floor {group.busbw_floor_gbps:g} GB/s" if group.busbw_floor_gbps is not None else ""
     console.print(
         f"Smoke {verdict}: world size {group.world_size if group.world_size is not None else '-'} of "
-        f"{group.expected_world_size} ({group.nnodes} nodes x {group.nproc_per_node}), "
-        f"{group.ranks_joined} ranks reported, backend {group.backend or '-'}{floor}"
+        f"{group.expected_world_size} ({plural(group.nnodes, 'node')} x {group.nproc_per_node} processes), "
+        f"{group.ranks_joined} ranks reported, backend {group.backend or '-'}{floor}",
+        soft_wrap=True,
     )
     for problem in group.problems:
         console.print(f"  [red]![/] {problem}", markup=True, highlight=False)
