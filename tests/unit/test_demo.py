@@ -80,3 +80,19 @@ def test_demo_refuses_a_folder_with_spaces(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "contains spaces; choose another with --dir" in done.stderr
+
+
+def test_demo_says_how_to_get_torch_before_it_starts(tmp_path: Path) -> None:
+    bare = tmp_path / "python"  # this interpreter without site-packages: no torch
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    done = subprocess.run(
+        [*CLI, "demo", "--dir", str(tmp_path / "demo"), "--python", str(bare)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert f"needs torch, which {bare} does not have" in done.stderr
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in done.stderr
+    assert not (tmp_path / "demo").exists()  # refused before anything was written
