@@ -75,6 +75,11 @@ def require_harness() -> None:
     pytest.skip(reason)
 
 
+def loopback_address(port: int = SSH_PORT) -> str:
+    """A loopback address of this process's own range with `port` free (tests without the harness)."""
+    return _AddressPool().take(port)
+
+
 class _AddressPool:
     """Loopback addresses unique to this process: 127.<pid-derived>.<pid-derived>.<1..254>."""
 
@@ -192,10 +197,13 @@ class TestHost:
 
 
 class SilentServer:
-    """Accepts TCP connections and never says a word: a box whose sshd hangs before the banner."""
+    """Accepts TCP connections and never says a word: a box whose sshd hangs before the banner.
 
-    def __init__(self, address: str, port: int = SSH_PORT) -> None:
-        self.address, self.port = address, port
+    With `hang_up`, it closes each connection at once instead, as sshd does past MaxStartups.
+    """
+
+    def __init__(self, address: str, port: int = SSH_PORT, hang_up: bool = False) -> None:
+        self.address, self.port, self.hang_up = address, port, hang_up
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((address, port))
@@ -210,7 +218,10 @@ class SilentServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            self._held.append(conn)
+            if self.hang_up:
+                conn.close()
+            else:
+                self._held.append(conn)
 
     def __enter__(self) -> SilentServer:
         return self

@@ -136,8 +136,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "facts",
         help="show what each box is: GPUs, driver, links (one SSH command per host)",
-        description="Read every chosen host (GPUs, driver, NVLink/PCIe matrix) and print it. "
-        "Exit 0 when every host answered, 2 when some were unreachable or failed, 1 on errors.",
+        description=(
+            "Show what each box is: GPUs, driver, NVLink/PCIe link matrix, PCIe links, torch.\n\n"
+            "One SSH command per host; nothing is changed. Exit 0 when every host answered, 2 when some\n"
+            "were unreachable or failed, 1 on errors."
+        ),
         epilog="examples:\n  mgpu-provision facts rig.yaml\n"
         "  mgpu-provision facts rig.yaml --limit gpu-a --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -133,15 +133,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "reclaim",
         help="find and end processes holding GPU memory after killed jobs (dry run unless --yes)",
-        description="List every process holding GPU memory on the chosen hosts, with its owner, whether it "
-        "is left over from a job that is gone or part of a live one, and what the rig's reclaim policy "
-        "(never, orphans, orphans+patterns) does with it. Left over means: the leaders of its process group "
-        "and session have both exited, or torchrun started it and is gone; a process leading its own "
-        "process group (nohup, setsid, a container's main process) is a live job and kept. Without --yes "
-        "nothing is ended; with it each process is checked to still hold /dev/nvidia* right before each "
-        "signal. Exit 0 when there is nothing to do or everything "
-        "selected was ended, 2 when something is left, refused or failed or a host is unreachable, "
-        "1 on errors.",
+        description=(
+            "Find and end processes that still hold GPU memory after their job died.\n\n"
+            "Lists every process holding GPU memory on the chosen hosts, with its owner, whether it is left\n"
+            "over from a job that is gone or part of a live one, and what the rig's reclaim policy (never,\n"
+            "orphans, orphans+patterns) does with it. Left over means: the leaders of its process group and\n"
+            "session have both exited, or torchrun started it and is gone; a process leading its own\n"
+            "process group (nohup, setsid, a container's main process) is a live job and is kept. Without --yes\n"
+            "nothing is ended; with it each process is checked to still hold /dev/nvidia* right before each\n"
+            "signal. Exit 0 when there is nothing to do or everything selected was ended, 2 when something\n"
+            "is left, refused or failed or a host is unreachable, 1 on errors."
+        ),
         epilog="examples:\n  mgpu-provision reclaim rig.yaml            # dry run: what would be ended\n"
         "  mgpu-provision reclaim rig.yaml --yes --limit gpu-b\n"
         "  mgpu-provision reclaim rig.yaml --user alice   # only alice's processes",

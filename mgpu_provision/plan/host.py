@@ -1,8 +1,8 @@
 """The plan: what differs between the rig file and each box, as a list of Changes, decided without I/O.
 
 `facts_request` says what the agent must read for a host's plan; `plan_host` runs every resource's pure diff
-over those facts in a fixed order (checks first, then what apply changes, a reboot last so that it follows
-everything it must load).
+over those facts and lists the Changes in playbook-step order (checks first, a reboot last so that it
+follows everything it must load): the order apply carries them out in, so plan and apply show one order.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .. import protocol
 from ..facts import Facts
 from ..spec.models import Host
-from .change import Change, HostContext
+from .change import PHASES, Change, HostContext
 from .resources import (
     driver,
     envfiles,
@@ -62,7 +62,7 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
 
 
 def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
-    """Every Change that would bring `host` to the rig file, checks first and any reboot last."""
+    """Every Change that would bring `host` to the rig file, in playbook-step order (checks first)."""
     rig = loaded.rig_of(host)
     visible = loaded.visible_indices(host, [gpu.uuid for gpu in facts.gpus])
     ctx = HostContext(
@@ -74,4 +74,4 @@ def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
     )
     changes = [change for diff in DIFFS for change in diff(ctx)]
     changes += envfiles.diff_files(envfiles.desired_files(loaded, host), facts)
-    return sorted(changes, key=lambda c: c.resource == "reboot")  # stable: only moves reboots to the end
+    return sorted(changes, key=lambda c: PHASES.index(c.phase))  # stable within a step

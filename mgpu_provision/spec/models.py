@@ -7,7 +7,9 @@ Field-local rules (types, ranges, patterns) live here; rules that relate several
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
@@ -34,7 +36,27 @@ PathStr = Annotated[
 ]
 HostName = Annotated[str, Field(pattern=HOST_NAME, description="host name: letters, digits, . _ -")]
 
-SCHEMA_COMMENT = "# yaml-language-server: $schema=https://mgpu-provision.dev/schemas/rig.schema.json"
+# The committed output of `mgpu-provision schema`, in the checkout the tool runs from.
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "schemas" / "rig.schema.json"
+
+
+def schema_comment(rig_folder: Path) -> str:
+    """The editor's schema line for a rig file in `rig_folder`, as the examples write it: a relative path.
+
+    Without a checkout (an installed wheel) there is no schema file to point at; the line then says how
+    to make one.
+    """
+    if not SCHEMA_FILE.exists():
+        return "# Editor completion: mgpu-provision schema > rig.schema.json, then put this on line 1:\n" \
+            "# yaml-language-server: $schema=rig.schema.json"
+    return f"# yaml-language-server: $schema={path_in_rig(SCHEMA_FILE, rig_folder)}"
+
+
+def path_in_rig(path: Path, rig_folder: Path) -> str:
+    """`path` as a rig file in `rig_folder` should name it: relative when close by (the loader resolves
+    paths against the rig file's folder, so the pair can move together), otherwise absolute."""
+    relative = os.path.relpath(path.resolve(), rig_folder.resolve())
+    return str(path.resolve()) if relative.startswith("../..") else relative
 
 
 class Strict(BaseModel):

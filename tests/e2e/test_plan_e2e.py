@@ -41,7 +41,7 @@ EXPECTED = {
         ("driver", "update", "driver 535.161.08 → 550.54.15"),
         ("reboot", "manual", "reboot required to load driver 550.54.15 (policy: never)"),
     ],
-    "no-env": [("file:/etc/mgpu-provision/environment", "create", "create /etc/mgpu-provision/environment")],
+    "no-env": [("file:/etc/mgpu-provision/environment", "create", "new file, ")],
     # One loose link is down at both of its ends.
     "loose-link": [
         (
@@ -125,10 +125,10 @@ def test_human_plan_and_a_converged_host(
 ) -> None:
     _, rig = fleet
     known = str(test_hosts.known_hosts)
-    code, out = plan_cli(capsys, str(rig), "--known-hosts", known, "--limit", "no-env,converged")
+    code, out = plan_cli(capsys, str(rig), "--known-hosts", known, "--limit", "no-env,converged", "--diff")
     assert code == 2
-    assert "  + file:/etc/mgpu-provision/environment: create /etc/mgpu-provision/environment" in out
-    assert "+CUDA_DEVICE_ORDER=PCI_BUS_ID" in out
+    assert "  + file:/etc/mgpu-provision/environment: new file, " in out
+    assert "+CUDA_DEVICE_ORDER=PCI_BUS_ID" in out  # --diff: the new file's content
     assert "converged: no changes" in out
     assert out.rstrip().splitlines()[-1] == "Plan: 1 to change, on 1 of 2 hosts"
 

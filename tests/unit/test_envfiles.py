@@ -255,7 +255,7 @@ def test_missing_file_is_created_with_a_diff_from_nothing() -> None:
     change = diff_file(FILE, ManagedFile(path="/etc/x.sh", exists=False))
     assert change is not None
     assert (change.resource, change.action, change.phase) == ("file:/etc/x.sh", "create", "env")
-    assert change.summary == "create /etc/x.sh (2 lines, mode 0644)"
+    assert change.summary == "new file, 2 lines, mode 0644"
     assert change.diff is not None and "--- /dev/null" in change.diff and "+b" in change.diff
     assert change.agent_step == {"kind": "file", "path": "/etc/x.sh", "content": "a\nb\n", "mode": "0644"}
 
@@ -269,14 +269,14 @@ def test_changed_content_is_an_update_with_a_unified_diff() -> None:
     have = ManagedFile(path="/etc/x.sh", exists=True, content="a\nc\n", mode="0644", sha256="0" * 64)
     change = diff_file(FILE, have)
     assert change is not None and change.action == "update"
-    assert change.summary == "update /etc/x.sh (content)"
+    assert change.summary == "content differs"
     assert change.diff is not None and "-c\n" in change.diff and "+b\n" in change.diff
 
 
 def test_mode_drift_alone_is_an_update() -> None:
     have = ManagedFile(path="/etc/x.sh", exists=True, content="a\nb\n", mode="0600", sha256=FILE.sha256)
     change = diff_file(FILE, have)
-    assert change is not None and change.summary == "update /etc/x.sh (mode 0600 -> 0644)"
+    assert change is not None and change.summary == "mode 0600 → 0644"
     assert change.diff is None
     assert change.current == f"mode 0600, sha256 {FILE.sha256[:12]}"
 
@@ -286,7 +286,7 @@ def test_without_content_the_hash_decides() -> None:
     other = ManagedFile(path="/etc/x.sh", exists=True, mode="0644", sha256="f" * 64)
     assert diff_files([FILE], facts_with_files(same)) == []
     [change] = diff_files([FILE], facts_with_files(other))
-    assert change.summary == "update /etc/x.sh (content)" and change.diff is None
+    assert change.summary == "content differs" and change.diff is None
 
 
 def test_converged_file_gives_no_change(tmp_path: Path) -> None:

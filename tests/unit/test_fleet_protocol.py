@@ -237,3 +237,44 @@ def test_changed_key_message_names_the_known_hosts_entry(tmp_path: Path) -> None
     )
     assert message.startswith("HOST KEY CHANGED for gpu (10.0.0.1:2222): known_hosts has ssh-rsa SHA256:")
     assert f"ssh-keygen -R '[10.0.0.1]:2222' -f {tmp_path / 'kh'}" in message
+
+
+def _banner_error(cause: BaseException | None, text: str = "Error reading SSH protocol banner") -> Exception:
+    """An SSHException as Paramiko raises it: chained to what the banner read hit, if anything."""
+    try:
+        try:
+            if cause is not None:
+                raise cause
+        finally:
+            raise paramiko.SSHException(text)
+    except paramiko.SSHException as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("cause", "text", "elapsed", "message"),
+    [
+        (
+            EOFError(),
+            "Error reading SSH protocol banner",
+            0.02,
+            "closed the connection during the SSH banner after 0.02s",
+        ),
+        (
+            ConnectionResetError(104, "reset"),
+            "Error reading SSH protocol banner",
+            None,
+            "closed the connection during the SSH banner (",
+        ),
+        (TimeoutError(), "Error reading SSH protocol banner", 5.0, "sent no SSH banner within 5s"),
+        (None, "No existing session", 0.4, "closed the connection during the SSH banner after 0.40s"),
+        (None, "No existing session", 5.01, "sent no SSH banner within 5s"),
+    ],
+)
+def test_a_banner_failure_says_hung_up_or_timed_out(
+    cause: BaseException | None, text: str, elapsed: float | None, message: str, tmp_path: Path
+) -> None:
+    target = ssh_target(name="gpu")
+    conn = make_connection(target, FleetOptions(known_hosts=tmp_path / "kh"))
+    said = connect_error_message(target, conn, _banner_error(cause, text), tmp_path / "kh", elapsed_s=elapsed)
+    assert said.startswith("gpu (10.0.0.1:2222) ") and message in said, said

@@ -266,6 +266,6 @@ def test_human_output_shows_nodes_bandwidth_and_verdict(tmp_path: Path) -> None:
     text = console.export_text()
     assert "DDP group of gpu-a (rendezvous 10.0.0.11:29555)" in text
     assert "gpu-b │ 1    │ pass" in text
-    assert "│        4 │    1234 │      2.000 │      3.000 │" in text
-    assert "Smoke FAIL: world size 4 of 4 (2 nodes x 2), 4 ranks reported, backend gloo" in text
+    assert "       4 │    1234 │      2.000 │      3.000" in text
+    assert "Smoke FAIL: world size 4 of 4 (2 nodes x 2 processes), 4 ranks reported, backend gloo" in text
     assert "! all_reduce busbw 3 GB/s at 4 MiB is below the floor of 5 GB/s" in text

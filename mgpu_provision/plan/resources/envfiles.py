@@ -189,7 +189,7 @@ def diff_file(want: DesiredFile, have: ManagedFile | None) -> Change | None:
         return Change(
             resource,
             "create",
-            f"create {want.path} ({lines} lines, mode {want.mode})",
+            f"new file, {lines} lines, mode {want.mode}",
             None,
             desired,
             diff=_unified("", want.content, want.path, "/dev/null"),
@@ -202,16 +202,16 @@ def diff_file(want: DesiredFile, have: ManagedFile | None) -> Change | None:
         return None
     what = []
     if not same_content:
-        what.append("content")
+        what.append("content differs")
     if not same_mode:
-        what.append(f"mode {have.mode or '?'} -> {want.mode}")
+        what.append(f"mode {have.mode or '?'} → {want.mode}")
     diff = None
     if not same_content and have.content is not None:
         diff = _unified(have.content, want.content, want.path, want.path)
     return Change(
         resource,
         "update",
-        f"update {want.path} ({', '.join(what)})",
+        ", ".join(what),
         _describe(have.mode, have.sha256),
         desired,
         diff=diff,

@@ -23,7 +23,7 @@ def diff(ctx: HostContext) -> list[Change]:
         Change(
             resource="persistence",
             action="update",
-            summary=f"persistence mode {state[not wanted]} → {state[wanted]} on GPU {listed}",
+            summary=f"persistence mode {state[not wanted]} → {state[wanted]} (GPU {listed})",
             current=state[not wanted],
             desired=state[wanted],
             agent_step=protocol.persistence_step(wrong, wanted),
