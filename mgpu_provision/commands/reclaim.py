@@ -139,8 +139,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "over from a job that is gone or part of a live one, and what the rig's reclaim policy (never,\n"
             "orphans, orphans+patterns) does with it. Left over means: the leaders of its process group and\n"
             "session have both exited, or torchrun started it and is gone; a process leading its own\n"
-            "process group (nohup, setsid, a container's main process) is a live job and is kept. Without --yes\n"
-            "nothing is ended; with it each process is checked to still hold /dev/nvidia* right before each\n"
+            "process group (nohup, setsid, a container's main process) is a live job and is kept.\n"
+            "Without --yes nothing is ended; with it each process is checked to still hold /dev/nvidia*\n"
+            "right before each\n"
             "signal. Exit 0 when there is nothing to do or everything selected was ended, 2 when something\n"
             "is left, refused or failed or a host is unreachable, 1 on errors."
         ),

@@ -53,6 +53,13 @@ def agent_command(agent_name: str, python: str, verb: str, sudo: bool) -> str:
     )
 
 
+def cache_folder(stdout: str) -> str:
+    """Where the command looks for the agent, from its last line (a login's startup files may print first);
+    the login home's relative folder, where SFTP starts, when it printed no absolute path."""
+    lines = stdout.strip().splitlines()
+    return lines[-1] if lines and lines[-1].startswith("/") else CACHE_DIR
+
+
 def parse_response(where: str, verb: str, exit_code: int, stdout: str, stderr: str) -> dict[str, Any]:
     """The agent's `result`, or an AgentError that says in plain words what went wrong."""
     if exit_code == AGENT_MISSING:
@@ -103,8 +110,8 @@ class AgentSession(ABC):
         limit = timeout if timeout is not None else self.target.command_timeout_s
         command = agent_command(self.agent.name, self.target.python, verb, self._needs_sudo())
         code, out, err = self._run(command, request, limit, verb)
-        if code == AGENT_MISSING and out.startswith("/"):
-            self._upload(out)
+        if code == AGENT_MISSING:
+            self._upload(cache_folder(out))
             code, out, err = self._run(command, request, limit, verb)
         return parse_response(self.where, verb, code, out, err)
 
@@ -221,7 +228,7 @@ class LocalAgentSession(AgentSession):
         return process.returncode, stdout, stderr
 
     def _upload(self, folder: str) -> None:
-        cache = Path(folder)
+        cache = Path(folder) if folder.startswith("/") else Path.home() / folder
         cache.mkdir(mode=0o700, parents=True, exist_ok=True)
         partial = cache / f".{self.agent.name}.{uuid.uuid4().hex}.partial"
         partial.write_bytes(self.agent.data)

@@ -14,7 +14,7 @@ import pytest
 from mgpu_provision.errors import AgentError
 from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.pool import run_fleet
-from mgpu_provision.fleet.session import AGENT_MISSING, agent_command, parse_response
+from mgpu_provision.fleet.session import AGENT_MISSING, agent_command, cache_folder, parse_response
 from mgpu_provision.fleet.ssh import connect_error_message, known_hosts_name, make_connection
 from mgpu_provision.fleet.targets import targets_for
 from mgpu_provision.spec import load_rig
@@ -55,6 +55,19 @@ def test_agent_command_prefers_the_unpacked_folder_and_passes_the_login_simulati
     (cache / "agent-0123").mkdir()
     (cache / "agent-0123" / "__main__.py").write_text("")
     assert run_agent_command(tmp_path).stdout == f"{cache}/agent-0123|facts||"
+
+
+@pytest.mark.parametrize(
+    ("stdout", "folder"),
+    [
+        ("/home/ops/.cache/mgpu-provision", "/home/ops/.cache/mgpu-provision"),
+        ("Welcome to gpu-a\n/srv/ops/.cache/mgpu-provision\n", "/srv/ops/.cache/mgpu-provision"),
+        ("", ".cache/mgpu-provision"),
+        ("~/.cache/mgpu-provision", ".cache/mgpu-provision"),  # no HOME: SFTP's start folder instead
+    ],
+)
+def test_the_upload_goes_where_the_command_said_it_looks(stdout: str, folder: str) -> None:
+    assert cache_folder(stdout) == folder
 
 
 def test_agent_command_runs_python_under_sudo_with_become() -> None:
