@@ -54,7 +54,8 @@ def nvidia_facts(backend: Backend) -> Dict[str, Any]:
     driver: Dict[str, Any] = {
         "installed": installed,
         "loaded": loaded,
-        "reboot_required": bool(installed and loaded and installed != loaded),
+        # Nothing loaded counts too: nouveau bound, or no reboot since the install.
+        "reboot_required": bool(installed and installed != loaded),
     }
     try:
         backend.open()

@@ -3,7 +3,8 @@
 A new driver only takes effect once its kernel module is loaded, so every install comes with a reboot Change:
 with `reboot: allowed` apply carries it out (resource "reboot", phase "reboot", carried out by the agent's
 `reboot` verb rather than `apply`); with `reboot: never` it is a manual step saying so.
-A box where a newer driver is installed but an older module still runs gets the same reboot Change alone.
+A box where the right driver is installed but another module runs, or none at all (nouveau bound, a refused
+reboot), gets the same reboot Change alone.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ def diff(ctx: HostContext) -> list[Change]:
         if install.action == "manual":
             return [install]
         return [install, _reboot(want, desired, loaded=info.loaded)]
-    pending = info.reboot_required or (info.loaded is not None and info.loaded != installed)
-    if pending:
-        return [_reboot(want, str(installed), loaded=info.loaded)]
+    # Installed with nothing loaded (nouveau bound, a refused reboot) is as pending as another version loaded.
+    if info.reboot_required or info.loaded != installed:
+        return [_reboot(want, str(installed), loaded=info.loaded, installed=installed)]
     return []
 
 
@@ -58,12 +59,16 @@ def _install(ctx: HostContext, want: Driver, installed: str | None, desired: str
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
 
 
-def _reboot(want: Driver, version: str, loaded: str | None) -> Change:
+def _reboot(want: Driver, version: str, loaded: str | None, installed: str | None = None) -> Change:
     if want.reboot == "never":
+        if installed == version and loaded is None:
+            summary = f"installed {version}, no kernel module loaded: reboot required (policy: never)"
+        else:
+            summary = f"reboot required to load driver {version} (policy: never)"
         return Change(
             "reboot",
             "manual",
-            f"reboot required to load driver {version} (policy: never)",
+            summary,
             loaded,
             version,
             reboot=True,
