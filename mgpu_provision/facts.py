@@ -52,6 +52,9 @@ class DriverInfo(Fact):
     kernel_module: Literal["open", "proprietary"] | None = Field(
         None, description="which kernel modules are loaded (/proc/driver/nvidia/version), None when none"
     )
+    unheld: list[str] = Field(
+        default_factory=list, description="packages of the installed driver set that apt does not hold"
+    )
     nouveau: bool = Field(False, description="nouveau is loaded (it holds the GPU; the runfile refuses)")
 
 

@@ -69,6 +69,10 @@ class Backend(abc.ABC):
     def persistence_daemon(self) -> Dict[str, Any]:
         """`{"service", "enabled"}` of nvidia-persistenced (service "absent" when not installed)."""
 
+    def unheld_driver_packages(self, version: str) -> List[str]:
+        """Packages of the installed driver set that the package manager does not hold; none by default."""
+        return []
+
     @abc.abstractmethod
     def kernel_module(self) -> Optional[str]:
         """open or proprietary: which kernel modules are loaded, None when none is."""

@@ -52,6 +52,7 @@ def nvidia_facts(backend: Backend) -> Dict[str, Any]:
     installed, loaded = backend.installed_version(), backend.loaded_version()
     driver: Dict[str, Any] = {
         "installed": installed,
+        "unheld": backend.unheld_driver_packages(installed) if installed else [],
         "loaded": loaded,
         # Nothing loaded counts too: nouveau bound, or no reboot since the install.
         "reboot_required": bool(installed and installed != loaded),

@@ -7,13 +7,13 @@ path that knows the package manager (node/apt.py, node/dnf.py, node/runfile.py).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import apt, dnf, runfile, sources
 from .errors import AgentFailure
 from .packages import installed_debs, rpm_provider, run_all, upstream, version_key
 
-__all__ = ["branch_of", "install", "installed_version", "version_key"]
+__all__ = ["branch_of", "install", "installed_version", "unheld_packages", "version_key"]
 
 
 def branch_of(step: Dict[str, Any]) -> str:
@@ -65,3 +65,10 @@ def installed_version() -> Optional[str]:
         return max((upstream(version) for version, _ in debs.values()), key=version_key)
     found = rpm_provider(NVML_RPM_CAPABILITY)
     return found[1] if found else None
+
+
+def unheld_packages(version: str) -> List[str]:
+    """Installed packages of the driver set at `version` that apt does not hold (unattended upgrades or a
+    hand's `apt-mark unhold` would let them move); none on RPM systems, where versionlock is asked."""
+    debs = installed_debs(sources.APT_PIN_NAMES)
+    return sorted(name for name, (deb, held) in debs.items() if not held and upstream(deb) == version)

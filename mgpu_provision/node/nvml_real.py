@@ -46,6 +46,9 @@ class RealBackend(Backend):
     def persistence_daemon(self) -> Dict[str, Any]:
         return services.state(services.PERSISTENCED)
 
+    def unheld_driver_packages(self, version: str) -> List[str]:
+        return driver.unheld_packages(version)
+
     def kernel_module(self) -> Optional[str]:
         return system.parse_module_type(system.read_text("/proc/driver/nvidia/version"))
 

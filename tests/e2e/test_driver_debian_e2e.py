@@ -82,6 +82,13 @@ def test_debian_packages_install_hold_upgrade_downgrade_and_refuse_unknown_versi
     code, again = cli_json(capsys, "apply", *common, "--yes")
     assert again["hosts"][host.name]["status"] != "changed", again
 
+    host.run_in_root("apt-mark unhold nvidia-smi")  # by hand: unattended upgrades could now move it
+    code, plan = cli_json(capsys, "plan", *common)
+    summaries = [c["summary"] for c in plan["hosts"][host.name]["changes"]]
+    assert f"hold driver {OLD} (1 package not held: nvidia-smi) (debian packages)" in summaries
+    code, result = cli_json(capsys, "apply", *common, "--yes")
+    assert set(PINNED) <= held(host) and installed(host)["nvidia-smi"] == DEB[OLD]
+
     for version in (NEW, OLD):  # upgrade exactly, then downgrade exactly
         write_rig(test_hosts, rig, host, version)
         code, result = cli_json(capsys, "apply", *common, "--yes")

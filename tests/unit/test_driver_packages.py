@@ -107,6 +107,17 @@ def test_apt_refreshes_lists_pins_the_whole_set_and_lifts_every_hold_first(
     assert not [c for c in fake.calls[again:] if c[0] in ("apt-mark",) or c[:2] == ["apt-get", "install"]]
 
 
+def test_unheld_packages_are_those_of_the_driver_set_at_its_version(fake_apt: Callable[..., FakeApt]) -> None:
+    fake_apt(
+        {
+            "nvidia-smi": ("535.216.03-2~bpo12+1", False),
+            "libnvidia-ml1": ("535.216.03-2~bpo12+1", True),
+            "glx-alternative-nvidia": ("1.2.2", False),  # not versioned with the driver
+        }
+    )
+    assert driver.unheld_packages("535.216.03") == ["nvidia-smi"]
+
+
 def test_a_version_the_sources_lack_fails_before_anything_changes(
     fake_apt: Callable[..., FakeApt], tmp_path: Path
 ) -> None:

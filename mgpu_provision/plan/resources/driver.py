@@ -70,6 +70,14 @@ def diff(ctx: HostContext) -> list[Change]:
         if install.action == "manual":
             return [install]
         return [install, _reboot(want, desired, loaded=info.loaded)]
+    if want.hold and info.unheld and want.method != "runfile":
+        more = " …" if len(info.unheld) > 4 else ""
+        count = f"{len(info.unheld)} package{'s' if len(info.unheld) > 1 else ''}"
+        why = f"{count} not held: {', '.join(info.unheld[:4])}{more}"
+        install = _install(ctx, want, installed, str(installed), why, verb="hold")
+        if install.action == "manual" or not (info.reboot_required or info.loaded != installed):
+            return [install]
+        return [install, _reboot(want, str(installed), loaded=info.loaded, installed=installed)]
     running = _flavor_mismatch(ctx, want)
     if running is not None:
         install = _install(ctx, want, installed, str(installed), f"{running} kernel modules running")
@@ -127,10 +135,17 @@ def satisfies(installed: str | None, want: Driver) -> bool:
     return installed.split(".")[0] == want.branch
 
 
-def _install(ctx: HostContext, want: Driver, installed: str | None, desired: str, why: str = "") -> Change:
+def _install(
+    ctx: HostContext,
+    want: Driver,
+    installed: str | None,
+    desired: str,
+    why: str = "",
+    verb: str = "reinstall",
+) -> Change:
     summary = f"driver {installed} → {desired}" if installed else f"install driver {desired}"
     if why:
-        summary = f"reinstall driver {desired} ({why})"
+        summary = f"{verb} driver {desired} ({why})"
     action: Action = "update" if installed else "create"
     if ctx.host.os != "linux":
         summary = f"{summary} (by hand on {ctx.host.os})"
