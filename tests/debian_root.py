@@ -60,7 +60,9 @@ def debian_mirror(places: tuple[Path, ...] = APT_SOURCES) -> str:
             words = [w for w in line.split() if not w.startswith("[")]
             if len(words) >= 3 and words[0] == "deb" and words[2] == SUITE:
                 return words[1]
-    raise RootUnavailable(f"no apt source of this machine names a Debian {SUITE} mirror")
+    raise RootUnavailable(
+        f"no apt source of this machine names a Debian {SUITE} mirror; set MGPU_TEST_DEBIAN_MIRROR to one"
+    )
 
 
 def recipe(mirror: str) -> dict[str, object]:
@@ -79,7 +81,7 @@ def ensure_root() -> Path:
     """The cached root for the current recipe, built first if it is missing (about a minute)."""
     if shutil.which("mmdebstrap") is None:
         raise RootUnavailable("the Debian test root needs mmdebstrap (apt-get install mmdebstrap)")
-    mirror = debian_mirror()
+    mirror = os.environ.get("MGPU_TEST_DEBIAN_MIRROR") or debian_mirror()
     key = hashlib.sha256(json.dumps(recipe(mirror), sort_keys=True).encode()).hexdigest()[:16]
     root = CACHE / f"{SUITE}-{key}"
     if (root / ".complete").exists():
