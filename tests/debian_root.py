@@ -25,11 +25,14 @@ from pathlib import Path
 CACHE = Path(os.environ.get("MGPU_TEST_ROOT_CACHE", "/var/cache/mgpu-provision-tests"))
 SUITE = "bookworm"
 COMPONENTS = "main contrib non-free non-free-firmware"
-INCLUDE = ("openssh-server", "python3", "ca-certificates")
-# The package set the e2e installs (userspace only: no kernel module is built), at both versions on offer.
-NVIDIA_SET = ("nvidia-smi", "libnvidia-ml1")
+# systemd is there for its systemctl, which works on unit files without a running manager (enable, disable,
+# is-enabled), so the e2e can enable nvidia-persistenced as on a real box.
+INCLUDE = ("openssh-server", "python3", "ca-certificates", "systemd")
+# What the e2e installs (userspace only: no kernel module is built; the persistence daemon and the library it
+# pulls in), at both versions on offer, downloaded into the root's apt cache.
+NVIDIA_SET = ("nvidia-smi", "libnvidia-ml1", "nvidia-persistenced")
 NVIDIA_VERSIONS = ("535.216.03-2~bpo12+1", "535.261.03-1")
-RECIPE = 1  # bump when the build below changes in a way the key would not see
+RECIPE = 2  # bump when the build below changes in a way the key would not see
 PREFETCH_PIN = "/etc/apt/preferences.d/prefetch"
 APT_SOURCES = (Path("/etc/apt/sources.list.d"), Path("/etc/apt/sources.list"))
 

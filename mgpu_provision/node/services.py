@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import apt, sources, system
+from . import apt, driver, sources, system
 from .errors import AgentFailure
 from .packages import Command, installed_debs, rpm_provider, run_all, upstream
 
@@ -89,8 +89,19 @@ def persistence_daemon(step: Dict[str, Any]) -> Tuple[bool, str]:
         manager = ["dnf", "-y", "install"] if step.get("method") == "dnf" else apt.INSTALL
         run_all([Command([*manager, str(package)])], "persistence")
         installed = True
+        _hold_what_it_pulled_in()
     changed, message = switch(PERSISTENCED, enable, bool(step.get("start")))
     return changed or installed, (f"installed {step.get('package')}; " if installed else "") + message
+
+
+def _hold_what_it_pulled_in() -> None:
+    """Libraries the daemon brought at the driver's version (libnvidia-cfg1) join the held set, where the
+    driver is held (the apt pin is there): else the next plan would find them loose."""
+    version = driver.installed_version()
+    if version and system.read_text(apt.PREFERENCES) is not None:
+        loose = driver.unheld_packages(version)
+        if loose:
+            run_all([Command(["apt-mark", "hold", *loose])], "persistence")
 
 
 def fabric_manager_version() -> Optional[str]:

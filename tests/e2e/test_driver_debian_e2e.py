@@ -3,8 +3,10 @@
 The host's sshd runs chrooted in an overlay of a cached Debian root (tests/debian_root.py), so `apply`
 drives that root's own apt and dpkg, and facts run the bundled pynvml against the real libnvidia-ml.so.1
 the packages install. The package set is `nvidia-smi` + `libnvidia-ml1` (the rig's `driver.packages`): the
-userspace only, so the install completes without building a kernel module. No GPU and no NVIDIA kernel
-module exist here, which is exactly the state right after a driver install before the reboot.
+userspace only, so the install completes without building a kernel module. Persistence mode is asked for,
+so Debian's nvidia-persistenced (contrib, a version of its own) is installed after the driver and enabled
+(systemctl works on unit files without a running systemd). No GPU and no NVIDIA kernel module exist here,
+which is exactly the state right after a driver install before the reboot.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from tests.hosts import HostFactory, TestHost
 OLD, NEW = "535.216.03", "535.261.03"  # bookworm-backports and bookworm
 DEB = {OLD: "535.216.03-2~bpo12+1", NEW: "535.261.03-1"}
 SET = ["nvidia-smi", "libnvidia-ml1"]
-# Everything the two packages pull in at the driver's version, all of which must be held.
-PINNED = ["libnvidia-ml1", "nvidia-alternative", "nvidia-legacy-check", "nvidia-smi"]
+# Everything at the driver's version (the two packages, what they pull in, and libnvidia-cfg1, which the
+# persistence daemon pulls in), all of which must be held.
+PINNED = ["libnvidia-cfg1", "libnvidia-ml1", "nvidia-alternative", "nvidia-legacy-check", "nvidia-smi"]
 
 
 def write_rig(factory: HostFactory, path: Path, host: TestHost, version: str) -> Path:
     rig = {
-        "gpus": {"model": "NVIDIA H100 80GB HBM3", "count": 1},
+        "gpus": {"model": "NVIDIA H100 80GB HBM3", "count": 1, "persistence_mode": True},
         "driver": {"version": version, "source": "debian", "packages": SET, "reboot": "never"},
     }
     return factory.write_rig(
@@ -70,11 +73,15 @@ def test_debian_packages_install_hold_upgrade_downgrade_and_refuse_unknown_versi
     assert code == 2, first  # installed; the reboot it needs is a manual step (reboot: never)
     assert {p: installed(host)[p] for p in PINNED} == dict.fromkeys(PINNED, DEB[OLD])
     assert set(PINNED) <= held(host)
+    assert installed(host)["nvidia-persistenced"].startswith("535.171.04")  # contrib's own version
+    assert host.run_in_root("systemctl is-enabled nvidia-persistenced").stdout.strip() == "enabled"
 
     code, facts = cli_json(capsys, "facts", *common)
     driver = facts["hosts"][host.name]["facts"]["driver"]
     assert (driver["nvml"], driver["installed"], driver["loaded"]) == ("driver-not-loaded", OLD, None)
     assert driver["reboot_required"] is True
+    daemon = facts["hosts"][host.name]["facts"]["persistenced"]
+    assert daemon == {"service": "inactive", "enabled": True}  # starts at the boot that loads the driver
     code, plan = cli_json(capsys, "plan", *common)
     summaries = [c["summary"] for c in plan["hosts"][host.name]["changes"]]
     assert f"installed {OLD}, no kernel module loaded: reboot required (policy: never)" in summaries

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ... import protocol
 from ...node import sources
-from ..change import Change, HostContext
+from ..change import Change, HostContext, Phase
 from .driver import resolve
 
 UNIT = "nvidia-persistenced"
@@ -49,7 +49,10 @@ def _daemon_change(ctx: HostContext, wanted: bool) -> Change | None:
     else:
         desired = "enabled and active" if start else "enabled (it starts at boot)"
     summary = f"persistence mode {_WORD[wanted]} through {UNIT}: {state} → {desired}"
-    return Change("persistence", "update", summary, state, desired, agent_step=step, phase="persistence")
+    # Installing the daemon is a package install of the driver set: it runs after the driver's own install
+    # (same phase, later in plan order), so apt or dnf resolves its dependencies at the pinned version.
+    phase: Phase = "driver" if daemon.service == "absent" else "persistence"
+    return Change("persistence", "update", summary, state, desired, agent_step=step, phase=phase)
 
 
 def _package(ctx: HostContext) -> dict[str, str]:
