@@ -293,3 +293,69 @@ def test_blacklisting_nouveau_writes_modprobe_d_and_rebuilds_the_initramfs(
     )
     assert ran == [["update-initramfs", "-u"]]
     assert runfile.blacklist_nouveau()[0] is False
+
+
+class FakeSystemd:
+    """Answers systemctl for units in `units` (name -> (active, enabled)), and records every call."""
+
+    def __init__(self, units: dict[str, tuple[str, bool]]) -> None:
+        self.units = units
+        self.calls: list[list[str]] = []
+
+    def __call__(
+        self, argv: list[str], timeout: float = 0, env: object = None
+    ) -> subprocess.CompletedProcess[str]:
+        self.calls.append(list(argv))
+        if argv[0] != "systemctl":
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        verb, unit = argv[1], argv[2].removesuffix(".service")
+        active, enabled = self.units.get(unit, ("inactive", False))
+        out = {
+            "is-active": active + "\n",
+            "is-enabled": ("enabled" if enabled else "disabled") + "\n",
+            "list-unit-files": f"{unit}.service enabled enabled\n" if unit in self.units else "",
+        }.get(verb, "")
+        if verb in ("enable", "disable"):
+            self.units[unit] = (active, verb == "enable")
+        if verb in ("restart", "stop"):
+            self.units[unit] = ("active" if verb == "restart" else "inactive", enabled)
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+
+def test_services_are_enabled_and_started_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defects 5, 6 on a real node: enable (NVIDIA's packages do not); start only with the module loaded."""
+    fake = FakeSystemd({"nvidia-fabricmanager": ("inactive", False)})
+    monkeypatch.setattr(system, "run", fake)
+    assert services.switch("nvidia-fabricmanager", True, False) == (True, "nvidia-fabricmanager enabled")
+    assert services.switch("nvidia-fabricmanager", True, True) == (True, "nvidia-fabricmanager started")
+    assert services.switch("nvidia-fabricmanager", True, True) == (
+        False,
+        "nvidia-fabricmanager already enabled",
+    )
+    assert services.switch("nvidia-fabricmanager", False, False) == (
+        True,
+        "nvidia-fabricmanager disabled and stopped",
+    )
+    assert services.state("nvidia-persistenced") == {"service": "absent", "enabled": False}
+
+
+def test_the_persistence_daemon_is_installed_where_it_is_a_package_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeSystemd({})
+    monkeypatch.setattr(system, "run", fake)
+    monkeypatch.setattr(services, "_hold_what_it_pulled_in", lambda: None)
+    with pytest.raises(AgentFailure, match="nvidia-persistenced is not installed; it comes with the driver"):
+        services.persistence_daemon({"enabled": True, "start": False})
+    step = {"enabled": True, "start": False, "package": "nvidia-persistenced", "method": "apt"}
+    original = fake.__call__
+
+    def installs(argv: list[str], timeout: float = 0, env: object = None) -> subprocess.CompletedProcess[str]:
+        if argv[:2] == ["apt-get", "install"]:
+            fake.units["nvidia-persistenced"] = ("inactive", False)
+        return original(argv, timeout, env)
+
+    monkeypatch.setattr(system, "run", installs)
+    changed, message = services.persistence_daemon(step)
+    assert changed and message == "installed nvidia-persistenced; nvidia-persistenced enabled"
+    assert [*apt.INSTALL, "nvidia-persistenced"] in fake.calls
