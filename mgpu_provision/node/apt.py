@@ -68,7 +68,10 @@ def install_commands(pkgset: sources.PackageSet, held_now: List[str]) -> List[Co
     return commands
 
 
-def install(step: Dict[str, Any], source: str, branch: str, flavor: str) -> Tuple[bool, str]:
+def install(
+    step: Dict[str, Any], source: str, branch: str, flavor: str, what: str = "driver"
+) -> Tuple[bool, str]:
+    """Install the step's set at one version and hold it; `what` names it in the messages."""
     pkgset = sources.apt_set(source, branch, flavor, bool(step.get("fabricmanager")), step.get("packages"))
     run_all([Command(["apt-get", "update", "-q"])])  # stale lists say "not available"
     target = resolve_version(pkgset.install, step.get("version"), branch)
@@ -76,17 +79,18 @@ def install(step: Dict[str, Any], source: str, branch: str, flavor: str) -> Tupl
     hold = bool(step.get("hold"))
     before = installed_debs(sources.APT_PIN_NAMES)
     if _in_place(before, pkgset, target, hold) and system.read_text(PREFERENCES) == (pin if hold else None):
-        return False, f"driver {upstream(target)} already installed ({target})"
+        return False, f"{what} {upstream(target)} already installed ({target})"
     atomic_write(PREFERENCES, pin.encode("utf-8"), 0o644)
     run_all(install_commands(pkgset, [name for name, (_, held) in before.items() if held]))
     if hold:
         held = matching(list(installed_debs(sources.APT_PIN_NAMES)), pkgset.hold)
-        run_all([Command(["apt-mark", "hold", *held])])
+        run_all([Command(["apt-mark", "hold", *held])] if held else [])
         kept = f"{len(held)} packages held"
     else:
         os.remove(PREFERENCES)  # no hold asked for: later upgrades may move the driver
         kept = "not held"
-    return True, f"installed driver {upstream(target)} ({target}) from {source}, {kept}; reboot to load it"
+    reboot = "; reboot to load it" if what == "driver" else ""
+    return True, f"installed {what} {upstream(target)} ({target}) from {source}, {kept}{reboot}"
 
 
 def _in_place(

@@ -71,7 +71,8 @@ def install_fabric_manager(step: Dict[str, Any]) -> Tuple[bool, str]:
         message = f"installed Fabric Manager {version}" if changed else f"Fabric Manager {version} installed"
     else:
         fm = dict(step, packages=names, fabricmanager=False)
-        changed, message = apt.install(fm, source, branch, str(step.get("flavor") or "default"))
+        flavor = str(step.get("flavor") or "default")
+        changed, message = apt.install(fm, source, branch, flavor, "Fabric Manager")
     started, service = switch(FABRICMANAGER, True, bool(step.get("start")))
     return changed or started, f"{message}; {service}"
 

@@ -322,6 +322,41 @@ class FakeSystemd:
         return subprocess.CompletedProcess(argv, 0, out, "")
 
 
+def test_fabric_manager_is_installed_at_the_driver_version_held_and_enabled(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Defect 5 on a real Ubuntu node: FM and NSCQ pinned at the driver's version, held, the unit enabled."""
+    monkeypatch.setattr(apt, "PREFERENCES", str(tmp_path / "mgpu-provision-nvidia"))
+    offered = {"nvidia-fabricmanager-550": "550.54.15-1", "libnvidia-nscq-550": "550.54.15-1"}
+    debs: dict[str, str] = {"nvidia-driver-550-server": "550.54.15-0ubuntu1"}
+    held: list[str] = []
+    systemd = FakeSystemd({})
+
+    def box(argv: list[str], timeout: float = 0, env: object = None) -> subprocess.CompletedProcess[str]:
+        out = ""
+        if argv[:2] == ["apt-cache", "madison"] and argv[2] in offered:
+            out = f" {argv[2]} | {offered[argv[2]]} | http://repo/ubuntu jammy/multiverse amd64 Packages\n"
+        elif argv[0] == "dpkg-query":
+            out = "".join(f"{n} {v} {'h' if n in held else 'i'}i \n" for n, v in debs.items())
+        elif argv[:2] == ["apt-get", "install"]:
+            debs.update({name: offered[name] for name in argv if name in offered})
+            systemd.units["nvidia-fabricmanager"] = ("inactive", False)
+        elif argv[:2] == ["apt-mark", "hold"]:
+            held.extend(argv[2:])
+        elif argv[0] == "systemctl":
+            return systemd(argv)
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(system, "run", box)
+    step = {"version": "550.54.15", "source": "ubuntu", "flavor": "server", "hold": True, "start": False}
+    changed, message = services.install_fabric_manager(step)
+    assert changed and message == (
+        "installed Fabric Manager 550.54.15 (550.54.15-1) from ubuntu, 3 packages held; "
+        "nvidia-fabricmanager enabled"
+    )
+    assert sorted(held) == ["libnvidia-nscq-550", "nvidia-driver-550-server", "nvidia-fabricmanager-550"]
+
+
 def test_services_are_enabled_and_started_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     """Defects 5, 6 on a real node: enable (NVIDIA's packages do not); start only with the module loaded."""
     fake = FakeSystemd({"nvidia-fabricmanager": ("inactive", False)})
