@@ -28,6 +28,11 @@ class HostInfo(Fact):
     python: str = Field(description="version of the python running the agent")
     user: str = Field(description="the user the agent runs as")
     simulated: bool = Field(False, description="the NVIDIA layer comes from a twin file")
+    os_id: str | None = Field(
+        None, description='ID of /etc/os-release, e.g. "debian" (picks the driver source)'
+    )
+    os_version_id: str | None = Field(None, description='VERSION_ID of /etc/os-release, e.g. "12"')
+    os_like: list[str] = Field(default_factory=list, description="ID_LIKE of /etc/os-release")
 
 
 NvmlStatus = Literal["ok", "no-driver", "driver-not-loaded", "version-mismatch", "no-permission", "error"]
@@ -41,8 +46,16 @@ class DriverInfo(Fact):
     loaded: str | None = Field(None, description="kernel module version from /proc/driver/nvidia/version")
     installed: str | None = Field(None, description="userspace version installed on disk (packages)")
     reboot_required: bool = Field(
-        False, description="the loaded kernel module differs from the installed userspace driver"
+        False,
+        description="the installed userspace driver is not the loaded kernel module (or none is loaded)",
     )
+    kernel_module: Literal["open", "proprietary"] | None = Field(
+        None, description="which kernel modules are loaded (/proc/driver/nvidia/version), None when none"
+    )
+    unheld: list[str] = Field(
+        default_factory=list, description="packages of the installed driver set that apt does not hold"
+    )
+    nouveau: bool = Field(False, description="nouveau is loaded (it holds the GPU; the runfile refuses)")
 
 
 class PcieLink(Fact):
@@ -105,9 +118,20 @@ class Board(Fact):
     model: str | None = None
 
 
+ServiceState = Literal["active", "inactive", "failed", "absent", "unknown"]
+
+
 class FabricManager(Fact):
     version: str | None = Field(None, description="installed package version, None when not installed")
-    service: Literal["active", "inactive", "failed", "absent", "unknown"] = "unknown"
+    service: ServiceState = "unknown"
+    enabled: bool | None = Field(
+        None, description="the unit starts at boot (NVIDIA's packages do not enable it)"
+    )
+
+
+class PersistenceDaemon(Fact):
+    service: ServiceState = Field("unknown", description="nvidia-persistenced's state; absent: not installed")
+    enabled: bool | None = Field(None, description="it starts at boot and puts every GPU in persistence mode")
 
 
 class SliConfig(Fact):
@@ -221,6 +245,7 @@ class Facts(Fact):
     nvswitch: bool = False
     board: Board = Board()
     fabricmanager: FabricManager | None = None
+    persistenced: PersistenceDaemon | None = None
     sli: SliConfig = SliConfig()
     files: list[ManagedFile] = Field(default_factory=list)
     processes: list[GpuProcess] = Field(default_factory=list)

@@ -174,7 +174,10 @@ def facts_request(
 
 FILE, DRIVER, PERSISTENCE = "file", "driver", "persistence"
 COMPUTE_MODE, POWER_LIMIT = "compute-mode", "power-limit"
-STEP_KINDS = (FILE, DRIVER, PERSISTENCE, COMPUTE_MODE, POWER_LIMIT)
+FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU = "fabricmanager", "persistenced", "service", "nouveau"
+STEP_KINDS = (
+    FILE, DRIVER, FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU, PERSISTENCE, COMPUTE_MODE, POWER_LIMIT
+)
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
 
@@ -201,6 +204,28 @@ def power_limit_step(gpus: List[int], watts: Optional[int]) -> Dict[str, Any]:
 def driver_step(method: str, target: Dict[str, str], **options: Any) -> Dict[str, Any]:
     """Install a driver: `target` is {"version": ...} or {"branch": ...}; options as the method needs them."""
     return dict({"kind": DRIVER, "method": method}, **target, **options)
+
+
+def fabricmanager_step(version: str, **options: Any) -> Dict[str, Any]:
+    """Fabric Manager (and NSCQ) at exactly `version`, held, its unit enabled; started when `start`.
+    Options: source, method, flavor, hold, start."""
+    return dict({"kind": FABRICMANAGER, "version": version}, **options)
+
+
+def service_step(unit: str, enable: bool, start: bool) -> Dict[str, Any]:
+    """Enable (and start, when the driver's module is loaded) or disable and stop an NVIDIA unit."""
+    return {"kind": SERVICE, "unit": unit, "enable": enable, "start": start}
+
+
+def persistenced_step(enabled: bool, start: bool, **package: str) -> Dict[str, Any]:
+    """nvidia-persistenced enabled (and started) or turned off; `package` and `method` where it is a
+    package of its own that may need installing."""
+    return dict({"kind": PERSISTENCED, "enabled": enabled, "start": start}, **package)
+
+
+def nouveau_step() -> Dict[str, Any]:
+    """Blacklist nouveau (modprobe.d and a new initramfs): it leaves at the next boot."""
+    return {"kind": NOUVEAU}
 
 
 def reboot_step() -> Dict[str, Any]:

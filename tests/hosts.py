@@ -6,6 +6,10 @@ layer is a twin file (docs/ARCHITECTURE.md "Test hosts"). Each host is one `sshd
 `unshare`, so the sshd process itself holds the namespaces: `nsenter` into its pid sees the box as the agent
 sees it.
 
+A root-filesystem host (`start_root`) instead runs its sshd chrooted into a private overlay of a real root
+filesystem (tests/debian_root.py), with no twin: the agent there drives that root's own apt and dpkg and the
+real NVIDIA libraries the packages install.
+
 Addresses are 127.<a>.<b>.<n> with <a>.<b> derived from this process's pid, so concurrent test sessions
 (xdist workers, other checkouts) never collide; a bind probe skips any address already in use.
 """
@@ -17,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -33,6 +38,8 @@ from typing import Any, Literal
 
 import pytest
 import yaml
+
+from tests import debian_root
 
 SSHD = "/usr/sbin/sshd"
 APPLY_LOCK = "/var/lib/mgpu-provision/apply.lock"  # the default files.state_dir's lock
@@ -68,8 +75,12 @@ def harness_unavailable() -> str | None:
 def require_harness() -> None:
     """Skip the calling test with the reason the hosts cannot start; under CI=true, fail it instead."""
     reason = harness_unavailable()
-    if reason is None:
-        return
+    if reason is not None:
+        skip_or_fail(reason)
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip the calling test with the reason; under CI=true fail it instead (CI never passes by skipping)."""
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true but the e2e harness cannot run: {reason}", pytrace=False)
     pytest.skip(reason)
@@ -138,6 +149,7 @@ class TestHost:
     rig: str
     host_key_pub: str
     process: subprocess.Popen[bytes] | None = None
+    chroot: Path | None = None  # a root-filesystem host: where its root is mounted, inside its namespace
 
     @property
     def twin_path(self) -> Path:
@@ -171,8 +183,13 @@ class TestHost:
             timeout=30,
         )
 
+    def run_in_root(self, command: str) -> subprocess.CompletedProcess[str]:
+        """Run a shell command inside a root-filesystem host (its own apt, dpkg and files)."""
+        assert self.chroot is not None, f"{self.name} has no root filesystem of its own"
+        return self.run_in_ns(f"chroot {self.chroot} sh -c {shlex.quote(command)}")
+
     def log(self) -> str:
-        path = self.dir / "sshd.log"
+        path = self.dir / ("upper/var/log/sshd.log" if self.chroot else "sshd.log")
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self) -> None:
@@ -310,6 +327,48 @@ class HostFactory:
         self._write_known_hosts()
         return host
 
+    def start_root(self, name: str, root: Path) -> TestHost:
+        """Start a host whose sshd runs chrooted in a private overlay of a real root filesystem
+        (tests/debian_root.py): no twin, so the agent meets that root's real apt, dpkg and NVIDIA libraries.
+        Its own mount, UTS and pid namespaces hold the overlay, /proc and /dev; they vanish with it."""
+        address = self.pool.take()
+        host_dir = self.root / name
+        layers = {layer: host_dir / layer for layer in ("upper", "work", "merged")}
+        for folder in layers.values():
+            folder.mkdir(parents=True)
+        host_key_pub = _keygen(host_dir / "ssh_host_ed25519_key", f"host-{name}")
+        host = TestHost(
+            name, address, SSH_PORT, host_dir, f"rig-{name}", host_key_pub, chroot=layers["merged"]
+        )
+        inside = layers["upper"] / "etc" / "mgpu-test"  # written into the overlay's upper layer
+        inside.mkdir(parents=True)
+        for suffix in ("", ".pub"):
+            shutil.copy(host_dir / f"ssh_host_ed25519_key{suffix}", inside / f"host_key{suffix}")
+        (inside / "authorized_keys").write_text(self.client_key_pub + "\n")
+        config = _sshd_config(host, Path("/etc/mgpu-test/authorized_keys"), simulated=False)
+        config = config.replace(str(host_dir / "ssh_host_ed25519_key"), "/etc/mgpu-test/host_key")
+        (inside / "sshd_config").write_text(config.replace(str(host_dir / "sshd.pid"), "/run/sshd.pid"))
+        merged = layers["merged"]
+        lower, upper, work = root, layers["upper"], layers["work"]
+        script = " && ".join(
+            [
+                f"mount -t overlay overlay -o lowerdir={lower},upperdir={upper},workdir={work} {merged}",
+                *debian_root.root_mounts(merged),
+                f"mkdir -p {merged}/run/sshd",
+                f"hostname {name}",
+                f"exec chroot {merged} /usr/sbin/sshd -D -f /etc/mgpu-test/sshd_config -E /var/log/sshd.log",
+            ]
+        )
+        host.process = subprocess.Popen(
+            [*debian_root.NAMESPACES, "sh", "-c", script],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.hosts.append(host)
+        _wait_listening(host)
+        self._write_known_hosts()
+        return host
+
     def dead_address(self) -> str:
         """A loopback address where nothing listens on the SSH port (connection refused)."""
         return self.pool.take()
@@ -418,7 +477,8 @@ def _rig_of_twin(twin: Mapping[str, Any]) -> dict[str, Any]:
     return {"gpus": {"model": model, "count": max(len(gpus), 1)}}
 
 
-def _sshd_config(host: TestHost, authorized_keys: Path) -> str:
+def _sshd_config(host: TestHost, authorized_keys: Path, simulated: bool = True) -> str:
+    simulate = f"SetEnv MGPU_PROVISION_SIMULATE={host.twin_path}\n" if simulated else ""
     return f"""\
 ListenAddress {host.address}
 Port {host.port}
@@ -434,8 +494,7 @@ StrictModes no
 PrintMotd no
 LogLevel VERBOSE
 MaxStartups 100:30:200
-SetEnv MGPU_PROVISION_SIMULATE={host.twin_path}
-Subsystem sftp internal-sftp
+{simulate}Subsystem sftp internal-sftp
 """
 
 

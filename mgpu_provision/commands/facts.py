@@ -64,7 +64,11 @@ def gpu_table(facts: Facts) -> Table:
 def driver_line(facts: Facts) -> str:
     driver = facts.driver
     if driver.nvml != "ok":
-        return f"driver: {driver.message or 'NVML unavailable'} ({driver.nvml})"
+        line = f"driver: {driver.message or 'NVML unavailable'} ({driver.nvml})"
+        known = [f"installed {driver.installed}"] if driver.installed else []
+        known += ["reboot required"] if driver.reboot_required else []
+        known += ["nouveau loaded"] if driver.nouveau else []
+        return "; ".join([line, ", ".join(known)]) if known else line
     parts = [f"driver {driver.version}", f"CUDA {driver.cuda}"]
     if driver.loaded and driver.loaded != driver.version:
         parts.append(f"loaded module {driver.loaded}")

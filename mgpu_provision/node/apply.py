@@ -70,6 +70,12 @@ def run_step(step: Any, backend: Backend) -> StepResult:
     kinds: Dict[str, Callable[[Dict[str, Any], Backend], StepResult]] = {
         protocol.FILE: file_step,
         protocol.DRIVER: lambda s, b: b.install_driver(s),
+        protocol.FABRICMANAGER: lambda s, b: b.install_fabric_manager(s),
+        protocol.PERSISTENCED: lambda s, b: b.set_persistence_daemon(s),
+        protocol.SERVICE: lambda s, b: b.switch_service(
+            str(s.get("unit")), bool(s.get("enable")), bool(s.get("start"))
+        ),
+        protocol.NOUVEAU: lambda s, b: b.blacklist_nouveau(),
         protocol.PERSISTENCE: set_persistence,
         protocol.COMPUTE_MODE: gpu_settings.set_compute_mode,
         protocol.POWER_LIMIT: gpu_settings.set_power_limit,

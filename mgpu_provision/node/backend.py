@@ -83,7 +83,27 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def fabric_manager(self) -> Optional[Dict[str, Any]]:
-        """`{"version", "service"}` of Fabric Manager, or None when neither installed nor expected."""
+        """`{"version", "service", "enabled"}` of Fabric Manager, None when neither installed nor expected."""
+
+    @abc.abstractmethod
+    def persistence_daemon(self) -> Dict[str, Any]:
+        """`{"service", "enabled"}` of nvidia-persistenced (service "absent" when not installed)."""
+
+    def unheld_driver_packages(self, version: str) -> List[str]:
+        """Packages of the installed driver set that the package manager does not hold; none by default."""
+        return []
+
+    @abc.abstractmethod
+    def kernel_module(self) -> Optional[str]:
+        """open or proprietary: which kernel modules are loaded, None when none is."""
+
+    @abc.abstractmethod
+    def nouveau_loaded(self) -> bool:
+        """Whether nouveau holds the GPU (the runfile installer refuses to run then)."""
+
+    def distribution(self) -> Optional[Dict[str, object]]:
+        """os_id, os_version_id, os_like to report instead of /etc/os-release's; None: the real file's."""
+        return None
 
     @abc.abstractmethod
     def board(self) -> Dict[str, Optional[str]]:
@@ -96,6 +116,22 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def install_driver(self, step: Dict[str, Any]) -> Tuple[bool, str]:
         """Carry out an apply `driver` step; return (changed, message). Raise AgentFailure on failure."""
+
+    @abc.abstractmethod
+    def install_fabric_manager(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        """Carry out a `fabricmanager` step: FM at exactly the step's version, held, its service enabled."""
+
+    @abc.abstractmethod
+    def set_persistence_daemon(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        """Carry out a `persistenced` step: the daemon installed, enabled and started, or turned off."""
+
+    @abc.abstractmethod
+    def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
+        """Enable (and start) or disable (and stop) an NVIDIA service."""
+
+    @abc.abstractmethod
+    def blacklist_nouveau(self) -> Tuple[bool, str]:
+        """Keep nouveau from loading at the next boot."""
 
     @abc.abstractmethod
     def reboot(self) -> Optional[Callable[[], None]]:

@@ -38,13 +38,12 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
     facts: Dict[str, Any] = {
         "schema_version": FACTS_SCHEMA_VERSION,
         "agent_version": __version__,
-        "host": system.host_info(backend.simulated, backend.boot_id()),
+        "host": system.host_info(backend.simulated, backend.boot_id(), backend.distribution()),
         "board": backend.board(),
         "fabricmanager": backend.fabric_manager(),
+        "persistenced": backend.persistence_daemon(),
         "sli": files.read_sli(args.get("xorg_paths") or []),
-        "files": [
-            files.describe_file(p, bool(args.get("include_content"))) for p in args.get("files") or ()
-        ],
+        "files": [files.describe_file(p, bool(args.get("include_content"))) for p in args.get("files") or ()],
         "torch": torch_probe.probe_torch(args["python"]) if args.get("python") else None,
     }
     facts.update(nvidia_facts(backend))
@@ -56,8 +55,12 @@ def nvidia_facts(backend: Backend) -> Dict[str, Any]:
     installed, loaded = backend.installed_version(), backend.loaded_version()
     driver: Dict[str, Any] = {
         "installed": installed,
+        "unheld": backend.unheld_driver_packages(installed) if installed else [],
         "loaded": loaded,
-        "reboot_required": bool(installed and loaded and installed != loaded),
+        # Nothing loaded counts too: nouveau bound, or no reboot since the install.
+        "reboot_required": bool(installed and installed != loaded),
+        "kernel_module": backend.kernel_module(),
+        "nouveau": backend.nouveau_loaded(),
     }
     try:
         backend.open()

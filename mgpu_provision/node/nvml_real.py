@@ -13,13 +13,12 @@ import re
 import subprocess
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import driver, procs, system
+from . import driver, procs, runfile, services, system
 from .backend import Backend, GpuLost, NoSuchLink, NvmlUnavailable, nvml_message
 from .nvml_health import RealHealth
 
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 _LIB_VERSION = re.compile(r"libnvidia-ml\.so\.([0-9]+\.[0-9]+(?:\.[0-9]+)?)$")
-_FM_SERVICE = "nvidia-fabricmanager"
 
 
 def _decode(value: Any) -> str:
@@ -58,21 +57,38 @@ class RealBackend(RealHealth, Backend):
         return system.parse_nvrm_version(system.read_text("/proc/driver/nvidia/version"))
 
     def installed_version(self) -> Optional[str]:
-        versions = [
-            match.group(1)
-            for folder in _LIB_DIRS
-            for path in glob.glob(os.path.join(folder, "libnvidia-ml.so.*"))
-            for match in [_LIB_VERSION.search(path)]
-            if match
-        ]
-        return max(versions, key=driver.version_key) if versions else None
+        return driver.installed_version() or _library_version()
 
     def fabric_manager(self) -> Optional[Dict[str, Any]]:
-        version = driver.installed_fabric_manager()
-        service = _service_state(_FM_SERVICE)
-        if version is None and service == "absent":
+        version = services.fabric_manager_version()
+        state = services.state(services.FABRICMANAGER)
+        if version is None and state["service"] == "absent":
             return None
-        return {"version": version, "service": service}
+        return {"version": version, **state}
+
+    def persistence_daemon(self) -> Dict[str, Any]:
+        return services.state(services.PERSISTENCED)
+
+    def unheld_driver_packages(self, version: str) -> List[str]:
+        return driver.unheld_packages(version)
+
+    def kernel_module(self) -> Optional[str]:
+        return system.parse_module_type(system.read_text("/proc/driver/nvidia/version"))
+
+    def nouveau_loaded(self) -> bool:
+        return runfile.nouveau_loaded()
+
+    def install_fabric_manager(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        return services.install_fabric_manager(step)
+
+    def set_persistence_daemon(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        return services.persistence_daemon(step)
+
+    def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
+        return services.switch(unit, enable, start)
+
+    def blacklist_nouveau(self) -> Tuple[bool, str]:
+        return runfile.blacklist_nouveau()
 
     def board(self) -> Dict[str, Optional[str]]:
         return system.dmi_board()
@@ -215,13 +231,19 @@ class RealBackend(RealHealth, Backend):
         return procs.holds_device(pid)
 
 
-def _service_state(unit: str) -> str:
-    result = system.run(["systemctl", "is-active", unit], timeout=20)
-    if result.returncode == 127:
-        return "unknown"
-    state = result.stdout.strip()
-    if state in ("active", "failed"):
-        return state
-    # A unit that does not exist reads "inactive" on some systemd versions: ask whether it is installed.
-    listed = system.run(["systemctl", "list-unit-files", unit + ".service", "--no-legend"], timeout=20)
-    return "inactive" if listed.stdout.strip() else "absent"
+def _library_version() -> Optional[str]:
+    """The version in the NVML library's real file name, for drivers no package manager knows (runfile).
+
+    `libnvidia-ml.so.1` itself is often a link (Debian: through /etc/alternatives to
+    `nvidia/current/libnvidia-ml.so.<version>`), so its real path counts as well as the files beside it.
+    """
+    paths = [
+        path
+        for folder in _LIB_DIRS
+        for path in [
+            *glob.glob(os.path.join(folder, "libnvidia-ml.so.*")),
+            os.path.realpath(os.path.join(folder, "libnvidia-ml.so.1")),
+        ]
+    ]
+    versions = [match.group(1) for path in paths for match in [_LIB_VERSION.search(path)] if match]
+    return max(versions, key=driver.version_key) if versions else None

@@ -152,9 +152,29 @@ class Bridge(Strict):
 class Driver(Strict):
     version: str | None = Field(None, pattern=DRIVER_VERSION, description='exact version, e.g. "550.54.15"')
     branch: str | None = Field(None, pattern=DRIVER_BRANCH, description='a branch, e.g. "550" (any 550.x)')
-    method: Literal["apt", "dnf", "runfile"] = "apt"
-    flavor: Literal["default", "server", "open", "server-open"] = Field(
-        "server", description="apt package variant: nvidia-driver-<branch>[-server][-open]"
+    method: Literal["apt", "dnf", "runfile"] | None = Field(
+        None, description="apt or dnf (default: the node's, from its os-release), or runfile"
+    )
+    source: Literal["ubuntu", "cuda", "debian", "rhel"] | None = Field(
+        None,
+        description=(
+            "where the packages come from: ubuntu (Ubuntu's archive), cuda (NVIDIA's CUDA repository), "
+            "debian (Debian non-free + contrib), rhel (NVIDIA's dnf module streams); default from os-release"
+        ),
+    )
+    flavor: Literal["default", "server", "open", "server-open"] | None = Field(
+        None,
+        description=(
+            "kernel module and build: open (open kernel modules), server/server-open (Ubuntu's datacenter "
+            "builds); default: the source's own (server on Ubuntu, proprietary elsewhere)"
+        ),
+    )
+    packages: list[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9+.-]{1,99}$")]] | None = Field(
+        None,
+        description=(
+            "apt only: install exactly these packages of the driver set instead of the source's "
+            "(e.g. [nvidia-smi, libnvidia-ml1] for the userspace only, without a kernel module)"
+        ),
     )
     hold: bool = Field(True, description="hold/version-lock the packages so upgrades cannot move them")
     reboot: Literal["allowed", "never"] = Field(

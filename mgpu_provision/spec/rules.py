@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..node import sources
 from ..node.topology import TopoMatrix
 from .files import resolve_path
-from .models import SLI_MODES, Host, Rig, RigFile
+from .models import SLI_MODES, Driver, Host, Rig, RigFile
 
 Loc = tuple[str | int, ...]
 
@@ -319,8 +320,72 @@ def runfile_complete(inp: RuleInput) -> Iterator[Finding]:
                 if getattr(driver, key) is not None:
                     yield Finding(
                         (*loc, "driver", key),
-                        f"`{key}` is only used with method runfile (method is {driver.method})",
+                        f"`{key}` is only used with method runfile (method is {driver.method or 'apt/dnf'})",
                     )
+
+
+# How each package source is installed; the CUDA repository serves both families.
+SOURCE_METHODS = {"ubuntu": ("apt",), "debian": ("apt",), "rhel": ("dnf",), "cuda": ("apt", "dnf")}
+
+
+def driver_source_fits(inp: RuleInput) -> Iterator[Finding]:
+    """A flavor, Fabric Manager or method the chosen source lacks is refused here, not at install time."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None:
+            continue
+        at = (*loc, "driver")
+        if driver.flavor == "open" and sources.pre_turing(rig.gpus.model):
+            yield Finding(
+                (*at, "flavor"),
+                f"open kernel modules need Turing or newer; {rig.gpus.model} needs flavor default "
+                "(proprietary)",
+            )
+        if driver.method == "runfile":
+            yield from _runfile_fits(at, driver)
+            continue
+        if driver.packages is not None and driver.method == "dnf":
+            yield Finding(
+                (*at, "packages"), "`packages` is for apt sources; dnf installs the module stream's set"
+            )
+        if driver.source is None:
+            continue
+        flavors = sources.FLAVORS[driver.source]
+        if driver.flavor is not None and driver.flavor not in flavors:
+            yield Finding(
+                (*at, "flavor"),
+                f"the {driver.source} source has no {driver.flavor} flavor (it has {', '.join(flavors)})",
+            )
+        if driver.fabricmanager and not sources.HAS_FABRICMANAGER[driver.source]:
+            yield Finding(
+                (*at, "fabricmanager"),
+                f"the {driver.source} source has no Fabric Manager package; use source cuda "
+                "(NVIDIA's repository)",
+            )
+        methods = SOURCE_METHODS[driver.source]
+        if driver.method is not None and driver.method not in methods:
+            yield Finding(
+                (*at, "method"),
+                f"the {driver.source} source is installed with {' or '.join(methods)}, not {driver.method}",
+            )
+
+
+def _runfile_fits(at: Loc, driver: Driver) -> Iterator[Finding]:
+    for key in ("source", "packages"):
+        if getattr(driver, key) is not None:
+            yield Finding(
+                (*at, key), f"`{key}` is for package installs; method runfile runs NVIDIA's installer"
+            )
+    if driver.flavor in ("server", "server-open"):
+        yield Finding(
+            (*at, "flavor"),
+            f"flavor {driver.flavor} is an Ubuntu package build; a runfile has default or open",
+        )
+    if driver.fabricmanager:
+        yield Finding(
+            (*at, "fabricmanager"),
+            "Fabric Manager has no runfile path here: install the driver with method apt or dnf",
+        )
 
 
 def fabricmanager_needs_nvswitch(inp: RuleInput) -> Iterator[Finding]:
@@ -413,6 +478,7 @@ RULES: tuple[Rule, ...] = (
     no_bridge_has_no_links,
     driver_version_or_branch,
     runfile_complete,
+    driver_source_fits,
     reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,
     env_safe,

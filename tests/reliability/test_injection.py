@@ -70,6 +70,7 @@ FIELDS: dict[str, tuple[Any, ...]] = {
     "rigs{}.driver.branch": ("rigs", "pair", "driver", "branch"),
     "rigs{}.driver.runfile_url": ("rigs", "pair", "driver", "runfile_url"),
     "rigs{}.driver.runfile_sha256": ("rigs", "pair", "driver", "runfile_sha256"),
+    "rigs{}.driver.packages[]": ("rigs", "pair", "driver", "packages", 0),
     "rigs{}.sli.mode": ("rigs", "pair", "sli", "mode"),
     "rigs{}.visible_devices[]": ("rigs", "pair", "visible_devices", 0),
     "rigs{}.ddp.master": ("rigs", "pair", "ddp", "master"),

@@ -15,18 +15,9 @@ import yaml
 
 from mgpu_provision.node.__main__ import handle
 from mgpu_provision.node.apply import BACKUP_SUFFIX, write_file
-from mgpu_provision.node.driver import (
-    Command,
-    apt_commands,
-    apt_packages,
-    dnf_commands,
-    fetch_runfile,
-    install,
-    pick_deb_version,
-    runfile_commands,
-    version_key,
-)
+from mgpu_provision.node.driver import install, version_key
 from mgpu_provision.node.errors import AgentFailure
+from mgpu_provision.node.runfile import fetch as fetch_runfile
 from tests.factories import facts_from_twin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,6 +195,63 @@ def test_simulated_driver_install_mismatch_reboot_converged(tmp_path: Path, twin
     assert state["driver_version"] == "550.90.07" and state["loaded"] == "550.90.07"
 
 
+def test_simulated_fabric_manager_behind_is_installed_at_the_driver_version_and_enabled(
+    tmp_path: Path, twin: Path
+) -> None:
+    """Defect 5 on the node: the `fabricmanager` step brings FM to the driver's version and enables it."""
+    text = twin.read_text().replace('fabricmanager: "550.54.15"', 'fabricmanager: "550.54.14"')
+    twin.write_text(text + "services:\n  nvidia-fabricmanager: {enabled: false, running: false}\n")
+    before = facts_from_twin(twin).fabricmanager
+    assert before is not None and (before.version, before.service, before.enabled) == (
+        "550.54.14",
+        "inactive",
+        False,
+    )
+    step = {"kind": "fabricmanager", "version": "550.54.15", "source": "ubuntu", "hold": True, "start": True}
+    (result,) = apply_steps(tmp_path, [step], twin)
+    assert result["changed"] and result["message"].startswith("installed Fabric Manager 550.54.15")
+    after = facts_from_twin(twin).fabricmanager
+    assert after is not None and (after.version, after.service, after.enabled) == (
+        "550.54.15",
+        "active",
+        True,
+    )
+    (again,) = apply_steps(tmp_path, [step], twin)
+    assert again["changed"] is False
+
+
+def test_simulated_persistence_daemon_survives_reboots_and_the_legacy_setting_does_not(
+    tmp_path: Path, twin: Path
+) -> None:
+    """Defect 6 on the node: NVML's setting is lost at boot; the enabled daemon sets it at every boot."""
+    legacy = {"kind": "persistence", "enabled": True}
+    apply_steps(tmp_path, [legacy], twin)
+    assert all(g.persistence_mode for g in facts_from_twin(twin).gpus)
+    call("reboot", {}, twin)
+    assert not any(g.persistence_mode for g in facts_from_twin(twin).gpus)
+    daemon = {"kind": "persistenced", "enabled": True, "start": True}
+    (result,) = apply_steps(tmp_path, [daemon], twin)
+    assert result["changed"] and result["message"] == "nvidia-persistenced enabled and started"
+    call("reboot", {}, twin)
+    after = facts_from_twin(twin)
+    assert after.persistenced is not None and (after.persistenced.service, after.persistenced.enabled) == (
+        "active",
+        True,
+    )
+    assert all(g.persistence_mode for g in after.gpus)
+    (off,) = apply_steps(tmp_path, [{"kind": "persistenced", "enabled": False}], twin)
+    assert off["changed"] and not any(g.persistence_mode for g in facts_from_twin(twin).gpus)
+
+
+def test_simulated_nouveau_is_gone_after_blacklist_and_reboot(tmp_path: Path, twin: Path) -> None:
+    twin.write_text(twin.read_text() + "nouveau: true\n")
+    assert facts_from_twin(twin).driver.nouveau
+    (result,) = apply_steps(tmp_path, [{"kind": "nouveau"}], twin)
+    assert result["changed"] and facts_from_twin(twin).driver.nouveau  # still bound until the reboot
+    call("reboot", {}, twin)
+    assert not facts_from_twin(twin).driver.nouveau
+
+
 def test_simulated_branch_install_picks_the_newest_available(tmp_path: Path, twin: Path) -> None:
     (result,) = apply_steps(tmp_path, [{"kind": "driver", "method": "apt", "branch": "535"}], twin)
     assert result["changed"] and result["message"].startswith("installed driver 535.161.08")
@@ -261,84 +309,6 @@ def test_persistence_without_nvml_fails_plainly(tmp_path: Path) -> None:
         result["error"]
         == "cannot set persistence mode: no NVIDIA driver is installed (libnvidia-ml.so.1 not found)"
     )
-
-
-def test_apt_command_lines_pin_and_hold_every_versioned_piece() -> None:
-    step = {"method": "apt", "version": "550.54.15", "flavor": "server", "hold": True, "fabricmanager": True}
-    versions = {"nvidia-driver-550-server": "550.54.15-0ubuntu1", "nvidia-fabricmanager-550": "550.54.15-1"}
-    held = [
-        "nvidia-driver-550-server",
-        "libnvidia-compute-550-server",
-        "nvidia-dkms-550-server",
-        "nvidia-kernel-common-550-server",
-        "nvidia-fabricmanager-550",
-    ]
-    assert apt_commands(step, versions) == [
-        Command(["apt-mark", "unhold", *held], check=False),
-        Command(
-            [
-                "apt-get",
-                "install",
-                "-y",
-                "--allow-downgrades",
-                "--allow-change-held-packages",
-                "nvidia-driver-550-server=550.54.15-0ubuntu1",
-                "nvidia-fabricmanager-550=550.54.15-1",
-            ]
-        ),
-        Command(["apt-mark", "hold", *held]),
-    ]
-
-
-@pytest.mark.parametrize(
-    ("flavor", "apt_main", "held_lib", "dnf_stream"),
-    [
-        ("default", "nvidia-driver-550", "libnvidia-compute-550", "nvidia-driver:550-dkms"),
-        ("server", "nvidia-driver-550-server", "libnvidia-compute-550-server", "nvidia-driver:550-dkms"),
-        ("open", "nvidia-driver-550-open", "libnvidia-compute-550", "nvidia-driver:550-open"),
-        (
-            "server-open",
-            "nvidia-driver-550-server-open",
-            "libnvidia-compute-550-server",
-            "nvidia-driver:550-open",
-        ),
-    ],
-)
-def test_each_flavor_names_real_packages(flavor: str, apt_main: str, held_lib: str, dnf_stream: str) -> None:
-    step = {"version": "550.54.15", "flavor": flavor, "hold": True}
-    main, held = apt_packages(step)
-    assert main == apt_main and held_lib in held
-    assert ["dnf", "-y", "module", "install", dnf_stream] in [c.argv for c in dnf_commands(step)]
-    with pytest.raises(AgentFailure, match="unknown driver flavor 'fast'"):
-        apt_packages({**step, "flavor": "fast"})
-
-
-def test_dnf_and_runfile_command_lines() -> None:
-    step = {"method": "dnf", "version": "550.54.15", "hold": True, "fabricmanager": True}
-    assert [c.argv for c in dnf_commands(step)] == [
-        ["dnf", "-y", "versionlock", "delete", "*nvidia*550*"],
-        ["dnf", "-y", "module", "reset", "nvidia-driver"],
-        ["dnf", "-y", "module", "install", "nvidia-driver:550-dkms/fm"],
-        ["dnf", "-y", "install", "nvidia-driver-550.54.15"],
-        ["dnf", "-y", "versionlock", "add", "*nvidia*550.54.15*"],
-    ]
-    assert runfile_commands({"runfile": "/root/NVIDIA.run"})[0].argv == [
-        "sh",
-        "/root/NVIDIA.run",
-        "--silent",
-        "--dkms",
-    ]
-    with pytest.raises(AgentFailure, match="the runfile method needs `runfile`"):
-        runfile_commands({})
-
-
-def test_pick_deb_version_from_madison() -> None:
-    madison = (
-        " nvidia-driver-550 | 550.90.07-0ubuntu0.22.04.1 | http://archive jammy-updates/restricted amd64\n"
-        " nvidia-driver-550 | 550.54.15-0ubuntu0.22.04.2 | http://archive jammy-security/restricted amd64\n"
-    )
-    assert pick_deb_version(madison, "550.54.15") == "550.54.15-0ubuntu0.22.04.2"
-    assert pick_deb_version(madison, "550.54.1") is None
 
 
 def test_apply_is_atomic_under_sigkill(tmp_path: Path) -> None:

@@ -141,6 +141,17 @@ def test_version_mismatch_hides_gpu_facts_and_asks_for_a_reboot(tmp_path: Path) 
     assert facts.gpus == [] and facts.pairs == []
 
 
+def test_installed_driver_without_a_loaded_module_asks_for_a_reboot(tmp_path: Path) -> None:
+    twin = write_twin(tmp_path, None, 2, driver={"version": "550.54.15", "loaded": None})
+    facts = facts_from_twin(twin)
+    assert facts.driver.nvml == "driver-not-loaded"
+    assert (facts.driver.installed, facts.driver.loaded, facts.driver.reboot_required) == (
+        "550.54.15",
+        None,
+        True,
+    )
+
+
 @pytest.mark.skipif(os.path.exists("/proc/driver/nvidia/version"), reason="this machine has an NVIDIA driver")
 def test_real_nvml_without_driver_is_a_fact_not_a_traceback() -> None:
     facts = facts_from_twin(None)

@@ -46,6 +46,21 @@ OK_DRIVER = DriverInfo(nvml="ok", version="550.54.15", cuda="12.4", loaded="550.
             False,
             "driver: no NVIDIA driver installed (no-driver)",
         ),
+        (
+            DriverInfo(
+                nvml="driver-not-loaded",
+                message="module not loaded",
+                installed="535.216.03",
+                reboot_required=True,
+            ),
+            False,
+            "driver: module not loaded (driver-not-loaded); installed 535.216.03, reboot required",
+        ),
+        (
+            DriverInfo(nvml="no-driver", message="no NVIDIA driver installed", nouveau=True),
+            False,
+            "driver: no NVIDIA driver installed (no-driver); nouveau loaded",
+        ),
     ],
 )
 def test_driver_line(driver: DriverInfo, nvswitch: bool, line: str) -> None:

@@ -201,7 +201,71 @@ CASES = {
     "runfile-url-only-with-runfile": (
         rig(GPUS.strip(), 'driver: {version: "550.54.15", runfile_url: /srv/nv.run}  # <-'),
         "rigs.pair.driver.runfile_url",
-        "`runfile_url` is only used with method runfile (method is apt)",
+        "`runfile_url` is only used with method runfile (method is apt/dnf)",
+    ),
+    "driver-flavor-the-source-has": (
+        rig(GPUS.strip(), 'driver: {version: "535.216.03", source: debian, flavor: server}  # <-'),
+        "rigs.pair.driver.flavor",
+        "the debian source has no server flavor (it has default, open)",
+    ),
+    "driver-cuda-repo-has-no-server-builds": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", source: cuda, flavor: server-open}  # <-'),
+        "rigs.pair.driver.flavor",
+        "the cuda source has no server-open flavor (it has default, open)",
+    ),
+    "driver-source-has-fabricmanager": (
+        rig(
+            'gpus: {model: "NVIDIA H100 80GB HBM3", count: 8}',
+            "bridge: {kind: nvswitch, links: 18}",
+            'driver: {version: "535.216.03", source: debian, fabricmanager: true}  # <-',
+        ),
+        "rigs.pair.driver.fabricmanager",
+        "the debian source has no Fabric Manager package; use source cuda",
+    ),
+    "driver-source-method": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", source: rhel, method: apt}  # <-'),
+        "rigs.pair.driver.method",
+        "the rhel source is installed with dnf, not apt",
+    ),
+    "driver-packages-are-apt-only": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", method: dnf, packages: [nvidia-driver]}  # <-'),
+        "rigs.pair.driver.packages",
+        "`packages` is for apt sources",
+    ),
+    "driver-open-needs-turing": (
+        rig(
+            'gpus: {model: "Tesla V100-SXM2-16GB", count: 2}',
+            'driver: {version: "550.54.15", flavor: open}  # <-',
+        ),
+        "rigs.pair.driver.flavor",
+        "open kernel modules need Turing or newer; Tesla V100-SXM2-16GB needs flavor default",
+    ),
+    "runfile-has-no-fabricmanager": (
+        rig(
+            'gpus: {model: "NVIDIA H100 80GB HBM3", count: 8}',
+            "bridge: {kind: nvswitch, links: 18}",
+            "driver:",
+            '  version: "550.54.15"',
+            "  method: runfile",
+            "  fabricmanager: true  # <-",
+            "  runfile_url: https://example.com/NVIDIA-Linux-x86_64-550.54.15.run",
+            "  runfile_sha256: " + "a" * 64,
+        ),
+        "rigs.pair.driver.fabricmanager",
+        "Fabric Manager has no runfile path here: install the driver with method apt or dnf",
+    ),
+    "runfile-has-no-server-flavor": (
+        rig(
+            GPUS.strip(),
+            "driver:",
+            '  version: "550.54.15"',
+            "  method: runfile",
+            "  flavor: server  # <-",
+            "  runfile_url: https://example.com/NVIDIA-Linux-x86_64-550.54.15.run",
+            "  runfile_sha256: " + "a" * 64,
+        ),
+        "rigs.pair.driver.flavor",
+        "flavor server is an Ubuntu package build; a runfile has default or open",
     ),
     "fabricmanager-needs-nvswitch": (
         rig(GPUS.strip(), 'driver: {version: "550.54.15", fabricmanager: true}  # <-'),
