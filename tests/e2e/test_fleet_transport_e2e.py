@@ -86,4 +86,5 @@ def test_become_through_real_sudo_keeps_a_simulated_node_simulated(
     capsys.readouterr()
     assert main(["plan", str(path), *common]) == 0, capsys.readouterr().out
     state = json.loads(Path(f"{host.twin_path}.state.json").read_text())
-    assert state["persistence"] == {"0": True, "1": True}  # the twin changed, not the machine
+    # Persistence went through the (simulated) nvidia-persistenced: the twin changed, not the machine.
+    assert state["services"]["nvidia-persistenced"] == {"enabled": True, "running": True}, state
