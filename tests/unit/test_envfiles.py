@@ -319,7 +319,8 @@ def test_converged_file_gives_no_change(tmp_path: Path) -> None:
 
 
 def test_x_config_sets_the_sli_option_in_screen_and_device(tmp_path: Path) -> None:
-    content = files_of(load(tmp_path, **{'mode: "Off"': "mode: mosaic"}))["20-mgpu-provision.conf"].content
+    professional = {'mode: "Off"': "mode: mosaic", "GeForce RTX 3090": "RTX A6000"}
+    content = files_of(load(tmp_path, **professional))["20-mgpu-provision.conf"].content
     assert content.count('Option         "SLI" "Mosaic"') == 2
     sections = [line for line in content.splitlines() if line.startswith("Section")]
     assert sections == ['Section "Device"', 'Section "Screen"']

@@ -17,7 +17,7 @@ hosts:
   - {name: win, address: 10.0.0.2, rig: pair, os: windows}
 rigs:
   pair:
-    gpus: {model: "NVIDIA GeForce RTX 3090", count: 2}
+    gpus: {model: "NVIDIA RTX A6000", count: 2}
     bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}
     sli: {mode: MOSAIC}
 """
