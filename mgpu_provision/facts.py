@@ -107,6 +107,13 @@ class SliConfig(Fact):
     file: str | None = Field(None, description="the file it was read from")
 
 
+class XorgLayout(Fact):
+    """A ServerLayout section of the node's X config: X uses its screens and ignores every other Screen."""
+
+    file: str
+    screens: list[str] = Field(default_factory=list, description="the Screen identifiers it lists")
+
+
 class ManagedFile(Fact):
     path: str
     exists: bool
@@ -149,6 +156,7 @@ class Facts(Fact):
     board: Board = Board()
     fabricmanager: FabricManager | None = None
     sli: SliConfig = SliConfig()
+    xorg_layouts: list[XorgLayout] = Field(default_factory=list)
     files: list[ManagedFile] = Field(default_factory=list)
     processes: list[GpuProcess] = Field(default_factory=list)
     torch: TorchInfo | None = None

@@ -505,3 +505,21 @@ def fake_agent(tag: str = "") -> FakeAgent:
         archive.writestr(entry, _FAKE_AGENT_MAIN + f"# {tag}\n")
     data = buffer.getvalue()
     return FakeAgent(data, f"agent-{hashlib.sha256(data).hexdigest()[:16]}.pyz")
+
+
+def desired_files_on(rig: Path, known_hosts: Path) -> dict[str, list[Any]]:
+    """Per host of `rig`: the files apply must leave there, rendered from the facts the host really reports
+    (bus ids, interfaces, torch, cores), as plan renders them."""
+    from mgpu_provision import cli
+    from mgpu_provision.facts import Facts
+    from mgpu_provision.plan.resources.envfiles import desired_files
+    from mgpu_provision.spec import load_rig
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli.main(["facts", str(rig), "--known-hosts", str(known_hosts), "--json"])
+    loaded = load_rig(rig)
+    return {
+        name: desired_files(loaded, loaded.host(name), Facts.model_validate(report["facts"]))
+        for name, report in json.loads(out.getvalue())["hosts"].items()
+    }

@@ -39,6 +39,7 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "board": backend.board(),
         "fabricmanager": backend.fabric_manager(),
         "sli": files.read_sli(args.get("xorg_paths") or []),
+        "xorg_layouts": files.server_layouts(args.get("xorg_layout_paths") or []),
         "files": [
             files.describe_file(p, bool(args.get("include_content"))) for p in args.get("files") or ()
         ],

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ rigs:
   pair:
     gpus: {model: "NVIDIA GeForce RTX 3090", count: 2}
     bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}
-    sli: {mode: "Off"}
+    sli: {mode: BaseMosaic}
     visible_devices: [1, 0]
     ddp: {master: gpu-a, port: 29511, backend: gloo, nproc_per_node: 2, ifname: "=eth0"}
     env: {NCCL_DEBUG: WARN, NCCL_IB_DISABLE: "0"}
@@ -49,7 +48,7 @@ def load(tmp_path: Path, text: str = RIG, **replace: str) -> LoadedRig:
 
 
 def files_of(loaded: LoadedRig, host: str = "gpu-b") -> dict[str, DesiredFile]:
-    return {Path(f.path).name: f for f in desired_files(loaded, loaded.host(host))}
+    return {Path(f.path).name: f for f in desired_files(loaded, loaded.host(host), facts_with())}
 
 
 def sourced_env(script: str, tmp_path: Path, prefix: str = "") -> dict[str, str]:
@@ -66,7 +65,7 @@ def sourced_env(script: str, tmp_path: Path, prefix: str = "") -> dict[str, str]
 
 
 def test_every_file_is_listed_with_mode_and_tag(tmp_path: Path) -> None:
-    files = desired_files(load(tmp_path), load(tmp_path).host("gpu-b"))
+    files = desired_files(load(tmp_path), load(tmp_path).host("gpu-b"), facts_with())
     assert [(f.path, f.mode, f.phase) for f in files] == [
         ("/etc/profile.d/mgpu-provision.sh", "0644", "env"),
         ("/etc/mgpu-provision/environment", "0644", "env"),
@@ -158,7 +157,7 @@ def test_no_launcher_without_ddp_and_no_x_config_without_sli(tmp_path: Path) -> 
 
 def test_windows_hosts_get_no_linux_files(tmp_path: Path) -> None:
     loaded = load(tmp_path, **{"rig: pair}\nrigs": "rig: pair, os: windows}\nrigs"})
-    assert desired_files(loaded, loaded.host("gpu-b")) == []
+    assert desired_files(loaded, loaded.host("gpu-b"), facts_with()) == []
 
 
 def test_relative_paths_of_local_hosts_lie_beside_the_rig_file(tmp_path: Path) -> None:
@@ -265,6 +264,16 @@ def facts_with(*files: ManagedFile) -> Facts:
             "agent_version": "0",
             "host": host,
             "driver": {"nvml": "ok"},
+            "gpus": [
+                {
+                    "index": i,
+                    "name": "NVIDIA GeForce RTX 3090",
+                    "uuid": f"GPU-{i}",
+                    "pci_bus_id": f"0000:{bus}:00.0",
+                    "memory_mib": 24576,
+                }
+                for i, bus in enumerate(("17", "65"))
+            ],
             "files": [f.model_dump() for f in files],
         }
     )
@@ -310,18 +319,9 @@ def test_without_content_the_hash_decides() -> None:
 
 def test_converged_file_gives_no_change(tmp_path: Path) -> None:
     loaded = load(tmp_path)
-    desired = desired_files(loaded, loaded.host("gpu-a"))
+    desired = desired_files(loaded, loaded.host("gpu-a"), facts_with())
     on_node = [
         ManagedFile(path=f.path, exists=True, content=f.content, mode=f.mode, sha256=f.sha256)
         for f in desired
     ]
     assert diff_files(desired, facts_with(*on_node)) == []
-
-
-def test_x_config_sets_the_sli_option_in_screen_and_device(tmp_path: Path) -> None:
-    professional = {'mode: "Off"': "mode: mosaic", "GeForce RTX 3090": "RTX A6000"}
-    content = files_of(load(tmp_path, **professional))["20-mgpu-provision.conf"].content
-    assert content.count('Option         "SLI" "Mosaic"') == 2
-    sections = [line for line in content.splitlines() if line.startswith("Section")]
-    assert sections == ['Section "Device"', 'Section "Screen"']
-    assert textwrap.dedent(content).count("EndSection") == 2

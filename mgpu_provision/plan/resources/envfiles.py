@@ -138,12 +138,46 @@ def _launcher_context(loaded: LoadedRig, host: Host, rig: Rig) -> dict[str, Any]
     }
 
 
-def desired_files(loaded: LoadedRig, host: Host) -> list[DesiredFile]:
-    """Every file apply manages on `host`; a path set to null in the rig's `files` is left alone."""
+@dataclass(frozen=True)
+class _Paths:
+    """Where this host's managed files go; None: not managed here."""
+
+    profile: str | None
+    environment: str | None
+    launcher: str | None
+    xorg: str | None
+
+
+def _paths(loaded: LoadedRig, host: Host) -> _Paths:
     if host.os == "windows":  # profile.d, systemd and sh launchers are Linux things; SLI is a manual step
-        return []
+        return _Paths(None, None, None, None)
     rig = loaded.rig_of(host)
-    paths = loaded.spec.files
+    files = loaded.spec.files
+
+    def where(path: str | None, wanted: bool = True) -> str | None:
+        return node_path(loaded, host, path) if path and wanted else None
+
+    return _Paths(
+        profile=where(files.profile_d),
+        environment=where(files.environment_file),
+        launcher=where(files.launcher, rig.ddp is not None),
+        xorg=where(files.xorg_conf, rig.sli is not None),
+    )
+
+
+def managed_paths(loaded: LoadedRig, host: Host) -> list[tuple[str, Phase]]:
+    """Every file apply writes or removes on `host`, with its playbook step; known before any facts."""
+    paths = _paths(loaded, host)
+    managed: list[tuple[str, Phase]] = [
+        (path, "env") for path in (paths.profile, paths.environment, paths.launcher) if path
+    ]
+    return managed + ([(paths.xorg, "sli")] if paths.xorg else [])
+
+
+def desired_files(loaded: LoadedRig, host: Host, facts: Facts) -> list[DesiredFile]:
+    """Every file apply writes on `host`, for its facts; a path set to null in `files` is left alone."""
+    rig = loaded.rig_of(host)
+    paths = _paths(loaded, host)
     common = {
         "rig_name": host.rig,
         "host_name": host.name,
@@ -151,21 +185,25 @@ def desired_files(loaded: LoadedRig, host: Host) -> list[DesiredFile]:
         "visible": _visible_labels(rig),
     }
     files: list[DesiredFile] = []
-    profile_path = node_path(loaded, host, paths.profile_d) if paths.profile_d else None
-    if profile_path:
-        files.append(DesiredFile(profile_path, render("profile.sh.j2", **common), "0644", "env"))
-    if paths.environment_file:
-        path = node_path(loaded, host, paths.environment_file)
-        files.append(DesiredFile(path, render("environment.j2", **common), "0644", "env"))
+    if paths.profile:
+        files.append(DesiredFile(paths.profile, render("profile.sh.j2", **common), "0644", "env"))
+    if paths.environment:
+        files.append(DesiredFile(paths.environment, render("environment.j2", **common), "0644", "env"))
     launcher = _launcher_context(loaded, host, rig)
     if paths.launcher and launcher is not None:
-        content = render("mgpu-torchrun.j2", profile_path=profile_path, **common, **launcher)
-        files.append(DesiredFile(node_path(loaded, host, paths.launcher), content, "0755", "env"))
-    mode = sli.desired_mode(host, rig)
-    if mode is not None:
-        content = render("xorg-sli.conf.j2", mode=mode, **common)
-        files.append(DesiredFile(node_path(loaded, host, paths.xorg_conf), content, "0644", "sli"))
+        content = render("mgpu-torchrun.j2", profile_path=paths.profile, **common, **launcher)
+        files.append(DesiredFile(paths.launcher, content, "0755", "env"))
+    x_config = sli.snippet_context(host, rig, facts)
+    if paths.xorg and x_config is not None:
+        files.append(DesiredFile(paths.xorg, render("xorg-sli.conf.j2", **x_config, **common), "0644", "sli"))
     return files
+
+
+def unwanted_files(loaded: LoadedRig, host: Host) -> list[str]:
+    """Managed files that must not exist: the X config snippet under SLI Off (the driver default)."""
+    xorg = _paths(loaded, host).xorg
+    rig = loaded.rig_of(host)
+    return [xorg] if xorg and rig.sli is not None and rig.sli.mode == "Off" else []
 
 
 def _unified(old: str, new: str, path: str, old_label: str) -> str:
@@ -224,3 +262,20 @@ def diff_files(desired: list[DesiredFile], facts: Facts) -> list[Change]:
     """Create/update Changes for every desired file that is missing or differs in content or mode."""
     changes = (diff_file(want, facts.file(want.path)) for want in desired)
     return [change for change in changes if change is not None]
+
+
+def diff_unwanted(paths: list[str], facts: Facts) -> list[Change]:
+    """Delete Changes for the unwanted files the node reports as existing; nothing for those already gone."""
+    return [
+        Change(
+            f"file:{path}",
+            "delete",
+            f"remove {path} (SLI Off is the driver default)",
+            _describe(have.mode, have.sha256),
+            None,
+            agent_step=protocol.remove_step(path),
+            phase="sli",
+        )
+        for path in paths
+        if (have := facts.file(path)) is not None and have.exists
+    ]
