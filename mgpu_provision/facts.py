@@ -145,6 +145,16 @@ class TorchInfo(Fact):
     error: str | None = None
 
 
+class NetInterface(Fact):
+    name: str
+    up: bool = Field(description="administratively up (IFF_UP)")
+
+
+class CpuInfo(Fact):
+    logical: int = Field(description="CPUs the agent may run on")
+    cores: int | None = Field(None, description="physical cores among them, None when unknown")
+
+
 class Facts(Fact):
     schema_version: int = FACTS_SCHEMA_VERSION
     agent_version: str
@@ -160,6 +170,8 @@ class Facts(Fact):
     files: list[ManagedFile] = Field(default_factory=list)
     processes: list[GpuProcess] = Field(default_factory=list)
     torch: TorchInfo | None = None
+    interfaces: list[NetInterface] | None = Field(None, description="None: the agent did not report them")
+    cpu: CpuInfo | None = None
 
     def file(self, path: str) -> ManagedFile | None:
         return next((f for f in self.files if f.path == path), None)

@@ -36,6 +36,7 @@ DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
     sli.diff,
 )
 
+
 def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
     """The `facts` verb's args for this host: its managed files (with content, for diffs), its X config and,
     when the rig file names a smoke python, that python for the torch probe (importing torch takes seconds,
@@ -67,6 +68,7 @@ def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
         expected_topology=loaded.topologies.get(host.rig),
     )
     changes = [change for diff in DIFFS for change in diff(ctx)]
+    changes += envfiles.env_checks(loaded, host, facts)
     changes += envfiles.diff_files(envfiles.desired_files(loaded, host, facts), facts)
     changes += envfiles.diff_unwanted(envfiles.unwanted_files(loaded, host), facts)
     return sorted(changes, key=lambda c: c.resource == "reboot")  # stable: only moves reboots to the end

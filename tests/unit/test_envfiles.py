@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from mgpu_provision.facts import Facts, ManagedFile
-from mgpu_provision.plan.resources import envfiles
+from mgpu_provision.plan.resources import envfiles, gloo
 from mgpu_provision.plan.resources.envfiles import (
     DesiredFile,
     EnvFileError,
@@ -124,13 +124,115 @@ def test_all_gpus_visible_without_visible_devices(tmp_path: Path) -> None:
     assert "# Every GPU is visible: cuda:N = nvidia-smi GPU N" in content
 
 
+UP = [{"name": "eth0", "up": True}, {"name": "eth1", "up": False}, {"name": "lo", "up": True}]
+
+
 @pytest.mark.parametrize(
-    ("ifname", "nccl", "gloo"),
-    [("eth0", "eth0", "eth0"), ("=ib0", "=ib0", "ib0"), ("^docker,lo", "^docker,lo", None)],
+    ("pattern", "up", "name"),
+    [
+        ("eth", ["eth0", "lo"], "eth0"),  # NCCL's prefix: the one interface starting with eth
+        ("=eth0", ["eth0", "eth01"], "eth0"),
+        ("eth0", ["eth0", "lo"], "eth0"),
+        ("^docker,lo", ["docker0", "eth0", "lo"], "eth0"),
+        ("ib,eth0:1", ["eth0", "lo"], "eth0"),  # a port suffix means nothing for a socket interface
+        ("=eth", ["eth0"], None),  # exact: eth0 is not eth
+        ("eth", ["eth0", "eth1"], None),  # two: Gloo would take a different one than NCCL's first
+        ("^lo", ["lo"], None),
+    ],
 )
-def test_ifname_for_nccl_and_gloo(ifname: str, nccl: str, gloo: str | None) -> None:
-    expected = [("NCCL_SOCKET_IFNAME", nccl)] + ([("GLOO_SOCKET_IFNAME", gloo)] if gloo else [])
-    assert envfiles.ifname_variables(ifname) == expected
+def test_gloo_interface_is_resolved_from_the_nccl_pattern(
+    pattern: str, up: list[str], name: str | None
+) -> None:
+    resolved = gloo.gloo_interface(pattern, up)
+    assert resolved.name == name
+    assert (resolved.problem is None) == (name is not None)
+
+
+def test_env_files_carry_the_resolved_gloo_name_not_the_pattern(tmp_path: Path) -> None:
+    loaded = load(tmp_path, **{'ifname: "=eth0"': "ifname: eth"})
+    env = dict(envfiles.environment(loaded, loaded.rig_of(loaded.host("gpu-a")), facts_with(interfaces=UP)))
+    assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("eth", "eth0")  # eth1 is down
+    assert envfiles.env_checks(loaded, loaded.host("gpu-a"), facts_with(interfaces=UP)) == []
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        ("eth", "ddp.ifname 'eth' matches 2 interfaces that are up (eth0, eth1)"),
+        ("ib", "ddp.ifname 'ib' matches no interface that is up (up: eth0, eth1, lo)"),
+    ],
+)
+def test_a_pattern_matching_none_or_several_is_refused_naming_them(
+    tmp_path: Path, pattern: str, why: str
+) -> None:
+    loaded = load(tmp_path, **{'ifname: "=eth0"': f"ifname: {pattern}"})
+    box = facts_with(interfaces=[{"name": n, "up": True} for n in ("eth0", "eth1", "lo")])
+    [check] = envfiles.env_checks(loaded, loaded.host("gpu-a"), box)
+    assert (check.resource, check.action) == ("ddp.ifname", "verify-failed")
+    assert check.summary.startswith(why) and "Gloo needs exactly one interface name" in check.summary
+    env = dict(envfiles.environment(loaded, loaded.rig_of(loaded.host("gpu-a")), box))
+    assert "GLOO_SOCKET_IFNAME" not in env and env["NCCL_SOCKET_IFNAME"] == pattern
+
+
+def test_gloo_set_in_env_is_left_to_the_rig(tmp_path: Path) -> None:
+    loaded = load(tmp_path, **{'ifname: "=eth0"': "ifname: ib", "NCCL_DEBUG: WARN": "GLOO_SOCKET_IFNAME: lo"})
+    rig = loaded.rig_of(loaded.host("gpu-a"))
+    assert dict(envfiles.environment(loaded, rig, facts_with(interfaces=UP)))["GLOO_SOCKET_IFNAME"] == "lo"
+    assert envfiles.env_checks(loaded, loaded.host("gpu-a"), facts_with(interfaces=UP)) == []
+
+
+def torch_facts(version: str) -> Facts:
+    return facts_with(torch={"python": "/opt/venv/bin/python", "ok": True, "version": version})
+
+
+@pytest.mark.parametrize(
+    ("version", "name"),
+    [
+        ("2.13.0+cpu", "TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+        ("2.2.0", "TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+        ("2.1.2+cu121", "NCCL_ASYNC_ERROR_HANDLING"),
+        ("1.13.1", "NCCL_ASYNC_ERROR_HANDLING"),
+    ],
+)
+def test_async_error_handling_is_named_as_the_nodes_torch_reads_it(
+    tmp_path: Path, version: str, name: str
+) -> None:
+    loaded = load(tmp_path)
+    env = dict(envfiles.environment(loaded, loaded.rig_of(loaded.host("gpu-a")), torch_facts(version)))
+    assert env[name] == "1"
+    other = {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"} - {name}
+    assert not other & set(env)  # torch >= 2.2 warns about the old name; older torch ignores the new one
+
+
+def test_launcher_spells_torchrun_flags_as_the_nodes_torch_reads_them(tmp_path: Path) -> None:
+    loaded = load(tmp_path, RIG + "files: {profile_d: null}\n")
+    old = {Path(f.path).name: f for f in desired_files(loaded, loaded.host("gpu-b"), torch_facts("1.13.1"))}
+    args, env = run_launcher(old["mgpu-torchrun"].content, tmp_path, "train.py")
+    assert args[2:6] == ["--nnodes=2", "--nproc_per_node=2", "--node_rank=1", "--master_addr=10.0.0.11"]
+    assert env["NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    new = {Path(f.path).name: f for f in desired_files(loaded, loaded.host("gpu-b"), torch_facts("2.0.1"))}
+    assert "--nproc-per-node=" in new["mgpu-torchrun"].content
+
+
+@pytest.mark.parametrize(("cores", "logical", "threads"), [(32, 64, "16"), (None, 12, "6"), (1, 1, "1")])
+def test_omp_threads_are_the_cores_per_local_rank(
+    tmp_path: Path, cores: int | None, logical: int, threads: str
+) -> None:
+    loaded = load(tmp_path)  # nproc_per_node: 2
+    box = facts_with(cpu={"logical": logical, "cores": cores})
+    assert (
+        dict(envfiles.environment(loaded, loaded.rig_of(loaded.host("gpu-a")), box))["OMP_NUM_THREADS"]
+        == threads
+    )
+
+
+def test_omp_threads_from_the_rig_env_win_and_unknown_cores_write_none(tmp_path: Path) -> None:
+    loaded = load(tmp_path, **{"NCCL_DEBUG: WARN": "OMP_NUM_THREADS: '3'"})
+    rig = loaded.rig_of(loaded.host("gpu-a"))
+    assert dict(envfiles.environment(loaded, rig, facts_with(cpu={"logical": 64})))["OMP_NUM_THREADS"] == "3"
+    plain = load(tmp_path)
+    default_rig = plain.rig_of(plain.host("gpu-a"))
+    assert "OMP_NUM_THREADS" not in dict(envfiles.environment(plain, default_rig, facts_with()))
 
 
 def test_explicit_env_wins_over_ifname(tmp_path: Path) -> None:
@@ -249,7 +351,7 @@ def test_control_characters_are_refused(quote: Any) -> None:
 FILE = DesiredFile("/etc/x.sh", "a\nb\n", "0644", "env")
 
 
-def facts_with(*files: ManagedFile) -> Facts:
+def facts_with(*files: ManagedFile, **more: Any) -> Facts:
     host = {
         "hostname": "h",
         "os": "Linux",
@@ -275,6 +377,7 @@ def facts_with(*files: ManagedFile) -> Facts:
                 for i, bus in enumerate(("17", "65"))
             ],
             "files": [f.model_dump() for f in files],
+            **more,
         }
     )
 

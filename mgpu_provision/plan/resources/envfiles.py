@@ -21,8 +21,10 @@ from ... import protocol
 from ...errors import ProvisionError
 from ...facts import Facts, ManagedFile
 from ...spec.models import Host, Rig
-from ..change import Change, Phase
-from . import sli
+from ..change import Change, Phase, check_failed
+from . import gloo, sli
+from . import torch as torch_names
+from .gloo import GlooInterface
 
 if TYPE_CHECKING:
     from ...spec import LoadedRig
@@ -87,27 +89,53 @@ def render(template: str, **context: Any) -> str:
     return _TEMPLATES.get_template(template).render(**context)
 
 
-def ifname_variables(ifname: str) -> list[tuple[str, str]]:
-    """NCCL takes prefixes with `=` (exact) or `^` (exclude); Gloo takes plain interface names only."""
-    variables = [("NCCL_SOCKET_IFNAME", ifname)]
-    if not ifname.startswith("^"):  # Gloo cannot express an exclusion: leave it to pick its default
-        variables.append(("GLOO_SOCKET_IFNAME", ifname.removeprefix("=")))
-    return variables
+def torchrun_flag(flag: str, underscores: bool) -> str:
+    """`--nproc-per-node` as the node's torch spells it: torch before 2.0 knows only `--nproc_per_node`."""
+    return "--" + flag[2:].replace("-", "_") if underscores else flag
 
 
-def environment(loaded: LoadedRig, rig: Rig) -> list[tuple[str, str]]:
-    """The variables every env file sets, in a fixed order; the rig's `env` wins over derived values."""
+_TEMPLATES.filters["flag"] = torchrun_flag
+
+
+def _gloo(loaded: LoadedRig, rig: Rig, facts: Facts | None) -> GlooInterface | None:
+    """The Gloo interface for the rig's `ddp.ifname` on this node; None when the rig or its env decides."""
+    if rig.ddp is None or rig.ddp.ifname is None or "GLOO_SOCKET_IFNAME" in {**loaded.spec.env, **rig.env}:
+        return None
+    up = None if facts is None or facts.interfaces is None else [i.name for i in facts.interfaces if i.up]
+    return gloo.gloo_interface(rig.ddp.ifname, up)
+
+
+def environment(loaded: LoadedRig, rig: Rig, facts: Facts | None = None) -> list[tuple[str, str]]:
+    """The variables every env file sets, in a fixed order, for what the node (`facts`) has and runs: its
+    torch's variable names, its Gloo interface, its cores per local rank. The rig's `env` wins over them."""
     derived: list[tuple[str, str]] = [("CUDA_DEVICE_ORDER", "PCI_BUS_ID")]
     if rig.visible_devices is not None:
         derived.append(("CUDA_VISIBLE_DEVICES", ",".join(str(d) for d in rig.visible_devices)))
     # 1: abort the communicator and end the process on an NCCL error, so a dead peer cannot hang the job.
-    derived.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"))
+    names = torch_names.spelling(facts) if facts is not None else torch_names.Spelling()
+    derived.append((names.async_error_handling, "1"))
     if rig.ddp is not None and rig.ddp.ifname is not None:
-        derived.extend(ifname_variables(rig.ddp.ifname))
+        derived.append(("NCCL_SOCKET_IFNAME", rig.ddp.ifname))
+        resolved = _gloo(loaded, rig, facts)
+        if resolved is not None and resolved.name is not None:
+            derived.append(("GLOO_SOCKET_IFNAME", resolved.name))
+    cpu = facts.cpu if facts is not None else None
+    if (
+        cpu is not None
+    ):  # torchrun's own default is 1 thread per rank, which starves data loading on big boxes
+        derived.append(("OMP_NUM_THREADS", str(max(1, (cpu.cores or cpu.logical) // rig.nproc_per_node))))
     explicit = {**loaded.spec.env, **rig.env}
     variables = dict(derived)
     variables.update(sorted(explicit.items()))
     return list(variables.items())
+
+
+def env_checks(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
+    """What keeps the env files from carrying the rig's intent on this node: a Gloo interface not resolved."""
+    resolved = None if host.os == "windows" else _gloo(loaded, loaded.rig_of(host), facts)
+    if resolved is None or resolved.problem is None:
+        return []
+    return [check_failed("ddp.ifname", resolved.problem)]
 
 
 def _visible_labels(rig: Rig) -> list[str]:
@@ -181,7 +209,7 @@ def desired_files(loaded: LoadedRig, host: Host, facts: Facts) -> list[DesiredFi
     common = {
         "rig_name": host.rig,
         "host_name": host.name,
-        "variables": environment(loaded, rig),
+        "variables": environment(loaded, rig, facts),
         "visible": _visible_labels(rig),
     }
     files: list[DesiredFile] = []
@@ -191,7 +219,10 @@ def desired_files(loaded: LoadedRig, host: Host, facts: Facts) -> list[DesiredFi
         files.append(DesiredFile(paths.environment, render("environment.j2", **common), "0644", "env"))
     launcher = _launcher_context(loaded, host, rig)
     if paths.launcher and launcher is not None:
-        content = render("mgpu-torchrun.j2", profile_path=paths.profile, **common, **launcher)
+        underscores = torch_names.spelling(facts).underscore_flags
+        content = render(
+            "mgpu-torchrun.j2", profile_path=paths.profile, underscores=underscores, **common, **launcher
+        )
         files.append(DesiredFile(paths.launcher, content, "0755", "env"))
     x_config = sli.snippet_context(host, rig, facts)
     if paths.xorg and x_config is not None:

@@ -64,7 +64,7 @@ def diff(ctx: HostContext) -> list[Change]:
         Change(
             "sli",
             "manual",
-            f"X uses the ServerLayout in {layout.file}, which does not list Screen \"{SCREEN}\": add it to "
+            f'X uses the ServerLayout in {layout.file}, which does not list Screen "{SCREEN}": add it to '
             f"that layout (or remove the layout) for SLI {mode} to take effect",
             ", ".join(layout.screens) or "no screens",
             SCREEN,
