@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from mgpu_provision import protocol
+from mgpu_provision.errors import ProvisionError
 from mgpu_provision.facts import Facts
 from mgpu_provision.node import files as node_files
 from mgpu_provision.plan.change import HostContext
@@ -86,6 +87,11 @@ def snippet(loaded: LoadedRig, box: Facts | None = None) -> str:
 )
 def test_bus_ids_are_written_as_x_reads_them_in_decimal(nvml: str, x: str) -> None:
     assert sli.x_bus_id(nvml) == x
+
+
+def test_a_bus_id_x_cannot_read_is_a_clear_error() -> None:
+    with pytest.raises(ProvisionError, match=r"GPU bus id 'PCI:1:0:0' is not domain:bus:device\.function"):
+        sli.x_bus_id("PCI:1:0:0")
 
 
 def test_one_device_per_gpu_and_the_screen_that_ties_them(tmp_path: Path) -> None:

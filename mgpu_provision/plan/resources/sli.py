@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...errors import ProvisionError
 from ...facts import Facts
 from ...spec.models import Host, Rig
 from ..change import Change, HostContext, check_failed
@@ -34,10 +35,15 @@ def desired_mode(host: Host, rig: Rig) -> str | None:
 
 def x_bus_id(pci_bus_id: str) -> str:
     """NVML's `00000000:41:00.0` (hex) as X's `PCI:65:0:0` (decimal; `@domain` only for a non-zero domain)."""
-    domain, bus, slot = pci_bus_id.split(":")
-    device, function = slot.split(".")
-    at_domain = f"@{int(domain, 16)}" if int(domain, 16) else ""
-    return f"PCI:{int(bus, 16)}{at_domain}:{int(device, 16)}:{int(function, 16)}"
+    try:
+        domain_hex, bus_hex, slot = pci_bus_id.split(":")
+        device_hex, function_hex = slot.split(".")
+        domain, bus, device, function = (int(h, 16) for h in (domain_hex, bus_hex, device_hex, function_hex))
+    except ValueError:
+        raise ProvisionError(
+            f"GPU bus id {pci_bus_id!r} is not domain:bus:device.function; cannot name it in the X config"
+        ) from None
+    return f"PCI:{bus}{f'@{domain}' if domain else ''}:{device}:{function}"
 
 
 def snippet_context(host: Host, rig: Rig, facts: Facts) -> dict[str, Any] | None:
