@@ -139,6 +139,13 @@ class SliConfig(Fact):
     file: str | None = Field(None, description="the file it was read from")
 
 
+class XorgLayout(Fact):
+    """A ServerLayout section of the node's X config: X uses its screens and ignores every other Screen."""
+
+    file: str
+    screens: list[str] = Field(default_factory=list, description="the Screen identifiers it lists")
+
+
 class ManagedFile(Fact):
     path: str
     exists: bool
@@ -234,6 +241,16 @@ class HostHealth(Fact):
         return next((g for g in self.gpus if g.index == index), None)
 
 
+class NetInterface(Fact):
+    name: str
+    up: bool = Field(description="administratively up (IFF_UP)")
+
+
+class CpuInfo(Fact):
+    logical: int = Field(description="CPUs the agent may run on")
+    cores: int | None = Field(None, description="physical cores among them, None when unknown")
+
+
 class Facts(Fact):
     schema_version: int = FACTS_SCHEMA_VERSION
     agent_version: str
@@ -247,10 +264,13 @@ class Facts(Fact):
     fabricmanager: FabricManager | None = None
     persistenced: PersistenceDaemon | None = None
     sli: SliConfig = SliConfig()
+    xorg_layouts: list[XorgLayout] = Field(default_factory=list)
     files: list[ManagedFile] = Field(default_factory=list)
     processes: list[GpuProcess] = Field(default_factory=list)
     torch: TorchInfo | None = None
     health: HostHealth | None = Field(None, description="None from an agent that does not read health")
+    interfaces: list[NetInterface] | None = Field(None, description="None: the agent did not report them")
+    cpu: CpuInfo | None = None
 
     def file(self, path: str) -> ManagedFile | None:
         return next((f for f in self.files if f.path == path), None)

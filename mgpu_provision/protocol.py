@@ -102,7 +102,13 @@ RECLAIM_POLICIES = ("never", "orphans", "orphans+patterns")
 MAX_GRACE_S = 600.0
 
 VERB_ARGS: Dict[str, Dict[str, Arg]] = {
-    "facts": {"files": texts(), "include_content": flag(), "python": optional_text(), "xorg_paths": texts()},
+    "facts": {
+        "files": texts(),
+        "include_content": flag(),
+        "python": optional_text(),
+        "xorg_paths": texts(),
+        "xorg_layout_paths": texts(),
+    },
     "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects(), "simulated": flag()},
     "reboot": {"lock": line(), "lock_wait_s": number(), "simulated": flag()},
     "reclaim": {
@@ -159,6 +165,7 @@ def facts_request(
     include_content: bool = False,
     python: Optional[str] = None,
     xorg_paths: Sequence[str] = (),
+    xorg_layout_paths: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """The `facts` verb's arguments. With no arguments: the minimal form, enough for GPUs, driver,
     processes and the boot id (what apply's reboot wait and reclaim's check need)."""
@@ -167,6 +174,8 @@ def facts_request(
         "include_content": include_content,
         "python": python,
         "xorg_paths": list(xorg_paths),
+        # X config files (folders: their *.conf) whose ServerLayout sections would hide the managed snippet
+        "xorg_layout_paths": list(xorg_layout_paths),
     }
 
 
@@ -175,9 +184,11 @@ def facts_request(
 FILE, DRIVER, PERSISTENCE = "file", "driver", "persistence"
 COMPUTE_MODE, POWER_LIMIT = "compute-mode", "power-limit"
 FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU = "fabricmanager", "persistenced", "service", "nouveau"
+REMOVE = "remove"
 STEP_KINDS = (
-    FILE, DRIVER, FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU, PERSISTENCE, COMPUTE_MODE, POWER_LIMIT
-)
+    FILE, REMOVE, DRIVER, FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU, PERSISTENCE, COMPUTE_MODE,
+    POWER_LIMIT,
+)  # fmt: skip
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
 
@@ -185,6 +196,11 @@ REBOOT = "reboot"
 def file_step(path: str, content: str, mode: str) -> Dict[str, Any]:
     """Make `path` hold `content` with permission bits `mode` (octal text such as "0644"), atomically."""
     return {"kind": FILE, "path": path, "content": content, "mode": mode}
+
+
+def remove_step(path: str) -> Dict[str, Any]:
+    """Make sure `path` does not exist (a managed file the rig no longer wants); a backup keeps its text."""
+    return {"kind": REMOVE, "path": path}
 
 
 def persistence_step(gpus: List[int], enabled: bool) -> Dict[str, Any]:

@@ -241,17 +241,23 @@ def write_twin(folder: Path, topology: str | None, gpu_count: int, **extra: Any)
 
 
 def pair_rig_file(
-    factory: HostFactory, path: Path, hosts: list[TestHost], reboot: str = "allowed", env: str = "a"
+    factory: HostFactory,
+    path: Path,
+    hosts: list[TestHost],
+    reboot: str = "allowed",
+    env: str = "a",
+    sli: str = "Off",
+    model: str = "NVIDIA GeForce RTX 3090",
 ) -> Path:
     """A rig file for test hosts running the RTX 3090 pair twin, with a fake smoke python beside it."""
     fake = path.parent / "torch-python"
     fake.write_text(FAKE_TORCH)
     fake.chmod(0o755)
     rig = {
-        "gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2, "persistence_mode": True},
+        "gpus": {"model": model, "count": 2, "persistence_mode": True},
         "bridge": {"kind": "nvlink-bridge", "pairs": [[0, 1]], "links": 4},
         "driver": {"version": "550.54.15", "reboot": reboot},
-        "sli": {"mode": "Off"},
+        "sli": {"mode": sli},
         "ddp": {"master": hosts[0].name, "backend": "gloo", "ifname": "lo"},
     }
     return factory.write_rig(

@@ -611,3 +611,21 @@ def hold_lock(host: TestHost, seconds: float, lock: str = APPLY_LOCK) -> subproc
         assert time.monotonic() < deadline, "the lock holder did not start"
         time.sleep(0.05)
     return holder
+
+
+def desired_files_on(rig: Path, known_hosts: Path) -> dict[str, list[Any]]:
+    """Per host of `rig`: the files apply must leave there, rendered from the facts the host really reports
+    (bus ids, interfaces, torch, cores), as plan renders them."""
+    from mgpu_provision import cli
+    from mgpu_provision.facts import Facts
+    from mgpu_provision.plan.resources.envfiles import desired_files
+    from mgpu_provision.spec import load_rig
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli.main(["facts", str(rig), "--known-hosts", str(known_hosts), "--json"])
+    loaded = load_rig(rig)
+    return {
+        name: desired_files(loaded, loaded.host(name), Facts.model_validate(report["facts"]))
+        for name, report in json.loads(out.getvalue())["hosts"].items()
+    }

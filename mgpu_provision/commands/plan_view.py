@@ -17,8 +17,14 @@ from ..plan.fleet import FleetPlan, HostPlan, PlanTotals
 from .output import plural
 
 PLAN_JSON_VERSION = 1
-SYMBOL = {"create": "+", "update": "~", "verify-failed": "!", "manual": "?"}
-ACTION_STYLE = {"create": "green", "update": "yellow", "verify-failed": "red", "manual": "magenta"}
+SYMBOL = {"create": "+", "update": "~", "delete": "-", "verify-failed": "!", "manual": "?"}
+ACTION_STYLE = {
+    "create": "green",
+    "update": "yellow",
+    "delete": "red",
+    "verify-failed": "red",
+    "manual": "magenta",
+}
 DIFF_STYLE = {"+": "green", "-": "red", "@": "cyan"}
 
 
@@ -81,7 +87,8 @@ def host_lines(host: HostPlan, new_content: bool = False) -> list[Text]:
 
 
 def render_plan(plan: FleetPlan, console: Console, new_content: bool = False) -> None:
-    """Per host its Changes (`+` create, `~` update, `!` failed check, `?` manual), then the totals line."""
+    """Per host its Changes (`+` create, `~` update, `-` delete, `!` failed check, `?` manual), then the
+    totals line."""
     for host in plan.hosts:
         for line in host_lines(host, new_content):
             console.print(line, soft_wrap=True)  # long paths and diff lines stay whole when piped

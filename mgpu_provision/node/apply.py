@@ -79,11 +79,12 @@ def run_step(step: Any, backend: Backend) -> StepResult:
         protocol.PERSISTENCE: set_persistence,
         protocol.COMPUTE_MODE: gpu_settings.set_compute_mode,
         protocol.POWER_LIMIT: gpu_settings.set_power_limit,
+        protocol.REMOVE: lambda s, b: remove_file(str(s["path"])),
     }
     if not isinstance(step, dict) or step.get("kind") not in kinds:
         raise AgentFailure("bad-request", f"unknown step {step!r}; kinds are {', '.join(sorted(kinds))}")
-    if step["kind"] == protocol.FILE and not step.get("path"):
-        raise AgentFailure("bad-request", "a file step needs `path`")
+    if step["kind"] in (protocol.FILE, protocol.REMOVE) and not step.get("path"):
+        raise AgentFailure("bad-request", "a {} step needs `path`".format(step["kind"]))
     return kinds[step["kind"]](step, backend)
 
 
@@ -121,6 +122,19 @@ def write_file(path: str, content: str, mode: int) -> StepResult:
     atomic_write(path, data, mode)
     digest = hashlib.sha256(data).hexdigest()[:12]
     return True, f"{'updated' if old is not None else 'created'} {path} (sha256 {digest}…)"
+
+
+def remove_file(path: str) -> StepResult:
+    """Make `path` absent; its last content stays beside it as the backup a write would have kept."""
+    try:
+        with open(path, "rb") as handle:
+            old = handle.read()
+            old_mode = stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
+    except FileNotFoundError:
+        return False, f"{path} is already absent"
+    atomic_write(path + BACKUP_SUFFIX, old, old_mode)
+    os.unlink(path)
+    return True, f"removed {path} (backup {path + BACKUP_SUFFIX})"
 
 
 def set_persistence(step: Dict[str, Any], backend: Backend) -> StepResult:

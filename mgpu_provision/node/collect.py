@@ -11,7 +11,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import __version__
-from . import files, procs, reclaim, system, torch_probe
+from . import files, hostenv, procs, reclaim, system, torch_probe
 from .backend import (
     NVLINK_MAX_LINKS,
     P2P_NVLINK,
@@ -43,8 +43,13 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "fabricmanager": backend.fabric_manager(),
         "persistenced": backend.persistence_daemon(),
         "sli": files.read_sli(args.get("xorg_paths") or []),
-        "files": [files.describe_file(p, bool(args.get("include_content"))) for p in args.get("files") or ()],
+        "xorg_layouts": files.server_layouts(args.get("xorg_layout_paths") or []),
+        "files": [
+            files.describe_file(p, bool(args.get("include_content"))) for p in args.get("files") or ()
+        ],
         "torch": torch_probe.probe_torch(args["python"]) if args.get("python") else None,
+        "interfaces": hostenv.interfaces(),
+        "cpu": hostenv.cpu(),
     }
     facts.update(nvidia_facts(backend))
     return facts

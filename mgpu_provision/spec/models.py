@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
@@ -219,12 +219,33 @@ class Health(Strict):
         return name not in self.skip
 
 
-SLI_MODES = ("Off", "Mosaic")
+# "Mosaic" is the X option `SLI` (SLI Mosaic, professional cards); "BaseMosaic" is the X option of that name.
+SLI_MODES = ("Off", "Mosaic", "BaseMosaic")
+
+
+def _any_case(word: str) -> str:
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in word)
+
+
+def _sli_mode_schema(schema: dict[str, Any]) -> None:
+    # Editors complete the modes and flag a removed one as it is typed; validate accepts any case and
+    # YAML 1.1's bare `off` (a boolean false), and explains why a removed mode is refused (spec/rules.py).
+    schema.pop("type", None)
+    schema["anyOf"] = [
+        {"enum": list(SLI_MODES)},
+        {"type": "string", "pattern": "^(" + "|".join(_any_case(m) for m in SLI_MODES) + ")$"},
+        {"const": False},
+    ]
 
 
 class Sli(Strict):
     mode: str = Field(
-        "Off", description="Off or Mosaic (NVIDIA drivers since 455 accept no other mode); graphics only"
+        "Off",
+        description=(
+            "Off (the driver default: no X config snippet), Mosaic (SLI Mosaic, professional cards) or "
+            "BaseMosaic (GeForce); graphics only"
+        ),
+        json_schema_extra=_sli_mode_schema,
     )
 
     @field_validator("mode", mode="before")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..node import sources
 from ..node.topology import TopoMatrix
+from .cards import card_class, missing_connector
 from .files import resolve_path
 from .models import SLI_MODES, Driver, Host, Rig, RigFile
 
@@ -189,7 +190,8 @@ def sli_mode_supported(inp: RuleInput) -> Iterator[Finding]:
             yield Finding(
                 (*loc, "sli", "mode"),
                 f"SLI mode '{rig.sli.mode}' is not supported: NVIDIA drivers since 455 accept only Off and "
-                "Mosaic (On, Auto, AFR, SFR, AA and AFRofAA were removed)",
+                "Mosaic (On, Auto, AFR, SFR, AA and AFRofAA were removed); BaseMosaic spans displays on "
+                "GeForce",
             )
 
 
@@ -204,9 +206,33 @@ def sli_needs_two_gpus(inp: RuleInput) -> Iterator[Finding]:
 
 
 def sli_needs_bridge(inp: RuleInput) -> Iterator[Finding]:
+    # Base Mosaic needs no bridge (NVIDIA X driver README); SLI Mosaic does.
     for loc, rig in inp.rigs():
-        if _sli_enabled(rig) and rig.bridge.kind == "none":
+        if rig.sli is not None and rig.sli.mode == "Mosaic" and rig.bridge.kind == "none":
             yield Finding((*loc, "sli", "mode"), "SLI needs a bridge: set bridge.kind (e.g. nvlink-bridge)")
+
+
+def sli_mosaic_needs_professional_cards(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.sli is not None and rig.sli.mode == "Mosaic" and card_class(rig.gpus.model) == "geforce":
+            yield Finding(
+                (*loc, "sli", "mode"),
+                f"SLI Mosaic needs professional cards (Quadro, RTX A-series, RTX Ada); {rig.gpus.model} is a "
+                "GeForce card, whose driver ignores it: use mode BaseMosaic (Base Mosaic spans the displays "
+                "without SLI rendering)",
+            )
+
+
+def card_has_bridge_connector(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        family = missing_connector(rig.gpus.model)
+        if family is None:
+            continue
+        why = f"{rig.gpus.model} has no NVLink/SLI connector ({family})"
+        if rig.bridge.kind in NVLINK_KINDS:
+            yield Finding((*loc, "bridge", "kind"), f"{why}: bridge kind {rig.bridge.kind} is impossible")
+        if rig.sli is not None and _sli_enabled(rig):
+            yield Finding((*loc, "sli", "mode"), f"{why}: SLI mode {rig.sli.mode} is impossible")
 
 
 def bridge_pairs_in_range(inp: RuleInput) -> Iterator[Finding]:
@@ -470,6 +496,8 @@ RULES: tuple[Rule, ...] = (
     sli_mode_supported,
     sli_needs_two_gpus,
     sli_needs_bridge,
+    sli_mosaic_needs_professional_cards,
+    card_has_bridge_connector,
     bridge_pairs_in_range,
     bridge_pairs_distinct,
     bridge_links_given,

@@ -20,11 +20,9 @@ from typing import Any
 import pytest
 
 from mgpu_provision import cli
-from mgpu_provision.plan.resources.envfiles import desired_files
-from mgpu_provision.spec import load_rig
 from tests.factories import pair_rig_file as rig_file
 from tests.factories import rtx3090_twin
-from tests.hosts import APPLY_LOCK, MANAGED_DIRS, REPO, HostFactory, TestHost, hold_lock
+from tests.hosts import APPLY_LOCK, MANAGED_DIRS, REPO, HostFactory, TestHost, desired_files_on, hold_lock
 
 LOCK = APPLY_LOCK
 
@@ -65,8 +63,10 @@ def test_apply_converges_drifted_hosts_and_a_second_apply_writes_nothing(
     b = start(test_hosts, "gpu-b", rtx3090_twin(persistence=(True, True)))  # stale and wrongly-moded files
     c = start(test_hosts, "gpu-c", rtx3090_twin(persistence=(True, False)))  # one GPU off, SLI Mosaic
     rig = rig_file(test_hosts, tmp_path / "rig.yaml", [a, b, c])
-    loaded = load_rig(rig)
-    want = {h.name: {f.path: f for f in desired_files(loaded, loaded.host(h.name))} for h in (a, b, c)}
+    want = {
+        name: {f.path: f for f in files}
+        for name, files in desired_files_on(rig, test_hosts.known_hosts).items()
+    }
     profile, launcher, xorg = (
         "/etc/profile.d/mgpu-provision.sh",
         "/usr/local/bin/mgpu-torchrun",
@@ -91,6 +91,9 @@ def test_apply_converges_drifted_hosts_and_a_second_apply_writes_nothing(
             assert on_host(host, path).read_text() == file.content
             assert oct(on_host(host, path).stat().st_mode & 0o777) == oct(int(file.mode, 8))
     assert on_host(b, profile + ".mgpu-provision.bak").read_text() == "export OLD=1\n"
+    # SLI Off is the driver default: the snippet an earlier mode left is removed, its text kept as the backup
+    assert not on_host(c, xorg).exists()
+    assert "Mosaic" in on_host(c, xorg + ".mgpu-provision.bak").read_text()
 
     assert cli.main(["plan", *common]) == 0
     before = managed_state([a, b, c])
@@ -98,6 +101,39 @@ def test_apply_converges_drifted_hosts_and_a_second_apply_writes_nothing(
     assert code == 0
     assert {h["status"] for h in second["hosts"].values()} == {"ok"}
     assert managed_state([a, b, c]) == before  # nothing written: mtimes and sizes unchanged
+
+
+def test_sli_mosaic_then_off_removes_the_snippet_and_a_second_plan_is_clean(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a6000 = "NVIDIA RTX A6000"
+    box = rtx3090_twin(persistence=(True, True))
+    for gpu in box["gpus"]:
+        gpu["name"] = a6000
+    a = start(test_hosts, "gpu-a", box)
+    xorg = on_host(a, "/etc/X11/xorg.conf.d/20-mgpu-provision.conf")
+    known = ["--known-hosts", str(test_hosts.known_hosts)]
+    mosaic = rig_file(test_hosts, tmp_path / "mosaic.yaml", [a], sli="Mosaic", model=a6000)
+    code, report = cli_json(capsys, "apply", str(mosaic), *known, "--yes")
+    assert code == 0, report
+    content = xorg.read_text()
+    assert content.count('Section "Device"') == 2 and 'Option         "SLI" "Mosaic"' in content
+    assert 'BusID          "PCI:' in content
+
+    off = rig_file(test_hosts, tmp_path / "off.yaml", [a], sli="Off", model=a6000)
+    code, plan = cli_json(capsys, "plan", str(off), *known)
+    assert code == 2
+    [change] = plan["hosts"]["gpu-a"]["changes"]
+    assert (change["action"], change["resource"]) == (
+        "delete",
+        "file:/etc/X11/xorg.conf.d/20-mgpu-provision.conf",
+    )
+    code, report = cli_json(capsys, "apply", str(off), *known, "--yes")
+    assert code == 0, report
+    assert not xorg.exists()
+    assert Path(f"{xorg}.mgpu-provision.bak").read_text() == content
+    code, plan = cli_json(capsys, "plan", str(off), *known)
+    assert (code, plan["hosts"]["gpu-a"]["changes"]) == (0, [])
 
 
 def test_reboot_never_ends_as_reboot_required(
@@ -186,10 +222,10 @@ def test_sigkill_at_random_moments_never_leaves_a_partial_file(
     ]
     variants = {}
     for variant in ("a", "b"):
-        loaded = load_rig(rig_file(test_hosts, tmp_path / f"rig-{variant}.yaml", hosts, env=variant))
-        variants[variant] = {
-            h.name: {f.path: f.content for f in desired_files(loaded, loaded.host(h.name))} for h in hosts
-        }
+        wanted = desired_files_on(
+            rig_file(test_hosts, tmp_path / f"rig-{variant}.yaml", hosts, env=variant), test_hosts.known_hosts
+        )
+        variants[variant] = {name: {f.path: f.content for f in files} for name, files in wanted.items()}
     rig = tmp_path / "rig.yaml"
     command = [
         sys.executable,

@@ -17,9 +17,8 @@ import pytest
 import yaml
 
 from mgpu_provision.cli import main
-from mgpu_provision.plan.resources.envfiles import desired_files
-from mgpu_provision.spec import load_rig
-from tests.hosts import HostFactory, TestHost, load_twin
+from mgpu_provision.plan.resources.envfiles import DesiredFile
+from tests.hosts import HostFactory, TestHost, desired_files_on, load_twin
 
 RIG = {
     "pair": {
@@ -74,9 +73,8 @@ def twin_for(name: str) -> dict[str, Any]:
     return twin
 
 
-def write_env_files(host: TestHost, rig: Path, skip: tuple[str, ...]) -> None:
-    loaded = load_rig(rig)
-    for wanted in desired_files(loaded, loaded.host(host.name)):
+def write_env_files(host: TestHost, wanted_files: list[DesiredFile], skip: tuple[str, ...]) -> None:
+    for wanted in wanted_files:
         if wanted.path in skip:
             continue
         host.run_in_ns(f"mkdir -p $(dirname {wanted.path})")
@@ -89,8 +87,9 @@ def fleet(test_hosts: HostFactory, tmp_path: Path) -> tuple[list[TestHost], Path
     hosts = [test_hosts.start(name, twin_for(name), rig="pair") for name in DRIFT]
     # No smoke python: no torch probe (the hosts' private /root hides the pyenv python that has torch).
     rig = test_hosts.write_rig(tmp_path / "rig.yaml", hosts, rigs=RIG)
+    wanted = desired_files_on(rig, test_hosts.known_hosts)
     for host in hosts:
-        write_env_files(host, rig, DRIFT[host.name][1])
+        write_env_files(host, wanted[host.name], DRIFT[host.name][1])
     return hosts, rig
 
 
@@ -115,8 +114,13 @@ def test_each_drifted_host_reports_exactly_its_fault(
         for (_, _, summary), (_, _, wanted) in zip(got, expected, strict=True):
             assert wanted in summary, (name, summary)
     assert doc["totals"] == {
-        "to_change": 2, "checks_failed": 2, "manual": 1, "hosts_with_changes": 4,
-        "hosts": 5, "unreachable": 0, "failed": 0,
+        "to_change": 2,
+        "checks_failed": 2,
+        "manual": 1,
+        "hosts_with_changes": 4,
+        "hosts": 5,
+        "unreachable": 0,
+        "failed": 0,
     }
 
 

@@ -23,9 +23,7 @@ from typing import Any
 import yaml
 
 from mgpu_provision import cli
-from mgpu_provision.plan.resources.envfiles import desired_files
-from mgpu_provision.spec import load_rig
-from tests.hosts import MANAGED_DIRS, REPO, TestHost
+from tests.hosts import MANAGED_DIRS, REPO, HostFactory, TestHost, desired_files_on
 
 CLI = [sys.executable, "-m", "mgpu_provision"]
 
@@ -152,10 +150,9 @@ def signal_all(pids: list[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-def want_files(rig: Path, host: TestHost) -> dict[str, str]:
-    """Path on the node -> the content apply must leave there."""
-    loaded = load_rig(rig)
-    return {f.path: f.content for f in desired_files(loaded, loaded.host(host.name))}
+def want_files(rig: Path, host: TestHost, factory: HostFactory) -> dict[str, str]:
+    """Path on the node -> the content apply must leave there (rendered from the node's own facts)."""
+    return {f.path: f.content for f in desired_files_on(rig, factory.known_hosts)[host.name]}
 
 
 def node_files(host: TestHost) -> dict[str, str]:

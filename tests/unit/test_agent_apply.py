@@ -107,6 +107,7 @@ def test_first_failure_skips_the_rest(tmp_path: Path) -> None:
     [
         ({"kind": "teleport"}, "unknown step"),
         ({"kind": "file", "content": "x"}, "a file step needs `path`"),
+        ({"kind": "remove"}, "a remove step needs `path`"),
         (
             {"kind": "file", "path": "/tmp/x", "content": "x", "mode": "rwx"},
             "file mode 'rwx' is not an octal",
@@ -393,3 +394,14 @@ def test_a_state_folder_that_cannot_be_made_is_named(tmp_path: Path) -> None:
     assert reply["error"]["kind"] == "lock"
     assert f"cannot take the host lock {blocker}/apply.lock" in reply["error"]["message"]
     assert f"the state folder {blocker} must be creatable" in reply["error"]["message"]
+
+
+def test_remove_step_deletes_the_file_and_keeps_a_backup(tmp_path: Path) -> None:
+    target = tmp_path / "20-mgpu-provision.conf"
+    target.write_text('Section "Screen"\nEndSection\n')
+    (first,) = apply_steps(tmp_path, [{"kind": "remove", "path": str(target)}])
+    assert first["changed"] and first["message"] == f"removed {target} (backup {target}{BACKUP_SUFFIX})"
+    assert not target.exists()
+    assert Path(f"{target}{BACKUP_SUFFIX}").read_text() == 'Section "Screen"\nEndSection\n'
+    (again,) = apply_steps(tmp_path, [{"kind": "remove", "path": str(target)}])
+    assert not again["changed"] and again["message"] == f"{target} is already absent"

@@ -30,7 +30,7 @@ def test_demo_runs_plan_apply_plan_smoke(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     for line in (
-        "Plan: 5 to change, on 1 of 1 host",
+        "Plan: 4 to change, on 1 of 1 host",  # SLI Off: no X config snippet to write
         "No changes. 1 host matches the rig file.",
         "Smoke pass: world size 2 of 2",
         "Demo done",

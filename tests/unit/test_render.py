@@ -152,3 +152,19 @@ def test_diff_shows_the_content_of_new_files() -> None:
     out = io.StringIO()
     render_plan(drifted(), make_console(file=out, width=60), new_content=True)
     assert "      +export A=1" in out.getvalue().splitlines()
+
+
+def test_a_delete_is_shown_with_minus_and_counted_as_a_change() -> None:
+    path = "/etc/X11/xorg.conf.d/20-mgpu-provision.conf"
+    delete = Change(
+        f"file:{path}",
+        "delete",
+        f"remove {path} (SLI Off is the driver default)",
+        "mode 0644, sha256 0123456789ab",
+        None,
+        agent_step={"kind": "remove", "path": path},
+        phase="sli",
+    )
+    plan = fleet(HostPlan("gpu-a", "ok", (delete,)))
+    assert f"  - file:{path}: remove {path} (SLI Off is the driver default)" in rendered(plan).splitlines()
+    assert plan.totals.to_change == 1 and plan.exit_code == 2
