@@ -10,10 +10,12 @@ module only for the top-level `--help`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import __version__
 from .errors import ProvisionError
@@ -22,9 +24,22 @@ from .errors import ProvisionError
 COMMANDS = ("validate", "schema", "facts", "plan", "apply", "smoke", "reclaim", "init", "demo")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the README's exit codes: bad usage is an error (1), not argparse's 2.
+
+    2 is what `plan` and the other fleet commands return for drift or an unreachable host; a script that
+    checks for drift must not take a typo for it. Subcommand parsers are made from this class too, so each
+    prints its own usage.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with `only`, the other commands are names without options (not imported)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="mgpu-provision",
         description="Declarative provisioning for multi-GPU training boxes.",
         epilog="Run `mgpu-provision COMMAND --help` for a command's options and examples.",
@@ -45,10 +60,27 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    words = list(sys.argv[1:] if argv is None else argv)
+def unknown_command(word: str) -> str:
+    close = difflib.get_close_matches(word, COMMANDS, n=1)
+    if close:
+        return f"unknown command {word!r}; did you mean {close[0]}?"
+    return f"unknown command {word!r} (choose from {', '.join(COMMANDS)})"
+
+
+def parse(words: list[str]) -> argparse.Namespace:
+    """The parsed command line; a usage error exits 1 with the usage of the command it concerns."""
     parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
-    args = parser.parse_args(words)
+    if words and not words[0].startswith("-") and words[0] not in COMMANDS:
+        parser.error(unknown_command(words[0]))
+    args, extra = parser.parse_known_args(words)
+    if extra:  # argparse would blame the top-level parser and print its usage
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(list(sys.argv[1:] if argv is None else argv))
     try:
         code: int = args.func(args)
     except ProvisionError as exc:

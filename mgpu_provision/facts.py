@@ -28,6 +28,11 @@ class HostInfo(Fact):
     python: str = Field(description="version of the python running the agent")
     user: str = Field(description="the user the agent runs as")
     simulated: bool = Field(False, description="the NVIDIA layer comes from a twin file")
+    os_id: str | None = Field(
+        None, description='ID of /etc/os-release, e.g. "debian" (picks the driver source)'
+    )
+    os_version_id: str | None = Field(None, description='VERSION_ID of /etc/os-release, e.g. "12"')
+    os_like: list[str] = Field(default_factory=list, description="ID_LIKE of /etc/os-release")
 
 
 NvmlStatus = Literal["ok", "no-driver", "driver-not-loaded", "version-mismatch", "no-permission", "error"]
@@ -41,8 +46,16 @@ class DriverInfo(Fact):
     loaded: str | None = Field(None, description="kernel module version from /proc/driver/nvidia/version")
     installed: str | None = Field(None, description="userspace version installed on disk (packages)")
     reboot_required: bool = Field(
-        False, description="the loaded kernel module differs from the installed userspace driver"
+        False,
+        description="the installed userspace driver is not the loaded kernel module (or none is loaded)",
     )
+    kernel_module: Literal["open", "proprietary"] | None = Field(
+        None, description="which kernel modules are loaded (/proc/driver/nvidia/version), None when none"
+    )
+    unheld: list[str] = Field(
+        default_factory=list, description="packages of the installed driver set that apt does not hold"
+    )
+    nouveau: bool = Field(False, description="nouveau is loaded (it holds the GPU; the runfile refuses)")
 
 
 class PcieLink(Fact):
@@ -60,6 +73,14 @@ class NvLink(Fact):
     active: bool
     remote_type: NvlinkRemote | None = None
     remote_pci_bus_id: str | None = None
+
+
+class LostGpu(Fact):
+    """A GPU NVML enumerates but answers GpuIsLost for (fallen off the bus); kept out of `gpus`."""
+
+    index: int
+    pci_bus_id: str | None = Field(None, description="its PCI address, when NVML still knows it")
+    error: str = Field(description='NVML\'s words, e.g. "GPU is lost"')
 
 
 class Gpu(Fact):
@@ -97,14 +118,32 @@ class Board(Fact):
     model: str | None = None
 
 
+ServiceState = Literal["active", "inactive", "failed", "absent", "unknown"]
+
+
 class FabricManager(Fact):
     version: str | None = Field(None, description="installed package version, None when not installed")
-    service: Literal["active", "inactive", "failed", "absent", "unknown"] = "unknown"
+    service: ServiceState = "unknown"
+    enabled: bool | None = Field(
+        None, description="the unit starts at boot (NVIDIA's packages do not enable it)"
+    )
+
+
+class PersistenceDaemon(Fact):
+    service: ServiceState = Field("unknown", description="nvidia-persistenced's state; absent: not installed")
+    enabled: bool | None = Field(None, description="it starts at boot and puts every GPU in persistence mode")
 
 
 class SliConfig(Fact):
     mode: str | None = Field(None, description='the X config\'s Option "SLI" value, None when unset')
     file: str | None = Field(None, description="the file it was read from")
+
+
+class XorgLayout(Fact):
+    """A ServerLayout section of the node's X config: X uses its screens and ignores every other Screen."""
+
+    file: str
+    screens: list[str] = Field(default_factory=list, description="the Screen identifiers it lists")
 
 
 class ManagedFile(Fact):
@@ -138,20 +177,100 @@ class TorchInfo(Fact):
     error: str | None = None
 
 
+class NvlinkErrors(Fact):
+    """Error counters of one active NVLink since the driver loaded."""
+
+    link: int
+    crc: int = Field(description="CRC errors (flit + data)")
+    replay: int
+    recovery: int
+
+
+FabricState = Literal["not_supported", "not_started", "in_progress", "completed", "unknown"]
+
+
+class GpuHealth(Fact):
+    """Health values of one GPU; None = the GPU or driver cannot say (not checked)."""
+
+    index: int
+    ecc_mode: bool | None = None
+    ecc_pending_mode: bool | None = Field(None, description="the ECC mode after the next reboot")
+    ecc_volatile_uncorrectable: int | None = Field(None, description="since the driver loaded")
+    ecc_aggregate_uncorrectable: int | None = Field(None, description="over the GPU's life")
+    retired_pages_pending: bool | None = Field(None, description="before Ampere: waits for a reset")
+    retired_pages: int | None = None
+    remapped_rows_uncorrectable: int | None = Field(None, description="Ampere and later")
+    remapped_rows_pending: bool | None = Field(None, description="a remap waits for a GPU reset")
+    remapped_rows_failure: bool | None = Field(None, description="a remap failed: memory beyond repair")
+    nvlink_errors: list[NvlinkErrors] = Field(default_factory=list)
+    throttle: list[str] | None = Field(
+        None, description="active clock events: hw_slowdown, hw_thermal, hw_power_brake, sw_thermal, ..."
+    )
+    power_limit_w: int | None = None
+    default_power_limit_w: int | None = None
+    power_limit_range_w: tuple[int, int] | None = Field(None, description="(lowest, highest) limit accepted")
+    compute_mode: Literal["default", "exclusive_process", "prohibited", "unknown"] | None = None
+    mig: bool | None = None
+    mig_pending: bool | None = None
+    fabric_state: FabricState | None = None
+    fabric_status: str | None = Field(None, description='"success" or NVML\'s words for the failure')
+
+
+class XidEvent(Fact):
+    gpu: int | None = Field(description="the GPU at that address; None when NVML lists no GPU there")
+    pci_bus_id: str = Field(description="domain:bus:device as the kernel log prints it")
+    code: int
+
+
+class KernelReadiness(Fact):
+    running: str
+    installed: list[str] = Field(default_factory=list, description="kernels with an image in /boot")
+    nvidia_module_for: list[str] = Field(default_factory=list, description="kernels with an nvidia.ko")
+    secure_boot: bool | None = None
+    module_signed: bool | None = Field(None, description="judged only with Secure Boot on")
+
+
+class HostHealth(Fact):
+    gpus: list[GpuHealth] = Field(default_factory=list)
+    xid: list[XidEvent] = Field(default_factory=list, description="Xids in this boot's kernel log, in order")
+    xid_source: str | None = Field(None, description="journal, kmsg, dmesg or twin; None: no log readable")
+    kernel: KernelReadiness | None = None
+    not_checked: list[str] = Field(default_factory=list, description="values not read, each said once")
+
+    def gpu(self, index: int) -> GpuHealth | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+
+class NetInterface(Fact):
+    name: str
+    up: bool = Field(description="administratively up (IFF_UP)")
+
+
+class CpuInfo(Fact):
+    logical: int = Field(description="CPUs the agent may run on")
+    cores: int | None = Field(None, description="physical cores among them, None when unknown")
+
+
 class Facts(Fact):
     schema_version: int = FACTS_SCHEMA_VERSION
     agent_version: str
     host: HostInfo
     driver: DriverInfo
     gpus: list[Gpu] = Field(default_factory=list)
+    lost_gpus: list[LostGpu] = Field(default_factory=list, description="GPUs NVML answers GpuIsLost for")
     pairs: list[GpuPair] = Field(default_factory=list)
     nvswitch: bool = False
     board: Board = Board()
     fabricmanager: FabricManager | None = None
+    persistenced: PersistenceDaemon | None = None
     sli: SliConfig = SliConfig()
+    xorg_layouts: list[XorgLayout] = Field(default_factory=list)
     files: list[ManagedFile] = Field(default_factory=list)
     processes: list[GpuProcess] = Field(default_factory=list)
     torch: TorchInfo | None = None
+    health: HostHealth | None = Field(None, description="None from an agent that does not read health")
+    interfaces: list[NetInterface] | None = Field(None, description="None: the agent did not report them")
+    cpu: CpuInfo | None = None
 
     def file(self, path: str) -> ManagedFile | None:
         return next((f for f in self.files if f.path == path), None)

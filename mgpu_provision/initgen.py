@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
+from .errors import ProvisionError
 from .facts import Facts
-from .spec.models import SCHEMA_COMMENT, Files
+from .spec.models import Files
 
 # The env files apply writes; `init` asks the box for them so that its rig file does not demand new ones.
 ENV_FILE_FIELDS = ("profile_d", "environment_file", "launcher")
@@ -86,9 +88,36 @@ def driver_lines(facts: Facts) -> list[str]:
     ]
 
 
+def health_lines(facts: Facts) -> list[str]:
+    """The `health:` settings this box runs with where they are not the defaults (one value on every GPU),
+    so the written rig plans clean; nothing when the box reports no health or uses the defaults."""
+    gpus = facts.health.gpus if facts.health is not None else []
+
+    def common(values: list[Any]) -> Any:
+        return values[0] if values and None not in values and len(set(values)) == 1 else None
+
+    found = {
+        "ecc": common([g.ecc_mode for g in gpus]),
+        "compute_mode": common([g.compute_mode for g in gpus]),
+        "mig": common([g.mig for g in gpus]),
+    }
+    if any(g.power_limit_w != g.default_power_limit_w for g in gpus):
+        found["power_limit_w"] = common([g.power_limit_w for g in gpus])
+    defaults = {"compute_mode": "default", "mig": False, "ecc": None}
+    keep = {k: v for k, v in found.items() if v is not None and v != defaults.get(k) and v != "unknown"}
+    if not keep:
+        return []
+    words = ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in keep.items())
+    return [f"    health: {{{words}}}  # review: the settings this box runs with"]
+
+
 def host_line(host_name: str, address: str, rig: str, connection: dict[str, str | int | None]) -> str:
     fields = [f"name: {host_name}", f"address: {_q(address)}", f"rig: {rig}"]
-    fields += [f"{key}: {_q(str(value))}" for key, value in connection.items() if value is not None]
+    fields += [
+        f"{key}: {value if isinstance(value, int) else _q(value)}"
+        for key, value in connection.items()
+        if value is not None
+    ]
     return "  - {" + ", ".join(fields) + "}"
 
 
@@ -98,16 +127,25 @@ def rig_from_facts(
     facts: Facts,
     topology_file: str | None = None,
     connection: dict[str, str | int | None] | None = None,
+    schema_line: str | None = None,
+    source: str | None = None,
 ) -> str:
     """Rig-file text describing the box `facts` were read from; valid as written.
 
-    `connection` holds the host keys that reached the box (user, port, identity_file, python), so the
-    written file reaches it the same way.
+    `connection` holds the host keys that reached the box (user, port, identity_file, python, connection,
+    simulate), so the written file reaches it the same way; `source` is how init was told to reach it.
+    A box without GPUs is refused: a rig file needs a GPU model, and a placeholder would validate.
     """
+    if not facts.gpus:
+        reason = facts.driver.message or "no NVIDIA driver answered"
+        raise ProvisionError(
+            f"NVML sees no GPU on {host_name}: {reason}. init describes a box whose GPUs work, so it "
+            "wrote nothing: run it against such a box, or rehearse with --simulate TWIN"
+        )
     rig = rig_name_for(facts)
     lines = [
-        SCHEMA_COMMENT,
-        f"# Written by `mgpu-provision init --from {host_name}` from the box as it is now.",
+        *([schema_line] if schema_line else []),
+        f"# Written by `mgpu-provision init {source or '--from ' + host_name}` from the box as it is now.",
         "# Lines marked `review:` are guesses; check them before you apply this to other boxes.",
         "version: 1",
         "hosts:",
@@ -116,22 +154,18 @@ def rig_from_facts(
         "rigs:",
         f"  {rig}:",
     ]
-    if facts.gpus:
-        names = Counter(g.name for g in facts.gpus)
-        model = names.most_common(1)[0][0]
-        lines.append(f"    gpus: {{model: {_q(model)}, count: {len(facts.gpus)}}}")
-        if len(names) > 1:
-            lines.append("    # review: this box mixes GPU models; a rig wants one model on every GPU")
-        lines += bridge_lines(facts, topology_file)
-        lines.append(f"    visible_devices: {list(range(len(facts.gpus)))}")
-        nproc = len(facts.gpus)
-    else:
-        lines.append('    gpus: {model: "REPLACE ME", count: 1}  # review: NVML saw no GPU on this box')
-        nproc = 1
+    names = Counter(g.name for g in facts.gpus)
+    model = names.most_common(1)[0][0]
+    lines.append(f"    gpus: {{model: {_q(model)}, count: {len(facts.gpus)}}}")
+    if len(names) > 1:
+        lines.append("    # review: this box mixes GPU models; a rig wants one model on every GPU")
+    lines += bridge_lines(facts, topology_file)
+    lines.append(f"    visible_devices: {list(range(len(facts.gpus)))}")
+    nproc = len(facts.gpus)
     lines += driver_lines(facts)
-    backend = "nccl" if facts.gpus else "gloo"
+    lines += health_lines(facts)
     lines += [
-        f"    ddp: {{master: {host_name}, port: 29500, backend: {backend}, nproc_per_node: {nproc}}}",
+        f"    ddp: {{master: {host_name}, port: 29500, backend: nccl, nproc_per_node: {nproc}}}",
         "    # review: the rendezvous master must be reachable from every node on the port",
     ]
     if facts.torch is not None and facts.torch.ok:

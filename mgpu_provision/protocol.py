@@ -14,6 +14,9 @@ import math
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 INSTALLED_FILE_KEYS = ("role", "path", "content", "mode")
+# A node whose agent sees this variable (set by its sshd, or passed on by the login shell) is simulated: its
+# NVIDIA layer is the twin file the variable names.
+SIMULATE_ENV = "MGPU_PROVISION_SIMULATE"
 
 
 class BadRequest(Exception):
@@ -101,18 +104,30 @@ def text_mapping() -> Arg:
     return Arg("a mapping of names to strings", ok)
 
 
+def user_name() -> Arg:
+    ok = lambda v: v is None or (_is_text(v) and v != "" and not any(c.isspace() or c in ":/" for c in v))  # noqa: E731
+    return Arg("a user name or null", ok)
+
+
 RECLAIM_POLICIES = ("never", "orphans", "orphans+patterns")
 MAX_GRACE_S = 600.0
 
 VERB_ARGS: Dict[str, Dict[str, Arg]] = {
-    "facts": {"files": texts(), "include_content": flag(), "python": optional_text(), "xorg_paths": texts()},
-    "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects()},
-    "reboot": {"lock": line(), "lock_wait_s": number()},
+    "facts": {
+        "files": texts(),
+        "include_content": flag(),
+        "python": optional_text(),
+        "xorg_paths": texts(),
+        "xorg_layout_paths": texts(),
+    },
+    "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects(), "simulated": flag()},
+    "reboot": {"lock": line(), "lock_wait_s": number(), "simulated": flag()},
     "reclaim": {
         "policy": choice(*RECLAIM_POLICIES),
         "patterns": texts(),
         "grace_s": number(0, MAX_GRACE_S),
         "dry_run": flag(),
+        "user": user_name(),
     },
     "smoke": {
         "python": line(required=True),
@@ -163,6 +178,7 @@ def facts_request(
     include_content: bool = False,
     python: Optional[str] = None,
     xorg_paths: Sequence[str] = (),
+    xorg_layout_paths: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """The `facts` verb's arguments. With no arguments: the minimal form, enough for GPUs, driver,
     processes and the boot id (what apply's reboot wait and reclaim's check need)."""
@@ -171,13 +187,21 @@ def facts_request(
         "include_content": include_content,
         "python": python,
         "xorg_paths": list(xorg_paths),
+        # X config files (folders: their *.conf) whose ServerLayout sections would hide the managed snippet
+        "xorg_layout_paths": list(xorg_layout_paths),
     }
 
 
 # --- apply steps: what the `apply` verb carries out, one kind each ---------------------------------------
 
 FILE, DRIVER, PERSISTENCE = "file", "driver", "persistence"
-STEP_KINDS = (FILE, DRIVER, PERSISTENCE)
+COMPUTE_MODE, POWER_LIMIT = "compute-mode", "power-limit"
+FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU = "fabricmanager", "persistenced", "service", "nouveau"
+REMOVE = "remove"
+STEP_KINDS = (
+    FILE, REMOVE, DRIVER, FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU, PERSISTENCE, COMPUTE_MODE,
+    POWER_LIMIT,
+)  # fmt: skip
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
 
@@ -187,13 +211,50 @@ def file_step(path: str, content: str, mode: str) -> Dict[str, Any]:
     return {"kind": FILE, "path": path, "content": content, "mode": mode}
 
 
+def remove_step(path: str) -> Dict[str, Any]:
+    """Make sure `path` does not exist (a managed file the rig no longer wants); a backup keeps its text."""
+    return {"kind": REMOVE, "path": path}
+
+
 def persistence_step(gpus: List[int], enabled: bool) -> Dict[str, Any]:
     return {"kind": PERSISTENCE, "gpus": list(gpus), "enabled": enabled}
+
+
+def compute_mode_step(gpus: List[int], mode: str) -> Dict[str, Any]:
+    """Set the compute mode ("default", "exclusive_process" or "prohibited") of `gpus`."""
+    return {"kind": COMPUTE_MODE, "gpus": list(gpus), "mode": mode}
+
+
+def power_limit_step(gpus: List[int], watts: Optional[int]) -> Dict[str, Any]:
+    """Set the power limit of `gpus` to `watts`, or with None to each GPU's default limit."""
+    return {"kind": POWER_LIMIT, "gpus": list(gpus), "watts": watts}
 
 
 def driver_step(method: str, target: Dict[str, str], **options: Any) -> Dict[str, Any]:
     """Install a driver: `target` is {"version": ...} or {"branch": ...}; options as the method needs them."""
     return dict({"kind": DRIVER, "method": method}, **target, **options)
+
+
+def fabricmanager_step(version: str, **options: Any) -> Dict[str, Any]:
+    """Fabric Manager (and NSCQ) at exactly `version`, held, its unit enabled; started when `start`.
+    Options: source, method, flavor, hold, start."""
+    return dict({"kind": FABRICMANAGER, "version": version}, **options)
+
+
+def service_step(unit: str, enable: bool, start: bool) -> Dict[str, Any]:
+    """Enable (and start, when the driver's module is loaded) or disable and stop an NVIDIA unit."""
+    return {"kind": SERVICE, "unit": unit, "enable": enable, "start": start}
+
+
+def persistenced_step(enabled: bool, start: bool, **package: str) -> Dict[str, Any]:
+    """nvidia-persistenced enabled (and started) or turned off; `package` and `method` where it is a
+    package of its own that may need installing."""
+    return dict({"kind": PERSISTENCED, "enabled": enabled, "start": start}, **package)
+
+
+def nouveau_step() -> Dict[str, Any]:
+    """Blacklist nouveau (modprobe.d and a new initramfs): it leaves at the next boot."""
+    return {"kind": NOUVEAU}
 
 
 def reboot_step() -> Dict[str, Any]:
@@ -203,18 +264,30 @@ def reboot_step() -> Dict[str, Any]:
 # --- the other verbs' requests --------------------------------------------------------------------------
 
 
-def apply_request(lock: str, lock_wait_s: float, steps: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """Carry out `steps` in order under the host lock `lock`, waiting up to `lock_wait_s` for it."""
-    return {"lock": lock, "lock_wait_s": lock_wait_s, "steps": steps}
+def apply_request(
+    lock: str, lock_wait_s: float, steps: List[Dict[str, Any]], simulated: bool
+) -> Dict[str, Any]:
+    """Carry out `steps` in order under the host lock `lock`, waiting up to `lock_wait_s` for it; only on a
+    node that is (`simulated`) what its facts said it is."""
+    return {"lock": lock, "lock_wait_s": lock_wait_s, "steps": steps, "simulated": simulated}
 
 
-def reboot_request(lock: str, lock_wait_s: float) -> Dict[str, Any]:
+def reboot_request(lock: str, lock_wait_s: float, simulated: bool) -> Dict[str, Any]:
     """Reboot once the host lock is free (a reboot must not land in the middle of another apply)."""
-    return {"lock": lock, "lock_wait_s": lock_wait_s}
+    return {"lock": lock, "lock_wait_s": lock_wait_s, "simulated": simulated}
 
 
-def reclaim_request(policy: str, patterns: Sequence[str], grace_s: float, dry_run: bool) -> Dict[str, Any]:
-    return {"policy": policy, "patterns": list(patterns), "grace_s": grace_s, "dry_run": dry_run}
+def reclaim_request(
+    policy: str, patterns: Sequence[str], grace_s: float, dry_run: bool, user: Optional[str] = None
+) -> Dict[str, Any]:
+    """`user`: end only that user's processes (None: anyone's)."""
+    return {
+        "policy": policy,
+        "patterns": list(patterns),
+        "grace_s": grace_s,
+        "dry_run": dry_run,
+        "user": user,
+    }
 
 
 def smoke_cleanup_request(run_id: str, node_rank: int) -> Dict[str, Any]:

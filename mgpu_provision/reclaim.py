@@ -61,9 +61,10 @@ def unique_pids(processes: list[ReclaimedProcess]) -> list[ReclaimedProcess]:
     return list(seen.values())
 
 
-def agent_args(policy: Reclaim, dry_run: bool) -> dict[str, Any]:
-    """The `reclaim` verb's arguments for the rig's policy (validated with the rig file: spec/rules.py)."""
-    return protocol.reclaim_request(policy.policy, policy.patterns, policy.grace_s, dry_run)
+def agent_args(policy: Reclaim, dry_run: bool, user: str | None = None) -> dict[str, Any]:
+    """The `reclaim` verb's arguments for the rig's policy (validated with the rig file: spec/rules.py),
+    limited to one user's processes when `user` is given."""
+    return protocol.reclaim_request(policy.policy, policy.patterns, policy.grace_s, dry_run, user)
 
 
 def parse_result(where: str, result: dict[str, Any]) -> HostResult:

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ProvisionError
+from .facts import Facts
 from .fleet.options import MAX_FORKS, FleetOptions
 from .fleet.pool import HostOutcome, run_fleet
-from .fleet.session import AgentSession
+from .fleet.session import AgentSession, read_facts
 from .fleet.targets import HostTarget
+from .plan.host import facts_request
 from .plan.resources.envfiles import desired_files, environment, launcher_path
 from .protocol import smoke_cleanup_request
 from .spec.models import Host
@@ -148,16 +150,26 @@ def node_part(loaded: LoadedRig, host: Host, run_id: str) -> NodePart:
         "run_id": run_id,
         "timeout_s": smoke.timeout_s,
         "batch_size": smoke.batch_size,
-        "env": dict(environment(loaded, loaded.rig_of(host))),
         "launcher": launcher,
-        "files": installed_files(loaded, host, launcher),
     }
     if smoke.sizes_mib:  # else the node picks sizes that suit the backend its ranks run
         args["sizes_mib"] = list(smoke.sizes_mib)
     return NodePart(host.name, rendezvous, args)
 
 
-def installed_files(loaded: LoadedRig, host: Host, launcher: str | None) -> list[dict[str, str]]:
+def for_this_node(loaded: LoadedRig, host: Host, part: NodePart, facts: Facts) -> dict[str, Any]:
+    """The part's arguments completed with what depends on the node (its facts, as apply renders them):
+    the env files' variables, and what the launcher and env files must hold before smoke runs them."""
+    return {
+        **part.args,
+        "env": dict(environment(loaded, loaded.rig_of(host), facts)),
+        "files": installed_files(loaded, host, part.args["launcher"], facts),
+    }
+
+
+def installed_files(
+    loaded: LoadedRig, host: Host, launcher: str | None, facts: Facts
+) -> list[dict[str, str]]:
     """What the node's launcher and env files must hold before smoke runs them: what apply writes now."""
     if launcher is None:  # smoke runs torchrun itself from the rig file: no installed file is used
         return []
@@ -168,7 +180,7 @@ def installed_files(loaded: LoadedRig, host: Host, launcher: str | None) -> list
             "content": file.content,
             "mode": file.mode,
         }
-        for file in desired_files(loaded, host)
+        for file in desired_files(loaded, host, facts)
         if file.phase == "env"
     ]
 
@@ -294,8 +306,11 @@ def run_smoke(
 
     def call(session: AgentSession) -> dict[str, Any]:
         name = session.target.name
+        host = loaded.host(name)
         try:
-            result = session.call("smoke", by_host[name].args, timeout=timeout)
+            facts = read_facts(session, facts_request(loaded, host))
+            args = for_this_node(loaded, host, by_host[name], facts)
+            result = session.call("smoke", args, timeout=timeout)
         except Exception:
             if on_node_done is not None:
                 on_node_done(name, False)

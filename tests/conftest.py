@@ -15,7 +15,7 @@ import pytest
 # `tests.hosts` must import the same way under `python -m pytest` (cwd on sys.path) and `pytest`.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import hosts
+from tests import debian_root, hosts
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +38,17 @@ def test_hosts(
     """Factory of real sshd test hosts: `test_hosts.start("gpu-a", twin)`; torn down after the test."""
     hosts.require_harness()
     yield from hosts.host_factory(_client_key, _address_pool)
+
+
+@pytest.fixture
+def debian_host(test_hosts: hosts.HostFactory) -> hosts.TestHost:
+    """A test host whose root is a real Debian 12 system (tests/debian_root.py, built once and cached)."""
+    try:
+        root = debian_root.ensure_root()
+    except debian_root.RootUnavailable as exc:
+        hosts.skip_or_fail(str(exc))
+        raise
+    return test_hosts.start_root("deb-a", root)
 
 
 # Tests that start real torch DDP runs (each rank imports torch: seconds of CPU). Run on one xdist worker, one

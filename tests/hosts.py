@@ -2,8 +2,13 @@
 
 End-to-end tests need several "boxes" that the control side reaches over real SSH, whose managed folders
 (`/etc/mgpu-provision`, `/etc/profile.d`, ...) and home directory are private to each box, and whose NVIDIA
-layer is a twin file (DESIGN.md "Test hosts"). Each host is one `sshd -D` started through `unshare`, so the
-sshd process itself holds the namespaces: `nsenter` into its pid sees the box as the agent sees it.
+layer is a twin file (docs/ARCHITECTURE.md "Test hosts"). Each host is one `sshd -D` started through
+`unshare`, so the sshd process itself holds the namespaces: `nsenter` into its pid sees the box as the agent
+sees it.
+
+A root-filesystem host (`start_root`) instead runs its sshd chrooted into a private overlay of a real root
+filesystem (tests/debian_root.py), with no twin: the agent there drives that root's own apt and dpkg and the
+real NVIDIA libraries the packages install.
 
 Addresses are 127.<a>.<b>.<n> with <a>.<b> derived from this process's pid, so concurrent test sessions
 (xdist workers, other checkouts) never collide; a bind probe skips any address already in use.
@@ -16,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -33,7 +39,10 @@ from typing import Any, Literal
 import pytest
 import yaml
 
+from tests import debian_root
+
 SSHD = "/usr/sbin/sshd"
+APPLY_LOCK = "/var/lib/mgpu-provision/apply.lock"  # the default files.state_dir's lock
 SSH_PORT = 2222
 NODE_PYTHON = "/usr/bin/python3"
 # Folders the tool manages on a node; each test host gets a private, initially empty copy.
@@ -66,11 +75,20 @@ def harness_unavailable() -> str | None:
 def require_harness() -> None:
     """Skip the calling test with the reason the hosts cannot start; under CI=true, fail it instead."""
     reason = harness_unavailable()
-    if reason is None:
-        return
+    if reason is not None:
+        skip_or_fail(reason)
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip the calling test with the reason; under CI=true fail it instead (CI never passes by skipping)."""
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true but the e2e harness cannot run: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def loopback_address(port: int = SSH_PORT) -> str:
+    """A loopback address of this process's own range with `port` free (tests without the harness)."""
+    return _AddressPool().take(port)
 
 
 class _AddressPool:
@@ -131,6 +149,7 @@ class TestHost:
     rig: str
     host_key_pub: str
     process: subprocess.Popen[bytes] | None = None
+    chroot: Path | None = None  # a root-filesystem host: where its root is mounted, inside its namespace
 
     @property
     def twin_path(self) -> Path:
@@ -164,8 +183,13 @@ class TestHost:
             timeout=30,
         )
 
+    def run_in_root(self, command: str) -> subprocess.CompletedProcess[str]:
+        """Run a shell command inside a root-filesystem host (its own apt, dpkg and files)."""
+        assert self.chroot is not None, f"{self.name} has no root filesystem of its own"
+        return self.run_in_ns(f"chroot {self.chroot} sh -c {shlex.quote(command)}")
+
     def log(self) -> str:
-        path = self.dir / "sshd.log"
+        path = self.dir / ("upper/var/log/sshd.log" if self.chroot else "sshd.log")
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self) -> None:
@@ -190,10 +214,13 @@ class TestHost:
 
 
 class SilentServer:
-    """Accepts TCP connections and never says a word: a box whose sshd hangs before the banner."""
+    """Accepts TCP connections and never says a word: a box whose sshd hangs before the banner.
 
-    def __init__(self, address: str, port: int = SSH_PORT) -> None:
-        self.address, self.port = address, port
+    With `hang_up`, it closes each connection at once instead, as sshd does past MaxStartups.
+    """
+
+    def __init__(self, address: str, port: int = SSH_PORT, hang_up: bool = False) -> None:
+        self.address, self.port, self.hang_up = address, port, hang_up
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((address, port))
@@ -208,7 +235,10 @@ class SilentServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            self._held.append(conn)
+            if self.hang_up:
+                conn.close()
+            else:
+                self._held.append(conn)
 
     def __enter__(self) -> SilentServer:
         return self
@@ -246,10 +276,13 @@ class HostFactory:
         rig: str | None = None,
         extra_sshd_config: str = "",
         login_user: str | None = None,
-        sudo: Literal["nopasswd", "password"] | None = None,
+        sudo: Literal["nopasswd", "password", "real"] | None = None,
+        sftp: bool = True,
     ) -> TestHost:
         """Start a host. `login_user` adds a non-root account (uid 1000) that only this host knows;
-        `sudo` puts a stand-in `sudo` on its PATH that runs the command (nopasswd) or wants a password."""
+        `sudo` puts a stand-in `sudo` on its PATH that runs the command (nopasswd) or wants a password, or
+        (real) gives the login user a NOPASSWD rule for the machine's real sudo, env_reset and all;
+        `sftp=False` leaves the SFTP subsystem out, as hardened images do."""
         address = self.pool.take()
         host_dir = self.root / name
         host_dir.mkdir()
@@ -266,13 +299,16 @@ class HostFactory:
             mounts.append(f"mount --bind {private} {target}")
         if login_user:
             mounts += _private_account(host_dir, login_user)
-        if sudo:
+        if sudo == "real":
+            mounts.append(_sudo_rule(host_dir))
+        elif sudo:
             fake = host_dir / "managed" / str(MANAGED_DIRS.index("/usr/local/bin")) / "sudo"
             fake.write_text(_FAKE_SUDO[sudo])
             fake.chmod(0o755)
-        (host_dir / "sshd_config").write_text(
-            _sshd_config(host, host_dir / "authorized_keys") + extra_sshd_config
-        )
+        config = _sshd_config(host, host_dir / "authorized_keys") + extra_sshd_config
+        if not sftp:
+            config = config.replace("Subsystem sftp internal-sftp\n", "")
+        (host_dir / "sshd_config").write_text(config)
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
         script = " && ".join(
             [
@@ -285,6 +321,48 @@ class HostFactory:
             ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script],
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group, so teardown can end sshd and its children
+        )
+        self.hosts.append(host)
+        _wait_listening(host)
+        self._write_known_hosts()
+        return host
+
+    def start_root(self, name: str, root: Path) -> TestHost:
+        """Start a host whose sshd runs chrooted in a private overlay of a real root filesystem
+        (tests/debian_root.py): no twin, so the agent meets that root's real apt, dpkg and NVIDIA libraries.
+        Its own mount, UTS and pid namespaces hold the overlay, /proc and /dev; they vanish with it."""
+        address = self.pool.take()
+        host_dir = self.root / name
+        layers = {layer: host_dir / layer for layer in ("upper", "work", "merged")}
+        for folder in layers.values():
+            folder.mkdir(parents=True)
+        host_key_pub = _keygen(host_dir / "ssh_host_ed25519_key", f"host-{name}")
+        host = TestHost(
+            name, address, SSH_PORT, host_dir, f"rig-{name}", host_key_pub, chroot=layers["merged"]
+        )
+        inside = layers["upper"] / "etc" / "mgpu-test"  # written into the overlay's upper layer
+        inside.mkdir(parents=True)
+        for suffix in ("", ".pub"):
+            shutil.copy(host_dir / f"ssh_host_ed25519_key{suffix}", inside / f"host_key{suffix}")
+        (inside / "authorized_keys").write_text(self.client_key_pub + "\n")
+        config = _sshd_config(host, Path("/etc/mgpu-test/authorized_keys"), simulated=False)
+        config = config.replace(str(host_dir / "ssh_host_ed25519_key"), "/etc/mgpu-test/host_key")
+        (inside / "sshd_config").write_text(config.replace(str(host_dir / "sshd.pid"), "/run/sshd.pid"))
+        merged = layers["merged"]
+        lower, upper, work = root, layers["upper"], layers["work"]
+        script = " && ".join(
+            [
+                f"mount -t overlay overlay -o lowerdir={lower},upperdir={upper},workdir={work} {merged}",
+                *debian_root.root_mounts(merged),
+                f"mkdir -p {merged}/run/sshd",
+                f"hostname {name}",
+                f"exec chroot {merged} /usr/sbin/sshd -D -f /etc/mgpu-test/sshd_config -E /var/log/sshd.log",
+            ]
+        )
+        host.process = subprocess.Popen(
+            [*debian_root.NAMESPACES, "sh", "-c", script],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         self.hosts.append(host)
         _wait_listening(host)
@@ -360,6 +438,19 @@ _FAKE_SUDO = {
 }
 
 
+def _sudo_rule(host_dir: Path) -> str:
+    """A private /etc/sudoers.d giving the login account (uid 1000) passwordless sudo on this host only, for
+    the real sudo binary. By uid: the machine may already name uid 1000 otherwise, and sudo goes by name."""
+    if shutil.which("sudo") is None:
+        raise RuntimeError("test hosts with real sudo need the sudo package (apt-get install sudo)")
+    rules = host_dir / "sudoers.d"
+    rules.mkdir(mode=0o755)
+    rule = rules / "mgpu-tests"
+    rule.write_text("#1000 ALL=(ALL:ALL) NOPASSWD: ALL\n")
+    rule.chmod(0o440)
+    return f"mount --bind {rules} /etc/sudoers.d"
+
+
 def _private_account(host_dir: Path, user: str) -> list[str]:
     """Copies of passwd/group/shadow with one more account, bind-mounted inside the host's namespace only."""
     home = host_dir / f"home-{user}"
@@ -386,7 +477,8 @@ def _rig_of_twin(twin: Mapping[str, Any]) -> dict[str, Any]:
     return {"gpus": {"model": model, "count": max(len(gpus), 1)}}
 
 
-def _sshd_config(host: TestHost, authorized_keys: Path) -> str:
+def _sshd_config(host: TestHost, authorized_keys: Path, simulated: bool = True) -> str:
+    simulate = f"SetEnv MGPU_PROVISION_SIMULATE={host.twin_path}\n" if simulated else ""
     return f"""\
 ListenAddress {host.address}
 Port {host.port}
@@ -402,8 +494,7 @@ StrictModes no
 PrintMotd no
 LogLevel VERBOSE
 MaxStartups 100:30:200
-SetEnv MGPU_PROVISION_SIMULATE={host.twin_path}
-Subsystem sftp internal-sftp
+{simulate}Subsystem sftp internal-sftp
 """
 
 
@@ -505,3 +596,36 @@ def fake_agent(tag: str = "") -> FakeAgent:
         archive.writestr(entry, _FAKE_AGENT_MAIN + f"# {tag}\n")
     data = buffer.getvalue()
     return FakeAgent(data, f"agent-{hashlib.sha256(data).hexdigest()[:16]}.pyz")
+
+
+def hold_lock(host: TestHost, seconds: float, lock: str = APPLY_LOCK) -> subprocess.Popen[bytes]:
+    """Take the host's apply lock from inside its namespaces, as another apply's agent would."""
+    assert host.process is not None
+    # -o: only flock itself holds the lock, so killing it releases the lock at once.
+    script = f"mkdir -p {Path(lock).parent} && echo $$ > {lock} && exec flock -o {lock} sleep {seconds}"
+    holder = subprocess.Popen(
+        ["nsenter", "-t", str(host.process.pid), "-m", "-u", "--", "sh", "-c", script], start_new_session=True
+    )
+    deadline = time.monotonic() + 10
+    while host.run_in_ns(f"flock -n {lock} true", check=False).returncode == 0:
+        assert time.monotonic() < deadline, "the lock holder did not start"
+        time.sleep(0.05)
+    return holder
+
+
+def desired_files_on(rig: Path, known_hosts: Path) -> dict[str, list[Any]]:
+    """Per host of `rig`: the files apply must leave there, rendered from the facts the host really reports
+    (bus ids, interfaces, torch, cores), as plan renders them."""
+    from mgpu_provision import cli
+    from mgpu_provision.facts import Facts
+    from mgpu_provision.plan.resources.envfiles import desired_files
+    from mgpu_provision.spec import load_rig
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli.main(["facts", str(rig), "--known-hosts", str(known_hosts), "--json"])
+    loaded = load_rig(rig)
+    return {
+        name: desired_files(loaded, loaded.host(name), Facts.model_validate(report["facts"]))
+        for name, report in json.loads(out.getvalue())["hosts"].items()
+    }

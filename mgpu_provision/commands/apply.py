@@ -22,7 +22,7 @@ from ..errors import ProvisionError
 from ..plan.fleet import FleetPlan
 from . import options
 from .output import host_table
-from .plan_view import change_json, change_lines, render_plan
+from .plan_view import add_diff_option, change_json, change_lines, render_plan
 
 MAX_WAIT_S = 3600
 
@@ -35,13 +35,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "apply",
         help="converge the fleet to the rig file (shows the plan and asks first)",
-        description=__doc__,
+        description=(
+            "Converge the fleet to the rig file, a batch of hosts at a time.\n\n"
+            "Shows the plan and asks first (unless --yes; without a terminal it needs --yes). Each host is\n"
+            "changed in one locked call with atomic file writes, then read again for the recap. Exit 0 when\n"
+            "every host converged, 2 when one failed, was unreachable, was skipped or needs a reboot,\n"
+            "1 on errors."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  mgpu-provision apply rig.yaml --serial 1 --max-fail-percent 0\n"
         "  mgpu-provision apply rig.yaml --playbook env --yes\n"
         "  mgpu-provision apply rig.yaml --skip-tags reboot --limit 'rtx*'",
     )
     options.add_fleet_arguments(parser)
+    add_diff_option(parser)
     parser.add_argument(
         "--playbook",
         default="provision",
@@ -100,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     plan = fleet_plan(fleet.loaded, fleet.targets, steps, fleet.options)
     busy = [h for h in plan.hosts if to_carry_out(h, steps)]
     if busy:
-        show_plan(out, plan, steps)
+        show_plan(out, plan, steps, args.diff)
         confirm(args.yes, len(busy), err)
     # A spinner with the latest step and the time spent: driver installs and reboot waits take minutes.
     # rich shows it only on a terminal; the progress lines themselves are always printed (logs, CI).
@@ -140,9 +147,9 @@ def confirm(yes: bool, hosts: int, console: Console) -> None:
         raise NotConfirmed("apply cancelled: nothing was changed")
 
 
-def show_plan(console: Console, plan: FleetPlan, steps: tuple[str, ...]) -> None:
+def show_plan(console: Console, plan: FleetPlan, steps: tuple[str, ...], new_content: bool = False) -> None:
     console.print(f"[bold]Plan[/] (playbook steps: {', '.join(steps)})")
-    render_plan(plan, console)
+    render_plan(plan, console, new_content)
 
 
 def show_recap(console: Console, result: ApplyResult) -> None:

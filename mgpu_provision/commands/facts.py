@@ -64,7 +64,11 @@ def gpu_table(facts: Facts) -> Table:
 def driver_line(facts: Facts) -> str:
     driver = facts.driver
     if driver.nvml != "ok":
-        return f"driver: {driver.message or 'NVML unavailable'} ({driver.nvml})"
+        line = f"driver: {driver.message or 'NVML unavailable'} ({driver.nvml})"
+        known = [f"installed {driver.installed}"] if driver.installed else []
+        known += ["reboot required"] if driver.reboot_required else []
+        known += ["nouveau loaded"] if driver.nouveau else []
+        return "; ".join([line, ", ".join(known)]) if known else line
     parts = [f"driver {driver.version}", f"CUDA {driver.cuda}"]
     if driver.loaded and driver.loaded != driver.version:
         parts.append(f"loaded module {driver.loaded}")
@@ -83,7 +87,16 @@ def link_matrix(facts: Facts) -> str:
         return pair.cell if pair is not None else "?"
 
     # Facts carry no CPU/NUMA affinity, so the matrix is printed without those trailing columns.
-    return format_topology(dataclasses.replace(gpu_matrix(len(facts.gpus), cell), titles=()))
+    count = len(facts.gpus) + len(facts.lost_gpus)  # a lost GPU keeps its index: its cells read `?`
+    return format_topology(dataclasses.replace(gpu_matrix(count, cell), titles=()))
+
+
+def health_lines(facts: Facts) -> list[str]:
+    """Lost GPUs, and what the node could not read (once per value); the verdicts are `plan`'s."""
+    lines = [f"GPU {gpu.index} is lost ({gpu.error})" for gpu in facts.lost_gpus]
+    if facts.health is not None and facts.health.not_checked:
+        lines.append("not checked: " + "; ".join(facts.health.not_checked))
+    return lines
 
 
 def host_view(name: str, facts: Facts) -> RenderableType:
@@ -98,6 +111,7 @@ def host_view(name: str, facts: Facts) -> RenderableType:
         parts += [gpu_table(facts), Text(link_matrix(facts).rstrip("\n"))]
     else:
         parts.append(Text("no GPUs"))
+    parts += [Text(line, style="yellow") for line in health_lines(facts)]
     return Group(*parts)
 
 
@@ -126,8 +140,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "facts",
         help="show what each box is: GPUs, driver, links (one SSH command per host)",
-        description="Read every chosen host (GPUs, driver, NVLink/PCIe matrix) and print it. "
-        "Exit 0 when every host answered, 2 when some were unreachable or failed, 1 on errors.",
+        description=(
+            "Show what each box is: GPUs, driver, NVLink/PCIe link matrix, PCIe links, torch.\n\n"
+            "One SSH command per host; nothing is changed. Exit 0 when every host answered, 2 when some\n"
+            "were unreachable or failed, 1 on errors."
+        ),
         epilog="examples:\n  mgpu-provision facts rig.yaml\n"
         "  mgpu-provision facts rig.yaml --limit gpu-a --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -1,8 +1,9 @@
-"""`mgpu-provision init --from HOST`: write a rig file from a known-good box.
+"""`mgpu-provision init`: write a rig file from a known-good box.
 
-Reads the box's facts over SSH (one agent call), captures its `nvidia-smi topo -m` matrix beside the rig file,
-and writes a rig file that validates and whose plan against the same box is empty. The text itself comes from
-`initgen.rig_from_facts` (pure); this module is the thin shell: parse, reach the box, write files.
+People should not type GPU names, link counts and driver versions by hand: the box that works is the best
+description of the boxes that should match it. The box is reached like any rig-file host (over SSH, or this
+machine with `connection: local`, its NVIDIA layer optionally simulated), and the text comes from the pure
+`initgen.rig_from_facts`; this command parses, reaches the box and writes the files.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from ..fleet.session import read_facts
 from ..fleet.targets import DEFAULT_PYTHON, HostTarget
 from ..initgen import env_file_paths, rig_from_facts
 from ..node.topology import format_topology, gpu_matrix
+from ..spec.models import path_in_rig, schema_comment
+
+# Where a `connection: local` box is written to be: the rendezvous address of a one-box rig.
+LOCAL_ADDRESS = "127.0.0.1"
 
 DESTINATION = re.compile(
     r"^(?:(?P<user>[a-z_][a-z0-9_.-]*)@)?(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*)(?::(?P<port>\d+))?$"
@@ -42,15 +47,18 @@ def host_name_for(facts: Facts, address: str) -> str:
     return name[:63]
 
 
-def run(args: argparse.Namespace) -> int:
-    user, address, port = parse_destination(args.source)
-    output: Path = args.output
-    topo_path = output.with_name(output.stem + ".topo.txt")
-    for path in (output, topo_path):  # checked before connecting: a refusal must not cost a login
-        if path.exists() and not args.force:
-            raise ProvisionError(f"{path} exists; choose another --output or pass --force")
-    target = HostTarget(
-        name=args.source,
+def target_for(args: argparse.Namespace) -> HostTarget:
+    """The box to read: `--from` over SSH, or this machine with `--connection local`."""
+    if args.connection == "local":
+        if args.source:
+            raise ProvisionError("--from is for SSH; --connection local reads this machine")
+        user, address, port = None, LOCAL_ADDRESS, None
+    elif not args.source:
+        raise ProvisionError("init needs --from HOST (or --connection local for this machine)")
+    else:
+        user, address, port = parse_destination(args.source)
+    return HostTarget(
+        name=args.source or "this machine",
         address=address,
         port=port,
         user=user,
@@ -58,11 +66,24 @@ def run(args: argparse.Namespace) -> int:
         jump=None,
         become=False,
         python=args.python,
-        connection="ssh",
-        simulate=None,
+        connection=args.connection,
+        simulate=str(args.simulate.resolve()) if args.simulate else None,
         connect_timeout_s=args.timeout,
         command_timeout_s=300.0,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    target = target_for(args)
+    output: Path = args.output
+    topo_path = output.with_name(output.stem + ".topo.txt")
+    for path in (output, topo_path):  # checked before connecting: a refusal must not cost a login
+        if path.exists() and not args.force:
+            raise ProvisionError(f"{path} exists; choose another --output or pass --force")
+    if not output.resolve().parent.is_dir():
+        raise ProvisionError(f"-o {output}: the folder {output.resolve().parent} does not exist")
+    if args.simulate and not args.simulate.is_file():
+        raise ProvisionError(f"--simulate {args.simulate}: no such twin file")
     options = FleetOptions(
         accept_new_host_keys=args.accept_new_host_keys,
         known_hosts=args.known_hosts,
@@ -71,23 +92,27 @@ def run(args: argparse.Namespace) -> int:
     request = protocol.facts_request(files=env_file_paths(), python=args.smoke_python)
     outcome = run_fleet([target], lambda session: read_facts(session, request), options)[target.name]
     if outcome.value is None:
-        raise ProvisionError(f"could not read {args.source}: {outcome.error}")
+        raise ProvisionError(f"could not read {target.name}: {outcome.error}")
     facts = outcome.value
 
-    topo_name = None
-    if facts.gpus:
-        topo_path.write_text(format_topology(gpu_matrix(len(facts.gpus), facts.cell)), encoding="utf-8")
-        topo_name = topo_path.name
-    name = args.name or host_name_for(facts, address)
+    name = args.name or host_name_for(facts, target.address)
+    folder = output.resolve().parent
     connection: dict[str, str | int | None] = {
-        "user": user,
-        "port": port,
+        "user": target.user,
+        "port": target.port,
         "identity_file": str(args.identity_file.resolve()) if args.identity_file else None,
         "python": args.python if args.python != DEFAULT_PYTHON else None,
+        "connection": "local" if target.connection == "local" else None,
+        "simulate": path_in_rig(args.simulate, folder) if args.simulate else None,
     }
-    output.write_text(rig_from_facts(name, address, facts, topo_name, connection), encoding="utf-8")
-    print(f"wrote {output}" + (f" and {topo_name}" if topo_name else ""))
-    print(f"next: review the `review:` lines, then `mgpu-provision plan {output}`")
+    source = f"--from {args.source}" if args.source else "--connection local"
+    text = rig_from_facts(
+        name, target.address, facts, topo_path.name, connection, schema_comment(folder), source
+    )
+    topo_path.write_text(format_topology(gpu_matrix(len(facts.gpus), facts.cell)), encoding="utf-8")
+    output.write_text(text, encoding="utf-8")
+    print(f"wrote {output} and {topo_path.name}")
+    print(f"next: review the `review:` lines, then run: mgpu-provision plan {output}")
     return 0
 
 
@@ -95,15 +120,36 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "init",
         help="write a rig file from a known-good box",
-        description=__doc__,
+        description=(
+            "Write a rig file from a known-good box.\n\n"
+            "Reads the box (over SSH, or this machine with --connection local), saves its link matrix (as\n"
+            "nvidia-smi topo -m prints it) beside the rig file, and writes a rig file that validates and\n"
+            "whose plan against the same box is empty. Lines marked `review:` are guesses to check."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
             "examples:\n"
             "  mgpu-provision init --from ubuntu@10.0.0.11 -o rig.yaml\n"
-            "  mgpu-provision init --from gpu-a --identity-file ~/.ssh/id_ed25519 --force"
+            "  mgpu-provision init --from gpu-a --identity-file ~/.ssh/id_ed25519 --force\n"
+            "  mgpu-provision init --connection local                  # this machine\n"
+            "  mgpu-provision init --connection local --simulate examples/twins/rtx3090-nvlink.yaml"
         ),
     )
-    parser.add_argument("--from", dest="source", required=True, metavar="HOST", help="[user@]host[:port]")
+    parser.add_argument(
+        "--from", dest="source", metavar="HOST", help="[user@]host[:port] or an ~/.ssh/config alias (SSH)"
+    )
+    parser.add_argument(
+        "--connection",
+        choices=("ssh", "local"),
+        default="ssh",
+        help="ssh (default, needs --from) or local: read this machine without SSH",
+    )
+    parser.add_argument(
+        "--simulate",
+        type=Path,
+        metavar="TWIN",
+        help="simulate the box's NVIDIA layer from a twin file (rehearsal; see examples/twins/)",
+    )
     parser.add_argument("-o", "--output", type=Path, default=Path("rig.yaml"), help="default ./rig.yaml")
     parser.add_argument("--force", action="store_true", help="overwrite the output file")
     parser.add_argument("--name", help="the host's name in the rig file (default: its hostname)")

@@ -18,11 +18,20 @@ def make_console(file: TextIO | None = None, width: int | None = None) -> Consol
     return Console(file=file or sys.stdout, highlight=False, width=width)
 
 
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """`1 node`, `2 nodes`."""
+    return f"{count} {one if count == 1 else many or one + 's'}"
+
+
+def plain_table(title: str | None = None) -> Table:
+    """A table without a frame, as the recaps print: a header line and one line per row."""
+    return Table(title=title, title_justify="left", show_edge=False, pad_edge=False, header_style="bold")
+
 
 def host_table(rows: Mapping[str, Mapping[str, object]], columns: Sequence[str]) -> Table:
     """A recap table, one row per host: `columns` read from each host's mapping ('' when absent); a column
     named `status` is coloured (ok green, changed yellow, failed/unreachable red, skipped dim)."""
-    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    table = plain_table()
     table.add_column("host", style="cyan")
     for column in columns:
         table.add_column(column, justify="left" if column in ("status", "error") else "right")

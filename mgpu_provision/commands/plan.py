@@ -13,7 +13,7 @@ import json
 from ..plan.fleet import plan_fleet
 from . import options
 from .output import make_console
-from .plan_view import plan_json, render_plan
+from .plan_view import add_diff_option, plan_json, render_plan
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan_json(plan), indent=2))
     else:
-        render_plan(plan, make_console())
+        render_plan(plan, make_console(), new_content=args.diff)
     return plan.exit_code
 
 
@@ -30,12 +30,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "plan",
         help="show the drift: what differs from the rig file on each box (changes nothing)",
-        description="Read every chosen host and show what apply would change (+ create, ~ update), "
-        "which checks fail (!) and what needs a person (?). Exit 0 no drift, 2 drift, failed checks "
-        "or unreachable hosts, 1 error.",
+        description=(
+            "Show the drift: what differs from the rig file on each box. Changes nothing.\n\n"
+            "Each change is marked + create, ~ update, ! failed check (apply cannot fix it) or ? manual\n"
+            "step. Exit 0 no drift, 2 drift, a failed check or an unreachable host, 1 error."
+        ),
         epilog="examples:\n  mgpu-provision plan rig.yaml\n"
+        "  mgpu-provision plan rig.yaml --diff                # with the content of new files\n"
         "  mgpu-provision plan rig.yaml --limit 'rtx*' --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     options.add_fleet_arguments(parser)
+    add_diff_option(parser)
     parser.set_defaults(func=run)

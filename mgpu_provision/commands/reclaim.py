@@ -17,16 +17,18 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from .. import protocol
 from ..fleet.pool import run_fleet
 from ..fleet.session import AgentSession
 from ..reclaim import HostReclaim, HostResult, agent_args, collect, exit_code, reclaim_on
 from . import options
 
 
-def as_json(hosts: list[HostReclaim], dry_run: bool) -> dict[str, Any]:
+def as_json(hosts: list[HostReclaim], dry_run: bool, user: str | None = None) -> dict[str, Any]:
     """Stable keys for scripts: per host status, error, processes and freed MiB; the total; the exit code."""
     return {
         "dry_run": dry_run,
+        "user": user,
         "hosts": {
             h.name: {
                 "status": h.status,
@@ -108,34 +110,54 @@ def render_human(hosts: list[HostReclaim], dry_run: bool, console: Console) -> N
 def run(args: argparse.Namespace) -> int:
     fleet = options.prepare(args)
     dry_run = not args.yes
-    request = agent_args(fleet.loaded.spec.reclaim, dry_run)
+    request = agent_args(fleet.loaded.spec.reclaim, dry_run, args.user)
 
     def one(session: AgentSession) -> HostResult:
         return reclaim_on(session, request)
 
     hosts = collect(run_fleet(fleet.targets, one, fleet.options))
     if args.json:
-        print(json.dumps(as_json(hosts, dry_run), indent=2))
+        print(json.dumps(as_json(hosts, dry_run, args.user), indent=2))
     else:
         render_human(hosts, dry_run, Console(file=sys.stdout))
     return exit_code(hosts)
+
+
+def _user(text: str) -> str:
+    if not protocol.user_name().ok(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a user name")
+    return text
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "reclaim",
         help="find and end processes holding GPU memory after killed jobs (dry run unless --yes)",
-        description="List every process holding GPU memory on the chosen hosts, whether it is orphaned or "
-        "part of a live torchrun job, and what the rig's reclaim policy (never, orphans, orphans+patterns) "
-        "does with it. Without --yes nothing is ended. Exit 0 when there is nothing to do or everything "
-        "selected was ended, 2 when something is left, refused or failed or a host is unreachable, "
-        "1 on errors.",
+        description=(
+            "Find and end processes that still hold GPU memory after their job died.\n\n"
+            "Lists every process holding GPU memory on the chosen hosts, with its owner, whether it is left\n"
+            "over from a job that is gone or part of a live one, and what the rig's reclaim policy (never,\n"
+            "orphans, orphans+patterns) does with it. Left over means: the leaders of its process group and\n"
+            "session have both exited, or torchrun started it and is gone; a process leading its own\n"
+            "process group (nohup, setsid, a container's main process) is a live job and is kept.\n"
+            "Without --yes nothing is ended; with it each process is checked to still hold /dev/nvidia*\n"
+            "right before each\n"
+            "signal. Exit 0 when there is nothing to do or everything selected was ended, 2 when something\n"
+            "is left, refused or failed or a host is unreachable, 1 on errors."
+        ),
         epilog="examples:\n  mgpu-provision reclaim rig.yaml            # dry run: what would be ended\n"
-        "  mgpu-provision reclaim rig.yaml --yes --limit gpu-b",
+        "  mgpu-provision reclaim rig.yaml --yes --limit gpu-b\n"
+        "  mgpu-provision reclaim rig.yaml --user alice   # only alice's processes",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     options.add_fleet_arguments(parser)
     parser.add_argument(
         "--yes", action="store_true", help="end the selected processes (SIGTERM, then SIGKILL after grace_s)"
+    )
+    parser.add_argument(
+        "--user",
+        type=_user,
+        metavar="NAME",
+        help="only NAME's processes may be ended (default: anyone's); the owner column shows whose each is",
     )
     parser.set_defaults(func=run)

@@ -36,8 +36,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "schema",
         help="print the rig file's JSON Schema",
-        description="Print the JSON Schema of rig files (for editors and CI).",
-        epilog="example (regenerate the committed copy):\n  mgpu-provision schema > schemas/rig.schema.json",
+        description=(
+            "Print the JSON Schema of rig files.\n\n"
+            "Editors (yaml-language-server) use it to complete and check rig files; CI can check them\n"
+            "with it."
+        ),
+        epilog="examples:\n  mgpu-provision schema > rig.schema.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.set_defaults(func=run)

@@ -16,14 +16,14 @@ import threading
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from ..smoke import GroupReport, SmokeReport, run_smoke
 from . import options
+from .output import plain_table, plural
 
 
 def render_group(group: GroupReport, console: Console) -> None:
-    nodes = Table(title=f"DDP group of {group.master} (rendezvous {group.endpoint})", title_justify="left")
+    nodes = plain_table(f"DDP group of {group.master} (rendezvous {group.endpoint})")
     for column in ("node", "rank", "result", "ranks ok", "seconds", "why"):
         nodes.add_column(column)
     for node in group.nodes:
@@ -38,16 +38,14 @@ def render_group(group: GroupReport, console: Console) -> None:
         )
     console.print(nodes)
     if group.devices:
-        devices = Table(title="ranks", title_justify="left")
+        devices = plain_table("ranks")
         for column in ("rank", "node", "backend", "device"):
             devices.add_column(column)
         for rank in group.devices:
             devices.add_row(str(rank["rank"]), rank["host"], str(rank["backend"]), device_text(rank))
         console.print(devices)
     if group.bandwidth:
-        band = Table(
-            title=f"all_reduce over {group.world_size} ranks (nccl-tests busbw)", title_justify="left"
-        )
+        band = plain_table(f"all_reduce over {group.world_size} ranks (nccl-tests busbw)")
         for column in ("size MiB", "time us", "algbw GB/s", "busbw GB/s"):
             band.add_column(column, justify="right")
         for row in group.bandwidth:
@@ -64,8 +62,9 @@ def render_group(group: GroupReport, console: Console) -> None:
         floor += f" (the rig says {group.requested_backend}: simulated nodes run Gloo)"
     console.print(
         f"Smoke {verdict}: world size {group.world_size if group.world_size is not None else '-'} of "
-        f"{group.expected_world_size} ({group.nnodes} nodes x {group.nproc_per_node}), "
-        f"{group.ranks_joined} ranks reported, backend {group.backend or '-'}{floor}"
+        f"{group.expected_world_size} ({plural(group.nnodes, 'node')} x {group.nproc_per_node} processes), "
+        f"{group.ranks_joined} ranks reported, backend {group.backend or '-'}{floor}",
+        soft_wrap=True,
     )
     for problem in group.problems:
         console.print(f"  [red]![/] {problem}", markup=True, highlight=False)
@@ -113,11 +112,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "smoke",
         help="run a small multi-node DDP job on the fleet and report pass/fail and all_reduce bandwidth",
-        description="Start a DDP smoke program under torchrun on every chosen node at once, with the rig "
-        "file's rendezvous (ddp), interpreter, timeout, batch size and env. It checks that every rank joins, "
-        "an all_reduce is exact, one DDP step leaves identical parameters, DataParallel works on CUDA nodes, "
-        "and measures all_reduce algbw/busbw. Every process it starts is ended, pass or fail. Exit 0 pass, "
-        "2 fail (a node, a missing rank, busbw below smoke.busbw_floor_gbps), 1 error.",
+        description=(
+            "Run a small DDP job on every chosen node at once and report pass/fail and bandwidth.\n\n"
+            "torchrun starts it with the rig file's rendezvous (ddp), python, timeout, batch size and env.\n"
+            "It checks that every rank joins, an all_reduce is exact, one DDP step leaves identical\n"
+            "parameters and DataParallel works on CUDA nodes, and measures all_reduce algbw/busbw. Every\n"
+            "process it starts is ended, pass or fail. Exit 0 pass, 2 fail (a node, a missing rank, busbw\n"
+            "below smoke.busbw_floor_gbps), 1 error."
+        ),
         epilog="examples:\n  mgpu-provision smoke rig.yaml\n"
         "  mgpu-provision smoke rig.yaml --limit gpu-a,gpu-b --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -18,8 +18,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "validate",
         help="check a rig file (schema and rules), no network",
-        description="Check a rig file against the schema and the cross-field rules; no host is contacted.",
-        epilog="Exit status: 0 valid, 1 invalid. Example: mgpu-provision validate examples/mixed-fleet.yaml",
+        description=(
+            "Check a rig file against the schema and the cross-field rules.\n\n"
+            "No host is contacted. Every problem is reported at once, as FILE:LINE:COLUMN: FIELD: what is\n"
+            "wrong. Exit 0 valid, 1 invalid."
+        ),
+        epilog=(
+            "examples:\n  mgpu-provision validate examples/mixed-fleet.yaml\n"
+            "  mgpu-provision validate rig.yaml --json"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("rig", metavar="RIG", help="the rig file (YAML)")
     parser.add_argument("--json", action="store_true", help='print {"valid": bool, "problems": [...]}')

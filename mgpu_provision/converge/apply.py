@@ -175,7 +175,7 @@ def _is_local_address(target: HostTarget) -> bool:
     return any(ipaddress.ip_address(str(a)).is_loopback or a in ours for a in theirs)
 
 
-class _Node:
+class ReopenableSession:
     """The agent session of one host, reopened when a reboot drops it."""
 
     def __init__(self, session: AgentSession, options: FleetOptions) -> None:
@@ -203,13 +203,19 @@ class _Node:
             self._opened.close()
             self._opened = None
 
+    def __enter__(self) -> ReopenableSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def _planned(loaded: LoadedRig, host: Host, facts: Facts, steps: tuple[str, ...]) -> list[Change]:
     return in_step_order(plan_host(loaded, host, facts), steps)
 
 
 def _run_steps(
-    node: _Node, changes: list[Change], lock: str, settings: ApplySettings
+    node: ReopenableSession, changes: list[Change], lock: str, settings: ApplySettings, simulated: bool
 ) -> tuple[list[str], str | None]:
     """One agent `apply` call for every non-reboot step: what changed, and the failed step's error if any."""
     steps = [c.agent_step for c in changes if c.agent_step is not None and c.phase != "reboot"]
@@ -220,7 +226,7 @@ def _run_steps(
     timeout = node.target.command_timeout_s + settings.lock_wait_s
     if any(step["kind"] == protocol.DRIVER for step in steps):
         timeout += DRIVER_INSTALL_BOUND_S
-    answer = node.call("apply", protocol.apply_request(lock, settings.lock_wait_s, steps), timeout)
+    answer = node.call("apply", protocol.apply_request(lock, settings.lock_wait_s, steps, simulated), timeout)
     results = answer.get("results", [])
     done = [f"{r['kind']}: {r['message']}" for r in results if r.get("changed")]
     failed = next((r for r in results if r.get("error")), None)
@@ -232,11 +238,14 @@ def _run_steps(
     return done, f"step {failed['index'] + 1} ({what}) failed: {failed['error']}"
 
 
-def _reboot_and_wait(node: _Node, lock: str, settings: ApplySettings, progress: Progress) -> None:
+def _reboot_and_wait(
+    node: ReopenableSession, lock: str, settings: ApplySettings, progress: Progress, simulated: bool
+) -> None:
     name = node.target.name
     # Under the host lock: a reboot must not land in the middle of another apply's steps.
     timeout = node.target.command_timeout_s + settings.lock_wait_s
-    old = str(node.call("reboot", protocol.reboot_request(lock, settings.lock_wait_s), timeout)["boot_id"])
+    request = protocol.reboot_request(lock, settings.lock_wait_s, simulated)
+    old = str(node.call("reboot", request, timeout)["boot_id"])
     progress(f"{name}: rebooting, waiting up to {settings.reboot_timeout_s:g}s for it to come back")
     started = time.monotonic()
     while time.monotonic() - started < settings.reboot_timeout_s:
@@ -253,7 +262,8 @@ def _reboot_and_wait(node: _Node, lock: str, settings: ApplySettings, progress: 
 
 
 def converge_host(
-    node: _Node,
+    session: AgentSession,
+    options: FleetOptions,
     loaded: LoadedRig,
     host: Host,
     settings: ApplySettings,
@@ -261,64 +271,66 @@ def converge_host(
     progress: Progress,
 ) -> HostRecap:
     """Facts, plan, apply, (reboot), facts again: the recap says what was done and what is left."""
-    started = time.monotonic()
-    request = facts_request(loaded, host)
-    lock = node_path(loaded, host, f"{loaded.spec.files.state_dir.rstrip('/')}/{LOCK_FILE}")
-    done: list[str] = []
-    notes: list[str] = []
-    rebooted = False
-    changes: list[Change] = []
+    with ReopenableSession(session, options) as node:
+        started = time.monotonic()
+        request = facts_request(loaded, host)
+        lock = node_path(loaded, host, f"{loaded.spec.files.state_dir.rstrip('/')}/{LOCK_FILE}")
+        done: list[str] = []
+        notes: list[str] = []
+        rebooted = False
+        changes: list[Change] = []
 
-    def end(error: str | None = None, unreachable: bool = False) -> HostRecap:
-        elapsed = time.monotonic() - started
-        return finish(
-            host.name,
-            changes,
-            done,
-            rebooted=rebooted,
-            error=error,
-            notes=notes,
-            elapsed_s=elapsed,
-            unreachable=unreachable,
-        )
-
-    try:
-        facts = node.facts(request)
-        changes = _planned(loaded, host, facts, settings.steps)
-        surprise = unconfirmed([c for c in changes if carried_out(c, settings.steps)], confirmed)
-        if surprise:
-            raise PlanChanged(
-                f"the box changed since the plan was confirmed ({surprise[0].summary}); run apply again"
+        def end(error: str | None = None, unreachable: bool = False) -> HostRecap:
+            elapsed = time.monotonic() - started
+            return finish(
+                host.name,
+                changes,
+                done,
+                rebooted=rebooted,
+                error=error,
+                notes=notes,
+                elapsed_s=elapsed,
+                unreachable=unreachable,
             )
-        for _ in range(2):  # a second round only after a reboot, for what the new driver allows
-            todo = [c for c in changes if carried_out(c, settings.steps)]
-            if rebooted:  # never reboot twice: a reboot still wanted afterwards is reported instead
-                todo = [c for c in todo if c.resource != "reboot"]
-            if not todo:
-                break
-            applied, error = _run_steps(node, todo, lock, settings)
-            done += applied
-            if error is not None:
-                changes = _planned(loaded, host, node.facts(request), settings.steps)
-                return end(error)
-            reboot_now = any(c.agent_step is not None and c.phase == "reboot" for c in todo)
-            if reboot_now:
-                refusal = reboot_refusal(node.target, facts, _local_boot_id(), _is_local_address(node.target))
-                if refusal is not None:
-                    notes.append(f"not rebooted: {refusal}")
-                    reboot_now = False
-            if reboot_now:
-                _reboot_and_wait(node, lock, settings, progress)
-                rebooted = True
+
+        try:
             facts = node.facts(request)
             changes = _planned(loaded, host, facts, settings.steps)
-            if not rebooted:
-                break
-    except ConnectionFailed as exc:
-        return end(str(exc), unreachable=True)
-    except ProvisionError as exc:
-        return end(str(exc))
-    return end()
+            surprise = unconfirmed([c for c in changes if carried_out(c, settings.steps)], confirmed)
+            if surprise:
+                raise PlanChanged(
+                    f"the box changed since the plan was confirmed ({surprise[0].summary}); run apply again"
+                )
+            for _ in range(2):  # a second round only after a reboot, for what the new driver allows
+                todo = [c for c in changes if carried_out(c, settings.steps)]
+                if rebooted:  # never reboot twice: a reboot still wanted afterwards is reported instead
+                    todo = [c for c in todo if c.resource != "reboot"]
+                if not todo:
+                    break
+                applied, error = _run_steps(node, todo, lock, settings, facts.host.simulated)
+                done += applied
+                if error is not None:
+                    changes = _planned(loaded, host, node.facts(request), settings.steps)
+                    return end(error)
+                reboot_now = any(c.agent_step is not None and c.phase == "reboot" for c in todo)
+                if reboot_now:
+                    target = node.target
+                    refusal = reboot_refusal(target, facts, _local_boot_id(), _is_local_address(target))
+                    if refusal is not None:
+                        notes.append(f"not rebooted: {refusal}")
+                        reboot_now = False
+                if reboot_now:
+                    _reboot_and_wait(node, lock, settings, progress, facts.host.simulated)
+                    rebooted = True
+                facts = node.facts(request)
+                changes = _planned(loaded, host, facts, settings.steps)
+                if not rebooted:
+                    break
+        except ConnectionFailed as exc:
+            return end(str(exc), unreachable=True)
+        except ProvisionError as exc:
+            return end(str(exc))
+        return end()
 
 
 def to_carry_out(host: HostPlan, steps: tuple[str, ...]) -> list[Change]:
@@ -344,22 +356,6 @@ def _recap_of_outcome(name: str, outcome: HostOutcome[HostRecap]) -> HostRecap:
         return outcome.value
     status: RecapStatus = "unreachable" if outcome.status == "unreachable" else "failed"
     return HostRecap(name, status, error=outcome.error, elapsed_s=outcome.elapsed_s)
-
-
-def _converge_in_session(
-    session: AgentSession,
-    options: FleetOptions,
-    loaded: LoadedRig,
-    host: Host,
-    settings: ApplySettings,
-    confirmed: list[Change],
-    progress: Progress,
-) -> HostRecap:
-    node = _Node(session, options)
-    try:
-        return converge_host(node, loaded, host, settings, confirmed, progress)
-    finally:
-        node.close()
 
 
 def rollout(
@@ -391,7 +387,7 @@ def rollout(
             progress(f"batch {number}: applying on {', '.join(t.name for t in busy)}")
             outcomes = run_fleet(
                 busy,
-                lambda s: _converge_in_session(
+                lambda s: converge_host(
                     s,
                     options,
                     loaded,

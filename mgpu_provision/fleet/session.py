@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from ..errors import AgentError, ConnectionFailed
 from ..facts import Facts
+from ..protocol import SIMULATE_ENV
 from .options import AgentPayload, FleetOptions
 from .ssh import open_connection
 from .targets import HostTarget, describe
@@ -35,17 +36,28 @@ CACHE_DIR = ".cache/mgpu-provision"  # under the login user's home
 
 
 def agent_command(agent_name: str, python: str, verb: str, sudo: bool) -> str:
-    """The one shell command that runs the cached agent, or exits 97 when it is not there yet.
+    """The one shell command that runs the cached agent, or prints its cache folder and exits 97 when the
+    agent is not there yet (the upload then goes exactly where this command looks, whatever HOME is).
 
     It prefers the folder the agent unpacks itself into on its first run (`agent-H/` beside `agent-H.pyz`):
-    Python caches bytecode there, never for a zipapp. The zipapp stays the fallback (read-only homes).
+    Python caches bytecode there, never for a zipapp. The zipapp stays the fallback (read-only homes). The
+    login shell's MGPU_PROVISION_SIMULATE travels as an argument: sudo's env_reset would drop the variable,
+    and the agent would then read the real machine instead of its twin.
     """
     run = f"exec {'sudo -n ' if sudo else ''}{shlex.quote(python)}"
+    args = f'{shlex.quote(verb)} "${{{SIMULATE_ENV}-}}"'
     folder = agent_name.removesuffix(".pyz")
     return (
-        f'd=~/{CACHE_DIR}/{folder}; [ -f "$d/__main__.py" ] && {run} "$d" {shlex.quote(verb)}; '
-        f'f=~/{CACHE_DIR}/{agent_name}; [ -f "$f" ] || exit {AGENT_MISSING}; {run} "$f" {shlex.quote(verb)}'
+        f'c=~/{CACHE_DIR}; d="$c/{folder}"; [ -f "$d/__main__.py" ] && {run} "$d" {args}; '
+        f'f="$c/{agent_name}"; [ -f "$f" ] || {{ printf %s "$c"; exit {AGENT_MISSING}; }}; {run} "$f" {args}'
     )
+
+
+def cache_folder(stdout: str) -> str:
+    """Where the command looks for the agent, from its last line (a login's startup files may print first);
+    the login home's relative folder, where SFTP starts, when it printed no absolute path."""
+    lines = stdout.strip().splitlines()
+    return lines[-1] if lines and lines[-1].startswith("/") else CACHE_DIR
 
 
 def parse_response(where: str, verb: str, exit_code: int, stdout: str, stderr: str) -> dict[str, Any]:
@@ -99,7 +111,7 @@ class AgentSession(ABC):
         command = agent_command(self.agent.name, self.target.python, verb, self._needs_sudo())
         code, out, err = self._run(command, request, limit, verb)
         if code == AGENT_MISSING:
-            self._upload()
+            self._upload(cache_folder(out))
             code, out, err = self._run(command, request, limit, verb)
         return parse_response(self.where, verb, code, out, err)
 
@@ -111,8 +123,8 @@ class AgentSession(ABC):
         """Run the shell command with `stdin`; (exit code, stdout, stderr)."""
 
     @abstractmethod
-    def _upload(self) -> None:
-        """Put the agent at ~/CACHE_DIR/<name> atomically."""
+    def _upload(self, folder: str) -> None:
+        """Put the agent at <folder>/<name> atomically; `folder` is the cache folder the command looks in."""
 
     @abstractmethod
     def _needs_sudo(self) -> bool:
@@ -148,24 +160,44 @@ class SshAgentSession(AgentSession):
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise ConnectionFailed(f"lost the connection to {self.where} during agent {verb}: {exc}") from exc
 
-    def _upload(self) -> None:
+    def _upload(self, folder: str) -> None:
         # Upload under a temporary name and rename, so a concurrent run never executes half a zipapp.
-        final = f"{CACHE_DIR}/{self.agent.name}"
-        partial = f"{CACHE_DIR}/.{self.agent.name}.{uuid.uuid4().hex}.partial"
+        final = f"{folder}/{self.agent.name}"
+        partial = f"{folder}/.{self.agent.name}.{uuid.uuid4().hex}.partial"
         try:
             sftp = self.conn.sftp()
+        except (paramiko.SSHException, EOFError):  # the server offers no SFTP (hardened images disable it)
+            self._upload_through_shell(folder, partial, final)
+            return
+        try:
             path = ""
-            for part in CACHE_DIR.split("/"):
-                path = f"{path}/{part}" if path else part
+            for part in folder.strip("/").split("/"):
+                path = f"{path}/{part}"
                 with contextlib.suppress(OSError):  # already there
                     sftp.mkdir(path, mode=0o700)
-            sftp.chmod(CACHE_DIR, 0o700)
+            sftp.chmod(folder, 0o700)
             with sftp.open(partial, "wb") as out:
                 out.write(self.agent.data)
             sftp.chmod(partial, 0o600)
             sftp.posix_rename(partial, final)
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise AgentError(f"cannot upload the agent to ~/{CACHE_DIR} on {self.where}: {exc}") from exc
+            raise AgentError(f"cannot upload the agent to {folder} on {self.where}: {exc}") from exc
+
+    def _upload_through_shell(self, folder: str, partial: str, final: str) -> None:
+        """The agent's bytes on the command's stdin, as Ansible's piped transfer does without SFTP."""
+        quoted = {name: shlex.quote(path) for name, path in (("f", folder), ("p", partial), ("t", final))}
+        command = (
+            f"umask 077 && mkdir -p {quoted['f']} && chmod 700 {quoted['f']} && cat > {quoted['p']} "
+            f"&& mv -f {quoted['p']} {quoted['t']}"
+        )
+        self.commands += 1
+        try:
+            code, _, err = exec_channel(self.conn.client.get_transport(), command, self.agent.data, 120.0)
+        except (TimeoutError, paramiko.SSHException, EOFError, OSError) as exc:
+            raise AgentError(f"cannot send the agent to {folder} on {self.where}: {exc}") from exc
+        if code != 0:
+            last = (err.strip().splitlines() or [f"exit {code}"])[-1]
+            raise AgentError(f"cannot send the agent to {folder} on {self.where} (no SFTP): {last}")
 
 
 class LocalAgentSession(AgentSession):
@@ -195,8 +227,8 @@ class LocalAgentSession(AgentSession):
                 raise self._timed_out(verb, limit) from exc
         return process.returncode, stdout, stderr
 
-    def _upload(self) -> None:
-        cache = Path.home() / CACHE_DIR
+    def _upload(self, folder: str) -> None:
+        cache = Path(folder) if folder.startswith("/") else Path.home() / folder
         cache.mkdir(mode=0o700, parents=True, exist_ok=True)
         partial = cache / f".{self.agent.name}.{uuid.uuid4().hex}.partial"
         partial.write_bytes(self.agent.data)

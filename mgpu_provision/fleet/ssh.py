@@ -11,9 +11,11 @@ The Fabric config is not shared between connections: a Connection writes setting
 
 from __future__ import annotations
 
+import logging
 import math
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,14 @@ from .targets import HostTarget, describe
 
 # One lock for every known_hosts append in this process: worker threads accept keys concurrently.
 _KNOWN_HOSTS_LOCK = threading.Lock()
+
+# Paramiko logs every failed transport at ERROR, traceback included, and where nothing configured logging
+# Python's last-resort handler prints those records on stderr. Each failure reaches the person as one
+# message from `connect_error_message`; a program that configures logging itself still gets the records.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+# How the peer ended the SSH banner exchange, as the cause Paramiko chains to its SSHException.
+_HUNG_UP = (EOFError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
 
 
 def known_hosts_name(address: str, port: int) -> str:
@@ -93,8 +103,11 @@ def _guard_host_keys(conn: fabric.Connection, where: str, options: FleetOptions)
     )
     conn.client.set_missing_host_key_policy(policy)
     if isinstance(conn.gateway, fabric.Connection):
-        gateway = conn.gateway
-        _guard_host_keys(gateway, f"jump host {gateway.host} ({gateway.host}:{gateway.port})", options)
+        _guard_host_keys(conn.gateway, describe_jump(conn.gateway), options)
+
+
+def describe_jump(gateway: fabric.Connection) -> str:
+    return f"jump host {gateway.host} ({gateway.host}:{gateway.port})"
 
 
 def _timeouts(seconds: float) -> dict[str, float]:
@@ -145,24 +158,50 @@ def make_connection(target: HostTarget, options: FleetOptions) -> fabric.Connect
 
 
 def open_connection(target: HostTarget, options: FleetOptions) -> fabric.Connection:
-    """Connect and authenticate; every failure becomes a ConnectionFailed with a plain message."""
+    """Connect and authenticate; every failure becomes a ConnectionFailed with a plain message.
+
+    A jump host is opened first, on its own, so that its failures name it rather than the target behind
+    it (Fabric would open it inside the target's `open` and raise the same exception types).
+    """
     conn = make_connection(target, options)
+    gateway = conn.gateway if isinstance(conn.gateway, fabric.Connection) else None
+    hop, started = conn, time.monotonic()
     try:
+        if gateway is not None:
+            hop = gateway
+            gateway.open()
+            hop, started = conn, time.monotonic()
         conn.open()
     except BaseException as exc:
         conn.close()
+        if gateway is not None:
+            gateway.close()
         if isinstance(exc, Exception):
-            message = connect_error_message(target, conn, exc, _known_hosts_path(conn, options))
+            where = describe(target, conn)
+            if hop is gateway:
+                where = f"{describe_jump(hop)} on the way to {where}"
+            elapsed = time.monotonic() - started
+            known_hosts = _known_hosts_path(hop, options)
+            message = connect_error_message(target, hop, exc, known_hosts, where=where, elapsed_s=elapsed)
             raise ConnectionFailed(message) from exc
         raise
     return conn
 
 
 def connect_error_message(
-    target: HostTarget, conn: fabric.Connection, exc: Exception, known_hosts: Path
+    target: HostTarget,
+    conn: fabric.Connection,
+    exc: Exception,
+    known_hosts: Path,
+    where: str | None = None,
+    elapsed_s: float | None = None,
 ) -> str:
-    """What went wrong while connecting, in words a person can act on."""
-    where = describe(target, conn)
+    """What went wrong while connecting `conn` (the target, or the jump host before it), in plain words.
+
+    `where` names the hop for the person (default: the target); `elapsed_s`, how long the attempt took,
+    tells a peer that hung up from one that never answered when Paramiko's exception does not.
+    """
+    where = where or describe(target, conn)
     if isinstance(exc, ConnectionFailed):
         return str(exc)
     if isinstance(exc, paramiko.BadHostKeyException):
@@ -182,11 +221,27 @@ def connect_error_message(
         return f"cannot resolve {where}: {exc.strerror}"
     if isinstance(exc, TimeoutError):
         return f"no answer from {where} within {target.connect_timeout_s:g}s (connect timeout)"
+    if isinstance(exc, paramiko.ChannelException):  # the jump host's sshd could not reach the target
+        jump = describe_jump(conn.gateway) if isinstance(conn.gateway, fabric.Connection) else "the jump host"
+        return (
+            f"{jump} cannot open a connection to {where}: {exc.text} "
+            "(nothing listens there, or the jump host may not reach it)"
+        )
     # Paramiko reports a missing banner either directly or, when its auth step wins the race against the
-    # transport thread, as "No existing session".
+    # transport thread, as "No existing session" (then without a cause: the time taken tells).
     if isinstance(exc, paramiko.SSHException) and any(
         words in str(exc) for words in ("banner", "No existing session", "Negotiation failed")
     ):
+        cause = exc.__context__
+        hung_up = isinstance(cause, _HUNG_UP)
+        if cause is None and elapsed_s is not None:
+            hung_up = elapsed_s < 0.9 * target.connect_timeout_s
+        if hung_up:
+            after = f" after {elapsed_s:.2f}s" if elapsed_s is not None else ""
+            return (
+                f"{where} closed the connection during the SSH banner{after} (not an SSH server, or sshd "
+                "turned the connection away: MaxStartups, a firewall, TCP wrappers)"
+            )
         return (
             f"{where} accepted the connection but sent no SSH banner within {target.connect_timeout_s:g}s "
             "(not an SSH server, or sshd is hung)"

@@ -75,7 +75,9 @@ VERBS: Dict[str, Callable[[Dict[str, Any], BackendFactory], VerbOutcome]] = {
 }
 
 
-def handle(verb: Optional[str], raw_request: str) -> Tuple[Dict[str, Any], Optional[Callable[[], None]]]:
+def handle(
+    verb: Optional[str], raw_request: str, login_simulate: Optional[str] = None
+) -> Tuple[Dict[str, Any], Optional[Callable[[], None]]]:
     """The reply envelope for one call, and what must run after it has been sent."""
     try:
         if verb not in VERBS:
@@ -90,7 +92,7 @@ def handle(verb: Optional[str], raw_request: str) -> Tuple[Dict[str, Any], Optio
             check_request(verb, request)
         except BadRequest as exc:
             raise AgentFailure("bad-request", str(exc)) from None
-        twin = simulation_target(request.get("simulate"))
+        twin = simulation_target(request.get("simulate"), login_simulate)
         result, after = VERBS[verb](request.get("args") or {}, lambda: select_backend(twin))
         return {"ok": True, "agent_version": __version__, "result": result}, after
     except AgentFailure as exc:
@@ -140,7 +142,9 @@ def unpack_beside(archive: str) -> Optional[str]:
 
 
 def main(argv: List[str], stdin: IO[str], stdout: IO[str]) -> int:
-    reply, after = handle(argv[1] if len(argv) > 1 else None, stdin.read())
+    # argv: agent VERB [the login shell's MGPU_PROVISION_SIMULATE, passed on through sudo]
+    verb, login_simulate = [*argv[1:], None, None][:2]
+    reply, after = handle(verb, stdin.read(), login_simulate)
     stdout.write(json.dumps(reply) + "\n")
     stdout.flush()
     if after is not None:

@@ -13,6 +13,7 @@ import stat
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import protocol
+from . import gpu_settings
 from .atomic import HostLock, atomic_write
 from .backend import Backend, NvmlUnavailable
 from .errors import AgentFailure
@@ -23,7 +24,21 @@ DEFAULT_LOCK_WAIT_S = 10.0
 StepResult = Tuple[bool, str]
 
 
+def same_node(args: Dict[str, Any], backend: Backend) -> None:
+    """Refuse to change a node that is not what its facts said: a rehearsal on a simulated node must never
+    reach the real machine (e.g. when sudo dropped the variable that points the agent at its twin)."""
+    expected = args.get("simulated")
+    if expected is not None and expected != backend.simulated:
+        said, now = ("simulated", "a real machine") if expected else ("a real machine", "simulated")
+        raise AgentFailure(
+            "refused",
+            f"this node answered as {said} when it was planned and answers as {now} now: nothing was "
+            "changed (check that MGPU_PROVISION_SIMULATE reaches the agent, also under sudo)",
+        )
+
+
 def apply(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
+    same_node(args, backend)
     lock = args["lock"]
     steps = args.get("steps") or []
     results: List[Dict[str, Any]] = []
@@ -55,12 +70,21 @@ def run_step(step: Any, backend: Backend) -> StepResult:
     kinds: Dict[str, Callable[[Dict[str, Any], Backend], StepResult]] = {
         protocol.FILE: file_step,
         protocol.DRIVER: lambda s, b: b.install_driver(s),
+        protocol.FABRICMANAGER: lambda s, b: b.install_fabric_manager(s),
+        protocol.PERSISTENCED: lambda s, b: b.set_persistence_daemon(s),
+        protocol.SERVICE: lambda s, b: b.switch_service(
+            str(s.get("unit")), bool(s.get("enable")), bool(s.get("start"))
+        ),
+        protocol.NOUVEAU: lambda s, b: b.blacklist_nouveau(),
         protocol.PERSISTENCE: set_persistence,
+        protocol.COMPUTE_MODE: gpu_settings.set_compute_mode,
+        protocol.POWER_LIMIT: gpu_settings.set_power_limit,
+        protocol.REMOVE: lambda s, b: remove_file(str(s["path"])),
     }
     if not isinstance(step, dict) or step.get("kind") not in kinds:
         raise AgentFailure("bad-request", f"unknown step {step!r}; kinds are {', '.join(sorted(kinds))}")
-    if step["kind"] == protocol.FILE and not step.get("path"):
-        raise AgentFailure("bad-request", "a file step needs `path`")
+    if step["kind"] in (protocol.FILE, protocol.REMOVE) and not step.get("path"):
+        raise AgentFailure("bad-request", "a {} step needs `path`".format(step["kind"]))
     return kinds[step["kind"]](step, backend)
 
 
@@ -100,6 +124,19 @@ def write_file(path: str, content: str, mode: int) -> StepResult:
     return True, f"{'updated' if old is not None else 'created'} {path} (sha256 {digest}…)"
 
 
+def remove_file(path: str) -> StepResult:
+    """Make `path` absent; its last content stays beside it as the backup a write would have kept."""
+    try:
+        with open(path, "rb") as handle:
+            old = handle.read()
+            old_mode = stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
+    except FileNotFoundError:
+        return False, f"{path} is already absent"
+    atomic_write(path + BACKUP_SUFFIX, old, old_mode)
+    os.unlink(path)
+    return True, f"removed {path} (backup {path + BACKUP_SUFFIX})"
+
+
 def set_persistence(step: Dict[str, Any], backend: Backend) -> StepResult:
     enabled = bool(step.get("enabled", True))
     try:
@@ -129,6 +166,7 @@ def reboot(args: Dict[str, Any], backend: Backend) -> Tuple[Dict[str, Any], Opti
     With `lock`, the reboot waits for the host lock like an apply does, so it never lands in the middle of
     another apply's steps; the lock is then held until this process ends with the reboot.
     """
+    same_node(args, backend)
     lock = (
         HostLock(str(args["lock"]), float(args.get("lock_wait_s", DEFAULT_LOCK_WAIT_S)))
         if args.get("lock")

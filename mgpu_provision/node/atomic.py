@@ -62,9 +62,17 @@ class HostLock:
         self._handle: Optional[IO[str]] = None
 
     def __enter__(self) -> "HostLock":
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), mode=0o755, exist_ok=True)
-        # Opened without truncation: the holder's pid must survive until we own the lock.
-        handle = open(self.path, "a+", encoding="utf-8")  # held until __exit__
+        folder = os.path.dirname(os.path.abspath(self.path))
+        try:
+            os.makedirs(folder, mode=0o755, exist_ok=True)
+            # Opened without truncation: the holder's pid must survive until we own the lock.
+            handle = open(self.path, "a+", encoding="utf-8")  # held until __exit__
+        except OSError as exc:
+            raise AgentFailure(
+                "lock",
+                f"cannot take the host lock {self.path}: {exc.strerror} (the state folder {folder} must be "
+                "creatable and writable by the user the agent runs as; set files.state_dir)",
+            ) from None
         deadline = time.monotonic() + self.wait_s
         while True:
             try:

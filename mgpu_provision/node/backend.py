@@ -18,6 +18,20 @@ REMOTE_GPU, REMOTE_IBMNPU, REMOTE_SWITCH, REMOTE_UNKNOWN = 0, 1, 2, 0xFF
 TOPOLOGY_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 P2P_READ, P2P_NVLINK = 0, 2
 P2P_STATUS_NAMES = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
+# Health (nvml.h): ECC counter types, NVLink error counters, clock event reason bits, compute modes, fabric.
+VOLATILE_ECC, AGGREGATE_ECC = 0, 1
+NVLINK_REPLAY, NVLINK_RECOVERY, NVLINK_CRC_FLIT, NVLINK_CRC_DATA = 0, 1, 2, 3
+CLOCK_EVENTS = (
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x20, "sw_thermal"),
+    (0x40, "hw_thermal"),
+    (0x80, "hw_power_brake"),
+)
+COMPUTE_MODES = {0: "default", 2: "prohibited", 3: "exclusive_process"}
+COMPUTE_MODE_CODES = {name: code for code, name in COMPUTE_MODES.items()}
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+XidEvent = Tuple[str, int]  # (PCI domain:bus:device as the kernel log prints it, Xid code)
 
 # One wording per NVML failure, shared by both backends so a simulated node reads like a real one.
 _NVML_MESSAGES = {
@@ -47,10 +61,16 @@ class NoSuchLink(Exception):
     """The GPU has no NVLink at this index (NVML NotSupported or InvalidArgument): the link loop ends."""
 
 
+class GpuLost(Exception):
+    """NVML answers GpuIsLost for this GPU (fallen off the bus): it is reported lost, the others are read."""
+
+
 class Backend(abc.ABC):
     """What a node's NVIDIA layer answers. `open()` must succeed before any NVML-shaped method is used."""
 
     simulated = False
+    # NVML names processes by their pid in the initial pid namespace, whichever namespace asks.
+    reports_host_pids = True
 
     # --- outside NVML: driver packages, kernel module, services, machine ---
     @abc.abstractmethod
@@ -63,7 +83,27 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def fabric_manager(self) -> Optional[Dict[str, Any]]:
-        """`{"version", "service"}` of Fabric Manager, or None when neither installed nor expected."""
+        """`{"version", "service", "enabled"}` of Fabric Manager, None when neither installed nor expected."""
+
+    @abc.abstractmethod
+    def persistence_daemon(self) -> Dict[str, Any]:
+        """`{"service", "enabled"}` of nvidia-persistenced (service "absent" when not installed)."""
+
+    def unheld_driver_packages(self, version: str) -> List[str]:
+        """Packages of the installed driver set that the package manager does not hold; none by default."""
+        return []
+
+    @abc.abstractmethod
+    def kernel_module(self) -> Optional[str]:
+        """open or proprietary: which kernel modules are loaded, None when none is."""
+
+    @abc.abstractmethod
+    def nouveau_loaded(self) -> bool:
+        """Whether nouveau holds the GPU (the runfile installer refuses to run then)."""
+
+    def distribution(self) -> Optional[Dict[str, object]]:
+        """os_id, os_version_id, os_like to report instead of /etc/os-release's; None: the real file's."""
+        return None
 
     @abc.abstractmethod
     def board(self) -> Dict[str, Optional[str]]:
@@ -76,6 +116,22 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def install_driver(self, step: Dict[str, Any]) -> Tuple[bool, str]:
         """Carry out an apply `driver` step; return (changed, message). Raise AgentFailure on failure."""
+
+    @abc.abstractmethod
+    def install_fabric_manager(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        """Carry out a `fabricmanager` step: FM at exactly the step's version, held, its service enabled."""
+
+    @abc.abstractmethod
+    def set_persistence_daemon(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        """Carry out a `persistenced` step: the daemon installed, enabled and started, or turned off."""
+
+    @abc.abstractmethod
+    def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
+        """Enable (and start) or disable (and stop) an NVIDIA service."""
+
+    @abc.abstractmethod
+    def blacklist_nouveau(self) -> Tuple[bool, str]:
+        """Keep nouveau from loading at the next boot."""
 
     @abc.abstractmethod
     def reboot(self) -> Optional[Callable[[], None]]:
@@ -142,3 +198,65 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
         """(pid, used GPU memory in bytes or None) of the compute processes on a GPU."""
+
+    @abc.abstractmethod
+    def holds_gpu(self, pid: int) -> Optional[bool]:
+        """Whether the process has the GPU open right now; None when the agent may not look."""
+
+    # --- health: None wherever the GPU or driver cannot say (NotSupported, a call the driver lacks) ---
+    @abc.abstractmethod
+    def xid_events(self) -> Tuple[Optional[str], List[XidEvent]]:
+        """(where they were read, the Xids logged since boot); source None when no kernel log was readable."""
+
+    @abc.abstractmethod
+    def kernel_readiness(self) -> Optional[Dict[str, Any]]:
+        """`facts.KernelReadiness` as a dict, None when it cannot be judged here."""
+
+    @abc.abstractmethod
+    def ecc_mode(self, gpu: int) -> Optional[Tuple[bool, bool]]:
+        """(current, pending) ECC mode."""
+
+    @abc.abstractmethod
+    def ecc_uncorrectable(self, gpu: int, counter: int) -> Optional[int]:
+        """Uncorrectable ECC errors, VOLATILE_ECC (since the driver loaded) or AGGREGATE_ECC (lifetime)."""
+
+    @abc.abstractmethod
+    def retired_pages(self, gpu: int) -> Optional[Tuple[bool, int]]:
+        """(retirement pending, pages retired) on GPUs before Ampere."""
+
+    @abc.abstractmethod
+    def remapped_rows(self, gpu: int) -> Optional[Tuple[int, bool, bool]]:
+        """(rows remapped for uncorrectable errors, remap pending, remap failed) on Ampere and later."""
+
+    @abc.abstractmethod
+    def nvlink_error_counter(self, gpu: int, link: int, counter: int) -> Optional[int]: ...
+
+    @abc.abstractmethod
+    def clock_event_reasons(self, gpu: int) -> Optional[int]:
+        """Bit mask of CLOCK_EVENTS bits currently active."""
+
+    @abc.abstractmethod
+    def power_limits_mw(self, gpu: int) -> Optional[Tuple[int, int]]:
+        """(current, default) power management limit in milliwatts."""
+
+    @abc.abstractmethod
+    def power_limit_range_mw(self, gpu: int) -> Optional[Tuple[int, int]]:
+        """(lowest, highest) power limit the GPU accepts, in milliwatts."""
+
+    @abc.abstractmethod
+    def set_power_limit_mw(self, gpu: int, milliwatts: int) -> None: ...
+
+    @abc.abstractmethod
+    def compute_mode(self, gpu: int) -> Optional[int]:
+        """A COMPUTE_MODES key."""
+
+    @abc.abstractmethod
+    def set_compute_mode(self, gpu: int, mode: int) -> None: ...
+
+    @abc.abstractmethod
+    def mig_mode(self, gpu: int) -> Optional[Tuple[bool, bool]]:
+        """(current, pending) MIG mode."""
+
+    @abc.abstractmethod
+    def fabric_info(self, gpu: int) -> Optional[Tuple[int, str]]:
+        """(FABRIC_STATES key, "success" or NVML's words for the registration's result)."""

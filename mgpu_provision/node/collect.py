@@ -8,10 +8,10 @@ validate against `mgpu_provision.facts.Facts` (the control side checks it on arr
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import __version__
-from . import files, procs, reclaim, system, torch_probe
+from . import files, hostenv, procs, reclaim, system, torch_probe
 from .backend import (
     NVLINK_MAX_LINKS,
     P2P_NVLINK,
@@ -22,9 +22,12 @@ from .backend import (
     REMOTE_SWITCH,
     TOPOLOGY_LEVELS,
     Backend,
+    GpuLost,
     NoSuchLink,
     NvmlUnavailable,
 )
+from .health import health_facts
+from .pci import same_pci
 
 FACTS_SCHEMA_VERSION = 1
 _MIB = 1024 * 1024
@@ -35,14 +38,18 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
     facts: Dict[str, Any] = {
         "schema_version": FACTS_SCHEMA_VERSION,
         "agent_version": __version__,
-        "host": system.host_info(backend.simulated, backend.boot_id()),
+        "host": system.host_info(backend.simulated, backend.boot_id(), backend.distribution()),
         "board": backend.board(),
         "fabricmanager": backend.fabric_manager(),
+        "persistenced": backend.persistence_daemon(),
         "sli": files.read_sli(args.get("xorg_paths") or []),
+        "xorg_layouts": files.server_layouts(args.get("xorg_layout_paths") or []),
         "files": [
             files.describe_file(p, bool(args.get("include_content"))) for p in args.get("files") or ()
         ],
         "torch": torch_probe.probe_torch(args["python"]) if args.get("python") else None,
+        "interfaces": hostenv.interfaces(),
+        "cpu": hostenv.cpu(),
     }
     facts.update(nvidia_facts(backend))
     return facts
@@ -53,14 +60,20 @@ def nvidia_facts(backend: Backend) -> Dict[str, Any]:
     installed, loaded = backend.installed_version(), backend.loaded_version()
     driver: Dict[str, Any] = {
         "installed": installed,
+        "unheld": backend.unheld_driver_packages(installed) if installed else [],
         "loaded": loaded,
-        "reboot_required": bool(installed and loaded and installed != loaded),
+        # Nothing loaded counts too: nouveau bound, or no reboot since the install.
+        "reboot_required": bool(installed and installed != loaded),
+        "kernel_module": backend.kernel_module(),
+        "nouveau": backend.nouveau_loaded(),
     }
     try:
         backend.open()
     except NvmlUnavailable as exc:
         driver.update(nvml=exc.status, message=exc.message)
-        return {"driver": driver, "gpus": [], "pairs": [], "nvswitch": False, "processes": []}
+        empty: Dict[str, Any] = {"gpus": [], "lost_gpus": [], "pairs": [], "nvswitch": False, "processes": []}
+        # Xids and the kernel module's readiness need no NVML, and often explain why it failed.
+        return dict(empty, driver=driver, health=health_facts(backend, [], []))
     try:
         cuda = backend.cuda_driver_version()
         driver.update(
@@ -68,20 +81,23 @@ def nvidia_facts(backend: Backend) -> Dict[str, Any]:
             version=backend.driver_version(),
             cuda=None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}",
         )
-        gpus = [gpu_facts(backend, index) for index in range(backend.device_count())]
+        gpus, lost = read_gpus(backend)
         holders = [
             # Rounded up, as reclaim does: any memory held must not read as none.
-            {"pid": pid, "gpu": index, "used_mib": None if used is None else -(-used // _MIB)}
-            for index in range(len(gpus))
-            for pid, used in backend.processes(index)
+            {"pid": pid, "gpu": gpu["index"], "used_mib": None if used is None else -(-used // _MIB)}
+            for gpu in gpus
+            for pid, used in backend.processes(gpu["index"])
         ]
-        pairs = [pair_facts(backend, gpus, a, b) for a in range(len(gpus)) for b in range(a + 1, len(gpus))]
+        pairs = [pair_facts(backend, a, b) for n, a in enumerate(gpus) for b in gpus[n + 1 :]]
+        health = health_facts(backend, gpus, lost)
     finally:
         backend.close()
     nvswitch = any(link["remote_type"] == "switch" for gpu in gpus for link in gpu["nvlinks"])
     return {
         "driver": driver,
         "gpus": gpus,
+        "lost_gpus": lost,
+        "health": health,
         "pairs": pairs,
         "nvswitch": nvswitch,
         "processes": processes(holders),
@@ -100,6 +116,24 @@ def processes(holders: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         else:
             described.append(reclaim.describe(holder, info, reclaim.classify(info, lookup), btime, hz))
     return described
+
+
+def read_gpus(backend: Backend) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """(facts of the GPUs NVML can read, the lost ones): one GPU fallen off the bus must not hide the rest."""
+    gpus, lost = [], []
+    for index in range(backend.device_count()):
+        try:
+            gpus.append(gpu_facts(backend, index))
+        except GpuLost as exc:
+            lost.append({"index": index, "pci_bus_id": _lost_bus_id(backend, index), "error": str(exc)})
+    return gpus, lost
+
+
+def _lost_bus_id(backend: Backend, index: int) -> Optional[str]:
+    try:
+        return backend.pci_bus_id(index)
+    except GpuLost:
+        return None
 
 
 def gpu_facts(backend: Backend, index: int) -> Dict[str, Any]:
@@ -135,8 +169,8 @@ def nvlink_facts(backend: Backend, index: int) -> List[Dict[str, Any]]:
     return links
 
 
-def pair_links(gpus: List[Dict[str, Any]], a: int, b: int) -> int:
-    """Active NVLinks joining GPU a and b: direct links seen from both ends, or links to the switches."""
+def pair_links(a: Dict[str, Any], b: Dict[str, Any]) -> int:
+    """Active NVLinks joining GPUs a and b: direct links seen from both ends, or links to the switches."""
 
     def active(gpu: Dict[str, Any], remote_type: str, remote_bus: Optional[str] = None) -> int:
         return sum(
@@ -144,27 +178,23 @@ def pair_links(gpus: List[Dict[str, Any]], a: int, b: int) -> int:
             for link in gpu["nvlinks"]
             if link["active"]
             and link["remote_type"] == remote_type
-            and (remote_bus is None or _same_bus(link["remote_pci_bus_id"], remote_bus))
+            and (remote_bus is None or same_pci(link["remote_pci_bus_id"], remote_bus))
         )
 
-    switched = min(active(gpus[a], "switch"), active(gpus[b], "switch"))
+    switched = min(active(a, "switch"), active(b, "switch"))
     if switched:
         return switched
-    return min(active(gpus[a], "gpu", gpus[b]["pci_bus_id"]), active(gpus[b], "gpu", gpus[a]["pci_bus_id"]))
+    return min(active(a, "gpu", b["pci_bus_id"]), active(b, "gpu", a["pci_bus_id"]))
 
 
-def _same_bus(x: Optional[str], y: str) -> bool:
-    # NVML pads the domain to 8 digits in some calls and 4 in others; compare the bus/device/function part.
-    return x is not None and x.upper().split(":", 1)[-1] == y.upper().split(":", 1)[-1]
-
-
-def pair_facts(backend: Backend, gpus: List[Dict[str, Any]], a: int, b: int) -> Dict[str, Any]:
+def pair_facts(backend: Backend, ga: Dict[str, Any], gb: Dict[str, Any]) -> Dict[str, Any]:
+    a, b = ga["index"], gb["index"]
     level = backend.common_ancestor(a, b)
     return {
         "a": a,
         "b": b,
         "pcie": None if level is None else TOPOLOGY_LEVELS.get(level),
-        "nvlinks": pair_links(gpus, a, b),
+        "nvlinks": pair_links(ga, gb),
         "p2p_read": _p2p(backend.p2p_status(a, b, P2P_READ)),
         "p2p_nvlink": _p2p(backend.p2p_status(a, b, P2P_NVLINK)),
     }

@@ -1,5 +1,6 @@
 """The node's own files: the managed files (for diffs, and smoke's check that they are still what apply
-wrote) and the X config's SLI option.
+wrote), the X config's SLI option and the ServerLayout sections that decide whether X reads the managed
+snippet's Screen at all.
 
 None of these depend on the NVIDIA layer, so they are the same on real and simulated nodes.
 """
@@ -16,6 +17,9 @@ from .system import read_text
 
 MAX_CONTENT_BYTES = 64 * 1024
 _SLI_OPTION = re.compile(r'^\s*Option\s+"SLI"\s+"([^"]*)"', re.IGNORECASE)
+_SECTION = re.compile(r'^\s*Section\s+"([^"]+)"', re.IGNORECASE)
+_END_SECTION = re.compile(r"^\s*EndSection\b", re.IGNORECASE)
+_LAYOUT_SCREEN = re.compile(r'^\s*Screen\s+(?:\d+\s+)?"([^"]+)"', re.IGNORECASE)
 
 
 def describe_file(path: str, include_content: bool) -> Dict[str, Any]:
@@ -105,3 +109,25 @@ def read_sli(paths: Sequence[str]) -> Dict[str, Optional[str]]:
             if match:
                 return {"mode": match.group(1), "file": path}
     return {"mode": None, "file": None}
+
+
+def server_layouts(paths: Sequence[str]) -> List[Dict[str, Any]]:
+    """Every ServerLayout section in the given X config files (folders: their `*.conf`), with the Screen
+    identifiers it lists: X then uses those screens only and ignores any other file's Screen section."""
+    layouts: List[Dict[str, Any]] = []
+    for path in _config_files(paths):
+        screens: Optional[List[str]] = None  # the screens of the ServerLayout being read; None outside one
+        for line in (read_text(path) or "").splitlines():
+            line = line.split("#", 1)[0]
+            section = _SECTION.match(line)
+            if section:
+                screens = [] if section.group(1).lower() == "serverlayout" else None
+            elif _END_SECTION.match(line):
+                if screens is not None:
+                    layouts.append({"file": path, "screens": screens})
+                screens = None
+            elif screens is not None:
+                screen = _LAYOUT_SCREEN.match(line)
+                if screen:
+                    screens.append(screen.group(1))
+    return layouts

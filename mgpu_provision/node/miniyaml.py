@@ -78,13 +78,8 @@ def _strip_comment(text: str) -> str:
 
 def _split_key(text: str, lineno: int) -> Optional[Tuple[str, str]]:
     """Split `key: value` at the first mapping colon outside quotes and brackets; None when there is none."""
-    depth = 0
-    for pos, char in _unquoted(text):
-        if char in "[{":
-            depth += 1
-        elif char in "]}":
-            depth -= 1
-        elif char == ":" and depth == 0 and (pos + 1 == len(text) or text[pos + 1] in " \t"):
+    for pos, char, depth in _unquoted_depths(text):
+        if char == ":" and depth == 0 and (pos + 1 == len(text) or text[pos + 1] in " \t"):
             key = text[:pos].strip()
             if not key:
                 raise MiniYamlError(lineno, "empty mapping key")
@@ -389,11 +384,18 @@ class _Parser:
         return text + "\n"
 
 
-def _open_brackets(text: str) -> int:
+def _unquoted_depths(text: str) -> Iterator[Tuple[int, str, int]]:
+    """Each character outside quotes with the bracket depth after it: flow collections may span lines."""
     depth = 0
-    for _pos, char in _unquoted(text):
+    for pos, char in _unquoted(text):
         if char in "[{":
             depth += 1
         elif char in "]}":
             depth -= 1
-    return depth
+        yield pos, char, depth
+
+
+def _open_brackets(text: str) -> int:
+    """Brackets opened and not yet closed by the end of `text`."""
+    depths = [depth for _, _, depth in _unquoted_depths(text)]
+    return depths[-1] if depths else 0

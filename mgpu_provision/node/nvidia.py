@@ -9,16 +9,14 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from ..protocol import SIMULATE_ENV
 from .backend import Backend
 
-SIMULATE_ENV = "MGPU_PROVISION_SIMULATE"
 
-
-def simulation_target(request_simulate: Optional[str]) -> Optional[str]:
-    """The twin a request asks for: the request field wins over the environment variable."""
-    if request_simulate:
-        return request_simulate
-    return os.environ.get(SIMULATE_ENV) or None
+def simulation_target(request_simulate: Optional[str], login_simulate: Optional[str] = None) -> Optional[str]:
+    """The twin this call simulates: the request's field, else the login shell's variable (passed as an
+    argument, because `sudo` resets the environment), else this process's own environment variable."""
+    return request_simulate or login_simulate or os.environ.get(SIMULATE_ENV) or None
 
 
 def select_backend(twin_path: Optional[str]) -> Backend:

@@ -1,6 +1,6 @@
 """The real NVIDIA layer: NVML through the bundled pynvml, packages through apt/dnf, reboots through systemd.
 
-The traps are those of domain-facts.md §1 and §8: nvmlInit's failures are facts to report, not crashes;
+NVML's traps are handled here: nvmlInit's failures are facts to report, not crashes;
 the NVLink loop ends on NotSupported (no NVLink) or InvalidArgument (past this GPU's links); struct bus ids
 are bytes; pynvml's P2P read index constant is a tuple, so the interface passes plain ints.
 """
@@ -13,19 +13,41 @@ import re
 import subprocess
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import driver, system
-from .backend import Backend, NoSuchLink, NvmlUnavailable, nvml_message
+from . import driver, procs, runfile, services, system
+from .backend import Backend, GpuLost, NoSuchLink, NvmlUnavailable, nvml_message
+from .nvml_health import RealHealth
 
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 _LIB_VERSION = re.compile(r"libnvidia-ml\.so\.([0-9]+\.[0-9]+(?:\.[0-9]+)?)$")
-_FM_SERVICE = "nvidia-fabricmanager"
 
 
 def _decode(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RealBackend(Backend):
+class _LostAware:
+    """pynvml with `NVMLError_GpuIsLost` raised as `GpuLost`, so facts report one lost GPU and read the
+    others. Only the `nvml*` functions are wrapped: the `NVMLError_*` classes pass through for `except`."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._module, name)
+        if not name.startswith("nvml") or not callable(value):
+            return value
+        lost = self._module.NVMLError_GpuIsLost
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return value(*args, **kwargs)
+            except lost as exc:
+                raise GpuLost(str(exc)) from None
+
+        return call
+
+
+class RealBackend(RealHealth, Backend):
     def __init__(self) -> None:
         self._nvml: Any = None
         self._handles: Dict[int, Any] = {}
@@ -35,21 +57,38 @@ class RealBackend(Backend):
         return system.parse_nvrm_version(system.read_text("/proc/driver/nvidia/version"))
 
     def installed_version(self) -> Optional[str]:
-        versions = [
-            match.group(1)
-            for folder in _LIB_DIRS
-            for path in glob.glob(os.path.join(folder, "libnvidia-ml.so.*"))
-            for match in [_LIB_VERSION.search(path)]
-            if match
-        ]
-        return max(versions, key=driver.version_key) if versions else None
+        return driver.installed_version() or _library_version()
 
     def fabric_manager(self) -> Optional[Dict[str, Any]]:
-        version = driver.installed_fabric_manager()
-        service = _service_state(_FM_SERVICE)
-        if version is None and service == "absent":
+        version = services.fabric_manager_version()
+        state = services.state(services.FABRICMANAGER)
+        if version is None and state["service"] == "absent":
             return None
-        return {"version": version, "service": service}
+        return {"version": version, **state}
+
+    def persistence_daemon(self) -> Dict[str, Any]:
+        return services.state(services.PERSISTENCED)
+
+    def unheld_driver_packages(self, version: str) -> List[str]:
+        return driver.unheld_packages(version)
+
+    def kernel_module(self) -> Optional[str]:
+        return system.parse_module_type(system.read_text("/proc/driver/nvidia/version"))
+
+    def nouveau_loaded(self) -> bool:
+        return runfile.nouveau_loaded()
+
+    def install_fabric_manager(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        return services.install_fabric_manager(step)
+
+    def set_persistence_daemon(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        return services.persistence_daemon(step)
+
+    def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
+        return services.switch(unit, enable, start)
+
+    def blacklist_nouveau(self) -> Tuple[bool, str]:
+        return runfile.blacklist_nouveau()
 
     def board(self) -> Dict[str, Optional[str]]:
         return system.dmi_board()
@@ -92,12 +131,14 @@ class RealBackend(Backend):
             if status is None:
                 raise NvmlUnavailable("error", f"NVML could not be initialised: {exc}") from None
             raise NvmlUnavailable(status, nvml_message(status)) from None
-        self._nvml = pynvml
+        self._nvml = _LostAware(pynvml)
+        self._handles = {}
 
     def close(self) -> None:
         if self._nvml is not None:
             self._nvml.nvmlShutdown()
             self._nvml = None
+        self._handles = {}  # a handle is only valid in the NVML session that made it
 
     def _handle(self, gpu: int) -> Any:
         if gpu not in self._handles:
@@ -105,10 +146,12 @@ class RealBackend(Backend):
         return self._handles[gpu]
 
     def _optional(self, call: Callable[[], Any]) -> Any:
-        """Ask NVML something this GPU may not support; None instead of NotSupported."""
+        """Ask NVML something this GPU or driver may not answer: None on NotSupported, on a call this
+        libnvidia-ml lacks (FunctionNotFound) and on NoData."""
+        nvml = self._nvml
         try:
             return call()
-        except self._nvml.NVMLError_NotSupported:
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, nvml.NVMLError_NoData):
             return None
 
     def driver_version(self) -> str:
@@ -176,17 +219,31 @@ class RealBackend(Backend):
         return self._optional(lambda: call(self._handle(a), self._handle(b), index))  # type: ignore[no-any-return]
 
     def processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
-        found = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle(gpu))
+        nvml, handle = self._nvml, self._handle(gpu)
+        try:
+            found = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except (nvml.NVMLLibraryMismatchError, nvml.NVMLError_FunctionNotFound):
+            # Drivers before R510 lack the `_v3` symbol the unversioned call uses; `_v2` has the same answer.
+            found = nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
         return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in found]
 
+    def holds_gpu(self, pid: int) -> Optional[bool]:
+        return procs.holds_device(pid)
 
-def _service_state(unit: str) -> str:
-    result = system.run(["systemctl", "is-active", unit], timeout=20)
-    if result.returncode == 127:
-        return "unknown"
-    state = result.stdout.strip()
-    if state in ("active", "failed"):
-        return state
-    # A unit that does not exist reads "inactive" on some systemd versions: ask whether it is installed.
-    listed = system.run(["systemctl", "list-unit-files", unit + ".service", "--no-legend"], timeout=20)
-    return "inactive" if listed.stdout.strip() else "absent"
+
+def _library_version() -> Optional[str]:
+    """The version in the NVML library's real file name, for drivers no package manager knows (runfile).
+
+    `libnvidia-ml.so.1` itself is often a link (Debian: through /etc/alternatives to
+    `nvidia/current/libnvidia-ml.so.<version>`), so its real path counts as well as the files beside it.
+    """
+    paths = [
+        path
+        for folder in _LIB_DIRS
+        for path in [
+            *glob.glob(os.path.join(folder, "libnvidia-ml.so.*")),
+            os.path.realpath(os.path.join(folder, "libnvidia-ml.so.1")),
+        ]
+    ]
+    versions = [match.group(1) for path in paths for match in [_LIB_VERSION.search(path)] if match]
+    return max(versions, key=driver.version_key) if versions else None

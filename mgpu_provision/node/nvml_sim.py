@@ -22,16 +22,23 @@ from .backend import (
 )
 from .driver import branch_of, version_key
 from .errors import AgentFailure
+from .sim_health import SimulatedHealth
 from .topology import nvlink_count
 from .twin import Twin, link_plan
 
 _PCIE_LEVELS = {"PIX": 10, "PSB": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50, "SOC": 50}
 _P2P_OK, _P2P_NOT_SUPPORTED = 0, 5
-_SWITCH_BUSES = 4  # an HGX baseboard's NVSwitches, for plausible remote bus ids
+_SWITCH_BUSES = 4
+FABRICMANAGER, PERSISTENCED = (
+    "nvidia-fabricmanager",
+    "nvidia-persistenced",
+)  # an HGX baseboard's NVSwitches, for plausible remote bus ids
 
 
-class SimulatedBackend(Backend):
+class SimulatedBackend(SimulatedHealth, Backend):
     simulated = True
+    # The twin's pids are processes as the agent sees them (schemas/twin.schema.json).
+    reports_host_pids = False
 
     def __init__(self, twin_path: str) -> None:
         self.twin = Twin(twin_path)
@@ -49,9 +56,67 @@ class SimulatedBackend(Backend):
         if version is None and not self.twin.nvswitch:
             return None
         if version is None:
-            return {"version": None, "service": "absent"}
+            return {"version": None, "service": "absent", "enabled": False}
+        unit = self.twin.service(FABRICMANAGER)
         # Fabric Manager refuses to start unless it matches the loaded driver exactly.
-        return {"version": version, "service": "active" if version == self.loaded_version() else "failed"}
+        service = (
+            "inactive" if not unit["running"] else "active" if version == self.loaded_version() else "failed"
+        )
+        return {"version": version, "service": service, "enabled": unit["enabled"]}
+
+    def persistence_daemon(self) -> Dict[str, Any]:
+        # It comes with the driver's packages, and runs only while the driver's module is loaded.
+        if self.twin.driver_version() is None:
+            return {"service": "absent", "enabled": False}
+        unit = self.twin.service(PERSISTENCED)
+        running = unit["running"] and self.loaded_version() == self.twin.driver_version()
+        return {"service": "active" if running else "inactive", "enabled": unit["enabled"]}
+
+    def kernel_module(self) -> Optional[str]:
+        # Only tracked when the twin says which modules run (driver.kernel_module); an install of the other
+        # flavor switches it at the next boot.
+        if self.loaded_version() is None:
+            return None
+        module = self.twin.state.get("kernel_module", self.twin.driver.get("kernel_module"))
+        return None if module is None else str(module)
+
+    def nouveau_loaded(self) -> bool:
+        return self.twin.nouveau and not self.twin.state.get("nouveau_blacklisted_at_boot")
+
+    def install_fabric_manager(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        version = str(step["version"])
+        changed = self.twin.fabricmanager_version() != version
+        self.twin.state["fabricmanager"] = version
+        started, message = self.switch_service(FABRICMANAGER, True, bool(step.get("start")))
+        return changed or started, f"installed Fabric Manager {version}; {message}" if changed else message
+
+    def set_persistence_daemon(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        if self.twin.driver_version() is None:
+            raise AgentFailure(
+                "persistence", f"{PERSISTENCED} is not installed; it comes with the driver's packages"
+            )
+        return self.switch_service(PERSISTENCED, bool(step.get("enabled", True)), bool(step.get("start")))
+
+    def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
+        before = self.twin.service(unit)
+        after = {"enabled": enable, "running": (before["running"] or start) if enable else False}
+        if after == before:
+            return False, f"{unit} already {'enabled' if enable else 'disabled'}"
+        self.twin.set_service(unit, **after)
+        self.twin.save_state()
+        return True, f"{unit} {'enabled' if enable else 'disabled'}" + (
+            " and started" if start and enable else ""
+        )
+
+    def blacklist_nouveau(self) -> Tuple[bool, str]:
+        if self.twin.state.get("nouveau_blacklisted"):
+            return False, "nouveau already blacklisted"
+        self.twin.state["nouveau_blacklisted"] = True
+        self.twin.save_state()
+        return True, "blacklisted nouveau; reboot to unbind it"
+
+    def distribution(self) -> Optional[Dict[str, object]]:
+        return self.twin.os_release
 
     def board(self) -> Dict[str, Optional[str]]:
         if self.twin.board:
@@ -73,6 +138,10 @@ class SimulatedBackend(Backend):
             self.twin.state["fabricmanager"] = target
             changed = True
             messages.append(f"installed Fabric Manager {target}")
+        if self.twin.driver.get("kernel_module") and step.get("flavor"):
+            module = "open" if str(step["flavor"]).endswith("open") else "proprietary"
+            changed = changed or module != self.kernel_module()
+            self.twin.state["next_kernel_module"] = module
         if changed:
             self.twin.save_state()
         if self.twin.loaded_version() != target:
@@ -94,7 +163,15 @@ class SimulatedBackend(Backend):
         return max(candidates, key=version_key)
 
     def reboot(self) -> Optional[Callable[[], None]]:
+        # A boot loads the installed driver, starts the enabled services and forgets NVML's legacy setting.
         self.twin.state["loaded"] = self.twin.driver_version()
+        self.twin.state.pop("persistence", None)
+        if "next_kernel_module" in self.twin.state:
+            self.twin.state["kernel_module"] = self.twin.state.pop("next_kernel_module")
+        for unit in (FABRICMANAGER, PERSISTENCED):
+            self.twin.set_service(unit, running=self.twin.service(unit)["enabled"])
+        if self.twin.state.get("nouveau_blacklisted"):
+            self.twin.state["nouveau_blacklisted_at_boot"] = True
         self.twin.state["boot_id"] = str(uuid.uuid4())
         self.twin.save_state()
         return None
@@ -126,6 +203,7 @@ class SimulatedBackend(Backend):
         return len(self.twin.gpus)
 
     def name(self, gpu: int) -> str:
+        self.alive(gpu)
         return str(self.twin.gpus[gpu]["name"])
 
     def uuid(self, gpu: int) -> str:
@@ -138,7 +216,8 @@ class SimulatedBackend(Backend):
         return int(self.twin.gpus[gpu]["memory_mib"]) * 1024 * 1024
 
     def persistence_mode(self, gpu: int) -> Optional[bool]:
-        return self.twin.persistence(gpu)
+        # The daemon keeps every GPU in persistence mode while it runs; else NVML's legacy setting counts.
+        return self.persistence_daemon()["service"] == "active" or self.twin.persistence(gpu)
 
     def set_persistence_mode(self, gpu: int, enabled: bool) -> None:
         self.twin.state.setdefault("persistence", {})[str(gpu)] = enabled
@@ -170,7 +249,7 @@ class SimulatedBackend(Backend):
 
     def p2p_status(self, a: int, b: int, index: int) -> Optional[int]:
         if index != P2P_NVLINK:
-            return _P2P_OK
+            return self.p2p_read_status(a, b)
         matrix = self.twin.topology
         linked = matrix is not None and nvlink_count(matrix.gpu_cell(a, b)) > 0
         return _P2P_OK if linked else _P2P_NOT_SUPPORTED
@@ -181,3 +260,8 @@ class SimulatedBackend(Backend):
             for p in self.twin.processes
             if int(p.get("gpu", 0)) == gpu
         ]
+
+    def holds_gpu(self, pid: int) -> Optional[bool]:
+        # There is no /dev/nvidia* here: a process holds the simulated GPU while the twin, as it is now,
+        # lists it.
+        return any(int(p["pid"]) == pid for p in Twin(self.twin.path).processes)

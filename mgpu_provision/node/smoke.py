@@ -116,11 +116,12 @@ def timeouts(timeout_s: float) -> tuple[int, float]:
 
 def rendezvous_options(req: Request) -> list[str]:
     """What smoke adds to the launcher's torchrun options: no restarts, and a rendezvous timeout within the
-    deadline (torchrun's own default is 900 s for static, 600 s for c10d)."""
+    deadline (torchrun's own default is 900 s for static, 600 s for c10d). Spelled with underscores, which
+    every torchrun takes (the hyphens came with torch 2.0), whatever spelling the launcher uses."""
     rendezvous_s, _ = timeouts(req.timeout_s)
     if req.rdzv_backend == "static":
-        return ["--max-restarts", "0", "--rdzv-conf", f"timeout={rendezvous_s}"]
-    return ["--max-restarts", "0", "--rdzv-conf", f"join_timeout={rendezvous_s},read_timeout={rendezvous_s}"]
+        return ["--max_restarts", "0", "--rdzv_conf", f"timeout={rendezvous_s}"]
+    return ["--max_restarts", "0", "--rdzv_conf", f"join_timeout={rendezvous_s},read_timeout={rendezvous_s}"]
 
 
 def torchrun_command(req: Request, program: str, config: str) -> list[str]:

@@ -211,7 +211,8 @@ class Rank:
         )
 
     def check_data_parallel(self) -> None:
-        """DataParallel on all visible GPUs, once per node (local rank 0), per domain-facts section 6."""
+        """DataParallel on all visible GPUs, once per node (local rank 0): parameters on device_ids[0],
+        the output on output_device, and a batch of at least one sample per GPU."""
         if not self.cuda or self.local_rank != 0:
             return
         import torch

@@ -46,17 +46,42 @@ def os_pretty_name(text: Optional[str]) -> str:
     return "unknown"
 
 
+def os_release(text: Optional[str]) -> Dict[str, object]:
+    """ID, VERSION_ID and ID_LIKE of /etc/os-release text: which distribution's packages the node takes."""
+    fields = {}
+    for line in (text or "").splitlines():
+        key, _, value = line.partition("=")
+        fields[key.strip()] = value.strip().strip("\"'")
+    return {
+        "os_id": fields.get("ID") or None,
+        "os_version_id": fields.get("VERSION_ID") or None,
+        "os_like": fields.get("ID_LIKE", "").split(),
+    }
+
+
+def parse_module_type(text: Optional[str]) -> Optional[str]:
+    """open or proprietary from /proc/driver/nvidia/version (`... Open Kernel Module for x86_64 ...`)."""
+    if not parse_nvrm_version(text):
+        return None
+    return "open" if "Open Kernel Module" in (text or "") else "proprietary"
+
+
 def parse_nvrm_version(text: Optional[str]) -> Optional[str]:
     """The kernel module version in /proc/driver/nvidia/version (`NVRM version: ... Module  550.90.07`)."""
     match = _NVRM.search(text or "")
     return match.group(1) if match else None
 
 
-def host_info(simulated: bool, boot: str) -> Dict[str, object]:
+def host_info(
+    simulated: bool, boot: str, distribution: Optional[Dict[str, object]] = None
+) -> Dict[str, object]:
+    """Host facts; `distribution` (os_id, os_version_id, os_like) stands in for the real os-release."""
     uname = os.uname()
+    release = read_text("/etc/os-release")
     return {
+        **(distribution or os_release(release)),
         "hostname": socket.gethostname(),
-        "os": os_pretty_name(read_text("/etc/os-release")),
+        "os": os_pretty_name(release),
         "kernel": uname.release,
         "arch": uname.machine,
         "boot_id": boot,

@@ -26,6 +26,8 @@ _GPU_LABEL = re.compile(r"^GPU([0-9]+)$")
 _TRAILING_TITLES = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _NIC_LEGEND_ENTRY = re.compile(r"^\s*(NIC[0-9]+)\s*:\s*(\S+)\s*$")
 _COMMAND_LINE = re.compile(r"^\s*(\$\s*)?nvidia-smi\s+topo\b")
+# Terminal escapes (CSI sequences): nvidia-smi underlines the header row on a TTY, and captures keep them.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 class TopologyParseError(ValueError):
@@ -101,7 +103,7 @@ def read_topology_text(path: str) -> str:
 
 def parse_topology(text: str) -> TopoMatrix:
     """Parse `nvidia-smi topo -m` output as printed or as pasted; raise TopologyParseError on garbage."""
-    lines = text.replace("\r\n", "\n").split("\n")
+    lines = _ANSI.sub("", text).replace("\r\n", "\n").split("\n")
     index = _skip_preamble(lines)
     if index >= len(lines):
         raise TopologyParseError(len(lines), "no matrix found (expected a header row of GPU columns)")

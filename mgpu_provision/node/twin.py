@@ -1,9 +1,9 @@
 """Reading a simulated node's twin file and the overlay of what installs and reboots changed on it.
 
-The twin (DESIGN.md "Simulated nodes", `schemas/twin.schema.json`) is a public contract written by people,
-so it is read leniently (YAML or JSON, optional fields filled with stable defaults) and checked with messages
-that name the field. The twin itself is never written: driver installs and reboots land in the overlay
-`<twin>.state.json` beside it, written atomically like every other file the agent writes.
+The twin (docs/ARCHITECTURE.md "Simulated nodes", `schemas/twin.schema.json`) is a public contract written by
+people, so it is read leniently (YAML or JSON, optional fields filled with stable defaults) and checked with
+messages that name the field. The twin itself is never written: driver installs and reboots land in the
+overlay `<twin>.state.json` beside it, written atomically like every other file the agent writes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from .atomic import atomic_write
 from .errors import AgentFailure
 from .miniyaml import MiniYamlError, loads
 from .topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
+from .twin_health import read_gpu_health, read_kernel
 
+DEFAULT_OS_RELEASE = {"id": "ubuntu", "version_id": "22.04", "like": ["debian"]}
 DEFAULT_PCIE = {"gen": 4, "width": 16, "max_gen": 4, "max_width": 16}
 
 
@@ -35,9 +37,19 @@ class Twin:
         self.nvswitch = bool(data.get("nvswitch", False))
         self.fabricmanager: Optional[str] = data.get("fabricmanager")
         self.boot_id: Optional[str] = data.get("boot_id")
+        self.nouveau = bool(data.get("nouveau", False))
+        self.services: Dict[str, Any] = _mapping(data.get("services") or {}, "services")
+        # Whose NVIDIA packages the simulated box has (it decides the driver source); Ubuntu unless told.
+        release = _mapping(data.get("os_release") or DEFAULT_OS_RELEASE, "os_release")
+        self.os_release: Dict[str, object] = {
+            "os_id": str(release.get("id") or "ubuntu"),
+            "os_version_id": None if release.get("version_id") is None else str(release["version_id"]),
+            "os_like": [str(x) for x in _list(release.get("like"), "os_release.like")],
+        }
         drivers = _list(data.get("available_drivers"), "available_drivers")
         self.available_drivers: List[str] = [str(v) for v in drivers]
         self.topology = self._topology(data)
+        self.kernel = read_kernel(self.path, data.get("kernel"))
         self.nvlink_down = {
             (_int(d, "gpu", "nvlink_down[]"), _int(d, "link", "nvlink_down[]"))
             for d in _list(data.get("nvlink_down"), "nvlink_down")
@@ -76,6 +88,17 @@ class Twin:
 
     def fabricmanager_version(self) -> Optional[str]:
         return self.state.get("fabricmanager", self.fabricmanager)
+
+    def service(self, unit: str) -> Dict[str, bool]:
+        """`{"enabled", "running"}` of a simulated unit; Fabric Manager runs unless the twin says not."""
+        default = {"enabled": True, "running": True} if unit == "nvidia-fabricmanager" else {}
+        base = dict({"enabled": False, "running": False}, **default)
+        base.update(_mapping(self.services.get(unit) or {}, f"services.{unit}"))
+        base.update(self.state.get("services", {}).get(unit, {}))
+        return {"enabled": bool(base["enabled"]), "running": bool(base["running"])}
+
+    def set_service(self, unit: str, **values: bool) -> None:
+        self.state.setdefault("services", {}).setdefault(unit, {}).update(values)
 
     def persistence(self, gpu: int) -> bool:
         override = self.state.get("persistence", {}).get(str(gpu))
@@ -121,6 +144,7 @@ def _complete_gpu(path: str, index: int, raw: Any) -> Dict[str, Any]:
     gpu.setdefault("uuid", stable_uuid(path, index, gpu["name"]))
     gpu.setdefault("pci_bus_id", default_bus_id(index))
     gpu["pcie"] = dict(DEFAULT_PCIE, **_mapping(gpu.get("pcie") or {}, f"{where}.pcie"))
+    gpu["health"] = read_gpu_health(path, f"{where}.health", gpu.get("health"))
     return gpu
 
 

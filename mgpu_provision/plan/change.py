@@ -9,7 +9,7 @@ from ..facts import Facts
 from ..node.topology import TopoMatrix
 from ..spec.models import Host, Rig
 
-Action = Literal["create", "update", "verify-failed", "manual"]
+Action = Literal["create", "update", "delete", "verify-failed", "manual"]
 # The playbook step a Change belongs to (`--tags`, `--skip-tags`): what kind of work carrying it out is.
 Phase = Literal["checks", "env", "sli", "persistence", "driver", "reboot"]
 PHASES: tuple[Phase, ...] = ("checks", "env", "sli", "persistence", "driver", "reboot")

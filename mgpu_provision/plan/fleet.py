@@ -58,7 +58,7 @@ class FleetPlan:
     @property
     def totals(self) -> PlanTotals:
         return PlanTotals(
-            to_change=sum(h.count("create", "update") for h in self.hosts),
+            to_change=sum(h.count("create", "update", "delete") for h in self.hosts),
             checks_failed=sum(h.count("verify-failed") for h in self.hosts),
             manual=sum(h.count("manual") for h in self.hosts),
             hosts_with_changes=sum(1 for h in self.hosts if h.changes),

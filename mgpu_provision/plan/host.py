@@ -1,25 +1,39 @@
 """The plan: what differs between the rig file and each box, as a list of Changes, decided without I/O.
 
 `facts_request` says what the agent must read for a host's plan; `plan_host` runs every resource's pure diff
-over those facts in a fixed order (checks first, then what apply changes, a reboot last so that it follows
-everything it must load).
+over those facts and lists the Changes in playbook-step order (checks first, a reboot last so that it
+follows everything it must load): the order apply carries them out in, so plan and apply show one order.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol
 from ..facts import Facts
 from ..spec.models import Host
-from .change import Change, HostContext
-from .resources import driver, envfiles, fabricmanager, gpus, pcie, persistence, sli
+from .change import PHASES, Change, HostContext
+from .resources import (
+    driver,
+    envfiles,
+    fabricmanager,
+    gpu_settings,
+    gpus,
+    health,
+    kernel,
+    pcie,
+    persistence,
+    sli,
+)
 from .resources import topology as links
 from .resources import torch as torch_probe
 
 if TYPE_CHECKING:
     from ..spec import LoadedRig
+
+XORG_CONF = "/etc/X11/xorg.conf"
 
 # Checks before changes: a person reads what is wrong with the box before what apply would do about it.
 DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
@@ -27,28 +41,37 @@ DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
     links.diff,
     pcie.diff,
     fabricmanager.diff,
+    health.diff,
+    kernel.diff,
     torch_probe.diff,
     driver.diff,
     persistence.diff,
+    gpu_settings.diff,
     sli.diff,
 )
+
 
 def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
     """The `facts` verb's args for this host: its managed files (with content, for diffs), its X config and,
     when the rig file names a smoke python, that python for the torch probe (importing torch takes seconds,
     and a rig that never said which python has torch would only get a failed probe of `python3`)."""
-    desired = envfiles.desired_files(loaded, host)
+    managed = envfiles.managed_paths(loaded, host)
     smoke = loaded.spec.smoke
+    xorg = [path for path, phase in managed if phase == "sli"]
     return protocol.facts_request(
-        files=[f.path for f in desired],
+        files=[path for path, _ in managed],
         include_content=True,
         python=smoke.python if "python" in smoke.model_fields_set else None,
-        xorg_paths=[f.path for f in desired if f.phase == "sli"],
+        xorg_paths=xorg,
+        # A ServerLayout in the main X config or beside the snippet hides the snippet's Screen.
+        xorg_layout_paths=[XORG_CONF, *(os.path.dirname(path) for path in xorg)]
+        if sli.desired_mode(host, loaded.rig_of(host))
+        else [],
     )
 
 
 def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
-    """Every Change that would bring `host` to the rig file, checks first and any reboot last."""
+    """Every Change that would bring `host` to the rig file, in playbook-step order (checks first)."""
     rig = loaded.rig_of(host)
     visible = loaded.visible_indices(host, [gpu.uuid for gpu in facts.gpus])
     ctx = HostContext(
@@ -59,5 +82,7 @@ def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
         expected_topology=loaded.topologies.get(host.rig),
     )
     changes = [change for diff in DIFFS for change in diff(ctx)]
-    changes += envfiles.diff_files(envfiles.desired_files(loaded, host), facts)
-    return sorted(changes, key=lambda c: c.resource == "reboot")  # stable: only moves reboots to the end
+    changes += envfiles.env_checks(loaded, host, facts)
+    changes += envfiles.diff_files(envfiles.desired_files(loaded, host, facts), facts)
+    changes += envfiles.diff_unwanted(envfiles.unwanted_files(loaded, host), facts)
+    return sorted(changes, key=lambda c: PHASES.index(c.phase))  # stable within a step

@@ -7,8 +7,10 @@ Field-local rules (types, ranges, patterns) live here; rules that relate several
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
@@ -34,7 +36,27 @@ PathStr = Annotated[
 ]
 HostName = Annotated[str, Field(pattern=HOST_NAME, description="host name: letters, digits, . _ -")]
 
-SCHEMA_COMMENT = "# yaml-language-server: $schema=https://mgpu-provision.dev/schemas/rig.schema.json"
+# The committed output of `mgpu-provision schema`, in the checkout the tool runs from.
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "schemas" / "rig.schema.json"
+
+
+def schema_comment(rig_folder: Path) -> str:
+    """The editor's schema line for a rig file in `rig_folder`, as the examples write it: a relative path.
+
+    Without a checkout (an installed wheel) there is no schema file to point at; the line then says how
+    to make one.
+    """
+    if not SCHEMA_FILE.exists():
+        return "# Editor completion: mgpu-provision schema > rig.schema.json, then put this on line 1:\n" \
+            "# yaml-language-server: $schema=rig.schema.json"
+    return f"# yaml-language-server: $schema={path_in_rig(SCHEMA_FILE, rig_folder)}"
+
+
+def path_in_rig(path: Path, rig_folder: Path) -> str:
+    """`path` as a rig file in `rig_folder` should name it: relative when close by (the loader resolves
+    paths against the rig file's folder, so the pair can move together), otherwise absolute."""
+    relative = os.path.relpath(path.resolve(), rig_folder.resolve())
+    return str(path.resolve()) if relative.startswith("../..") else relative
 
 
 class Strict(BaseModel):
@@ -130,9 +152,29 @@ class Bridge(Strict):
 class Driver(Strict):
     version: str | None = Field(None, pattern=DRIVER_VERSION, description='exact version, e.g. "550.54.15"')
     branch: str | None = Field(None, pattern=DRIVER_BRANCH, description='a branch, e.g. "550" (any 550.x)')
-    method: Literal["apt", "dnf", "runfile"] = "apt"
-    flavor: Literal["default", "server", "open", "server-open"] = Field(
-        "server", description="apt package variant: nvidia-driver-<branch>[-server][-open]"
+    method: Literal["apt", "dnf", "runfile"] | None = Field(
+        None, description="apt or dnf (default: the node's, from its os-release), or runfile"
+    )
+    source: Literal["ubuntu", "cuda", "debian", "rhel"] | None = Field(
+        None,
+        description=(
+            "where the packages come from: ubuntu (Ubuntu's archive), cuda (NVIDIA's CUDA repository), "
+            "debian (Debian non-free + contrib), rhel (NVIDIA's dnf module streams); default from os-release"
+        ),
+    )
+    flavor: Literal["default", "server", "open", "server-open"] | None = Field(
+        None,
+        description=(
+            "kernel module and build: open (open kernel modules), server/server-open (Ubuntu's datacenter "
+            "builds); default: the source's own (server on Ubuntu, proprietary elsewhere)"
+        ),
+    )
+    packages: list[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9+.-]{1,99}$")]] | None = Field(
+        None,
+        description=(
+            "apt only: install exactly these packages of the driver set instead of the source's "
+            "(e.g. [nvidia-smi, libnvidia-ml1] for the userspace only, without a kernel module)"
+        ),
     )
     hold: bool = Field(True, description="hold/version-lock the packages so upgrades cannot move them")
     reboot: Literal["allowed", "never"] = Field(
@@ -143,12 +185,67 @@ class Driver(Strict):
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
 
 
-SLI_MODES = ("Off", "Mosaic")
+HealthCheck = Literal[
+    "xid", "ecc", "memory_repair", "nvlink_errors", "throttle", "power", "compute_mode", "mig", "fabric",
+    "kernel",
+]
+HEALTH_CHECKS: tuple[str, ...] = get_args(HealthCheck)
+# Xids that mean the GPU needs a person: ECC/memory (48, 63, 64, 92, 94, 95), NVLink (74), off the bus (79).
+CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95)
+
+
+class Health(Strict):
+    """Health checks on every box of the rig: all on by default; `skip` switches some off."""
+
+    skip: list[HealthCheck] = Field(
+        default_factory=list, description="checks to switch off: " + ", ".join(HEALTH_CHECKS)
+    )
+    critical_xids: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
+        default_factory=lambda: list(CRITICAL_XIDS), description="Xid codes that fail the xid check"
+    )
+    ecc: bool | None = Field(None, description="expected ECC mode; null: the mode is not judged (errors are)")
+    nvlink_error_max: int = Field(
+        100, ge=0, description="most CRC, replay or recovery errors an active NVLink may count since boot"
+    )
+    power_limit_w: int | None = Field(
+        None, ge=1, le=5000, description="power limit apply sets on every GPU; null: each GPU's default"
+    )
+    compute_mode: Literal["default", "exclusive_process", "prohibited"] = Field(
+        "default", description="compute mode apply sets on every GPU"
+    )
+    mig: bool = Field(False, description="expected MIG mode (a change needs a GPU reset: a manual step)")
+
+    def checks(self, name: str) -> bool:
+        return name not in self.skip
+
+
+# "Mosaic" is the X option `SLI` (SLI Mosaic, professional cards); "BaseMosaic" is the X option of that name.
+SLI_MODES = ("Off", "Mosaic", "BaseMosaic")
+
+
+def _any_case(word: str) -> str:
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in word)
+
+
+def _sli_mode_schema(schema: dict[str, Any]) -> None:
+    # Editors complete the modes and flag a removed one as it is typed; validate accepts any case and
+    # YAML 1.1's bare `off` (a boolean false), and explains why a removed mode is refused (spec/rules.py).
+    schema.pop("type", None)
+    schema["anyOf"] = [
+        {"enum": list(SLI_MODES)},
+        {"type": "string", "pattern": "^(" + "|".join(_any_case(m) for m in SLI_MODES) + ")$"},
+        {"const": False},
+    ]
 
 
 class Sli(Strict):
     mode: str = Field(
-        "Off", description="Off or Mosaic (NVIDIA drivers since 455 accept no other mode); graphics only"
+        "Off",
+        description=(
+            "Off (the driver default: no X config snippet), Mosaic (SLI Mosaic, professional cards) or "
+            "BaseMosaic (GeForce); graphics only"
+        ),
+        json_schema_extra=_sli_mode_schema,
     )
 
     @field_validator("mode", mode="before")
@@ -206,6 +303,7 @@ class Rig(Strict):
         None, description="GPU indices or UUIDs CUDA may see (CUDA_VISIBLE_DEVICES); default all"
     )
     ddp: Ddp | None = None
+    health: Health = Field(default_factory=Health, description="GPU health checks (all on by default)")
     env: dict[Annotated[str, Field(pattern=ENV_NAME)], EnvValue] = Field(
         default_factory=dict, description="extra variables for this rig, merged over the fleet's `env`"
     )

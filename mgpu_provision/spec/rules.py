@@ -17,9 +17,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..node import sources
 from ..node.topology import TopoMatrix
+from .cards import card_class, missing_connector
 from .files import resolve_path
-from .models import SLI_MODES, Host, Rig, RigFile
+from .models import SLI_MODES, Driver, Host, Rig, RigFile
 
 Loc = tuple[str | int, ...]
 
@@ -188,7 +190,8 @@ def sli_mode_supported(inp: RuleInput) -> Iterator[Finding]:
             yield Finding(
                 (*loc, "sli", "mode"),
                 f"SLI mode '{rig.sli.mode}' is not supported: NVIDIA drivers since 455 accept only Off and "
-                "Mosaic (On, Auto, AFR, SFR, AA and AFRofAA were removed)",
+                "Mosaic (On, Auto, AFR, SFR, AA and AFRofAA were removed); BaseMosaic spans displays on "
+                "GeForce",
             )
 
 
@@ -203,9 +206,33 @@ def sli_needs_two_gpus(inp: RuleInput) -> Iterator[Finding]:
 
 
 def sli_needs_bridge(inp: RuleInput) -> Iterator[Finding]:
+    # Base Mosaic needs no bridge (NVIDIA X driver README); SLI Mosaic does.
     for loc, rig in inp.rigs():
-        if _sli_enabled(rig) and rig.bridge.kind == "none":
+        if rig.sli is not None and rig.sli.mode == "Mosaic" and rig.bridge.kind == "none":
             yield Finding((*loc, "sli", "mode"), "SLI needs a bridge: set bridge.kind (e.g. nvlink-bridge)")
+
+
+def sli_mosaic_needs_professional_cards(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.sli is not None and rig.sli.mode == "Mosaic" and card_class(rig.gpus.model) == "geforce":
+            yield Finding(
+                (*loc, "sli", "mode"),
+                f"SLI Mosaic needs professional cards (Quadro, RTX A-series, RTX Ada); {rig.gpus.model} is a "
+                "GeForce card, whose driver ignores it: use mode BaseMosaic (Base Mosaic spans the displays "
+                "without SLI rendering)",
+            )
+
+
+def card_has_bridge_connector(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        family = missing_connector(rig.gpus.model)
+        if family is None:
+            continue
+        why = f"{rig.gpus.model} has no NVLink/SLI connector ({family})"
+        if rig.bridge.kind in NVLINK_KINDS:
+            yield Finding((*loc, "bridge", "kind"), f"{why}: bridge kind {rig.bridge.kind} is impossible")
+        if rig.sli is not None and _sli_enabled(rig):
+            yield Finding((*loc, "sli", "mode"), f"{why}: SLI mode {rig.sli.mode} is impossible")
 
 
 def bridge_pairs_in_range(inp: RuleInput) -> Iterator[Finding]:
@@ -319,8 +346,72 @@ def runfile_complete(inp: RuleInput) -> Iterator[Finding]:
                 if getattr(driver, key) is not None:
                     yield Finding(
                         (*loc, "driver", key),
-                        f"`{key}` is only used with method runfile (method is {driver.method})",
+                        f"`{key}` is only used with method runfile (method is {driver.method or 'apt/dnf'})",
                     )
+
+
+# How each package source is installed; the CUDA repository serves both families.
+SOURCE_METHODS = {"ubuntu": ("apt",), "debian": ("apt",), "rhel": ("dnf",), "cuda": ("apt", "dnf")}
+
+
+def driver_source_fits(inp: RuleInput) -> Iterator[Finding]:
+    """A flavor, Fabric Manager or method the chosen source lacks is refused here, not at install time."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None:
+            continue
+        at = (*loc, "driver")
+        if driver.flavor == "open" and sources.pre_turing(rig.gpus.model):
+            yield Finding(
+                (*at, "flavor"),
+                f"open kernel modules need Turing or newer; {rig.gpus.model} needs flavor default "
+                "(proprietary)",
+            )
+        if driver.method == "runfile":
+            yield from _runfile_fits(at, driver)
+            continue
+        if driver.packages is not None and driver.method == "dnf":
+            yield Finding(
+                (*at, "packages"), "`packages` is for apt sources; dnf installs the module stream's set"
+            )
+        if driver.source is None:
+            continue
+        flavors = sources.FLAVORS[driver.source]
+        if driver.flavor is not None and driver.flavor not in flavors:
+            yield Finding(
+                (*at, "flavor"),
+                f"the {driver.source} source has no {driver.flavor} flavor (it has {', '.join(flavors)})",
+            )
+        if driver.fabricmanager and not sources.HAS_FABRICMANAGER[driver.source]:
+            yield Finding(
+                (*at, "fabricmanager"),
+                f"the {driver.source} source has no Fabric Manager package; use source cuda "
+                "(NVIDIA's repository)",
+            )
+        methods = SOURCE_METHODS[driver.source]
+        if driver.method is not None and driver.method not in methods:
+            yield Finding(
+                (*at, "method"),
+                f"the {driver.source} source is installed with {' or '.join(methods)}, not {driver.method}",
+            )
+
+
+def _runfile_fits(at: Loc, driver: Driver) -> Iterator[Finding]:
+    for key in ("source", "packages"):
+        if getattr(driver, key) is not None:
+            yield Finding(
+                (*at, key), f"`{key}` is for package installs; method runfile runs NVIDIA's installer"
+            )
+    if driver.flavor in ("server", "server-open"):
+        yield Finding(
+            (*at, "flavor"),
+            f"flavor {driver.flavor} is an Ubuntu package build; a runfile has default or open",
+        )
+    if driver.fabricmanager:
+        yield Finding(
+            (*at, "fabricmanager"),
+            "Fabric Manager has no runfile path here: install the driver with method apt or dnf",
+        )
 
 
 def fabricmanager_needs_nvswitch(inp: RuleInput) -> Iterator[Finding]:
@@ -405,6 +496,8 @@ RULES: tuple[Rule, ...] = (
     sli_mode_supported,
     sli_needs_two_gpus,
     sli_needs_bridge,
+    sli_mosaic_needs_professional_cards,
+    card_has_bridge_connector,
     bridge_pairs_in_range,
     bridge_pairs_distinct,
     bridge_links_given,
@@ -413,6 +506,7 @@ RULES: tuple[Rule, ...] = (
     no_bridge_has_no_links,
     driver_version_or_branch,
     runfile_complete,
+    driver_source_fits,
     reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,
     env_safe,

@@ -18,45 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from mgpu_provision import cli
-from mgpu_provision.plan.resources.envfiles import desired_files
-from mgpu_provision.spec import load_rig
-from tests.hosts import MANAGED_DIRS, REPO, HostFactory, TestHost, load_twin
+from tests.factories import pair_rig_file as rig_file
+from tests.factories import rtx3090_twin
+from tests.hosts import APPLY_LOCK, MANAGED_DIRS, REPO, HostFactory, TestHost, desired_files_on, hold_lock
 
-LOCK = "/var/lib/mgpu-provision/apply.lock"
-# Stands in for the smoke python on simulated boxes: torch that sees the twin's two GPUs.
-FAKE_TORCH = '#!/bin/sh\necho \'{"version": "2.13.0", "cuda_available": true, "device_count": 2}\'\n'
-
-
-def twin(
-    driver: str = "550.54.15", persistence: tuple[bool, bool] = (False, False), **more: Any
-) -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load(load_twin("rtx3090-nvlink"))
-    data["driver"].update(version=driver, loaded=driver)
-    for gpu, on in zip(data["gpus"], persistence, strict=True):
-        gpu["persistence"] = on
-    data.update(more)
-    return data
-
-
-def rig_file(
-    factory: HostFactory, path: Path, hosts: list[TestHost], reboot: str = "allowed", env: str = "a"
-) -> Path:
-    fake = path.parent / "torch-python"
-    fake.write_text(FAKE_TORCH)
-    fake.chmod(0o755)
-    rig = {
-        "gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2, "persistence_mode": True},
-        "bridge": {"kind": "nvlink-bridge", "pairs": [[0, 1]], "links": 4},
-        "driver": {"version": "550.54.15", "reboot": reboot},
-        "sli": {"mode": "Off"},
-        "ddp": {"master": hosts[0].name, "backend": "gloo", "ifname": "lo"},
-    }
-    return factory.write_rig(
-        path, hosts, rigs={"pair": rig}, smoke={"python": str(fake)}, env={"MGPU_ROUND": env}
-    )
+LOCK = APPLY_LOCK
 
 
 def start(factory: HostFactory, name: str, box: dict[str, Any]) -> TestHost:
@@ -91,12 +59,14 @@ def cli_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[
 def test_apply_converges_drifted_hosts_and_a_second_apply_writes_nothing(
     test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    a = start(test_hosts, "gpu-a", twin(driver="535.161.08"))  # old driver: install, reboot
-    b = start(test_hosts, "gpu-b", twin(persistence=(True, True)))  # stale and wrongly-moded files
-    c = start(test_hosts, "gpu-c", twin(persistence=(True, False)))  # one GPU off, SLI Mosaic
+    a = start(test_hosts, "gpu-a", rtx3090_twin(driver="535.161.08"))  # old driver: install, reboot
+    b = start(test_hosts, "gpu-b", rtx3090_twin(persistence=(True, True)))  # stale and wrongly-moded files
+    c = start(test_hosts, "gpu-c", rtx3090_twin(persistence=(True, False)))  # one GPU off, SLI Mosaic
     rig = rig_file(test_hosts, tmp_path / "rig.yaml", [a, b, c])
-    loaded = load_rig(rig)
-    want = {h.name: {f.path: f for f in desired_files(loaded, loaded.host(h.name))} for h in (a, b, c)}
+    want = {
+        name: {f.path: f for f in files}
+        for name, files in desired_files_on(rig, test_hosts.known_hosts).items()
+    }
     profile, launcher, xorg = (
         "/etc/profile.d/mgpu-provision.sh",
         "/usr/local/bin/mgpu-torchrun",
@@ -121,6 +91,9 @@ def test_apply_converges_drifted_hosts_and_a_second_apply_writes_nothing(
             assert on_host(host, path).read_text() == file.content
             assert oct(on_host(host, path).stat().st_mode & 0o777) == oct(int(file.mode, 8))
     assert on_host(b, profile + ".mgpu-provision.bak").read_text() == "export OLD=1\n"
+    # SLI Off is the driver default: the snippet an earlier mode left is removed, its text kept as the backup
+    assert not on_host(c, xorg).exists()
+    assert "Mosaic" in on_host(c, xorg + ".mgpu-provision.bak").read_text()
 
     assert cli.main(["plan", *common]) == 0
     before = managed_state([a, b, c])
@@ -130,10 +103,43 @@ def test_apply_converges_drifted_hosts_and_a_second_apply_writes_nothing(
     assert managed_state([a, b, c]) == before  # nothing written: mtimes and sizes unchanged
 
 
+def test_sli_mosaic_then_off_removes_the_snippet_and_a_second_plan_is_clean(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a6000 = "NVIDIA RTX A6000"
+    box = rtx3090_twin(persistence=(True, True))
+    for gpu in box["gpus"]:
+        gpu["name"] = a6000
+    a = start(test_hosts, "gpu-a", box)
+    xorg = on_host(a, "/etc/X11/xorg.conf.d/20-mgpu-provision.conf")
+    known = ["--known-hosts", str(test_hosts.known_hosts)]
+    mosaic = rig_file(test_hosts, tmp_path / "mosaic.yaml", [a], sli="Mosaic", model=a6000)
+    code, report = cli_json(capsys, "apply", str(mosaic), *known, "--yes")
+    assert code == 0, report
+    content = xorg.read_text()
+    assert content.count('Section "Device"') == 2 and 'Option         "SLI" "Mosaic"' in content
+    assert 'BusID          "PCI:' in content
+
+    off = rig_file(test_hosts, tmp_path / "off.yaml", [a], sli="Off", model=a6000)
+    code, plan = cli_json(capsys, "plan", str(off), *known)
+    assert code == 2
+    [change] = plan["hosts"]["gpu-a"]["changes"]
+    assert (change["action"], change["resource"]) == (
+        "delete",
+        "file:/etc/X11/xorg.conf.d/20-mgpu-provision.conf",
+    )
+    code, report = cli_json(capsys, "apply", str(off), *known, "--yes")
+    assert code == 0, report
+    assert not xorg.exists()
+    assert Path(f"{xorg}.mgpu-provision.bak").read_text() == content
+    code, plan = cli_json(capsys, "plan", str(off), *known)
+    assert (code, plan["hosts"]["gpu-a"]["changes"]) == (0, [])
+
+
 def test_reboot_never_ends_as_reboot_required(
     test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    a = start(test_hosts, "gpu-a", twin(driver="535.161.08", persistence=(True, True)))
+    a = start(test_hosts, "gpu-a", rtx3090_twin(driver="535.161.08", persistence=(True, True)))
     common = [
         str(rig_file(test_hosts, tmp_path / "rig.yaml", [a], reboot="never")),
         "--known-hosts",
@@ -156,10 +162,10 @@ def test_reboot_never_ends_as_reboot_required(
 def test_a_failed_batch_stops_the_rollout(
     test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bad = start(test_hosts, "gpu-a", twin())
+    bad = start(test_hosts, "gpu-a", rtx3090_twin())
     on_host(bad, LOCK).mkdir(parents=True)  # a lock that cannot be opened: the agent's apply fails there
-    b = start(test_hosts, "gpu-b", twin())
-    c = start(test_hosts, "gpu-c", twin())
+    b = start(test_hosts, "gpu-b", rtx3090_twin())
+    c = start(test_hosts, "gpu-c", rtx3090_twin())
     rig = rig_file(test_hosts, tmp_path / "rig.yaml", [bad, b, c])
     args = ["apply", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--yes", "--serial", "1"]
     code, result = cli_json(capsys, *args, "--max-fail-percent", "0")
@@ -176,25 +182,10 @@ def test_a_failed_batch_stops_the_rollout(
     assert "skipped" in capsys.readouterr().out
 
 
-def hold_lock(host: TestHost, seconds: float) -> subprocess.Popen[bytes]:
-    """Take the host's apply lock from inside its namespaces, as another apply's agent would."""
-    assert host.process is not None
-    # -o: only flock itself holds the lock, so killing it releases the lock at once.
-    script = f"mkdir -p {Path(LOCK).parent} && echo $$ > {LOCK} && exec flock -o {LOCK} sleep {seconds}"
-    holder = subprocess.Popen(
-        ["nsenter", "-t", str(host.process.pid), "-m", "-u", "--", "sh", "-c", script], start_new_session=True
-    )
-    deadline = time.monotonic() + 10
-    while host.run_in_ns(f"flock -n {LOCK} true", check=False).returncode == 0:
-        assert time.monotonic() < deadline, "the lock holder did not start"
-        time.sleep(0.05)
-    return holder
-
-
 def test_a_second_apply_refuses_or_waits_for_the_lock(
     test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    a = start(test_hosts, "gpu-a", twin())
+    a = start(test_hosts, "gpu-a", rtx3090_twin())
     args = [
         "apply",
         str(rig_file(test_hosts, tmp_path / "rig.yaml", [a])),
@@ -226,15 +217,15 @@ def test_sigkill_at_random_moments_never_leaves_a_partial_file(
     test_hosts: HostFactory, tmp_path: Path
 ) -> None:
     hosts = [
-        start(test_hosts, "gpu-a", twin(persistence=(True, True))),
-        start(test_hosts, "gpu-b", twin(persistence=(True, True))),
+        start(test_hosts, "gpu-a", rtx3090_twin(persistence=(True, True))),
+        start(test_hosts, "gpu-b", rtx3090_twin(persistence=(True, True))),
     ]
     variants = {}
     for variant in ("a", "b"):
-        loaded = load_rig(rig_file(test_hosts, tmp_path / f"rig-{variant}.yaml", hosts, env=variant))
-        variants[variant] = {
-            h.name: {f.path: f.content for f in desired_files(loaded, loaded.host(h.name))} for h in hosts
-        }
+        wanted = desired_files_on(
+            rig_file(test_hosts, tmp_path / f"rig-{variant}.yaml", hosts, env=variant), test_hosts.known_hosts
+        )
+        variants[variant] = {name: {f.path: f.content for f in files} for name, files in wanted.items()}
     rig = tmp_path / "rig.yaml"
     command = [
         sys.executable,

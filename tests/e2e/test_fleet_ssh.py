@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -228,6 +231,43 @@ def test_jump_host_is_a_gateway_with_its_key_checked(test_hosts: HostFactory, tm
     )
 
 
+def test_a_jump_host_that_cannot_reach_the_target_is_named(test_hosts: HostFactory) -> None:
+    jump, dead = test_hosts.start("bastion"), test_hosts.dead_address()
+    via = dataclasses.replace(
+        target(jump, test_hosts, name="gpu-b", address=dead), jump=f"root@{jump.address}:{jump.port}"
+    )
+    outcome = run_fleet([via], call("facts"), options(test_hosts, fake_agent()))["gpu-b"]
+    assert outcome.status == "unreachable"
+    assert (outcome.error or "").startswith(
+        f"jump host {jump.address} ({jump.address}:2222) cannot open a connection to gpu-b ({dead}:2222): "
+    ), outcome.error
+
+
+def test_a_jump_host_that_does_not_resolve_is_named(tmp_path: Path) -> None:
+    """The name lookup runs in a network namespace of its own: it fails at once and no query leaves."""
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(
+        "version: 1\n"
+        "hosts:\n"
+        "  - {name: gpu-a, address: 10.0.0.11, rig: pair, jump: bastion.invalid}\n"
+        "rigs:\n"
+        "  pair:\n"
+        '    gpus: {model: "NVIDIA GeForce RTX 3090", count: 2}\n'
+        "    ddp: {master: gpu-a, port: 29500, backend: gloo, nproc_per_node: 2}\n"
+    )
+    done = subprocess.run(
+        ["unshare", "--net", sys.executable, "-m", "mgpu_provision", "plan", str(rig)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HOME": str(tmp_path)},
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    jump = "jump host bastion.invalid (bastion.invalid:22)"
+    assert f"gpu-a: unreachable: cannot resolve {jump} on the way to gpu-a (10.0.0.11:22): " in done.stdout
+    assert "cannot resolve gpu-a" not in done.stdout
+
+
 def test_ssh_config_alias_user_port_and_key_are_honoured(test_hosts: HostFactory, tmp_path: Path) -> None:
     host = test_hosts.start("gpu-a")
     config = tmp_path / "ssh_config"
@@ -252,7 +292,8 @@ def test_become_with_a_non_root_login_uses_sudo_n(test_hosts: HostFactory) -> No
     assert outcome.value is not None and outcome.value[0]["uid"] == 1000
     home = host.dir / "home-ops"
     cached = f"{home}/.cache/mgpu-provision/{agent.name}"
-    assert (home / "sudo.log").read_text() == f"-n /usr/bin/python3 {cached} facts\n"
+    # The login shell's simulation setting goes on as an argument: real sudo would reset the environment.
+    assert (home / "sudo.log").read_text() == f"-n /usr/bin/python3 {cached} facts {host.twin_path}\n"
 
     plain = run_fleet(
         [target(host, test_hosts, user="ops", become=False)], call("facts"), options(test_hosts, agent)
@@ -296,8 +337,8 @@ def test_real_agent_unpacks_once_then_runs_from_its_folder(test_hosts: HostFacto
     home = host.dir / "home-ops"
     folder = f"{home}/.cache/mgpu-provision/{agent.name.removesuffix('.pyz')}"
     assert (home / "sudo.log").read_text().splitlines() == [
-        f"-n /usr/bin/python3 {folder}.pyz facts",  # the first run: from the zipapp, which unpacks itself
-        f"-n /usr/bin/python3 {folder} facts",
-        f"-n /usr/bin/python3 {folder} facts",
+        f"-n /usr/bin/python3 {folder}.pyz facts {host.twin_path}",  # from the zipapp, which unpacks itself
+        f"-n /usr/bin/python3 {folder} facts {host.twin_path}",
+        f"-n /usr/bin/python3 {folder} facts {host.twin_path}",
     ]
     assert list(Path(folder, "mgpu_provision", "node", "__pycache__").glob("collect.*.pyc"))

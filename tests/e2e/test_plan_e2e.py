@@ -17,9 +17,8 @@ import pytest
 import yaml
 
 from mgpu_provision.cli import main
-from mgpu_provision.plan.resources.envfiles import desired_files
-from mgpu_provision.spec import load_rig
-from tests.hosts import HostFactory, TestHost, load_twin
+from mgpu_provision.plan.resources.envfiles import DesiredFile
+from tests.hosts import HostFactory, TestHost, desired_files_on, load_twin
 
 RIG = {
     "pair": {
@@ -41,7 +40,7 @@ EXPECTED = {
         ("driver", "update", "driver 535.161.08 → 550.54.15"),
         ("reboot", "manual", "reboot required to load driver 550.54.15 (policy: never)"),
     ],
-    "no-env": [("file:/etc/mgpu-provision/environment", "create", "create /etc/mgpu-provision/environment")],
+    "no-env": [("file:/etc/mgpu-provision/environment", "create", "new file, ")],
     # One loose link is down at both of its ends.
     "loose-link": [
         (
@@ -74,9 +73,8 @@ def twin_for(name: str) -> dict[str, Any]:
     return twin
 
 
-def write_env_files(host: TestHost, rig: Path, skip: tuple[str, ...]) -> None:
-    loaded = load_rig(rig)
-    for wanted in desired_files(loaded, loaded.host(host.name)):
+def write_env_files(host: TestHost, wanted_files: list[DesiredFile], skip: tuple[str, ...]) -> None:
+    for wanted in wanted_files:
         if wanted.path in skip:
             continue
         host.run_in_ns(f"mkdir -p $(dirname {wanted.path})")
@@ -89,8 +87,9 @@ def fleet(test_hosts: HostFactory, tmp_path: Path) -> tuple[list[TestHost], Path
     hosts = [test_hosts.start(name, twin_for(name), rig="pair") for name in DRIFT]
     # No smoke python: no torch probe (the hosts' private /root hides the pyenv python that has torch).
     rig = test_hosts.write_rig(tmp_path / "rig.yaml", hosts, rigs=RIG)
+    wanted = desired_files_on(rig, test_hosts.known_hosts)
     for host in hosts:
-        write_env_files(host, rig, DRIFT[host.name][1])
+        write_env_files(host, wanted[host.name], DRIFT[host.name][1])
     return hosts, rig
 
 
@@ -115,8 +114,13 @@ def test_each_drifted_host_reports_exactly_its_fault(
         for (_, _, summary), (_, _, wanted) in zip(got, expected, strict=True):
             assert wanted in summary, (name, summary)
     assert doc["totals"] == {
-        "to_change": 2, "checks_failed": 2, "manual": 1, "hosts_with_changes": 4,
-        "hosts": 5, "unreachable": 0, "failed": 0,
+        "to_change": 2,
+        "checks_failed": 2,
+        "manual": 1,
+        "hosts_with_changes": 4,
+        "hosts": 5,
+        "unreachable": 0,
+        "failed": 0,
     }
 
 
@@ -125,10 +129,10 @@ def test_human_plan_and_a_converged_host(
 ) -> None:
     _, rig = fleet
     known = str(test_hosts.known_hosts)
-    code, out = plan_cli(capsys, str(rig), "--known-hosts", known, "--limit", "no-env,converged")
+    code, out = plan_cli(capsys, str(rig), "--known-hosts", known, "--limit", "no-env,converged", "--diff")
     assert code == 2
-    assert "  + file:/etc/mgpu-provision/environment: create /etc/mgpu-provision/environment" in out
-    assert "+CUDA_DEVICE_ORDER=PCI_BUS_ID" in out
+    assert "  + file:/etc/mgpu-provision/environment: new file, " in out
+    assert "+CUDA_DEVICE_ORDER=PCI_BUS_ID" in out  # --diff: the new file's content
     assert "converged: no changes" in out
     assert out.rstrip().splitlines()[-1] == "Plan: 1 to change, on 1 of 2 hosts"
 

@@ -1,14 +1,19 @@
 """`mgpu-provision reclaim` end to end on real sshd test hosts.
 
-Real processes started in each host's namespaces are listed in its twin as GPU memory holders: orphans, a
-child of a live parent, a torchrun worker, an orphan that ignores SIGTERM. Reclaim must end exactly the
-orphans, leave the others running, and find nothing to do the second time.
+Real processes started in each host's namespaces are listed in its twin as GPU memory holders. Live jobs: a
+nohup'd job whose shell exited, a container's main process under a process named `tini`, a worker of a
+live job, a worker of a live torchrun. Leftovers: the two ranks of a real torchrun (CPU torch, Gloo) whose
+agent was SIGKILLed, a real DataLoader worker whose training script was SIGKILLed, and a leftover that
+ignores SIGTERM. Reclaim must end exactly the leftovers, leave every live job running, and find nothing to
+do the second time.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,37 @@ IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN
 FAKE_TORCHRUN = (
     "import subprocess; p = subprocess.Popen(['sleep', '300']); print(p.pid, flush=True); p.wait()\n"
 )
+# docker run --init: the init (tini, docker-init) puts the container's main process in a process group of
+# its own and waits for it.
+FAKE_TINI = (
+    "import os, sys\npid = os.fork()\nif pid == 0:\n    os.setpgid(0, 0)\n"
+    "    os.execvp(sys.argv[1], sys.argv[1:])\nprint(pid, flush=True)\nos.waitpid(pid, 0)\n"
+)
+# One rank of a DDP job: join the Gloo group, prove it with an all_reduce, write its pid, then train (sleep).
+RANK = """import os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.ones(1)
+dist.all_reduce(total)
+assert total.item() == dist.get_world_size()
+with open(os.path.join(sys.argv[1], "rank%s" % dist.get_rank()), "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(300)
+"""
+# A training script whose one DataLoader worker is busy fetching (stuck, as workers that hold GPU memory are).
+DATALOADER = """import os, sys, time
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self):
+        return 2
+    def __getitem__(self, index):
+        with open(sys.argv[1], "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(300)
+        return index
+for batch in DataLoader(Slow(), num_workers=1):
+    pass
+"""
 
 
 def background(host: TestHost, command: str) -> int:
@@ -32,30 +68,59 @@ def background(host: TestHost, command: str) -> int:
     return int(out.stdout)
 
 
-def orphan(host: TestHost, command: str = "sleep 300") -> int:
-    return background(host, command)
+def detached(host: TestHost, command: str) -> int:
+    """Start `command` in the background of a shell that leads a session of its own and exits at once."""
+    out = host.run_in_ns(f"setsid sh -c '{command} </dev/null >/dev/null 2>&1 & echo $!'")
+    return int(out.stdout)
 
 
-def wait_pid_file(path: Path) -> int:
-    deadline = time.monotonic() + 10
-    while not path.exists() or not path.read_text().strip():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
+def script(tmp: Path, name: str, text: str) -> Path:
+    path = tmp / name
+    path.write_text(f"#!{sys.executable}\n{text}")
+    path.chmod(0o755)
+    return path
+
+
+def wait_until(what: str, done: Callable[[], bool], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def pid_in(path: Path) -> int:
+    wait_until(f"{path}", lambda: path.exists() and bool(path.read_text().strip()))
     return int(path.read_text())
 
 
-def child_of_live_parent(host: TestHost, tmp: Path) -> int:
+def child_of_live_job(host: TestHost, tmp: Path) -> int:
     pid_file = tmp / f"{host.name}-child.pid"
-    background(host, f"sh -c 'sleep 300 & echo $! > {pid_file}; wait'")
-    return wait_pid_file(pid_file)
+    background(host, f"setsid sh -c 'sleep 300 & echo $! > {pid_file}; wait'")
+    return pid_in(pid_file)
 
 
-def torchrun_worker(host: TestHost, tmp: Path) -> int:
-    launcher = tmp / "torchrun"
-    launcher.write_text(FAKE_TORCHRUN)
+def under_tini(host: TestHost, tmp: Path) -> tuple[int, int]:
+    tini = script(tmp, "tini", FAKE_TINI)
+    pid_file = tmp / f"{host.name}-main.pid"
+    init = background(host, f"setsid sh -c 'exec {tini} sleep 300 > {pid_file}'")
+    return init, pid_in(pid_file)
+
+
+def live_torchrun_worker(host: TestHost, tmp: Path) -> int:
+    launcher = script(tmp, "torchrun", FAKE_TORCHRUN)
     pid_file = tmp / f"{host.name}-worker.pid"
-    background(host, f"sh -c 'exec python3 {launcher} > {pid_file}'")
-    return wait_pid_file(pid_file)
+    background(host, f"setsid sh -c 'exec {launcher} > {pid_file}'")
+    return pid_in(pid_file)
+
+
+def alive(pid: int) -> bool:
+    info = read_proc(pid)
+    return info is not None and info.alive
+
+
+def ignores_sigterm(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return bool(int(next(s.split()[1] for s in status.splitlines() if s.startswith("SigIgn:")), 16) & 1 << 14)
 
 
 def twin_with(holders: list[tuple[int, int, int]]) -> str:
@@ -69,16 +134,6 @@ def twin_with(holders: list[tuple[int, int, int]]) -> str:
     )
 
 
-def alive(pid: int) -> bool:
-    info = read_proc(pid)
-    return info is not None and info.alive
-
-
-def ignores_sigterm(pid: int) -> bool:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return bool(int(next(s.split()[1] for s in status.splitlines() if s.startswith("SigIgn:")), 16) & 1 << 14)
-
-
 def reclaim(
     rig: Path, factory: HostFactory, capsys: pytest.CaptureFixture[str], *flags: str
 ) -> tuple[int, Any]:
@@ -87,64 +142,107 @@ def reclaim(
     return code, json.loads(capsys.readouterr().out)
 
 
+def rows(report: Any) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(name, p["pid"]): p for name, host in report["hosts"].items() for p in host["processes"]}
+
+
 def actions(report: Any) -> dict[tuple[str, int], str]:
-    return {
-        (name, p["pid"]): p["action"] for name, host in report["hosts"].items() for p in host["processes"]
-    }
+    return {key: row["action"] for key, row in rows(report).items()}
 
 
-def test_reclaim_ends_exactly_the_orphans(
+def test_reclaim_ends_exactly_the_leftovers(
     test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     a, b = test_hosts.start("gpu-a"), test_hosts.start("gpu-b")
     started: list[int] = []
     try:
-        a_orphan, a_child = orphan(a), child_of_live_parent(a, tmp_path)
-        b_orphan = orphan(b, f"python3 -c '{IGNORE_TERM}'")
-        b_worker = torchrun_worker(b, tmp_path)
-        started = [a_orphan, a_child, b_orphan, b_worker]
-        deadline = time.monotonic() + 10
-        while not ignores_sigterm(b_orphan):
-            assert time.monotonic() < deadline, "the orphan never installed its SIGTERM handler"
-            time.sleep(0.02)
-        for host, holders in (
-            (a, [(a_orphan, 0, 1000), (a_child, 1, 2000)]),
-            (b, [(b_orphan, 0, 3000), (b_worker, 1, 4000)]),
-        ):
-            host.set_twin(twin_with(holders))
+        # The two torch programs first: they take seconds to import torch, the rest starts meanwhile.
+        ranks_dir = tmp_path / "ranks"
+        ranks_dir.mkdir()
+        rank = script(tmp_path, "rank.py", RANK)
+        torchrun = background(
+            b,
+            # The host's name (gpu-b) resolves nowhere: torchrun's store listens on loopback instead.
+            f"setsid {sys.executable} -m torch.distributed.run --standalone --local-addr 127.0.0.1 "
+            f"--nproc-per-node 2 {rank} {ranks_dir}",
+        )
+        worker_file = tmp_path / "dataloader-worker.pid"
+        trainer = background(
+            a, f"setsid {sys.executable} {script(tmp_path, 'train.py', DATALOADER)} {worker_file}"
+        )
+        started = [torchrun, trainer]
+
+        nohup = detached(a, "nohup sleep 300")  # no job control here: only the ignored SIGHUP says "keep me"
+        tini, container_main = under_tini(a, tmp_path)
+        a_child = child_of_live_job(a, tmp_path)
+        stubborn = detached(a, f'{sys.executable} -c "{IGNORE_TERM}"')
+        b_worker = live_torchrun_worker(b, tmp_path)
+        started += [nohup, tini, container_main, a_child, stubborn, b_worker]
+        wait_until("the SIGTERM handler", lambda: ignores_sigterm(stubborn))
+
+        rank0, rank1 = pid_in(ranks_dir / "rank0"), pid_in(ranks_dir / "rank1")
+        dataloader = pid_in(worker_file)
+        started += [rank0, rank1, dataloader]
+        for killed in (torchrun, trainer):
+            b.run_in_ns(f"kill -9 {killed}")
+        wait_until(
+            "the ranks and the worker to lose their parents",
+            lambda: not alive(torchrun) and not alive(trainer),
+        )
+
+        a.set_twin(
+            twin_with(
+                [
+                    (nohup, 0, 1000),
+                    (container_main, 0, 2000),
+                    (a_child, 1, 3000),
+                    (stubborn, 1, 400),
+                    (dataloader, 0, 500),
+                ]
+            )
+        )
+        b.set_twin(twin_with([(rank0, 0, 6000), (rank1, 1, 6000), (b_worker, 1, 700)]))
         rig = test_hosts.write_rig(tmp_path / "rig.yaml", [a, b], reclaim={"policy": "orphans", "grace_s": 1})
+        live = {("gpu-a", nohup), ("gpu-a", container_main), ("gpu-a", a_child), ("gpu-b", b_worker)}
+        leftovers = {("gpu-a", stubborn), ("gpu-a", dataloader), ("gpu-b", rank0), ("gpu-b", rank1)}
 
         code, dry = reclaim(rig, test_hosts, capsys)
         assert code == 2, dry
-        assert actions(dry) == {
-            ("gpu-a", a_orphan): "would-end",
-            ("gpu-a", a_child): "keep",
-            ("gpu-b", b_orphan): "would-end",
-            ("gpu-b", b_worker): "keep",
-        }
-        b_rows = {p["pid"]: p for p in dry["hosts"]["gpu-b"]["processes"]}
-        assert b_rows[b_worker]["classification"] == "torchrun"
-        assert b_rows[b_orphan]["orphaned"] and b_rows[b_orphan]["owner"] == "root"
-        assert all(alive(pid) for pid in started)
+        assert actions(dry) == {**{k: "keep" for k in live}, **{k: "would-end" for k in leftovers}}
+        reasons = {key: row["reason"] for key, row in rows(dry).items()}
+        assert reasons[("gpu-a", nohup)] == "it ignores SIGHUP: started with nohup to outlive its shell"
+        assert reasons[("gpu-a", container_main)].startswith("leads its own process group")
+        assert reasons[("gpu-a", a_child)].startswith("its process group leader pid ")
+        assert reasons[("gpu-b", b_worker)].startswith("part of the live torchrun job of pid ")
+        assert reasons[("gpu-b", rank0)].startswith(
+            "orphaned: a torchrun worker whose torchrun is gone (run "
+        )
+        assert reasons[("gpu-a", dataloader)] == (
+            f"orphaned: its process group and session leaders (pid {trainer}) are gone: "
+            "the job that started it has ended"
+        )
+        assert all(row["owner"] == "root" for row in rows(dry).values())
+        assert all(alive(pid) for pid in started if pid not in (torchrun, trainer))
+
+        code, others = reclaim(rig, test_hosts, capsys, "--yes", "--user", "nobody")
+        assert code == 0, others
+        assert set(actions(others).values()) == {"keep"}
+        assert {row["reason"] for row in rows(others).values()} == {"owned by root, not nobody"}
+        assert all(alive(pid) for _, pid in leftovers)
 
         code, done = reclaim(rig, test_hosts, capsys, "--yes")
         assert code == 0, done
-        assert actions(done) == {
-            ("gpu-a", a_orphan): "ended",
-            ("gpu-a", a_child): "keep",
-            ("gpu-b", b_orphan): "ended",
-            ("gpu-b", b_worker): "keep",
-        }
-        b_rows = {p["pid"]: p for p in done["hosts"]["gpu-b"]["processes"]}
-        assert b_rows[b_orphan]["reason"].endswith("ended by SIGKILL after the 1s grace period")
-        assert done["freed_mib"] == 1000 + 3000
-        assert done["hosts"]["gpu-a"]["freed_mib"] == 1000
-        assert not alive(a_orphan) and not alive(b_orphan)
-        assert alive(a_child) and alive(b_worker)
+        assert actions(done) == {**{k: "keep" for k in live}, **{k: "ended" for k in leftovers}}
+        assert rows(done)[("gpu-a", stubborn)]["reason"].endswith(
+            "ended by SIGKILL after the 1s grace period"
+        )
+        assert done["freed_mib"] == 400 + 500 + 6000 + 6000
+        assert not any(alive(pid) for _, pid in leftovers)
+        assert all(alive(pid) for _, pid in live) and alive(tini)
 
         code, again = reclaim(rig, test_hosts, capsys, "--yes")
         assert code == 0, again
-        assert actions(again) == {("gpu-a", a_child): "keep", ("gpu-b", b_worker): "keep"}
+        assert actions(again) == {k: "keep" for k in live}
         assert again["freed_mib"] == 0
     finally:
         for pid in started:

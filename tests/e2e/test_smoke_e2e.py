@@ -18,7 +18,7 @@ import pytest
 
 from mgpu_provision.cli import main
 from tests.hosts import HostFactory
-from tests.unit.smoke_helpers import (
+from tests.smoke_helpers import (
     FAIL_TIMEOUT_S,
     PASS_TIMEOUT_S,
     apply_env_files,

@@ -18,7 +18,7 @@ from tests.hosts import REPO
 from tests.reliability.conftest import SLOW, Trial
 
 EXAMPLES = REPO / "examples"
-TOPOLOGIES = Path("/work/shared/reference/topologies")
+TOPOLOGIES = REPO / "tests" / "fixtures" / "topologies"
 # Every input must be answered within this many seconds (a parser that backtracks or expands aliases
 # without bound would blow it).
 PER_INPUT_LIMIT_S = 2.0

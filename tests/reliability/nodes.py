@@ -23,9 +23,7 @@ from typing import Any
 import yaml
 
 from mgpu_provision import cli
-from mgpu_provision.plan.resources.envfiles import desired_files
-from mgpu_provision.spec import load_rig
-from tests.hosts import MANAGED_DIRS, REPO, TestHost
+from tests.hosts import MANAGED_DIRS, REPO, HostFactory, TestHost, desired_files_on
 
 CLI = [sys.executable, "-m", "mgpu_provision"]
 
@@ -132,9 +130,11 @@ def agent_pids(host: TestHost, verb: str) -> list[int]:
 
 
 def _is_agent(cmdline: str, verb: str) -> bool:
-    # `python3 ~/.cache/mgpu-provision/agent-H[.pyz] VERB`: the zipapp, or the folder it unpacks itself into.
+    # `python3 ~/.cache/mgpu-provision/agent-H[.pyz] VERB [TWIN]`: the zipapp, or the folder it unpacks into.
     words = cmdline.split()
-    return len(words) >= 2 and words[-1] == verb and "/mgpu-provision/agent-" in words[-2]
+    return any(
+        "/mgpu-provision/agent-" in word and words[i + 1] == verb for i, word in enumerate(words[:-1])
+    )
 
 
 def wait_for(predicate: Any, what: str, timeout: float = 20) -> None:
@@ -150,10 +150,9 @@ def signal_all(pids: list[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-def want_files(rig: Path, host: TestHost) -> dict[str, str]:
-    """Path on the node -> the content apply must leave there."""
-    loaded = load_rig(rig)
-    return {f.path: f.content for f in desired_files(loaded, loaded.host(host.name))}
+def want_files(rig: Path, host: TestHost, factory: HostFactory) -> dict[str, str]:
+    """Path on the node -> the content apply must leave there (rendered from the node's own facts)."""
+    return {f.path: f.content for f in desired_files_on(rig, factory.known_hosts)[host.name]}
 
 
 def node_files(host: TestHost) -> dict[str, str]:

@@ -18,8 +18,9 @@ from typing import Literal
 import pytest
 import yaml
 
-from tests.e2e.test_apply_e2e import hold_lock, rig_file, twin
-from tests.hosts import _FAKE_SUDO, MANAGED_DIRS, HostFactory, TestHost
+from tests.factories import pair_rig_file as rig_file
+from tests.factories import rtx3090_twin as twin
+from tests.hosts import _FAKE_SUDO, MANAGED_DIRS, HostFactory, TestHost, hold_lock
 from tests.reliability.conftest import Trial
 from tests.reliability.nodes import (
     Run,
@@ -74,7 +75,7 @@ def converge_again(trial: Trial, rig: Path, factory: HostFactory, bad: TestHost,
     again = run_in_process(*apply_args(rig, factory))
     assert again.code == 0, again.out + again.err  # apply reads the facts again: 0 means no drift is left
     for host in (bad, good):
-        assert_converged(host, want_files(rig, host))
+        assert_converged(host, want_files(rig, host, factory))
     trial.figures["next apply"] = "converged"
 
 
@@ -122,7 +123,7 @@ def test_sshd_sessions_killed_mid_apply(
     trial.area, trial.tried = "fault", "one host's sshd session processes SIGKILLed mid-apply (2 hosts)"
     trial.expect = "per-host error, other host converges, no partial file, next apply converges"
     bad, good, rig = pair(test_hosts, tmp_path)
-    want = want_files(rig, bad)
+    want = want_files(rig, bad, test_hosts)
     started = time.monotonic()
     proc = mid_apply(test_hosts, bad, rig, lock_holder)
     killed = session_sshds(bad)
@@ -145,7 +146,7 @@ def test_connection_stalls_mid_apply(
     )
     bad, good, rig = pair(test_hosts, tmp_path)
     set_defaults(rig, command_timeout_s=5)
-    want = want_files(rig, bad)
+    want = want_files(rig, bad, test_hosts)
     # The apply verb's limit is command_timeout_s plus the lock wait: 5 + 10 s.
     proc = mid_apply(test_hosts, bad, rig, lock_holder, lock_wait=10)
     stopped = session_sshds(bad)
@@ -174,7 +175,7 @@ def test_managed_folder_on_a_full_filesystem(test_hosts: HostFactory, tmp_path: 
         f"mount -t tmpfs -o size=16k tmpfs /etc/profile.d && printf '{OLD_PROFILE}' > {PROFILE}"
         " && (dd if=/dev/zero of=/etc/profile.d/filler bs=1k count=64 2>/dev/null; true)"
     )
-    want = want_files(rig, bad)
+    want = want_files(rig, bad, test_hosts)
     run = run_in_process(*apply_args(rig, test_hosts))
     trial.figures.update(hosts=2, tmpfs="16 KiB")
     check_outcome(trial, run, bad, good, f"(file {PROFILE}) failed", "No space left on device")
@@ -190,7 +191,7 @@ def test_read_only_etc(test_hosts: HostFactory, tmp_path: Path, trial: Trial) ->
     bad, good, rig = pair(test_hosts, tmp_path)
     folders = [d for d in MANAGED_DIRS if d.startswith("/etc/")]
     bad.run_in_ns(" && ".join(f"mount -o remount,bind,ro {d}" for d in folders))
-    want = want_files(rig, bad)
+    want = want_files(rig, bad, test_hosts)
     run = run_in_process(*apply_args(rig, test_hosts))
     trial.figures.update(hosts=2, read_only=len(folders))
     check_outcome(trial, run, bad, good, "failed", "Read-only file system")

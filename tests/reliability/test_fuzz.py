@@ -318,6 +318,11 @@ STEP_KEYS = [
     "hold",
     "gpus",
     "enabled",
+    "source",
+    "packages",
+    "unit",
+    "enable",
+    "start",
 ]
 
 

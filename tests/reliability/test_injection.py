@@ -22,7 +22,8 @@ from pydantic import BaseModel
 from mgpu_provision.errors import SpecError
 from mgpu_provision.spec import load_rig
 from mgpu_provision.spec.models import RigFile
-from tests.e2e.test_apply_e2e import rig_file, twin
+from tests.factories import pair_rig_file as rig_file
+from tests.factories import rtx3090_twin as twin
 from tests.hosts import HostFactory, TestHost
 from tests.reliability.conftest import Trial
 from tests.reliability.nodes import node_files, run_in_process
@@ -69,6 +70,7 @@ FIELDS: dict[str, tuple[Any, ...]] = {
     "rigs{}.driver.branch": ("rigs", "pair", "driver", "branch"),
     "rigs{}.driver.runfile_url": ("rigs", "pair", "driver", "runfile_url"),
     "rigs{}.driver.runfile_sha256": ("rigs", "pair", "driver", "runfile_sha256"),
+    "rigs{}.driver.packages[]": ("rigs", "pair", "driver", "packages", 0),
     "rigs{}.sli.mode": ("rigs", "pair", "sli", "mode"),
     "rigs{}.visible_devices[]": ("rigs", "pair", "visible_devices", 0),
     "rigs{}.ddp.master": ("rigs", "pair", "ddp", "master"),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_provision.node.smoke import MARKER_ENV
+from tests import smoke_helpers as helpers
 from tests.hosts import HostFactory, TestHost
 from tests.reliability.conftest import Trial
 from tests.reliability.nodes import (
@@ -27,7 +28,6 @@ from tests.reliability.nodes import (
     start_cli,
     wait_for,
 )
-from tests.unit import smoke_helpers as helpers
 
 # Beyond the node deadline: the torch probe, the kill grace periods, SSH and the CLI's own start.
 MARGIN_S = 45

@@ -11,24 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from mgpu_provision.facts import Facts
 from mgpu_provision.node.__main__ import handle
 from mgpu_provision.node.apply import BACKUP_SUFFIX, write_file
-from mgpu_provision.node.collect import collect
-from mgpu_provision.node.driver import (
-    Command,
-    apt_commands,
-    apt_packages,
-    dnf_commands,
-    fetch_runfile,
-    install,
-    pick_deb_version,
-    runfile_commands,
-    version_key,
-)
+from mgpu_provision.node.driver import install, version_key
 from mgpu_provision.node.errors import AgentFailure
-from mgpu_provision.node.nvidia import select_backend
+from mgpu_provision.node.runfile import fetch as fetch_runfile
+from tests.factories import facts_from_twin
 
 ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "examples" / "twins"
@@ -117,11 +107,15 @@ def test_first_failure_skips_the_rest(tmp_path: Path) -> None:
     [
         ({"kind": "teleport"}, "unknown step"),
         ({"kind": "file", "content": "x"}, "a file step needs `path`"),
+        ({"kind": "remove"}, "a remove step needs `path`"),
         (
             {"kind": "file", "path": "/tmp/x", "content": "x", "mode": "rwx"},
             "file mode 'rwx' is not an octal",
         ),
         ({"kind": "driver", "method": "apt"}, "a driver step needs `version`"),
+        ({"kind": "compute-mode", "mode": "exclusive_thread"}, "compute mode 'exclusive_thread' is not one"),
+        ({"kind": "power-limit", "watts": "300"}, "power limit '300' is not a whole number of watts"),
+        ({"kind": "power-limit", "watts": 300}, "GPU 0 reports no power limit (NVML: not supported)"),
     ],
 )
 def test_bad_steps_fail_with_a_message(tmp_path: Path, twin: Path, step: dict[str, Any], error: str) -> None:
@@ -161,10 +155,10 @@ def test_a_second_apply_waits_then_refuses_naming_the_holder(tmp_path: Path, twi
         )
         assert 0.5 <= waited < 3
         # A reboot waits for the same lock: it must not land in the middle of the holder's steps.
-        boot_before = facts(twin).host.boot_id
+        boot_before = facts_from_twin(twin).host.boot_id
         reply = call("reboot", {"lock": str(lock), "lock_wait_s": 0.2}, twin)
         assert reply["ok"] is False and reply["error"]["kind"] == "locked"
-        assert facts(twin).host.boot_id == boot_before
+        assert facts_from_twin(twin).host.boot_id == boot_before
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
@@ -173,16 +167,12 @@ def test_a_second_apply_waits_then_refuses_naming_the_holder(tmp_path: Path, twi
     assert call("apply", {"lock": str(lock), "lock_wait_s": 0.5, "steps": []})["ok"]
 
 
-def facts(twin: Path) -> Facts:
-    return Facts.model_validate(collect({}, select_backend(str(twin))))
-
-
 def test_simulated_driver_install_mismatch_reboot_converged(tmp_path: Path, twin: Path) -> None:
     original = twin.read_text()
     step = {"kind": "driver", "method": "apt", "version": "550.90.07", "hold": True, "fabricmanager": True}
     (result,) = apply_steps(tmp_path, [step], twin)
     assert result["changed"] and "reboot required" in result["message"]
-    between = facts(twin)
+    between = facts_from_twin(twin)
     assert between.driver.nvml == "version-mismatch" and between.driver.reboot_required
     assert (between.driver.installed, between.driver.loaded) == ("550.90.07", "550.54.15")
     assert between.gpus == []
@@ -191,7 +181,7 @@ def test_simulated_driver_install_mismatch_reboot_converged(tmp_path: Path, twin
 
     reply = call("reboot", {}, twin)
     assert reply == {"ok": True, "agent_version": reply["agent_version"], "result": {"boot_id": old_boot}}
-    after = facts(twin)
+    after = facts_from_twin(twin)
     assert (
         after.driver.nvml == "ok" and after.driver.version == "550.90.07" and not after.driver.reboot_required
     )
@@ -204,6 +194,63 @@ def test_simulated_driver_install_mismatch_reboot_converged(tmp_path: Path, twin
     assert twin.read_text() == original  # the twin is never written; the overlay holds the state
     state = json.loads(Path(str(twin) + ".state.json").read_text())
     assert state["driver_version"] == "550.90.07" and state["loaded"] == "550.90.07"
+
+
+def test_simulated_fabric_manager_behind_is_installed_at_the_driver_version_and_enabled(
+    tmp_path: Path, twin: Path
+) -> None:
+    """Defect 5 on the node: the `fabricmanager` step brings FM to the driver's version and enables it."""
+    text = twin.read_text().replace('fabricmanager: "550.54.15"', 'fabricmanager: "550.54.14"')
+    twin.write_text(text + "services:\n  nvidia-fabricmanager: {enabled: false, running: false}\n")
+    before = facts_from_twin(twin).fabricmanager
+    assert before is not None and (before.version, before.service, before.enabled) == (
+        "550.54.14",
+        "inactive",
+        False,
+    )
+    step = {"kind": "fabricmanager", "version": "550.54.15", "source": "ubuntu", "hold": True, "start": True}
+    (result,) = apply_steps(tmp_path, [step], twin)
+    assert result["changed"] and result["message"].startswith("installed Fabric Manager 550.54.15")
+    after = facts_from_twin(twin).fabricmanager
+    assert after is not None and (after.version, after.service, after.enabled) == (
+        "550.54.15",
+        "active",
+        True,
+    )
+    (again,) = apply_steps(tmp_path, [step], twin)
+    assert again["changed"] is False
+
+
+def test_simulated_persistence_daemon_survives_reboots_and_the_legacy_setting_does_not(
+    tmp_path: Path, twin: Path
+) -> None:
+    """Defect 6 on the node: NVML's setting is lost at boot; the enabled daemon sets it at every boot."""
+    legacy = {"kind": "persistence", "enabled": True}
+    apply_steps(tmp_path, [legacy], twin)
+    assert all(g.persistence_mode for g in facts_from_twin(twin).gpus)
+    call("reboot", {}, twin)
+    assert not any(g.persistence_mode for g in facts_from_twin(twin).gpus)
+    daemon = {"kind": "persistenced", "enabled": True, "start": True}
+    (result,) = apply_steps(tmp_path, [daemon], twin)
+    assert result["changed"] and result["message"] == "nvidia-persistenced enabled and started"
+    call("reboot", {}, twin)
+    after = facts_from_twin(twin)
+    assert after.persistenced is not None and (after.persistenced.service, after.persistenced.enabled) == (
+        "active",
+        True,
+    )
+    assert all(g.persistence_mode for g in after.gpus)
+    (off,) = apply_steps(tmp_path, [{"kind": "persistenced", "enabled": False}], twin)
+    assert off["changed"] and not any(g.persistence_mode for g in facts_from_twin(twin).gpus)
+
+
+def test_simulated_nouveau_is_gone_after_blacklist_and_reboot(tmp_path: Path, twin: Path) -> None:
+    twin.write_text(twin.read_text() + "nouveau: true\n")
+    assert facts_from_twin(twin).driver.nouveau
+    (result,) = apply_steps(tmp_path, [{"kind": "nouveau"}], twin)
+    assert result["changed"] and facts_from_twin(twin).driver.nouveau  # still bound until the reboot
+    call("reboot", {}, twin)
+    assert not facts_from_twin(twin).driver.nouveau
 
 
 def test_simulated_branch_install_picks_the_newest_available(tmp_path: Path, twin: Path) -> None:
@@ -223,9 +270,36 @@ def test_simulated_persistence_mode(tmp_path: Path, twin: Path) -> None:
         "error": None,
         "message": "persistence mode enabled on GPU 0,2",
     }
-    assert [g.persistence_mode for g in facts(twin).gpus][:3] == [True, False, True]
+    assert [g.persistence_mode for g in facts_from_twin(twin).gpus][:3] == [True, False, True]
     (second,) = apply_steps(tmp_path, [step], twin)
     assert second["changed"] is False and second["message"] == "persistence mode already enabled on GPU 0,2"
+
+
+def test_simulated_compute_mode_and_power_limit(tmp_path: Path, twin: Path) -> None:
+    data = yaml.safe_load(twin.read_text())
+    for gpu in data["gpus"]:
+        gpu["health"] = {"power_limit_w": 500, "default_power_limit_w": 700, "compute_mode": "prohibited"}
+    twin = tmp_path / "twin.json"
+    twin.write_text(json.dumps(data))
+    steps = [
+        {"kind": "compute-mode", "gpus": [1, 2], "mode": "exclusive_process"},
+        {"kind": "power-limit", "gpus": [0], "watts": 600},
+        {"kind": "power-limit", "gpus": [3], "watts": None},
+    ]
+    first = apply_steps(tmp_path, steps, twin)
+    assert [(r["changed"], r["message"]) for r in first] == [
+        (True, "compute mode exclusive_process set on GPU 1,2"),
+        (True, "power limit 600 W set on GPU 0"),
+        (True, "power limit default set on GPU 3"),
+    ]
+    health = facts_from_twin(twin).health
+    assert health is not None
+    modes = [g.compute_mode for g in health.gpus][:3]
+    assert modes == ["prohibited", "exclusive_process", "exclusive_process"]
+    assert [g.power_limit_w for g in health.gpus][:4] == [600, 500, 500, 700]
+    second = apply_steps(tmp_path, steps, twin)
+    assert [r["changed"] for r in second] == [False, False, False]
+    assert second[0]["message"] == "compute mode exclusive_process already on GPU 1,2"
 
 
 def test_persistence_without_nvml_fails_plainly(tmp_path: Path) -> None:
@@ -236,84 +310,6 @@ def test_persistence_without_nvml_fails_plainly(tmp_path: Path) -> None:
         result["error"]
         == "cannot set persistence mode: no NVIDIA driver is installed (libnvidia-ml.so.1 not found)"
     )
-
-
-def test_apt_command_lines_pin_and_hold_every_versioned_piece() -> None:
-    step = {"method": "apt", "version": "550.54.15", "flavor": "server", "hold": True, "fabricmanager": True}
-    versions = {"nvidia-driver-550-server": "550.54.15-0ubuntu1", "nvidia-fabricmanager-550": "550.54.15-1"}
-    held = [
-        "nvidia-driver-550-server",
-        "libnvidia-compute-550-server",
-        "nvidia-dkms-550-server",
-        "nvidia-kernel-common-550-server",
-        "nvidia-fabricmanager-550",
-    ]
-    assert apt_commands(step, versions) == [
-        Command(["apt-mark", "unhold", *held], check=False),
-        Command(
-            [
-                "apt-get",
-                "install",
-                "-y",
-                "--allow-downgrades",
-                "--allow-change-held-packages",
-                "nvidia-driver-550-server=550.54.15-0ubuntu1",
-                "nvidia-fabricmanager-550=550.54.15-1",
-            ]
-        ),
-        Command(["apt-mark", "hold", *held]),
-    ]
-
-
-@pytest.mark.parametrize(
-    ("flavor", "apt_main", "held_lib", "dnf_stream"),
-    [
-        ("default", "nvidia-driver-550", "libnvidia-compute-550", "nvidia-driver:550-dkms"),
-        ("server", "nvidia-driver-550-server", "libnvidia-compute-550-server", "nvidia-driver:550-dkms"),
-        ("open", "nvidia-driver-550-open", "libnvidia-compute-550", "nvidia-driver:550-open"),
-        (
-            "server-open",
-            "nvidia-driver-550-server-open",
-            "libnvidia-compute-550-server",
-            "nvidia-driver:550-open",
-        ),
-    ],
-)
-def test_each_flavor_names_real_packages(flavor: str, apt_main: str, held_lib: str, dnf_stream: str) -> None:
-    step = {"version": "550.54.15", "flavor": flavor, "hold": True}
-    main, held = apt_packages(step)
-    assert main == apt_main and held_lib in held
-    assert ["dnf", "-y", "module", "install", dnf_stream] in [c.argv for c in dnf_commands(step)]
-    with pytest.raises(AgentFailure, match="unknown driver flavor 'fast'"):
-        apt_packages({**step, "flavor": "fast"})
-
-
-def test_dnf_and_runfile_command_lines() -> None:
-    step = {"method": "dnf", "version": "550.54.15", "hold": True, "fabricmanager": True}
-    assert [c.argv for c in dnf_commands(step)] == [
-        ["dnf", "-y", "versionlock", "delete", "*nvidia*550*"],
-        ["dnf", "-y", "module", "reset", "nvidia-driver"],
-        ["dnf", "-y", "module", "install", "nvidia-driver:550-dkms/fm"],
-        ["dnf", "-y", "install", "nvidia-driver-550.54.15"],
-        ["dnf", "-y", "versionlock", "add", "*nvidia*550.54.15*"],
-    ]
-    assert runfile_commands({"runfile": "/root/NVIDIA.run"})[0].argv == [
-        "sh",
-        "/root/NVIDIA.run",
-        "--silent",
-        "--dkms",
-    ]
-    with pytest.raises(AgentFailure, match="the runfile method needs `runfile`"):
-        runfile_commands({})
-
-
-def test_pick_deb_version_from_madison() -> None:
-    madison = (
-        " nvidia-driver-550 | 550.90.07-0ubuntu0.22.04.1 | http://archive jammy-updates/restricted amd64\n"
-        " nvidia-driver-550 | 550.54.15-0ubuntu0.22.04.2 | http://archive jammy-security/restricted amd64\n"
-    )
-    assert pick_deb_version(madison, "550.54.15") == "550.54.15-0ubuntu0.22.04.2"
-    assert pick_deb_version(madison, "550.54.1") is None
 
 
 def test_apply_is_atomic_under_sigkill(tmp_path: Path) -> None:
@@ -373,3 +369,39 @@ def test_a_cached_download_is_reused(tmp_path: Path) -> None:
     cached.write_bytes(b"#!/bin/sh\n")
     step = {"runfile": "https://127.0.0.1:9/NVIDIA.run", "sha256": "cd" * 32}
     assert fetch_runfile(step, cache_dir=str(tmp_path)) == str(cached)
+
+
+@pytest.mark.parametrize(
+    ("verb", "planned_as_simulated"), [("apply", True), ("apply", False), ("reboot", True)]
+)
+def test_a_node_that_is_not_what_it_was_planned_as_is_never_changed(
+    tmp_path: Path, twin: Path, verb: str, planned_as_simulated: bool
+) -> None:
+    target = tmp_path / "written"
+    step = {"kind": "file", "path": str(target), "content": "x\n", "mode": "0644"}
+    args = {"lock": str(tmp_path / "apply.lock"), "steps": [step], "simulated": planned_as_simulated}
+    # Planned as simulated, now answering from the real machine (sudo dropped the twin), or the reverse.
+    reply = call(verb, args, None if planned_as_simulated else twin)
+    assert reply["ok"] is False and reply["error"]["kind"] == "refused"
+    assert "nothing was changed" in reply["error"]["message"]
+    assert not target.exists()
+
+
+def test_a_state_folder_that_cannot_be_made_is_named(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state folder should be")
+    reply = call("apply", {"lock": str(blocker / "apply.lock"), "steps": []})
+    assert reply["error"]["kind"] == "lock"
+    assert f"cannot take the host lock {blocker}/apply.lock" in reply["error"]["message"]
+    assert f"the state folder {blocker} must be creatable" in reply["error"]["message"]
+
+
+def test_remove_step_deletes_the_file_and_keeps_a_backup(tmp_path: Path) -> None:
+    target = tmp_path / "20-mgpu-provision.conf"
+    target.write_text('Section "Screen"\nEndSection\n')
+    (first,) = apply_steps(tmp_path, [{"kind": "remove", "path": str(target)}])
+    assert first["changed"] and first["message"] == f"removed {target} (backup {target}{BACKUP_SUFFIX})"
+    assert not target.exists()
+    assert Path(f"{target}{BACKUP_SUFFIX}").read_text() == 'Section "Screen"\nEndSection\n'
+    (again,) = apply_steps(tmp_path, [{"kind": "remove", "path": str(target)}])
+    assert not again["changed"] and again["message"] == f"{target} is already absent"

@@ -14,39 +14,21 @@ from typing import Any
 import pytest
 import yaml
 
-from mgpu_provision.facts import Facts
-from mgpu_provision.node.collect import collect
 from mgpu_provision.node.errors import AgentFailure
 from mgpu_provision.node.files import describe_file
 from mgpu_provision.node.nvidia import select_backend
 from mgpu_provision.node.topology import parse_topology
 from mgpu_provision.node.torch_probe import probe_torch
+from tests.factories import facts_from_twin, write_twin
 
 ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "examples" / "twins"
 REFERENCE = ROOT / "tests" / "fixtures" / "topologies"
 
 
-def facts_of(twin: Path | None, **args: Any) -> Facts:
-    raw = collect(args, select_backend(str(twin) if twin else None))
-    return Facts.model_validate(json.loads(json.dumps(raw)))
-
-
-def write_twin(tmp_path: Path, topology: str | None, gpu_count: int, **extra: Any) -> Path:
-    twin: dict[str, Any] = {
-        "driver": {"version": "550.54.15", "loaded": "550.54.15", "cuda": "12.4"},
-        "gpus": [{"name": "NVIDIA GeForce RTX 3090", "memory_mib": 24576} for _ in range(gpu_count)],
-        "topology": topology,
-    }
-    twin.update(extra)
-    path = tmp_path / "twin.json"
-    path.write_text(json.dumps(twin))
-    return path
-
-
 @pytest.mark.parametrize("name", ["rtx3090-nvlink.yaml", "h100-hgx.yaml", "rtx4090-pcie.yaml"])
 def test_example_twin_facts_equal_the_matrix_pair_by_pair(name: str) -> None:
-    facts = facts_of(TWINS / name)
+    facts = facts_from_twin(TWINS / name)
     twin = yaml.safe_load((TWINS / name).read_text())
     matrix = parse_topology(twin["topology"])
     assert facts.host.simulated and facts.driver.nvml == "ok"
@@ -58,11 +40,11 @@ def test_example_twin_facts_equal_the_matrix_pair_by_pair(name: str) -> None:
         for b in range(a + 1, len(facts.gpus)):
             assert facts.cell(a, b) == matrix.gpu_cell(a, b)
     assert len({g.uuid for g in facts.gpus}) == len(facts.gpus)
-    assert facts.gpus == facts_of(TWINS / name).gpus  # generated UUIDs and bus ids are stable
+    assert facts.gpus == facts_from_twin(TWINS / name).gpus  # generated UUIDs and bus ids are stable
 
 
 def test_rtx3090_links_end_at_the_other_gpu() -> None:
-    facts = facts_of(TWINS / "rtx3090-nvlink.yaml")
+    facts = facts_from_twin(TWINS / "rtx3090-nvlink.yaml")
     gpu0, gpu1 = facts.gpus
     assert [link.link for link in gpu0.nvlinks] == [0, 1, 2, 3]
     for gpu, other in ((gpu0, gpu1), (gpu1, gpu0)):
@@ -75,7 +57,7 @@ def test_rtx3090_links_end_at_the_other_gpu() -> None:
 
 
 def test_h100_links_end_at_switches_and_fabric_manager_runs() -> None:
-    facts = facts_of(TWINS / "h100-hgx.yaml")
+    facts = facts_from_twin(TWINS / "h100-hgx.yaml")
     assert all(len(g.nvlinks) == 18 for g in facts.gpus)
     assert {link.remote_type for g in facts.gpus for link in g.nvlinks} == {"switch"}
     bus_ids = {g.pci_bus_id for g in facts.gpus}
@@ -86,7 +68,7 @@ def test_h100_links_end_at_switches_and_fabric_manager_runs() -> None:
 
 
 def test_rtx4090_has_no_nvlink_and_reports_pcie_classes() -> None:
-    facts = facts_of(TWINS / "rtx4090-pcie.yaml")
+    facts = facts_from_twin(TWINS / "rtx4090-pcie.yaml")
     assert all(g.nvlinks == [] for g in facts.gpus)
     pair = facts.pair(1, 2)
     assert pair is not None and (pair.pcie, pair.nvlinks, pair.p2p_nvlink) == ("PHB", 0, "NS")
@@ -95,7 +77,7 @@ def test_rtx4090_has_no_nvlink_and_reports_pcie_classes() -> None:
 
 def test_a_loose_bridge_takes_both_ends_down(tmp_path: Path) -> None:
     text = (REFERENCE / "2x-rtx3090-nvlink-bridge.txt").read_text()
-    facts = facts_of(write_twin(tmp_path, text, 2, nvlink_down=[{"gpu": 1, "link": 2}]))
+    facts = facts_from_twin(write_twin(tmp_path, text, 2, nvlink_down=[{"gpu": 1, "link": 2}]))
     assert [link.active for link in facts.gpus[1].nvlinks] == [True, True, False, True]
     assert [link.active for link in facts.gpus[0].nvlinks] == [True, True, False, True]
     assert facts.gpus[1].nvlinks[2].remote_type is None  # NVML is not asked about an inactive link
@@ -104,9 +86,27 @@ def test_a_loose_bridge_takes_both_ends_down(tmp_path: Path) -> None:
 
 def test_a_down_switch_link_lowers_only_that_gpus_pairs(tmp_path: Path) -> None:
     text = (REFERENCE / "8x-h100-hgx-nvswitch-with-nics.txt").read_text()
-    facts = facts_of(write_twin(tmp_path, text, 8, nvswitch=True, nvlink_down=[{"gpu": 3, "link": 0}]))
+    facts = facts_from_twin(write_twin(tmp_path, text, 8, nvswitch=True, nvlink_down=[{"gpu": 3, "link": 0}]))
     assert facts.cell(3, 5) == "NV17" and facts.cell(5, 3) == "NV17"
     assert facts.cell(0, 1) == "NV18"
+
+
+def test_links_are_matched_by_the_full_pci_address_across_domains(tmp_path: Path) -> None:
+    # A multi-segment host (Grace, GB200): bus 01:00.0 exists in domain 0 and in domain 1.
+    matrix = (
+        "\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\n"
+        "GPU0\t X \tNV4\tSYS\tSYS\t0\nGPU1\tNV4\t X \tSYS\tSYS\t0\n"
+        "GPU2\tSYS\tSYS\t X \tNV4\t0\nGPU3\tSYS\tSYS\tNV4\t X \t0\n"
+    )
+    buses = ["00000000:01:00.0", "00000000:02:00.0", "00000001:01:00.0", "00000001:02:00.0"]
+    twin = write_twin(tmp_path, matrix, 4)
+    data = json.loads(twin.read_text())
+    for gpu, bus in zip(data["gpus"], buses, strict=True):
+        gpu["pci_bus_id"] = bus
+    twin.write_text(json.dumps(data))
+    facts = facts_from_twin(twin)
+    assert (facts.cell(0, 1), facts.cell(2, 3)) == ("NV4", "NV4")
+    assert (facts.cell(1, 2), facts.cell(0, 2), facts.cell(1, 3)) == ("SYS", "SYS", "SYS")
 
 
 def test_mesh_links_are_handed_out_in_peer_order(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_mesh_links_are_handed_out_in_peer_order(tmp_path: Path) -> None:
         "\tGPU0\tGPU1\tGPU2\tCPU Affinity\n"
         "GPU0\t X \tNV1\tNV2\t0\nGPU1\tNV1\t X \tSYS\t0\nGPU2\tNV2\tSYS\t X \t0\n"
     )
-    facts = facts_of(write_twin(tmp_path, mesh, 3))
+    facts = facts_from_twin(write_twin(tmp_path, mesh, 3))
     remotes = [link.remote_pci_bus_id for link in facts.gpus[0].nvlinks]
     assert remotes == [facts.gpus[1].pci_bus_id, facts.gpus[2].pci_bus_id, facts.gpus[2].pci_bus_id]
     assert (facts.cell(0, 1), facts.cell(0, 2), facts.cell(1, 2)) == ("NV1", "NV2", "SYS")
@@ -122,7 +122,7 @@ def test_mesh_links_are_handed_out_in_peer_order(tmp_path: Path) -> None:
 
 def test_no_driver_twin_reads_like_a_box_without_driver(tmp_path: Path) -> None:
     twin = write_twin(tmp_path, None, 2, driver={"version": None})
-    facts = facts_of(twin)
+    facts = facts_from_twin(twin)
     assert facts.driver.nvml == "no-driver"
     assert facts.driver.message == "no NVIDIA driver is installed (libnvidia-ml.so.1 not found)"
     assert facts.gpus == [] and facts.driver.loaded is None and not facts.driver.reboot_required
@@ -130,7 +130,7 @@ def test_no_driver_twin_reads_like_a_box_without_driver(tmp_path: Path) -> None:
 
 def test_version_mismatch_hides_gpu_facts_and_asks_for_a_reboot(tmp_path: Path) -> None:
     twin = write_twin(tmp_path, None, 2, driver={"version": "550.90.07", "loaded": "550.54.15"})
-    facts = facts_of(twin)
+    facts = facts_from_twin(twin)
     assert facts.driver.nvml == "version-mismatch"
     assert facts.driver.message is not None and "reboot" in facts.driver.message
     assert (facts.driver.installed, facts.driver.loaded, facts.driver.reboot_required) == (
@@ -141,9 +141,20 @@ def test_version_mismatch_hides_gpu_facts_and_asks_for_a_reboot(tmp_path: Path) 
     assert facts.gpus == [] and facts.pairs == []
 
 
+def test_installed_driver_without_a_loaded_module_asks_for_a_reboot(tmp_path: Path) -> None:
+    twin = write_twin(tmp_path, None, 2, driver={"version": "550.54.15", "loaded": None})
+    facts = facts_from_twin(twin)
+    assert facts.driver.nvml == "driver-not-loaded"
+    assert (facts.driver.installed, facts.driver.loaded, facts.driver.reboot_required) == (
+        "550.54.15",
+        None,
+        True,
+    )
+
+
 @pytest.mark.skipif(os.path.exists("/proc/driver/nvidia/version"), reason="this machine has an NVIDIA driver")
 def test_real_nvml_without_driver_is_a_fact_not_a_traceback() -> None:
-    facts = facts_of(None)
+    facts = facts_from_twin(None)
     assert not facts.host.simulated
     assert facts.driver.nvml == "no-driver"
     assert facts.driver.message == "no NVIDIA driver is installed (libnvidia-ml.so.1 not found)"
@@ -163,7 +174,7 @@ def test_twin_processes_are_real_processes_read_from_proc(
 ) -> None:
     gone = 2**22 + 1  # above the largest pid_max Linux allows: never a live process
     processes = [{"pid": sleeper.pid, "gpu": 1, "used_mib": 1200}, {"pid": gone, "gpu": 0, "used_mib": 5}]
-    facts = facts_of(write_twin(tmp_path, None, 2, processes=processes))
+    facts = facts_from_twin(write_twin(tmp_path, None, 2, processes=processes))
     by_pid = {p.pid: p for p in facts.processes}
     live = by_pid[sleeper.pid]
     assert (live.gpu, live.used_mib, live.ppid, live.alive) == (1, 1200, os.getpid(), True)
@@ -183,7 +194,7 @@ def test_files_sli_and_torch_facts(tmp_path: Path) -> None:
     xorg.mkdir()
     (xorg / "10-other.conf").write_text('Section "Screen"\n  # Option "SLI" "On"\nEndSection\n')
     (xorg / "20-nvidia.conf").write_text('Section "Screen"\n    Option  "SLI" "Mosaic"\nEndSection\n')
-    facts = facts_of(
+    facts = facts_from_twin(
         TWINS / "rtx3090-nvlink.yaml",
         files=[str(managed), str(binary), str(tmp_path / "absent")],
         include_content=True,
@@ -205,13 +216,13 @@ def test_files_sli_and_torch_facts(tmp_path: Path) -> None:
     reason="/usr/bin/python3 has torch here",
 )
 def test_torch_missing_is_said_plainly() -> None:
-    facts = facts_of(TWINS / "rtx4090-pcie.yaml", python="/usr/bin/python3")
+    facts = facts_from_twin(TWINS / "rtx4090-pcie.yaml", python="/usr/bin/python3")
     assert facts.torch is not None
     assert facts.torch.error == "torch is not installed in /usr/bin/python3"
 
 
 def test_torch_probe_reports_version_and_devices() -> None:
-    facts = facts_of(TWINS / "rtx4090-pcie.yaml", python=sys.executable)
+    facts = facts_from_twin(TWINS / "rtx4090-pcie.yaml", python=sys.executable)
     assert facts.torch is not None and facts.torch.ok, facts.torch
     import torch
 
@@ -229,6 +240,47 @@ def test_torch_probe_reports_version_and_devices() -> None:
         ({"nvlink_down": [{"gpu": 0}]}, "nvlink_down[].link must be an integer"),
         ({"processes": {"pid": 1}}, "processes must be a list"),
         ({"topology": None, "topology_file": "missing.txt"}, "topology_file: cannot read"),
+        (
+            {
+                "gpus": [
+                    {"name": "A", "memory_mib": 1, "health": {"ecc": {"mode": "on"}}},
+                    {"name": "A", "memory_mib": 1},
+                ]
+            },
+            "gpus[0].health.ecc.mode must be true or false, got 'on'",
+        ),
+        (
+            {
+                "gpus": [
+                    {"name": "A", "memory_mib": 1},
+                    {"name": "A", "memory_mib": 1, "health": {"xids": [79]}},
+                ]
+            },
+            "gpus[1].health has an unknown key 'xids' (known: xid, ecc,",
+        ),
+        (
+            {
+                "gpus": [
+                    {"name": "A", "memory_mib": 1, "health": {"throttle": ["hot"]}},
+                    {"name": "A", "memory_mib": 1},
+                ]
+            },
+            "gpus[0].health.throttle must be a list of these: sw_power_cap, hw_slowdown,",
+        ),
+        (
+            {
+                "gpus": [
+                    {"name": "A", "memory_mib": 1, "health": {"nvlink_errors": [{"crc": 1}]}},
+                    {"name": "A", "memory_mib": 1},
+                ]
+            },
+            "gpus[0].health.nvlink_errors[0].link is required",
+        ),
+        ({"kernel": {"installed": ["6.8.0-45-generic"]}}, "kernel.running is required"),
+        (
+            {"kernel": {"running": "6.8.0-45-generic", "secure_boot": "yes"}},
+            "kernel.secure_boot must be true or false",
+        ),
     ],
 )
 def test_bad_twins_are_refused_with_the_field(tmp_path: Path, change: dict[str, Any], message: str) -> None:
@@ -256,7 +308,7 @@ def test_unreadable_twin_documents(tmp_path: Path) -> None:
 
 def test_topology_file_is_relative_to_the_twin(tmp_path: Path) -> None:
     (tmp_path / "topo.txt").write_text((REFERENCE / "5x-rtx4090-pcie-dual-socket.txt").read_text())
-    facts = facts_of(write_twin(tmp_path, None, 5, topology_file="topo.txt"))
+    facts = facts_from_twin(write_twin(tmp_path, None, 5, topology_file="topo.txt"))
     assert facts.cell(3, 4) == "PHB"
 
 
@@ -301,3 +353,124 @@ def test_torch_probe_failures_are_plain(tmp_path: Path, body: str, error: str) -
 
 def test_a_folder_given_as_managed_file_does_not_break_facts(tmp_path: Path) -> None:
     assert describe_file(str(tmp_path), include_content=True) == {"path": str(tmp_path), "exists": True}
+
+
+A100 = {"name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920}
+
+
+def test_twin_health_reads_as_nvml_would_answer(tmp_path: Path) -> None:
+    sick = {
+        "xid": [79, 79],
+        "ecc": {"mode": True, "volatile_uncorrectable": 2},
+        "remapped_rows": {"pending": True, "uncorrectable": 1},
+        "nvlink_errors": [{"link": 1, "crc": 500}],
+        "throttle": ["hw_slowdown", "sw_power_cap"],
+        "power_limit_w": 300,
+        "default_power_limit_w": 400,
+        "compute_mode": "exclusive_process",
+        "mig": True,
+        "fabric": {"state": "in_progress", "status": "success"},
+    }
+    kernel = {"running": "6.8.0-45-generic", "installed": ["6.8.0-45-generic", "6.8.0-47-generic"]}
+    text = (REFERENCE / "2x-rtx3090-nvlink-bridge.txt").read_text()
+    twin = write_twin(tmp_path, text, 2, kernel=kernel)
+    data = json.loads(twin.read_text())
+    data["gpus"] = [dict(A100, health=sick), dict(A100, health={"lost": True})]
+    twin.write_text(json.dumps(data))
+    facts = facts_from_twin(twin)
+    assert [g.index for g in facts.gpus] == [0] and [g.index for g in facts.lost_gpus] == [1]
+    assert facts.health is not None and facts.health.xid_source == "twin"
+    assert [(x.gpu, x.pci_bus_id, x.code) for x in facts.health.xid] == [(0, "00000000:11:00", 79)] * 2
+    gpu = facts.health.gpus[0]
+    assert (gpu.ecc_mode, gpu.ecc_volatile_uncorrectable, gpu.ecc_aggregate_uncorrectable) == (True, 2, 0)
+    assert (gpu.remapped_rows_pending, gpu.remapped_rows_failure, gpu.retired_pages_pending) == (
+        True,
+        False,
+        None,
+    )
+    assert [(e.link, e.crc, e.replay) for e in gpu.nvlink_errors] == [
+        (0, 0, 0),
+        (1, 500, 0),
+        (2, 0, 0),
+        (3, 0, 0),
+    ]
+    assert gpu.throttle == ["sw_power_cap", "hw_slowdown"]
+    assert (gpu.power_limit_w, gpu.default_power_limit_w, gpu.compute_mode, gpu.mig) == (
+        300,
+        400,
+        "exclusive_process",
+        True,
+    )
+    assert (gpu.fabric_state, gpu.fabric_status) == ("in_progress", "success")
+    assert facts.health.kernel is not None and facts.health.kernel.nvidia_module_for == []
+    assert facts.health.not_checked == []
+
+
+def test_a_twin_without_health_is_a_healthy_box(tmp_path: Path) -> None:
+    text = (REFERENCE / "2x-rtx3090-nvlink-bridge.txt").read_text()
+    facts = facts_from_twin(write_twin(tmp_path, text, 2))
+    assert facts.health is not None and facts.health.xid == [] and facts.health.kernel is None
+    gpu = facts.health.gpus[0]
+    assert (gpu.ecc_mode, gpu.power_limit_w, gpu.mig, gpu.fabric_state) == (None, None, None, None)
+    assert (gpu.compute_mode, gpu.throttle) == ("default", [])
+    assert facts.health.not_checked == [
+        "ecc: not supported on GPU 0, 1",
+        "memory repair: not supported on GPU 0, 1",
+        "power limit: not supported on GPU 0, 1",
+        "kernel: not read (no /lib/modules, or a twin without `kernel`)",
+    ]
+    assert [p.p2p_read for p in facts.pairs] == ["OK"]
+
+
+def test_p2p_ok_with_lists_the_peers_reads_reach(tmp_path: Path) -> None:
+    text = (REFERENCE / "2x-rtx3090-nvlink-bridge.txt").read_text()
+    twin = write_twin(tmp_path, text, 2)
+    data = json.loads(twin.read_text())
+    data["gpus"][1]["health"] = {"p2p_ok_with": []}
+    twin.write_text(json.dumps(data))
+    assert [(p.p2p_read, p.p2p_nvlink) for p in facts_from_twin(twin).pairs] == [("CNS", "OK")]
+
+
+# The health part of the twin format exactly as issue 15 gives it (with a topology for two GPUs).
+ISSUE_TWIN = """\
+driver: {version: "550.54.15", loaded: "550.54.15", cuda: "12.4"}
+gpus:
+  - name: "NVIDIA A100-SXM4-80GB"
+    memory_mib: 81920
+    health:
+      xid: [79]
+      ecc: {mode: true, volatile_uncorrectable: 0, aggregate_uncorrectable: 0}
+      retired_pages: {pending: false, count: 0}
+      remapped_rows: {pending: false, failure: false, uncorrectable: 0}
+      nvlink_errors: [{link: 0, crc: 0, replay: 0, recovery: 0}]
+      throttle: []
+      power_limit_w: 400
+      default_power_limit_w: 400
+      compute_mode: default
+      mig: false
+      fabric: {state: completed, status: success}
+      lost: false
+      p2p_ok_with: [1]
+  - name: "NVIDIA A100-SXM4-80GB"
+    memory_mib: 81920
+kernel: {running: "6.8.0-45-generic", installed: ["6.8.0-45-generic", "6.8.0-47-generic"],
+         nvidia_module_for: ["6.8.0-45-generic"], secure_boot: false, module_signed: true}
+"""
+
+
+def test_the_issue_twin_format_is_read_and_described_by_the_schema(tmp_path: Path) -> None:
+    path = tmp_path / "twin.yaml"
+    path.write_text(ISSUE_TWIN)
+    facts = facts_from_twin(path)
+    assert facts.health is not None and facts.health.kernel is not None
+    assert facts.health.kernel.nvidia_module_for == ["6.8.0-45-generic"]
+    assert [(x.gpu, x.code) for x in facts.health.xid] == [(0, 79)]
+    schema = json.loads((ROOT / "schemas" / "twin.schema.json").read_text())
+    twin = yaml.safe_load(ISSUE_TWIN)
+    health = schema["properties"]["gpus"]["items"]["properties"]["health"]["properties"]
+    assert set(twin["gpus"][0]["health"]) == set(health)
+    for key in ("ecc", "retired_pages", "remapped_rows", "fabric"):
+        assert set(twin["gpus"][0]["health"][key]) == set(health[key]["properties"]), key
+    link = health["nvlink_errors"]["items"]["properties"]
+    assert set(twin["gpus"][0]["health"]["nvlink_errors"][0]) == set(link)
+    assert set(twin["kernel"]) == set(schema["properties"]["kernel"]["properties"])

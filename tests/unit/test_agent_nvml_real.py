@@ -1,5 +1,5 @@
 """The real NVML backend against a scripted pynvml: init failures as facts, the link loop's two endings,
-bytes bus ids, and plain-int P2P indices (domain-facts.md §1, §8)."""
+bytes bus ids, and plain-int P2P indices (pynvml's own constant for it is a tuple)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from mgpu_provision.facts import DriverInfo, Gpu, GpuPair
+from mgpu_provision.facts import DriverInfo, Gpu, GpuPair, HostHealth
 from mgpu_provision.node.collect import nvidia_facts
 from mgpu_provision.node.nvml_real import RealBackend
 
@@ -98,12 +98,54 @@ class ScriptedNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
         return [SimpleNamespace(pid=2**22 + 1, usedGpuMemory=None)] if handle == 2 else []
 
+    # Health, as GeForce cards answer: no ECC, no memory repair, no MIG; a driver older than the fabric calls.
+    def _not_supported(self, *args: Any) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    nvmlDeviceGetEccMode = nvmlDeviceGetRetiredPagesPendingStatus = nvmlDeviceGetRemappedRows = _not_supported
+    nvmlDeviceGetMigMode = _not_supported
+
+    def _function_not_found(self, *args: Any) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    nvmlDeviceGetGpuFabricInfoV = nvmlDeviceGetGpuFabricInfo = _function_not_found
+    nvmlDeviceGetCurrentClocksEventReasons = _function_not_found  # before R535: the throttle call answers
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:
+        slowdown = pynvml.nvmlClocksThrottleReasonHwSlowdown | pynvml.nvmlClocksThrottleReasonSwPowerCap
+        return int(slowdown if handle == 1 else pynvml.nvmlClocksThrottleReasonGpuIdle)
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: int) -> int:
+        return 300_000 if handle == 0 else 350_000
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: int) -> int:
+        return 350_000
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: int) -> list[int]:
+        return [100_000, 350_000]
+
+    def nvmlDeviceGetComputeMode(self, handle: int) -> int:
+        exclusive, default = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS, pynvml.NVML_COMPUTEMODE_DEFAULT
+        return int(exclusive if handle == 2 else default)
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:
+        return 7 if (handle, link, counter) == (0, 1, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT) else 0
+
+
+def real_facts(
+    monkeypatch: pytest.MonkeyPatch, nvml: ScriptedNvml, driver: str = "550.54.15"
+) -> dict[str, Any]:
+    """nvidia_facts of the real backend over a scripted pynvml, with the driver installed and loaded."""
+    nvml.install(monkeypatch)
+    monkeypatch.setattr(RealBackend, "xid_events", lambda self: ("journal", [("0000:21:00", 79)]))
+    monkeypatch.setattr(RealBackend, "kernel_readiness", lambda self: None)
+    monkeypatch.setattr(RealBackend, "installed_version", lambda self: driver)
+    monkeypatch.setattr(RealBackend, "loaded_version", lambda self: driver)
+    return nvidia_facts(RealBackend())
+
 
 def test_facts_from_a_scripted_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    ScriptedNvml().install(monkeypatch)
-    monkeypatch.setattr(RealBackend, "installed_version", lambda self: "550.54.15")
-    monkeypatch.setattr(RealBackend, "loaded_version", lambda self: "550.54.15")
-    raw = nvidia_facts(RealBackend())
+    raw = real_facts(monkeypatch, ScriptedNvml())
     driver = DriverInfo.model_validate(raw["driver"])
     assert (driver.nvml, driver.version, driver.cuda, driver.reboot_required) == (
         "ok",
@@ -164,3 +206,166 @@ def test_loaded_module_version_is_read_from_proc() -> None:
     open_line = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build\n"
     assert parse_nvrm_version(open_line) == "570.124.06"
     assert parse_nvrm_version("") is None and parse_nvrm_version(None) is None
+
+
+class PreR510Nvml(ScriptedNvml):
+    """A driver older than R510: libnvidia-ml has no `_v3` running-processes symbol, so pynvml's unversioned
+    call raises NVMLLibraryMismatchError (not an NVMLError); the `_v2` call answers."""
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version ...")
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: int) -> list[Any]:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: int) -> list[Any]:
+        return super().nvmlDeviceGetComputeRunningProcesses(handle)
+
+
+def test_running_processes_fall_back_to_v2_on_drivers_before_r510(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mgpu_provision.node import reclaim
+
+    raw = real_facts(monkeypatch, PreR510Nvml(), driver="470.256.02")
+    assert raw["processes"] == [{"pid": 2**22 + 1, "gpu": 2, "used_mib": None, "alive": False}]
+    result = reclaim.run({"policy": "orphans", "dry_run": True}, RealBackend())
+    assert result == {"processes": [], "freed_mib": 0}  # the holder's pid is not alive: nothing to end
+
+
+class LostGpuNvml(ScriptedNvml):
+    """GPU 1 fell off the bus: NVML still enumerates it and knows its PCI address, every other question
+    about it answers GpuIsLost."""
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        if handle == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return super().nvmlDeviceGetName(handle)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        if handle == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return super().nvmlDeviceGetComputeRunningProcesses(handle)
+
+
+def test_a_lost_gpu_is_reported_and_the_others_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = real_facts(monkeypatch, LostGpuNvml())
+    assert [g["index"] for g in raw["gpus"]] == [0, 2]
+    assert raw["lost_gpus"] == [{"index": 1, "pci_bus_id": "00000000:21:00.0", "error": "GPU is lost"}]
+    assert [(p["a"], p["b"]) for p in raw["pairs"]] == [(0, 2)]
+    assert raw["processes"] == [{"pid": 2**22 + 1, "gpu": 2, "used_mib": None, "alive": False}]
+    from mgpu_provision.node import reclaim
+
+    result = reclaim.run({"policy": "orphans", "dry_run": True}, RealBackend())
+    assert result == {"processes": [], "freed_mib": 0}
+    assert raw["pairs"][0]["nvlinks"] == 0  # GPU 0's links led to the lost GPU
+
+
+class SessionNvml(ScriptedNvml):
+    """Handles die with the NVML session that made them, as real `nvmlDevice_t` handles do."""
+
+    def __init__(self) -> None:
+        self.session = 0
+
+    def nvmlInit(self) -> None:
+        self.session += 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        return (self.session, index)
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        session, index = handle
+        if session != self.session:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        return super().nvmlDeviceGetName(index)
+
+
+def test_handles_do_not_outlive_the_nvml_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    SessionNvml().install(monkeypatch)
+    backend = RealBackend()
+    for _ in range(2):  # e.g. facts, then reclaim, in one agent process
+        backend.open()
+        assert backend.name(0) == "NVIDIA GeForce RTX 3090"
+        backend.close()
+
+
+def test_health_from_a_scripted_geforce_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    health = HostHealth.model_validate(real_facts(monkeypatch, ScriptedNvml())["health"])
+    gpu0, gpu1, gpu2 = health.gpus
+    assert (gpu0.throttle, gpu1.throttle) == ([], ["sw_power_cap", "hw_slowdown"])  # via the pre-R535 call
+    assert (gpu0.power_limit_w, gpu0.default_power_limit_w, gpu1.power_limit_w) == (300, 350, 350)
+    assert gpu0.power_limit_range_w == (100, 350)
+    assert [g.compute_mode for g in health.gpus] == ["default", "default", "exclusive_process"]
+    assert (gpu0.ecc_mode, gpu0.remapped_rows_pending, gpu0.mig, gpu0.fabric_state) == (None,) * 4
+    assert [(e.link, e.crc) for e in gpu0.nvlink_errors] == [(0, 0), (1, 7), (2, 0)]  # link 3 is down
+    assert gpu2.nvlink_errors == []
+    assert [(x.gpu, x.code) for x in health.xid] == [(1, 79)]
+    # NotSupported is said once per value, naming the GPUs, and is no failure.
+    assert health.not_checked == [
+        "ecc: not supported on GPU 0, 1, 2",
+        "memory repair: not supported on GPU 0, 1, 2",
+        "kernel: not read (no /lib/modules, or a twin without `kernel`)",
+    ]
+
+
+class DatacenterNvml(ScriptedNvml):
+    """A100s on an NVSwitch baseboard with a driver before R550 (no `...FabricInfoV`)."""
+
+    def nvmlDeviceGetEccMode(self, handle: int) -> list[int]:
+        return [pynvml.NVML_FEATURE_ENABLED, pynvml.NVML_FEATURE_DISABLED if handle == 1 else 1]
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, kind: int, counter: int) -> int:
+        assert kind == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        return {pynvml.NVML_VOLATILE_ECC: 2, pynvml.NVML_AGGREGATE_ECC: 5}[counter] if handle == 0 else 0
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:
+        return (0, 3, 1, 0) if handle == 2 else (0, 0, 0, 0)
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
+        return [pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE if handle == 1 else 0]
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: int, info: Any) -> int:
+        info._obj.state = pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS if handle == 1 else 3
+        info._obj.status = pynvml.NVML_ERROR_NOT_READY if handle == 2 else pynvml.NVML_SUCCESS
+        return int(pynvml.NVML_SUCCESS)
+
+
+def test_health_from_a_scripted_datacenter_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    health = HostHealth.model_validate(real_facts(monkeypatch, DatacenterNvml())["health"])
+    gpu0, gpu1, gpu2 = health.gpus
+    ecc = (gpu0.ecc_mode, gpu0.ecc_volatile_uncorrectable, gpu0.ecc_aggregate_uncorrectable)
+    assert ecc == (True, 2, 5)
+    assert (gpu1.ecc_mode, gpu1.ecc_pending_mode) == (True, False)
+    rows = (gpu2.remapped_rows_pending, gpu2.remapped_rows_uncorrectable, gpu2.retired_pages)
+    assert rows == (True, 3, None)
+    assert (gpu1.mig, gpu1.mig_pending) == (False, True)
+    assert [(g.fabric_state, g.fabric_status) for g in health.gpus] == [
+        ("completed", "success"),
+        ("in_progress", "success"),
+        ("completed", "NVML Error with code 27"),  # pynvml's words without a libnvidia-ml to ask
+    ]
+    assert health.not_checked == ["kernel: not read (no /lib/modules, or a twin without `kernel`)"]
+
+
+class VoltaNvml(DatacenterNvml):
+    """V100s: page retirement instead of row remapping; a driver that cannot count NVLink errors."""
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: int) -> int:
+        return int(pynvml.NVML_FEATURE_ENABLED if handle == 0 else pynvml.NVML_FEATURE_DISABLED)
+
+    def nvmlDeviceGetRetiredPages(self, handle: int, cause: int) -> list[int]:
+        double_bit = cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+        return [0x7F000] if handle == 0 and double_bit else []
+
+
+def test_health_of_pre_ampere_gpus_reads_retired_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    health = HostHealth.model_validate(real_facts(monkeypatch, VoltaNvml())["health"])
+    pages = [(g.retired_pages_pending, g.retired_pages) for g in health.gpus]
+    assert pages == [(True, 1), (False, 0), (False, 0)]
+    assert {g.remapped_rows_pending for g in health.gpus} == {None}
+    assert health.gpus[0].nvlink_errors == []
+    assert "nvlink errors: not supported on GPU 0, 1" in health.not_checked  # GPU 2 has no NVLink

@@ -340,8 +340,15 @@ def test_a_box_that_changed_since_the_confirmed_plan_is_not_touched(
     loaded = load(tmp_path)
     boxes["gpu-a"] = Box(persistence=False)
     session = FakeSession(targets_for(loaded, [loaded.host("gpu-a")])[0], boxes["gpu-a"])
-    node = apply._Node(session, OPTIONS)  # type: ignore[arg-type]
-    recap = apply.converge_host(node, loaded, loaded.host("gpu-a"), ApplySettings(ALL), [], lambda _: None)
+    recap = apply.converge_host(
+        session,  # type: ignore[arg-type]
+        OPTIONS,
+        loaded,
+        loaded.host("gpu-a"),
+        ApplySettings(ALL),
+        [],
+        lambda _: None,
+    )
     assert recap.status == "failed"
     assert recap.error is not None and recap.error.startswith("the box changed since the plan was confirmed")
     assert "apply" not in boxes["gpu-a"].calls

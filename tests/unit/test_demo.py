@@ -30,7 +30,7 @@ def test_demo_runs_plan_apply_plan_smoke(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     for line in (
-        "Plan: 5 to change, on 1 of 1 host",
+        "Plan: 4 to change, on 1 of 1 host",  # SLI Off: no X config snippet to write
         "No changes. 1 host matches the rig file.",
         "Smoke pass: world size 2 of 2",
         "Demo done",
@@ -41,6 +41,30 @@ def test_demo_runs_plan_apply_plan_smoke(tmp_path: Path) -> None:
     profile = (tmp_path / "demo" / "root" / "etc" / "profile.d" / "mgpu-provision.sh").read_text()
     assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in profile
     assert "Traceback" not in done.stderr
+    assert_readable_on_one_screen(done.stdout, done.stderr)
+
+
+# What a person sees on a terminal (stdout and stderr together) must fit a screen.
+MAX_DEMO_LINES = 60
+
+
+def assert_readable_on_one_screen(out: str, err: str) -> None:
+    lines = out.splitlines() + err.splitlines()
+    assert len(lines) <= MAX_DEMO_LINES, f"the demo printed {len(lines)} lines:\n" + "\n".join(lines)
+    sections = out.split("──── apply")
+    assert len(sections) == 2, out
+    plan_part, apply_part = sections[0], sections[1].split("RECAP")[0]
+
+    def changes(text: str) -> list[str]:
+        return [line.strip() for line in text.splitlines() if line.startswith(("  + ", "  ~ "))]
+
+    assert changes(plan_part) and changes(plan_part) == changes(apply_part), "plan and apply differ in order"
+    for line in changes(plan_part):
+        if line.startswith("+ file:"):
+            path = line.split(":")[1]
+            assert line.count(path) == 1, f"the path is named twice: {line}"
+    for clumsy in ("1 nodes", "→ on on GPU"):
+        assert clumsy not in out
 
 
 def test_demo_rig_is_valid_and_needs_no_ssh(tmp_path: Path) -> None:
@@ -56,3 +80,19 @@ def test_demo_refuses_a_folder_with_spaces(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "contains spaces; choose another with --dir" in done.stderr
+
+
+def test_demo_says_how_to_get_torch_before_it_starts(tmp_path: Path) -> None:
+    bare = tmp_path / "python"  # this interpreter without site-packages: no torch
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    done = subprocess.run(
+        [*CLI, "demo", "--dir", str(tmp_path / "demo"), "--python", str(bare)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert f"needs torch, which {bare} does not have" in done.stderr
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in done.stderr
+    assert not (tmp_path / "demo").exists()  # refused before anything was written

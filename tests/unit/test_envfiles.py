@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mgpu_provision.facts import Facts, ManagedFile
-from mgpu_provision.plan.resources import envfiles
+from mgpu_provision.plan.resources import envfiles, gloo
 from mgpu_provision.plan.resources.envfiles import (
     DesiredFile,
     EnvFileError,
@@ -21,6 +20,7 @@ from mgpu_provision.plan.resources.envfiles import (
     diff_files,
 )
 from mgpu_provision.spec import LoadedRig, load_rig
+from tests import factories
 
 RIG = """\
 version: 1
@@ -31,7 +31,7 @@ rigs:
   pair:
     gpus: {model: "NVIDIA GeForce RTX 3090", count: 2}
     bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}
-    sli: {mode: "Off"}
+    sli: {mode: BaseMosaic}
     visible_devices: [1, 0]
     ddp: {master: gpu-a, port: 29511, backend: gloo, nproc_per_node: 2, ifname: "=eth0"}
     env: {NCCL_DEBUG: WARN, NCCL_IB_DISABLE: "0"}
@@ -49,7 +49,7 @@ def load(tmp_path: Path, text: str = RIG, **replace: str) -> LoadedRig:
 
 
 def files_of(loaded: LoadedRig, host: str = "gpu-b") -> dict[str, DesiredFile]:
-    return {Path(f.path).name: f for f in desired_files(loaded, loaded.host(host))}
+    return {Path(f.path).name: f for f in desired_files(loaded, loaded.host(host), facts_with())}
 
 
 def sourced_env(script: str, tmp_path: Path, prefix: str = "") -> dict[str, str]:
@@ -66,7 +66,7 @@ def sourced_env(script: str, tmp_path: Path, prefix: str = "") -> dict[str, str]
 
 
 def test_every_file_is_listed_with_mode_and_tag(tmp_path: Path) -> None:
-    files = desired_files(load(tmp_path), load(tmp_path).host("gpu-b"))
+    files = desired_files(load(tmp_path), load(tmp_path).host("gpu-b"), facts_with())
     assert [(f.path, f.mode, f.phase) for f in files] == [
         ("/etc/profile.d/mgpu-provision.sh", "0644", "env"),
         ("/etc/mgpu-provision/environment", "0644", "env"),
@@ -125,13 +125,115 @@ def test_all_gpus_visible_without_visible_devices(tmp_path: Path) -> None:
     assert "# Every GPU is visible: cuda:N = nvidia-smi GPU N" in content
 
 
+UP = [{"name": "eth0", "up": True}, {"name": "eth1", "up": False}, {"name": "lo", "up": True}]
+
+
 @pytest.mark.parametrize(
-    ("ifname", "nccl", "gloo"),
-    [("eth0", "eth0", "eth0"), ("=ib0", "=ib0", "ib0"), ("^docker,lo", "^docker,lo", None)],
+    ("pattern", "up", "name"),
+    [
+        ("eth", ["eth0", "lo"], "eth0"),  # NCCL's prefix: the one interface starting with eth
+        ("=eth0", ["eth0", "eth01"], "eth0"),
+        ("eth0", ["eth0", "lo"], "eth0"),
+        ("^docker,lo", ["docker0", "eth0", "lo"], "eth0"),
+        ("ib,eth0:1", ["eth0", "lo"], "eth0"),  # a port suffix means nothing for a socket interface
+        ("=eth", ["eth0"], None),  # exact: eth0 is not eth
+        ("eth", ["eth0", "eth1"], None),  # two: Gloo would take a different one than NCCL's first
+        ("^lo", ["lo"], None),
+    ],
 )
-def test_ifname_for_nccl_and_gloo(ifname: str, nccl: str, gloo: str | None) -> None:
-    expected = [("NCCL_SOCKET_IFNAME", nccl)] + ([("GLOO_SOCKET_IFNAME", gloo)] if gloo else [])
-    assert envfiles.ifname_variables(ifname) == expected
+def test_gloo_interface_is_resolved_from_the_nccl_pattern(
+    pattern: str, up: list[str], name: str | None
+) -> None:
+    resolved = gloo.gloo_interface(pattern, up)
+    assert resolved.name == name
+    assert (resolved.problem is None) == (name is not None)
+
+
+def test_env_files_carry_the_resolved_gloo_name_not_the_pattern(tmp_path: Path) -> None:
+    loaded = load(tmp_path, **{'ifname: "=eth0"': "ifname: eth"})
+    env = dict(envfiles.environment(loaded, loaded.rig_of(loaded.host("gpu-a")), facts_with(interfaces=UP)))
+    assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("eth", "eth0")  # eth1 is down
+    assert envfiles.env_checks(loaded, loaded.host("gpu-a"), facts_with(interfaces=UP)) == []
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        ("eth", "ddp.ifname 'eth' matches 2 interfaces that are up (eth0, eth1)"),
+        ("ib", "ddp.ifname 'ib' matches no interface that is up (up: eth0, eth1, lo)"),
+    ],
+)
+def test_a_pattern_matching_none_or_several_is_refused_naming_them(
+    tmp_path: Path, pattern: str, why: str
+) -> None:
+    loaded = load(tmp_path, **{'ifname: "=eth0"': f"ifname: {pattern}"})
+    box = facts_with(interfaces=[{"name": n, "up": True} for n in ("eth0", "eth1", "lo")])
+    [check] = envfiles.env_checks(loaded, loaded.host("gpu-a"), box)
+    assert (check.resource, check.action) == ("ddp.ifname", "verify-failed")
+    assert check.summary.startswith(why) and "Gloo needs exactly one interface name" in check.summary
+    env = dict(envfiles.environment(loaded, loaded.rig_of(loaded.host("gpu-a")), box))
+    assert "GLOO_SOCKET_IFNAME" not in env and env["NCCL_SOCKET_IFNAME"] == pattern
+
+
+def test_gloo_set_in_env_is_left_to_the_rig(tmp_path: Path) -> None:
+    loaded = load(tmp_path, **{'ifname: "=eth0"': "ifname: ib", "NCCL_DEBUG: WARN": "GLOO_SOCKET_IFNAME: lo"})
+    rig = loaded.rig_of(loaded.host("gpu-a"))
+    assert dict(envfiles.environment(loaded, rig, facts_with(interfaces=UP)))["GLOO_SOCKET_IFNAME"] == "lo"
+    assert envfiles.env_checks(loaded, loaded.host("gpu-a"), facts_with(interfaces=UP)) == []
+
+
+def torch_facts(version: str) -> Facts:
+    return facts_with(torch={"python": "/opt/venv/bin/python", "ok": True, "version": version})
+
+
+@pytest.mark.parametrize(
+    ("version", "name"),
+    [
+        ("2.13.0+cpu", "TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+        ("2.2.0", "TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+        ("2.1.2+cu121", "NCCL_ASYNC_ERROR_HANDLING"),
+        ("1.13.1", "NCCL_ASYNC_ERROR_HANDLING"),
+    ],
+)
+def test_async_error_handling_is_named_as_the_nodes_torch_reads_it(
+    tmp_path: Path, version: str, name: str
+) -> None:
+    loaded = load(tmp_path)
+    env = dict(envfiles.environment(loaded, loaded.rig_of(loaded.host("gpu-a")), torch_facts(version)))
+    assert env[name] == "1"
+    other = {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"} - {name}
+    assert not other & set(env)  # torch >= 2.2 warns about the old name; older torch ignores the new one
+
+
+def test_launcher_spells_torchrun_flags_as_the_nodes_torch_reads_them(tmp_path: Path) -> None:
+    loaded = load(tmp_path, RIG + "files: {profile_d: null}\n")
+    old = {Path(f.path).name: f for f in desired_files(loaded, loaded.host("gpu-b"), torch_facts("1.13.1"))}
+    args, env = run_launcher(old["mgpu-torchrun"].content, tmp_path, "train.py")
+    assert args[2:6] == ["--nnodes=2", "--nproc_per_node=2", "--node_rank=1", "--master_addr=10.0.0.11"]
+    assert env["NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    new = {Path(f.path).name: f for f in desired_files(loaded, loaded.host("gpu-b"), torch_facts("2.0.1"))}
+    assert "--nproc-per-node=" in new["mgpu-torchrun"].content
+
+
+@pytest.mark.parametrize(("cores", "logical", "threads"), [(32, 64, "16"), (None, 12, "6"), (1, 1, "1")])
+def test_omp_threads_are_the_cores_per_local_rank(
+    tmp_path: Path, cores: int | None, logical: int, threads: str
+) -> None:
+    loaded = load(tmp_path)  # nproc_per_node: 2
+    box = facts_with(cpu={"logical": logical, "cores": cores})
+    assert (
+        dict(envfiles.environment(loaded, loaded.rig_of(loaded.host("gpu-a")), box))["OMP_NUM_THREADS"]
+        == threads
+    )
+
+
+def test_omp_threads_from_the_rig_env_win_and_unknown_cores_write_none(tmp_path: Path) -> None:
+    loaded = load(tmp_path, **{"NCCL_DEBUG: WARN": "OMP_NUM_THREADS: '3'"})
+    rig = loaded.rig_of(loaded.host("gpu-a"))
+    assert dict(envfiles.environment(loaded, rig, facts_with(cpu={"logical": 64})))["OMP_NUM_THREADS"] == "3"
+    plain = load(tmp_path)
+    default_rig = plain.rig_of(plain.host("gpu-a"))
+    assert "OMP_NUM_THREADS" not in dict(envfiles.environment(plain, default_rig, facts_with()))
 
 
 def test_explicit_env_wins_over_ifname(tmp_path: Path) -> None:
@@ -158,7 +260,7 @@ def test_no_launcher_without_ddp_and_no_x_config_without_sli(tmp_path: Path) -> 
 
 def test_windows_hosts_get_no_linux_files(tmp_path: Path) -> None:
     loaded = load(tmp_path, **{"rig: pair}\nrigs": "rig: pair, os: windows}\nrigs"})
-    assert desired_files(loaded, loaded.host("gpu-b")) == []
+    assert desired_files(loaded, loaded.host("gpu-b"), facts_with()) == []
 
 
 def test_relative_paths_of_local_hosts_lie_beside_the_rig_file(tmp_path: Path) -> None:
@@ -251,31 +353,18 @@ def test_control_characters_are_refused(quote: Any) -> None:
 FILE = DesiredFile("/etc/x.sh", "a\nb\n", "0644", "env")
 
 
-def facts_with(*files: ManagedFile) -> Facts:
-    host = {
-        "hostname": "h",
-        "os": "Linux",
-        "kernel": "6",
-        "arch": "x86_64",
-        "boot_id": "b",
-        "python": "3",
-        "user": "root",
-    }
-    return Facts.model_validate(
-        {
-            "agent_version": "0",
-            "host": host,
-            "driver": {"nvml": "ok"},
-            "files": [f.model_dump() for f in files],
-        }
-    )
+def facts_with(*files: ManagedFile, **more: Any) -> Facts:
+    """A box of two RTX 3090s (bus 0x17 and 0x65) reporting `files`, with more facts fields as given."""
+    buses = enumerate(("17", "65"))
+    gpus = [factories.gpu(i, uuid=f"GPU-{i}", pci_bus_id=f"0000:{bus}:00.0") for i, bus in buses]
+    return factories.facts(gpus=gpus, files=[f.model_dump() for f in files], **more)
 
 
 def test_missing_file_is_created_with_a_diff_from_nothing() -> None:
     change = diff_file(FILE, ManagedFile(path="/etc/x.sh", exists=False))
     assert change is not None
     assert (change.resource, change.action, change.phase) == ("file:/etc/x.sh", "create", "env")
-    assert change.summary == "create /etc/x.sh (2 lines, mode 0644)"
+    assert change.summary == "new file, 2 lines, mode 0644"
     assert change.diff is not None and "--- /dev/null" in change.diff and "+b" in change.diff
     assert change.agent_step == {"kind": "file", "path": "/etc/x.sh", "content": "a\nb\n", "mode": "0644"}
 
@@ -289,14 +378,14 @@ def test_changed_content_is_an_update_with_a_unified_diff() -> None:
     have = ManagedFile(path="/etc/x.sh", exists=True, content="a\nc\n", mode="0644", sha256="0" * 64)
     change = diff_file(FILE, have)
     assert change is not None and change.action == "update"
-    assert change.summary == "update /etc/x.sh (content)"
+    assert change.summary == "content differs"
     assert change.diff is not None and "-c\n" in change.diff and "+b\n" in change.diff
 
 
 def test_mode_drift_alone_is_an_update() -> None:
     have = ManagedFile(path="/etc/x.sh", exists=True, content="a\nb\n", mode="0600", sha256=FILE.sha256)
     change = diff_file(FILE, have)
-    assert change is not None and change.summary == "update /etc/x.sh (mode 0600 -> 0644)"
+    assert change is not None and change.summary == "mode 0600 → 0644"
     assert change.diff is None
     assert change.current == f"mode 0600, sha256 {FILE.sha256[:12]}"
 
@@ -306,22 +395,14 @@ def test_without_content_the_hash_decides() -> None:
     other = ManagedFile(path="/etc/x.sh", exists=True, mode="0644", sha256="f" * 64)
     assert diff_files([FILE], facts_with(same)) == []
     [change] = diff_files([FILE], facts_with(other))
-    assert change.summary == "update /etc/x.sh (content)" and change.diff is None
+    assert change.summary == "content differs" and change.diff is None
 
 
 def test_converged_file_gives_no_change(tmp_path: Path) -> None:
     loaded = load(tmp_path)
-    desired = desired_files(loaded, loaded.host("gpu-a"))
+    desired = desired_files(loaded, loaded.host("gpu-a"), facts_with())
     on_node = [
         ManagedFile(path=f.path, exists=True, content=f.content, mode=f.mode, sha256=f.sha256)
         for f in desired
     ]
     assert diff_files(desired, facts_with(*on_node)) == []
-
-
-def test_x_config_sets_the_sli_option_in_screen_and_device(tmp_path: Path) -> None:
-    content = files_of(load(tmp_path, **{'mode: "Off"': "mode: mosaic"}))["20-mgpu-provision.conf"].content
-    assert content.count('Option         "SLI" "Mosaic"') == 2
-    sections = [line for line in content.splitlines() if line.startswith("Section")]
-    assert sections == ['Section "Device"', 'Section "Screen"']
-    assert textwrap.dedent(content).count("EndSection") == 2

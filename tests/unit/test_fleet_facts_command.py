@@ -9,9 +9,10 @@ import pytest
 
 from mgpu_provision.cli import build_parser, main
 from mgpu_provision.commands import options
-from mgpu_provision.commands.facts import as_json, driver_line, link_matrix
-from mgpu_provision.facts import DriverInfo, Facts, Gpu, GpuPair, HostInfo
+from mgpu_provision.commands.facts import as_json, driver_line, health_lines, link_matrix
+from mgpu_provision.facts import DriverInfo, Facts, GpuPair, HostHealth, LostGpu
 from mgpu_provision.fleet.pool import HostOutcome
+from tests import factories
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,16 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 def facts(
     driver: DriverInfo, gpus: int = 0, pairs: list[GpuPair] | None = None, nvswitch: bool = False
 ) -> Facts:
-    return Facts(
-        agent_version="1",
-        host=HostInfo(
-            hostname="h", os="Debian", kernel="6", arch="x86_64", boot_id="b", python="3.11", user="root"
-        ),
-        driver=driver,
-        gpus=[
-            Gpu(index=i, name="G", uuid=f"GPU-{i}", pci_bus_id=f"0:{i}", memory_mib=1) for i in range(gpus)
-        ],
-        pairs=pairs or [],
+    return factories.facts(
+        driver=driver.model_dump(),
+        gpus=[factories.gpu(i) for i in range(gpus)],
+        pairs=[p.model_dump() for p in pairs or []],
         nvswitch=nvswitch,
     )
 
@@ -51,6 +46,21 @@ OK_DRIVER = DriverInfo(nvml="ok", version="550.54.15", cuda="12.4", loaded="550.
             False,
             "driver: no NVIDIA driver installed (no-driver)",
         ),
+        (
+            DriverInfo(
+                nvml="driver-not-loaded",
+                message="module not loaded",
+                installed="535.216.03",
+                reboot_required=True,
+            ),
+            False,
+            "driver: module not loaded (driver-not-loaded); installed 535.216.03, reboot required",
+        ),
+        (
+            DriverInfo(nvml="no-driver", message="no NVIDIA driver installed", nouveau=True),
+            False,
+            "driver: no NVIDIA driver installed (no-driver); nouveau loaded",
+        ),
     ],
 )
 def test_driver_line(driver: DriverInfo, nvswitch: bool, line: str) -> None:
@@ -65,6 +75,25 @@ def test_link_matrix_prints_topo_m_cells_and_marks_unknown_pairs() -> None:
         ["GPU0", "X", "NV4", "SYS"],
         ["GPU1", "NV4", "X", "?"],
         ["GPU2", "SYS", "?", "X"],
+    ]
+
+
+def test_lost_gpus_and_values_not_read_are_said_once() -> None:
+    seen = facts(OK_DRIVER, 1).model_copy(
+        update={
+            "lost_gpus": [LostGpu(index=1, pci_bus_id="0:1", error="GPU is lost")],
+            "health": HostHealth(
+                not_checked=["ecc: not supported on GPU 0", "xid: no kernel log could be read"]
+            ),
+        }
+    )
+    assert health_lines(seen) == [
+        "GPU 1 is lost (GPU is lost)",
+        "not checked: ecc: not supported on GPU 0; xid: no kernel log could be read",
+    ]
+    assert [line.split() for line in link_matrix(seen).splitlines()][1:] == [
+        ["GPU0", "X", "?"],
+        ["GPU1", "?", "X"],
     ]
 
 

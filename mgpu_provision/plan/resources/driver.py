@@ -3,14 +3,57 @@
 A new driver only takes effect once its kernel module is loaded, so every install comes with a reboot Change:
 with `reboot: allowed` apply carries it out (resource "reboot", phase "reboot", carried out by the agent's
 `reboot` verb rather than `apply`); with `reboot: never` it is a manual step saying so.
-A box where a newer driver is installed but an older module still runs gets the same reboot Change alone.
+A box where the right driver is installed but another module runs, or none at all (nouveau bound, a refused
+reboot), gets the same reboot Change alone.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from ... import protocol
+from ...facts import HostInfo
+from ...node import sources
 from ...spec.models import Driver
 from ..change import Action, Change, HostContext
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a host's driver comes from: the rig's choice, else the one its os-release suggests."""
+
+    name: str | None  # None for runfile installs
+    method: str
+    flavor: str | None
+    problem: str | None = None  # why this host cannot be installed as asked (a manual step says it)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} packages" if self.name else "runfile"
+
+
+def resolve(want: Driver, host: HostInfo) -> Source:
+    if want.method == "runfile":
+        return Source(None, "runfile", want.flavor)
+    # Facts without os-release (older agents) read as Ubuntu, the first source this tool supported.
+    os_id = host.os_id or "ubuntu"
+    name = want.source or sources.default_source(os_id, host.os_like)
+    if name is None:
+        return Source(
+            None,
+            want.method or "apt",
+            want.flavor,
+            f"no known driver source for {host.os}: set driver.source",
+        )
+    method = want.method or sources.method_of(name, os_id, host.os_like)
+    flavor = want.flavor or sources.DEFAULT_FLAVOR[name]
+    problem = None
+    if flavor not in sources.FLAVORS[name]:
+        problem = f"the {name} source has no {flavor} flavor (it has {', '.join(sources.FLAVORS[name])})"
+    elif want.fabricmanager and not sources.HAS_FABRICMANAGER[name]:
+        problem = f"the {name} source has no Fabric Manager package: set driver.source: cuda"
+    return Source(name, method, flavor, problem)
 
 
 def diff(ctx: HostContext) -> list[Change]:
@@ -20,18 +63,71 @@ def diff(ctx: HostContext) -> list[Change]:
     info = ctx.facts.driver
     installed = info.installed or info.version
     desired = want.version or f"{want.branch}.x"
-    if not _satisfies(installed, want):
+    if not satisfies(installed, want):
+        if want.method == "runfile" and info.nouveau and ctx.host.os == "linux":
+            return _clear_nouveau(want, desired)
         install = _install(ctx, want, installed, desired)
         if install.action == "manual":
             return [install]
         return [install, _reboot(want, desired, loaded=info.loaded)]
-    pending = info.reboot_required or (info.loaded is not None and info.loaded != installed)
-    if pending:
-        return [_reboot(want, str(installed), loaded=info.loaded)]
+    if want.hold and info.unheld and want.method != "runfile":
+        more = " …" if len(info.unheld) > 4 else ""
+        count = f"{len(info.unheld)} package{'s' if len(info.unheld) > 1 else ''}"
+        why = f"{count} not held: {', '.join(info.unheld[:4])}{more}"
+        install = _install(ctx, want, installed, str(installed), why, verb="hold")
+        if install.action == "manual" or not (info.reboot_required or info.loaded != installed):
+            return [install]
+        return [install, _reboot(want, str(installed), loaded=info.loaded, installed=installed)]
+    running = _flavor_mismatch(ctx, want)
+    if running is not None:
+        install = _install(ctx, want, installed, str(installed), f"{running} kernel modules running")
+        return (
+            [install] if install.action == "manual" else [install, _reboot(want, str(installed), info.loaded)]
+        )
+    # Installed with nothing loaded (nouveau bound, a refused reboot) is as pending as another version loaded.
+    if info.reboot_required or info.loaded != installed:
+        return [_reboot(want, str(installed), loaded=info.loaded, installed=installed)]
     return []
 
 
-def _satisfies(installed: str | None, want: Driver) -> bool:
+def _clear_nouveau(want: Driver, desired: str) -> list[Change]:
+    """The runfile refuses while nouveau holds the GPU: blacklist it and reboot first, install next time."""
+    summary = f"blacklist nouveau (it holds the GPU, the runfile for {desired} would refuse)"
+    if want.reboot == "never":
+        summary = f"{summary}: by hand (modprobe.d, new initramfs, reboot), reboot policy is never"
+        return [Change("driver", "manual", summary, "nouveau", None, reboot=True, phase="driver")]
+    blacklist = Change(
+        "driver", "update", summary, "nouveau", None, agent_step=protocol.nouveau_step(), phase="driver"
+    )
+    reboot = Change(
+        "reboot",
+        "update",
+        "reboot to unbind nouveau; the next apply installs the driver",
+        "nouveau",
+        None,
+        reboot=True,
+        agent_step=protocol.reboot_step(),
+        phase="reboot",
+    )
+    return [blacklist, reboot]
+
+
+def _flavor_mismatch(ctx: HostContext, want: Driver) -> str | None:
+    """The module type running when it is not the one the rig's flavor asks for, else None."""
+    running = ctx.facts.driver.kernel_module
+    if running is None or ctx.host.os != "linux" or (want.flavor is None and want.method != "runfile"):
+        return None
+    flavor = resolve(want, ctx.facts.host).flavor or ""
+    if want.method == "runfile":
+        wanted = sources.runfile_module_type(
+            want.flavor, ctx.rig.gpus.model, str(ctx.facts.driver.installed or "0").split(".")[0]
+        )
+    else:
+        wanted = "open" if flavor.endswith("open") else "proprietary"
+    return running if running != wanted else None
+
+
+def satisfies(installed: str | None, want: Driver) -> bool:
     if installed is None:
         return False
     if want.version is not None:
@@ -39,31 +135,59 @@ def _satisfies(installed: str | None, want: Driver) -> bool:
     return installed.split(".")[0] == want.branch
 
 
-def _install(ctx: HostContext, want: Driver, installed: str | None, desired: str) -> Change:
+def _install(
+    ctx: HostContext,
+    want: Driver,
+    installed: str | None,
+    desired: str,
+    why: str = "",
+    verb: str = "reinstall",
+) -> Change:
     summary = f"driver {installed} → {desired}" if installed else f"install driver {desired}"
+    if why:
+        summary = f"{verb} driver {desired} ({why})"
     action: Action = "update" if installed else "create"
     if ctx.host.os != "linux":
         summary = f"{summary} (by hand on {ctx.host.os})"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
+    source = resolve(want, ctx.facts.host)
+    if source.problem:
+        summary = f"{summary}: {source.problem}"
+        return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
     target = {"version": want.version} if want.version else {"branch": str(want.branch)}
-    runfile = {"runfile": want.runfile_url, "sha256": want.runfile_sha256} if want.method == "runfile" else {}
+    options: dict[str, Any] = {"source": source.name, "flavor": source.flavor}
+    if want.packages:
+        options["packages"] = list(want.packages)
+    if source.method == "dnf":
+        options["modules"] = _has_module_streams(ctx.facts.host)
+    if source.method == "runfile":
+        module = sources.runfile_module_type(want.flavor, ctx.rig.gpus.model, desired.split(".")[0])
+        options.update(runfile=want.runfile_url, sha256=want.runfile_sha256, kernel_module_type=module)
+        summary = f"{summary} (runfile, {module} kernel modules)"
+    else:
+        summary = f"{summary} ({source.label})"
     step = protocol.driver_step(
-        want.method,
-        target,
-        flavor=want.flavor,
-        hold=want.hold,
-        fabricmanager=want.fabricmanager,
-        **runfile,
+        source.method, target, hold=want.hold, fabricmanager=want.fabricmanager, **options
     )
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
 
 
-def _reboot(want: Driver, version: str, loaded: str | None) -> Change:
+def _has_module_streams(host: HostInfo) -> bool:
+    """RHEL 8/9 and their rebuilds serve NVIDIA's driver as dnf module streams; RHEL 10 and Fedora do not."""
+    major = (host.os_version_id or "0").split(".")[0]
+    return host.os_id != "fedora" and major.isdigit() and int(major) < 10
+
+
+def _reboot(want: Driver, version: str, loaded: str | None, installed: str | None = None) -> Change:
     if want.reboot == "never":
+        if installed == version and loaded is None:
+            summary = f"installed {version}, no kernel module loaded: reboot required (policy: never)"
+        else:
+            summary = f"reboot required to load driver {version} (policy: never)"
         return Change(
             "reboot",
             "manual",
-            f"reboot required to load driver {version} (policy: never)",
+            summary,
             loaded,
             version,
             reboot=True,

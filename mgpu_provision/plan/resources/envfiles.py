@@ -21,8 +21,10 @@ from ... import protocol
 from ...errors import ProvisionError
 from ...facts import Facts, ManagedFile
 from ...spec.models import Host, Rig
-from ..change import Change, Phase
-from . import sli
+from ..change import Change, Phase, check_failed
+from . import gloo, sli
+from . import torch as torch_names
+from .gloo import GlooInterface
 
 if TYPE_CHECKING:
     from ...spec import LoadedRig
@@ -87,27 +89,53 @@ def render(template: str, **context: Any) -> str:
     return _TEMPLATES.get_template(template).render(**context)
 
 
-def ifname_variables(ifname: str) -> list[tuple[str, str]]:
-    """NCCL takes prefixes with `=` (exact) or `^` (exclude); Gloo takes plain interface names only."""
-    variables = [("NCCL_SOCKET_IFNAME", ifname)]
-    if not ifname.startswith("^"):  # Gloo cannot express an exclusion: leave it to pick its default
-        variables.append(("GLOO_SOCKET_IFNAME", ifname.removeprefix("=")))
-    return variables
+def torchrun_flag(flag: str, underscores: bool) -> str:
+    """`--nproc-per-node` as the node's torch spells it: torch before 2.0 knows only `--nproc_per_node`."""
+    return "--" + flag[2:].replace("-", "_") if underscores else flag
 
 
-def environment(loaded: LoadedRig, rig: Rig) -> list[tuple[str, str]]:
-    """The variables every env file sets, in a fixed order; the rig's `env` wins over derived values."""
+_TEMPLATES.filters["flag"] = torchrun_flag
+
+
+def _gloo(loaded: LoadedRig, rig: Rig, facts: Facts | None) -> GlooInterface | None:
+    """The Gloo interface for the rig's `ddp.ifname` on this node; None when the rig or its env decides."""
+    if rig.ddp is None or rig.ddp.ifname is None or "GLOO_SOCKET_IFNAME" in {**loaded.spec.env, **rig.env}:
+        return None
+    up = None if facts is None or facts.interfaces is None else [i.name for i in facts.interfaces if i.up]
+    return gloo.gloo_interface(rig.ddp.ifname, up)
+
+
+def environment(loaded: LoadedRig, rig: Rig, facts: Facts | None = None) -> list[tuple[str, str]]:
+    """The variables every env file sets, in a fixed order, for what the node (`facts`) has and runs: its
+    torch's variable names, its Gloo interface, its cores per local rank. The rig's `env` wins over them."""
     derived: list[tuple[str, str]] = [("CUDA_DEVICE_ORDER", "PCI_BUS_ID")]
     if rig.visible_devices is not None:
         derived.append(("CUDA_VISIBLE_DEVICES", ",".join(str(d) for d in rig.visible_devices)))
     # 1: abort the communicator and end the process on an NCCL error, so a dead peer cannot hang the job.
-    derived.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"))
+    names = torch_names.spelling(facts) if facts is not None else torch_names.Spelling()
+    derived.append((names.async_error_handling, "1"))
     if rig.ddp is not None and rig.ddp.ifname is not None:
-        derived.extend(ifname_variables(rig.ddp.ifname))
+        derived.append(("NCCL_SOCKET_IFNAME", rig.ddp.ifname))
+        resolved = _gloo(loaded, rig, facts)
+        if resolved is not None and resolved.name is not None:
+            derived.append(("GLOO_SOCKET_IFNAME", resolved.name))
+    cpu = facts.cpu if facts is not None else None
+    if (
+        cpu is not None
+    ):  # torchrun's own default is 1 thread per rank, which starves data loading on big boxes
+        derived.append(("OMP_NUM_THREADS", str(max(1, (cpu.cores or cpu.logical) // rig.nproc_per_node))))
     explicit = {**loaded.spec.env, **rig.env}
     variables = dict(derived)
     variables.update(sorted(explicit.items()))
     return list(variables.items())
+
+
+def env_checks(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
+    """What keeps the env files from carrying the rig's intent on this node: a Gloo interface not resolved."""
+    resolved = None if host.os == "windows" else _gloo(loaded, loaded.rig_of(host), facts)
+    if resolved is None or resolved.problem is None:
+        return []
+    return [check_failed("ddp.ifname", resolved.problem)]
 
 
 def _visible_labels(rig: Rig) -> list[str]:
@@ -138,42 +166,80 @@ def _launcher_context(loaded: LoadedRig, host: Host) -> dict[str, Any] | None:
     }
 
 
+@dataclass(frozen=True)
+class _Paths:
+    """Where this host's managed files go; None: not managed here."""
+
+    profile: str | None
+    environment: str | None
+    launcher: str | None
+    xorg: str | None
+
+
+def _paths(loaded: LoadedRig, host: Host) -> _Paths:
+    if host.os == "windows":  # profile.d, systemd and sh launchers are Linux things; SLI is a manual step
+        return _Paths(None, None, None, None)
+    rig = loaded.rig_of(host)
+    files = loaded.spec.files
+
+    def where(path: str | None, wanted: bool = True) -> str | None:
+        return node_path(loaded, host, path) if path and wanted else None
+
+    return _Paths(
+        profile=where(files.profile_d),
+        environment=where(files.environment_file),
+        launcher=where(files.launcher, rig.ddp is not None),
+        xorg=where(files.xorg_conf, rig.sli is not None),
+    )
+
+
 def launcher_path(loaded: LoadedRig, host: Host) -> str | None:
     """Where apply installs `host`'s launcher; None when it installs none (`files.launcher: null`, no ddp)."""
-    path = loaded.spec.files.launcher
-    if not path or host.os == "windows" or loaded.rendezvous(host) is None:
-        return None
-    return node_path(loaded, host, path)
+    return _paths(loaded, host).launcher
 
 
-def desired_files(loaded: LoadedRig, host: Host) -> list[DesiredFile]:
-    """Every file apply manages on `host`; a path set to null in the rig's `files` is left alone."""
-    if host.os == "windows":  # profile.d, systemd and sh launchers are Linux things; SLI is a manual step
-        return []
+def managed_paths(loaded: LoadedRig, host: Host) -> list[tuple[str, Phase]]:
+    """Every file apply writes or removes on `host`, with its playbook step; known before any facts."""
+    paths = _paths(loaded, host)
+    managed: list[tuple[str, Phase]] = [
+        (path, "env") for path in (paths.profile, paths.environment, paths.launcher) if path
+    ]
+    return managed + ([(paths.xorg, "sli")] if paths.xorg else [])
+
+
+def desired_files(loaded: LoadedRig, host: Host, facts: Facts) -> list[DesiredFile]:
+    """Every file apply writes on `host`, for its facts; a path set to null in `files` is left alone."""
     rig = loaded.rig_of(host)
-    paths = loaded.spec.files
+    paths = _paths(loaded, host)
     common = {
         "rig_name": host.rig,
         "host_name": host.name,
-        "variables": environment(loaded, rig),
+        "variables": environment(loaded, rig, facts),
         "visible": _visible_labels(rig),
     }
     files: list[DesiredFile] = []
-    profile_path = node_path(loaded, host, paths.profile_d) if paths.profile_d else None
-    if profile_path:
-        files.append(DesiredFile(profile_path, render("profile.sh.j2", **common), "0644", "env"))
-    if paths.environment_file:
-        path = node_path(loaded, host, paths.environment_file)
-        files.append(DesiredFile(path, render("environment.j2", **common), "0644", "env"))
+    if paths.profile:
+        files.append(DesiredFile(paths.profile, render("profile.sh.j2", **common), "0644", "env"))
+    if paths.environment:
+        files.append(DesiredFile(paths.environment, render("environment.j2", **common), "0644", "env"))
     launcher = _launcher_context(loaded, host)
     if paths.launcher and launcher is not None:
-        content = render("mgpu-torchrun.j2", profile_path=profile_path, **common, **launcher)
-        files.append(DesiredFile(node_path(loaded, host, paths.launcher), content, "0755", "env"))
-    mode = sli.desired_mode(host, rig)
-    if mode is not None:
-        content = render("xorg-sli.conf.j2", mode=mode, **common)
-        files.append(DesiredFile(node_path(loaded, host, paths.xorg_conf), content, "0644", "sli"))
+        underscores = torch_names.spelling(facts).underscore_flags
+        content = render(
+            "mgpu-torchrun.j2", profile_path=paths.profile, underscores=underscores, **common, **launcher
+        )
+        files.append(DesiredFile(paths.launcher, content, "0755", "env"))
+    x_config = sli.snippet_context(host, rig, facts)
+    if paths.xorg and x_config is not None:
+        files.append(DesiredFile(paths.xorg, render("xorg-sli.conf.j2", **x_config, **common), "0644", "sli"))
     return files
+
+
+def unwanted_files(loaded: LoadedRig, host: Host) -> list[str]:
+    """Managed files that must not exist: the X config snippet under SLI Off (the driver default)."""
+    xorg = _paths(loaded, host).xorg
+    rig = loaded.rig_of(host)
+    return [xorg] if xorg and rig.sli is not None and rig.sli.mode == "Off" else []
 
 
 def _unified(old: str, new: str, path: str, old_label: str) -> str:
@@ -197,7 +263,7 @@ def diff_file(want: DesiredFile, have: ManagedFile | None) -> Change | None:
         return Change(
             resource,
             "create",
-            f"create {want.path} ({lines} lines, mode {want.mode})",
+            f"new file, {lines} lines, mode {want.mode}",
             None,
             desired,
             diff=_unified("", want.content, want.path, "/dev/null"),
@@ -210,16 +276,16 @@ def diff_file(want: DesiredFile, have: ManagedFile | None) -> Change | None:
         return None
     what = []
     if not same_content:
-        what.append("content")
+        what.append("content differs")
     if not same_mode:
-        what.append(f"mode {have.mode or '?'} -> {want.mode}")
+        what.append(f"mode {have.mode or '?'} → {want.mode}")
     diff = None
     if not same_content and have.content is not None:
         diff = _unified(have.content, want.content, want.path, want.path)
     return Change(
         resource,
         "update",
-        f"update {want.path} ({', '.join(what)})",
+        ", ".join(what),
         _describe(have.mode, have.sha256),
         desired,
         diff=diff,
@@ -232,3 +298,20 @@ def diff_files(desired: list[DesiredFile], facts: Facts) -> list[Change]:
     """Create/update Changes for every desired file that is missing or differs in content or mode."""
     changes = (diff_file(want, facts.file(want.path)) for want in desired)
     return [change for change in changes if change is not None]
+
+
+def diff_unwanted(paths: list[str], facts: Facts) -> list[Change]:
+    """Delete Changes for the unwanted files the node reports as existing; nothing for those already gone."""
+    return [
+        Change(
+            f"file:{path}",
+            "delete",
+            f"remove {path} (SLI Off is the driver default)",
+            _describe(have.mode, have.sha256),
+            None,
+            agent_step=protocol.remove_step(path),
+            phase="sli",
+        )
+        for path in paths
+        if (have := facts.file(path)) is not None and have.exists
+    ]

@@ -1,22 +1,68 @@
-"""Fabric Manager on NVSwitch boxes: installed at exactly the driver's version, and its service active.
+"""Fabric Manager on NVSwitch boxes: installed at exactly the driver's version, enabled and running.
 
-Without it (or at another version: it refuses to start) the GPUs of an HGX/DGX box show PCIe instead of NVLink
-and CUDA init can fail. Apply installs it together with the driver (the driver step's `fabricmanager` flag),
-so a mismatch on an otherwise right driver is reported as a failed check for a person to look at.
+Without it (or at another version: it refuses to start) the GPUs of an HGX/DGX box show PCIe instead of
+NVLink and CUDA init can fail. With `driver.fabricmanager: true` apply owns it: it comes with a driver
+install, and on a box whose driver is already right, Fabric Manager behind or missing is an update
+(installed at the driver's version, held, its unit enabled, which NVIDIA's packages do not do) and a stopped
+or disabled service is enabled and started. The service is only started when the driver's module is loaded;
+before the reboot that loads it, it is enabled to start at boot. Without the flag the same findings are
+failed checks for a person.
 """
 
 from __future__ import annotations
 
+from ... import protocol
+from ...facts import FabricManager
+from ...spec.models import Driver
 from ..change import Change, HostContext, check_failed
+from .driver import resolve, satisfies
+
+UNIT = "nvidia-fabricmanager"
 
 
 def diff(ctx: HostContext) -> list[Change]:
     rig, facts = ctx.rig, ctx.facts
-    wanted = rig.bridge.kind == "nvswitch" or (rig.driver is not None and rig.driver.fabricmanager)
-    if not wanted:
+    want = rig.driver
+    if not (rig.bridge.kind == "nvswitch" or (want is not None and want.fabricmanager)):
         return []
     driver = facts.driver.installed or facts.driver.version
-    fm = facts.fabricmanager
+    if want is not None and want.fabricmanager and ctx.host.os == "linux":
+        if driver is None or not satisfies(driver, want):
+            return []  # the driver step installs Fabric Manager with the driver, at its version
+        return _converge(ctx, want, driver)
+    return _checks(facts.fabricmanager, driver)
+
+
+def _converge(ctx: HostContext, want: Driver, driver: str) -> list[Change]:
+    fm = ctx.facts.fabricmanager
+    version = fm.version if fm else None
+    start = ctx.facts.driver.loaded == driver
+    if version != driver:
+        source = resolve(want, ctx.facts.host)
+        step = protocol.fabricmanager_step(
+            driver,
+            source=source.name,
+            method=source.method,
+            flavor=source.flavor,
+            hold=want.hold,
+            start=start,
+        )
+        if version is None:
+            summary = f"install Fabric Manager {driver} (the driver's version)"
+            return [Change("fabricmanager", "create", summary, None, driver, agent_step=step, phase="driver")]
+        summary = f"Fabric Manager {version} → {driver} (it starts only at the driver's version)"
+        return [Change("fabricmanager", "update", summary, version, driver, agent_step=step, phase="driver")]
+    assert fm is not None
+    if fm.enabled is not False and (fm.service == "active" or not start):
+        return []
+    state = fm.service + (", disabled" if fm.enabled is False else "")
+    wanted = "enabled and active" if start else "enabled (it starts at boot)"
+    step = protocol.service_step(UNIT, True, start)
+    summary = f"the {UNIT} service: {state} → {wanted}"
+    return [Change("fabricmanager", "update", summary, state, wanted, agent_step=step, phase="driver")]
+
+
+def _checks(fm: FabricManager | None, driver: str | None) -> list[Change]:
     if fm is None or fm.version is None:
         return [
             check_failed(
@@ -42,7 +88,7 @@ def diff(ctx: HostContext) -> list[Change]:
         changes.append(
             check_failed(
                 "fabricmanager",
-                f"the nvidia-fabricmanager service is {fm.service}, it must be active",
+                f"the {UNIT} service is {fm.service}, it must be active",
                 current=fm.service,
                 desired="active",
             )

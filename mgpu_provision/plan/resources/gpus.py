@@ -2,10 +2,13 @@
 
 A box with the wrong or mixed GPUs cannot be fixed by apply; these are failed checks. A mixed box is the
 classic SLI/NVLink mistake (a 2080 beside 3090s), so the odd GPU is named rather than only counted.
+A GPU NVML answers GpuIsLost for (fallen off the bus) counts as present and is its own failed check: it
+needs a reset or a reboot, not a purchase.
 """
 
 from __future__ import annotations
 
+from ...facts import LostGpu
 from ..change import Change, HostContext, check_failed
 
 
@@ -14,14 +17,15 @@ def diff(ctx: HostContext) -> list[Change]:
     if not ctx.nvml_ok:
         detail = facts.driver.message or facts.driver.nvml
         return [check_failed("gpus", f"NVML is not usable ({facts.driver.nvml}): {detail}; GPUs not checked")]
-    changes: list[Change] = []
+    changes = [_lost(gpu) for gpu in facts.lost_gpus]
     names = [gpu.name for gpu in facts.gpus]
-    if len(names) != want.count:
+    count = len(names) + len(facts.lost_gpus)
+    if count != want.count:
         changes.append(
             check_failed(
                 "gpus",
-                f"{len(names)} GPUs found, the rig expects {want.count}",
-                current=str(len(names)),
+                f"{count} GPUs found, the rig expects {want.count}",
+                current=str(count),
                 desired=str(want.count),
             )
         )
@@ -35,3 +39,11 @@ def diff(ctx: HostContext) -> list[Change]:
         changes.append(check_failed("gpus", f"GPUs are not matched: {odd}, the others are {want.model}"))
     return changes
 
+
+def _lost(gpu: LostGpu) -> Change:
+    at = f" ({gpu.pci_bus_id})" if gpu.pci_bus_id else ""
+    summary = (
+        f"GPU {gpu.index}{at} is lost (NVML: {gpu.error}): reset it (nvidia-smi -r -i {gpu.index}) or "
+        "reboot; if it happens again, check its power and seating, then replace it"
+    )
+    return check_failed("gpus", summary, "lost", "present")

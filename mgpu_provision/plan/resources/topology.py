@@ -11,6 +11,8 @@ Two ways to say what a box must look like, both checked when both are given:
   socket, which slows P2P and NCCL; nearer is accepted since boards of one model differ in PCIe switches
   without harm.
 Missing links are named by GPU and link, in words that point at the cause (a bridge that is loose or absent).
+With `p2p` (the default) a bridged pair must also allow P2P over NVLink and P2P reads; a failing read is
+almost always the platform (IOMMU translation, ACS on a PCIe switch), so the message says so.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ P2P_MEANING = {
     "NS": "not supported",
     "U": "unknown",
 }
+P2P_READ_CAUSE = "usually the IOMMU is not in passthrough (iommu=pt) or ACS is enabled on a PCIe switch"
 NO_BRIDGE = "the bridge is missing or loose (NVLink bridges are sold separately)"
 # What a missing link most likely means, by rig kind: (no link at all, some links down).
 CAUSE = {
@@ -116,6 +119,10 @@ def _pairs(ctx: HostContext) -> list[Finding]:
             meaning = P2P_MEANING.get(pair.p2p_nvlink, pair.p2p_nvlink)
             summary = f"P2P over NVLink between {between} is not available ({pair.p2p_nvlink}: {meaning})"
             findings.append((check_failed("topology", summary, pair.p2p_nvlink, "OK"), set()))
+        if bridge.p2p and pair and pair.p2p_read not in (None, "OK"):
+            meaning = P2P_MEANING.get(pair.p2p_read, pair.p2p_read)
+            summary = f"P2P reads between {between} fail ({pair.p2p_read}: {meaning}): {P2P_READ_CAUSE}"
+            findings.append((check_failed("topology", summary, pair.p2p_read, "OK"), set()))
     return findings
 
 

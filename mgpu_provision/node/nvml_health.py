@@ -1,0 +1,130 @@
+"""Health answers of a real node: NVML's ECC, memory repair, NVLink error, clock event, power, compute, MIG
+and fabric calls, and the kernel's Xid log and module readiness.
+
+Each value is one documented pynvml call; where the GPU or the driver cannot answer (NotSupported, a symbol
+an older libnvidia-ml lacks, NoData) the value is None, "not checked", never an error. Newer calls fall back
+to the ones older drivers have (clock event reasons to throttle reasons, fabric info V to the first version).
+
+Shipped to nodes: standard library only (plus the bundled pynvml), Python 3.8.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import kernel
+from .backend import XidEvent
+
+
+class RealHealth:
+    """Mixed into RealBackend, which provides `_nvml` (pynvml, open) and `_handle(gpu)`."""
+
+    _nvml: Any
+
+    def _handle(self, gpu: int) -> Any:
+        raise NotImplementedError  # RealBackend's
+
+    def _optional(self, call: Callable[[], Any]) -> Any:
+        raise NotImplementedError  # RealBackend's: None where NVML cannot answer
+
+    def _first(self, gpu: int, names: Tuple[str, ...], *args: Any) -> Any:
+        """The first of `names` (newest first) this libnvidia-ml has, called on the GPU; None if none has."""
+        nvml, handle = self._nvml, self._handle(gpu)
+        for name in names:
+            try:
+                return getattr(nvml, name)(handle, *args)
+            except nvml.NVMLError_FunctionNotFound:
+                continue
+            except nvml.NVMLError_NotSupported:
+                return None
+        return None
+
+    def xid_events(self) -> Tuple[Optional[str], List[XidEvent]]:
+        return kernel.read_xids()
+
+    def kernel_readiness(self) -> Optional[Dict[str, Any]]:
+        return kernel.readiness()
+
+    def ecc_mode(self, gpu: int) -> Optional[Tuple[bool, bool]]:
+        modes = self._optional(lambda: self._nvml.nvmlDeviceGetEccMode(self._handle(gpu)))
+        on = self._nvml.NVML_FEATURE_ENABLED
+        return None if modes is None else (modes[0] == on, modes[1] == on)
+
+    def ecc_uncorrectable(self, gpu: int, counter: int) -> Optional[int]:
+        nvml = self._nvml
+        kind = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        count: Optional[int] = self._optional(
+            lambda: int(nvml.nvmlDeviceGetTotalEccErrors(self._handle(gpu), kind, counter))
+        )
+        return count
+
+    def retired_pages(self, gpu: int) -> Optional[Tuple[bool, int]]:
+        nvml = self._nvml
+        pending = self._optional(lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(self._handle(gpu)))
+        if pending is None:
+            return None
+        causes = (
+            nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+            nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+        )
+        count = self._optional(
+            lambda: sum(len(nvml.nvmlDeviceGetRetiredPages(self._handle(gpu), cause)) for cause in causes)
+        )
+        return pending == nvml.NVML_FEATURE_ENABLED, int(count or 0)
+
+    def remapped_rows(self, gpu: int) -> Optional[Tuple[int, bool, bool]]:
+        rows = self._optional(lambda: self._nvml.nvmlDeviceGetRemappedRows(self._handle(gpu)))
+        # (correctable, uncorrectable, pending, failure occurred)
+        return None if rows is None else (int(rows[1]), bool(rows[2]), bool(rows[3]))
+
+    def nvlink_error_counter(self, gpu: int, link: int, counter: int) -> Optional[int]:
+        call = self._nvml.nvmlDeviceGetNvLinkErrorCounter
+        count: Optional[int] = self._optional(lambda: int(call(self._handle(gpu), link, counter)))
+        return count
+
+    def clock_event_reasons(self, gpu: int) -> Optional[int]:
+        # R535 renamed throttle reasons to clock event reasons; the bits are the same.
+        names = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+        reasons = self._first(gpu, names)
+        return None if reasons is None else int(reasons)
+
+    def power_limits_mw(self, gpu: int) -> Optional[Tuple[int, int]]:
+        nvml = self._nvml
+        limit = self._optional(lambda: nvml.nvmlDeviceGetPowerManagementLimit(self._handle(gpu)))
+        default = self._optional(lambda: nvml.nvmlDeviceGetPowerManagementDefaultLimit(self._handle(gpu)))
+        return None if limit is None or default is None else (int(limit), int(default))
+
+    def power_limit_range_mw(self, gpu: int) -> Optional[Tuple[int, int]]:
+        call = self._nvml.nvmlDeviceGetPowerManagementLimitConstraints
+        found = self._optional(lambda: call(self._handle(gpu)))
+        return None if found is None else (int(found[0]), int(found[1]))
+
+    def set_power_limit_mw(self, gpu: int, milliwatts: int) -> None:
+        self._nvml.nvmlDeviceSetPowerManagementLimit(self._handle(gpu), milliwatts)
+
+    def compute_mode(self, gpu: int) -> Optional[int]:
+        mode = self._optional(lambda: self._nvml.nvmlDeviceGetComputeMode(self._handle(gpu)))
+        return None if mode is None else int(mode)
+
+    def set_compute_mode(self, gpu: int, mode: int) -> None:
+        self._nvml.nvmlDeviceSetComputeMode(self._handle(gpu), mode)
+
+    def mig_mode(self, gpu: int) -> Optional[Tuple[bool, bool]]:
+        modes = self._optional(lambda: self._nvml.nvmlDeviceGetMigMode(self._handle(gpu)))
+        on = self._nvml.NVML_DEVICE_MIG_ENABLE
+        return None if modes is None else (modes[0] == on, modes[1] == on)
+
+    def fabric_info(self, gpu: int) -> Optional[Tuple[int, str]]:
+        """Hopper and later on NVSwitch systems; `...InfoV` since R550, the first version since R530."""
+        nvml = self._nvml
+        for name, struct in (
+            ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v2_t"),
+            ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"),
+        ):
+            info = getattr(nvml, struct)()  # the V struct's constructor sets its version field
+            if self._first(gpu, (name,), ctypes.byref(info)) is None:
+                continue  # not in this driver (or not supported: then the older call says so too)
+            status = int(info.status)
+            return int(info.state), "success" if status == 0 else str(nvml.NVMLError(status))
+        return None

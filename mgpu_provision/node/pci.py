@@ -1,0 +1,42 @@
+"""PCI addresses as NVML and the kernel print them, compared as numbers.
+
+NVML pads the domain to eight digits in some answers and four in others, the kernel log prints four and no
+function, and multi-segment hosts (Grace, GB200) repeat a bus number in another domain: two addresses name
+the same device only when domain, bus, device and function all agree.
+
+Shipped to nodes: standard library only, Python 3.8.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+PciKey = Tuple[int, int, int, int]
+
+
+def pci_key(address: Optional[str]) -> Optional[PciKey]:
+    """(domain, bus, device, function) of `[domain:]bus:device[.function]`; None when it is not one."""
+    if not address:
+        return None
+    parts = address.strip().split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
+    if len(parts) != 3:
+        return None
+    device, _, function = parts[2].partition(".")
+    try:
+        return (int(parts[0], 16), int(parts[1], 16), int(device, 16), int(function or "0", 16))
+    except ValueError:
+        return None
+
+
+def same_pci(a: Optional[str], b: Optional[str]) -> bool:
+    key = pci_key(a)
+    return key is not None and key == pci_key(b)
+
+
+
+def same_slot(a: Optional[str], b: Optional[str]) -> bool:
+    """Same domain, bus and device: the kernel's Xid lines leave the function out."""
+    ka, kb = pci_key(a), pci_key(b)
+    return ka is not None and kb is not None and ka[:3] == kb[:3]

@@ -1,0 +1,130 @@
+"""Where NVIDIA drivers come from on each distribution, and what each source calls its packages.
+
+Every source names the same driver differently: Ubuntu's archive has `nvidia-driver-<branch>[-server][-open]`,
+NVIDIA's CUDA repository has `cuda-drivers-<branch>` / `nvidia-open-<branch>` (and drops the branch from the
+names from 590 on, locking a branch with a pinning package instead), Debian's non-free has a compute set
+without branch names, RHEL has dnf module streams. Plan and validate read the flavors each source has from
+here; the agent reads the package names. Shipped to nodes: Python 3.8, standard library only.
+"""
+
+import re
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+SOURCES = ("ubuntu", "cuda", "debian", "rhel")
+FLAVORS: Dict[str, Tuple[str, ...]] = {
+    "ubuntu": ("default", "server", "open", "server-open"),
+    "cuda": ("default", "open"),
+    "debian": ("default", "open"),
+    "rhel": ("default", "open"),
+}
+DEFAULT_FLAVOR = {"ubuntu": "server", "cuda": "default", "debian": "default", "rhel": "default"}
+# Debian has no Fabric Manager package at all; the others ship it at every driver version.
+HAS_FABRICMANAGER = {"ubuntu": True, "cuda": True, "debian": False, "rhel": True}
+UNVERSIONED_FROM = 590  # NVIDIA's CUDA repository: package names without the branch from here on
+
+# Held together with the driver: Ubuntu and the CUDA repository put the branch in every versioned piece
+# (libraries, utils, kernel source, NSCQ, prebuilt linux-modules-nvidia-<branch>-<kernel>); the unversioned
+# sets are caught by name.
+_BRANCH_HOLD = ("*nvidia*-{b}", "*nvidia*-{b}-*", "cuda-drivers-{b}")
+_UNVERSIONED_HOLD = ("*nvidia*", "libcuda*", "cuda-drivers*", "libnvsdm*")
+# The apt preferences stanza pins every package of these names offered at the wanted upstream version.
+APT_PIN_NAMES = ("*nvidia*", "libcuda*", "cuda-drivers*", "libnvsdm*")
+RHEL_LIKE = ("rhel", "rocky", "almalinux", "ol", "centos", "fedora", "amzn")
+# Debian (contrib) and NVIDIA's RPM repository ship the daemon on its own; Ubuntu's driver packages carry it.
+PERSISTENCED_PACKAGE = "nvidia-persistenced"
+DEBIAN_COMPUTE = ("nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp")
+
+
+# NVML names of GPUs older than Turing (Kepler, Maxwell, Pascal, Volta): open kernel modules need the GSP
+# that Turing introduced, so these run only the proprietary modules.
+_PRE_TURING = re.compile(
+    r"\b(GTX (6|7|9|10)\d\d|GT 10\d\d|(Tesla|Quadro) [KMP]\d+|TITAN (X|Xp|V)\b|TITAN Black|[KMPV]100\b|"
+    r"P40\b|P4\b|P6\b|GV100|GP100|K80|K40|M60|M40)"
+)
+OPEN_DEFAULT_FROM = 560  # the runfile installs open modules by default from this branch on
+
+
+def pre_turing(model: str) -> bool:
+    """Whether a GPU (by its exact NVML name) predates Turing and so cannot run the open kernel modules."""
+    return bool(_PRE_TURING.search(model))
+
+
+def runfile_module_type(flavor: Optional[str], model: str, branch: str) -> str:
+    """open or proprietary for the runfile's `--kernel-module-type`: the rig's flavor, else NVIDIA's default
+    for the branch where the GPU can run it."""
+    if flavor == "open":
+        return "open"
+    if flavor == "default" or pre_turing(model) or int(branch) < OPEN_DEFAULT_FROM:
+        return "proprietary"
+    return "open"
+
+
+class PackageSet(NamedTuple):
+    """What an apt install of one driver puts on a node."""
+
+    pinning: List[str]  # installed first: NVIDIA's branch-locking package (CUDA repository, 590 and later)
+    install: List[str]  # installed at the pinned version
+    hold: List[str]  # fnmatch patterns: every installed package they match is held afterwards
+
+
+def default_source(os_id: Optional[str], os_like: List[str]) -> Optional[str]:
+    """The source a node's /etc/os-release suggests, None when the distribution is not one of ours."""
+    ids = [os_id or "", *os_like]
+    if "ubuntu" in ids:
+        return "ubuntu"
+    if "debian" in ids:
+        return "debian"
+    if any(i in RHEL_LIKE for i in ids):
+        return "rhel"
+    return None
+
+
+def method_of(source: str, os_id: Optional[str], os_like: List[str]) -> str:
+    """apt or dnf: the CUDA repository exists for both families; the other sources belong to one."""
+    if source == "rhel":
+        return "dnf"
+    if source == "cuda" and default_source(os_id, os_like) == "rhel":
+        return "dnf"
+    return "apt"
+
+
+def apt_set(
+    source: str, branch: str, flavor: str, fabricmanager: bool, packages: Optional[List[str]] = None
+) -> PackageSet:
+    b = int(branch)
+    if source == "ubuntu":
+        suffix = {"default": "", "server": "-server", "open": "-open", "server-open": "-server-open"}[flavor]
+        install = ["nvidia-driver-{}{}".format(b, suffix)]
+        pinning: List[str] = []
+        hold = [p.format(b=b) for p in _BRANCH_HOLD]
+    elif source == "cuda":
+        unversioned = b >= UNVERSIONED_FROM
+        name = "nvidia-open" if flavor == "open" else "cuda-drivers"
+        install = [name if unversioned else "{}-{}".format(name, b)]
+        pinning = ["nvidia-driver-pinning-{}".format(b)] if unversioned else []
+        hold = list(_UNVERSIONED_HOLD) if unversioned else [p.format(b=b) for p in _BRANCH_HOLD]
+    elif source == "debian":
+        module = "nvidia-open-kernel-dkms" if flavor == "open" else "nvidia-kernel-dkms"
+        install = [*DEBIAN_COMPUTE, module]
+        pinning = []
+        hold = list(_UNVERSIONED_HOLD)
+    else:
+        raise ValueError("source {!r} is not installed with apt".format(source))
+    if packages:
+        install = list(packages)
+    if fabricmanager:
+        install += fabricmanager_packages(source, branch)
+    return PackageSet(pinning, install, hold)
+
+
+def fabricmanager_packages(source: str, branch: str, method: str = "apt") -> List[str]:
+    """Fabric Manager and NSCQ (the NVSwitch library it loads), always at the driver's exact version.
+
+    RPMs call it `nvidia-fabric-manager` (which Provides `nvidia-fabricmanager`); debs carry the branch.
+    """
+    b = int(branch)
+    if method == "dnf":
+        return ["nvidia-fabric-manager", "libnvidia-nscq-{}".format(b)]
+    if source == "cuda" and b >= UNVERSIONED_FROM:
+        return ["nvidia-fabricmanager", "libnvidia-nscq"]
+    return ["nvidia-fabricmanager-{}".format(b), "libnvidia-nscq-{}".format(b)]

@@ -1,0 +1,156 @@
+"""Health checks end to end: one fleet of simulated boxes (2x RTX 3090 and HGX H100) behind real sshd test
+hosts, each with one health problem in its twin, must report that problem on the right GPU with the right
+advice, while healthy twins of both rig types on the same fleet pass; apply then converges power limit and
+compute mode, and a second plan of that host is clean.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mgpu_provision import cli
+from tests.hosts import HostFactory, TestHost, load_twin
+
+KERNEL = "6.8.0-45-generic"
+READY = {"running": KERNEL, "installed": [KERNEL], "nvidia_module_for": [KERNEL], "secure_boot": False}
+HEALTHY_GPU = {"power_limit_w": 300, "default_power_limit_w": 350}
+RIG = {
+    "pair": {
+        "gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2},
+        "bridge": {"kind": "nvlink-bridge", "pairs": [[0, 1]], "links": 4},
+        "driver": {"version": "550.54.15", "reboot": "never"},
+        "health": {"power_limit_w": 300},
+    },
+    "hgx": {
+        "gpus": {"model": "NVIDIA H100 80GB HBM3", "count": 8},
+        "bridge": {"kind": "nvswitch", "links": 18},
+        "driver": {"version": "550.54.15", "reboot": "never", "fabricmanager": True},
+    },
+}
+REGISTERED = {"fabric": {"state": "completed", "status": "success"}}
+# Per host: (GPU index -> health keys its twin adds, top-level twin keys) and the one Change it must show.
+SICK: dict[str, tuple[dict[int, dict[str, Any]], dict[str, Any], tuple[str, str, str]]] = {
+    "healthy": ({}, {}, ("", "", "")),
+    "xid": (
+        {1: {"xid": [79]}},
+        {},
+        ("xid", "verify-failed", "GPU 1 logged Xid 79 since boot (GPU has fallen"),
+    ),
+    "remap": (
+        {0: {"remapped_rows": {"pending": True, "uncorrectable": 1}}},
+        {},
+        ("memory-repair", "verify-failed", "GPU 0 has remapped rows pending: reset required"),
+    ),
+    "hot": (
+        {1: {"throttle": ["hw_thermal"]}},
+        {},
+        ("throttle", "verify-failed", "GPU 1 is in HW thermal slowdown"),
+    ),
+    "lost": ({1: {"lost": True}}, {}, ("gpus", "verify-failed", "GPU 1 (00000000:21:00.0) is lost")),
+    "crc": (
+        {0: {"nvlink_errors": [{"link": 1, "crc": 500}]}},
+        {},
+        ("nvlink-errors", "verify-failed", "GPU 0 link 1: 500 CRC errors (more than 100)"),
+    ),
+    "p2p": (
+        {1: {"p2p_ok_with": []}},
+        {},
+        ("topology", "verify-failed", "P2P reads between GPU 0 and GPU 1 fail (CNS: chipset not supported)"),
+    ),
+    "ecc": (
+        {0: {"ecc": {"mode": True, "volatile_uncorrectable": 2}}},
+        {},
+        ("ecc", "verify-failed", "GPU 0 has 2 uncorrectable ECC error(s) since the driver loaded"),
+    ),
+    "mig": ({1: {"mig": True}}, {}, ("mig", "manual", "MIG is on on GPU 1, the rig expects off")),
+    "hgx-ok": ({i: REGISTERED for i in range(8)}, {}, ("", "", "")),
+    "hgx-fabric": (
+        {i: REGISTERED if i != 5 else {"fabric": {"state": "in_progress"}} for i in range(8)},
+        {},
+        (
+            "fabric",
+            "verify-failed",
+            "GPU 5 fabric registration is in_progress: check that nvidia-fabricmanager",
+        ),
+    ),
+    "upgraded": (
+        {},
+        {"kernel": dict(READY, installed=[KERNEL, "6.8.0-47-generic"])},
+        ("kernel", "verify-failed", "not built for kernel 6.8.0-47-generic, the newest installed"),
+    ),
+}
+
+
+def rig_of(name: str) -> str:
+    return "hgx" if name.startswith("hgx") else "pair"
+
+
+def twin_for(gpus: dict[int, dict[str, Any]], top: dict[str, Any], rig: str = "pair") -> dict[str, Any]:
+    twin: dict[str, Any] = yaml.safe_load(load_twin("h100-hgx" if rig == "hgx" else "rtx3090-nvlink"))
+    healthy = HEALTHY_GPU if rig == "pair" else {}
+    for index, gpu in enumerate(twin["gpus"]):
+        gpu["health"] = dict(healthy, **copy.deepcopy(gpus.get(index, {})))
+    twin["kernel"] = READY
+    twin.update(top)
+    return twin
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], rig: Path, known: Path, *more: str) -> tuple[int, Any]:
+    capsys.readouterr()
+    code = cli.main(["plan", str(rig), "--known-hosts", str(known), "--json", *more])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def fleet(test_hosts: HostFactory, tmp_path: Path) -> tuple[list[TestHost], Path]:
+    hosts = [
+        test_hosts.start(name, twin_for(gpus, top, rig_of(name)), rig=rig_of(name))
+        for name, (gpus, top, _) in SICK.items()
+    ]
+    files = {"profile_d": None, "environment_file": None, "launcher": None}
+    return hosts, test_hosts.write_rig(tmp_path / "rig.yaml", hosts, rigs=RIG, files=files)
+
+
+def test_each_unhealthy_twin_is_reported_on_its_gpu_and_the_healthy_one_passes(
+    fleet: tuple[list[TestHost], Path], test_hosts: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, rig = fleet
+    code, doc = plan_json(capsys, rig, test_hosts.known_hosts)
+    assert code == 2
+    for name, (_, _, (resource, action, summary)) in SICK.items():
+        entry = doc["hosts"][name]
+        assert entry["status"] == "ok", (name, entry)
+        got = [(c["resource"], c["action"], c["summary"]) for c in entry["changes"]]
+        if not resource:
+            assert got == [], (name, got)
+            continue
+        assert [(r, a) for r, a, _ in got] == [(resource, action)], (name, got)
+        assert summary in got[0][2], (name, got[0][2])
+
+
+def test_apply_converges_power_limit_and_compute_mode(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    drifted = twin_for({0: {"power_limit_w": 350}, 1: {"compute_mode": "exclusive_process"}}, {})
+    host = test_hosts.start("settings", drifted, rig="pair")
+    files = {"profile_d": None, "environment_file": None, "launcher": None}
+    rig = test_hosts.write_rig(tmp_path / "rig.yaml", [host], rigs=RIG, files=files)
+    code, doc = plan_json(capsys, rig, test_hosts.known_hosts)
+    assert code == 2
+    got = [(c["resource"], c["summary"]) for c in doc["hosts"]["settings"]["changes"]]
+    assert got == [
+        ("power", "power limit 350 W → 300 W on GPU 0"),
+        ("compute-mode", "compute mode exclusive_process → default on GPU 1"),
+    ]
+    capsys.readouterr()
+    assert cli.main(["apply", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--yes"]) == 0
+    code, doc = plan_json(capsys, rig, test_hosts.known_hosts)
+    assert (code, doc["hosts"]["settings"]["changes"]) == (0, [])
+    state = json.loads(Path(str(host.twin_path) + ".state.json").read_text())
+    assert (state["power_limit_w"], state["compute_mode"]) == ({"0": 300}, {"1": "default"})

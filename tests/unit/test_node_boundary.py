@@ -1,0 +1,60 @@
+"""What ships to nodes stays shippable: Python 3.8 syntax, the standard library, nothing of the control side.
+
+The agent runs on whatever `python3` a GPU box has, with nothing installed: a control-side import (pydantic,
+Fabric, another package module) or newer syntax in node/ would break every node at once, so it is checked here
+rather than found on a fleet.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "mgpu_provision"
+SHIPPED = [*sorted((PACKAGE / "node").glob("*.py")), PACKAGE / "protocol.py", PACKAGE / "__init__.py"]
+ALLOWED_PACKAGE_MODULES = {"mgpu_provision", "mgpu_provision.protocol"}
+
+
+def imported_modules(source: str, package: list[str]) -> list[str]:
+    """Absolute names of every module `source` imports (relative imports resolved against `package`)."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names.append(module)
+    return names
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_module_parses_as_python_3_8(path: Path) -> None:
+    ast.parse(path.read_text(), filename=str(path), feature_version=(3, 8))
+
+
+def outside_imports(source: str, package: list[str]) -> list[str]:
+    """The imports a shipped module may not make: neither stdlib nor node code nor the protocol."""
+    return [
+        name
+        for name in imported_modules(source, package)
+        if name.split(".")[0] not in sys.stdlib_module_names
+        and name not in ALLOWED_PACKAGE_MODULES
+        and not name.startswith("mgpu_provision.node")
+        and name not in ("pynvml", "torch", "torch.distributed")  # shipped beside it / imported inside ranks
+        and not name.startswith("torch.")
+    ]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_module_imports_only_the_standard_library_and_node_code(path: Path) -> None:
+    package = ["mgpu_provision", *path.relative_to(PACKAGE).parent.parts]
+    assert outside_imports(path.read_text(), package) == [], path.name
+
+
+def test_control_side_and_third_party_imports_are_caught() -> None:
+    source = "from ..spec import models\nfrom .. import protocol\nimport yaml\nfrom . import procs\n"
+    assert outside_imports(source, ["mgpu_provision", "node"]) == ["mgpu_provision.spec", "yaml"]
