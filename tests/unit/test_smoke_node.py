@@ -379,15 +379,14 @@ def test_missing_interpreter_is_named() -> None:
 
 
 def test_nccl_with_a_torch_that_cannot_use_cuda_fails_the_node_before_anything_starts() -> None:
-    """This venv's torch is a CPU-only build: the rig's nccl must not become a quiet Gloo run on the CPU."""
+    """No usable CUDA here (CI has no GPU): the rig's nccl must not become a quiet Gloo run on the CPU."""
     args = node_args(run_id(), free_port(), 0, backend="nccl", node="gpu-a")
     result = node.run(args, simulated=False)
     assert (result["ok"], result["kind"], result["ranks"]) == (False, "no-cuda", [])
     assert result["backend"] == "nccl" and result["simulated"] is False
     assert result["diagnosis"].startswith("the rig says nccl, but torch 2.")
-    assert result["diagnosis"].endswith(
-        f"in {sys.executable} on gpu-a cannot use CUDA: it is a CPU-only build"
-    )
+    # "it is a CPU-only build" with the CPU wheel; with the CUDA wheel on a box without a GPU, torch's reason.
+    assert f"in {sys.executable} on gpu-a cannot use CUDA: " in result["diagnosis"]
 
 
 @pytest.mark.parametrize(
