@@ -250,5 +250,7 @@ def parse(text: str) -> tuple[dict[str, object], SourceMap, list[tuple[Loc, Posi
         )
     builder = _Builder()
     data = builder.build(root, ())
-    assert isinstance(data, dict)
+    if not isinstance(data, dict):  # a tagged top level: the builder refused it and says why
+        _, position, message = builder.problems[0]
+        raise Rejected(message, position)
     return data, builder.source, builder.problems

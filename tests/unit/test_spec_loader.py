@@ -85,6 +85,8 @@ MALFORMED: dict[str, tuple[bytes, str | None, str]] = {
         "1:1",
         "tag !!python/name:os.system is not allowed",
     ),
+    # Found by the fuzz run: a tag on the top-level mapping left no mapping to read, and an assert fired.
+    "tagged-top-level": (b"!0\n0:\n", "1:1", "tag !0 is not allowed: rig files are plain data"),
     "two-documents": (GOOD + b"---\n" + GOOD, "6:1", "more than one YAML document (---)"),
     "merge-key": (b"x: &x {a: 1}\ny:\n  <<: *x\n", "3:3", "merge keys (<<) are not supported"),
     "complex-key": (b"? [a, b]\n: 1\n", "1:3", "a mapping key must be a plain name"),
