@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -191,8 +192,14 @@ def test_local_timeouts_and_crashes_are_failed_outcomes(
     )["me"]
     assert forked.status == "failed"
     agent_name = options.agent.name if options.agent else ""
-    left = [p for p in Path("/proc").glob("[0-9]*/cmdline") if agent_name.encode() in _read(p)]
-    assert left == []
+
+    def left() -> list[Path]:
+        return [p for p in Path("/proc").glob("[0-9]*/cmdline") if agent_name.encode() in _read(p)]
+
+    deadline = time.monotonic() + 5  # SIGKILL is delivered at once, but a loaded kernel reaps a moment later
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left() == []
     crash = run_fleet([local_target()], lambda s: s.call("crash", {}), options)["me"]
     assert crash.status == "failed"
     assert crash.error == "agent crash crashed on me (local) (exit 3): RuntimeError: the fake agent crashed"
