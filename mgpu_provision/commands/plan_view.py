@@ -1,12 +1,17 @@
 """A plan for people (rich) and for programs (JSON, the stable schema in docs/plan-json.md).
 
 `plan` and `apply` both show plans through this module, so they print the same plan the same way; the wording
-a person reads is tested as text.
+a person reads is tested as text. One host shows its changes in full. A fleet shows each distinct change once
+with the hosts it applies to (`on 62 hosts: gpu-[001-062]`), then per host only what no other host shares,
+so that a hundred boxes with the same drift read like one; file diffs there only with `--diff`, each
+distinct content once. `--json` keeps the per-host document.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -53,8 +58,47 @@ def add_diff_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--diff",
         action="store_true",
-        help="show the content of new files too (changed files always show their diff)",
+        help="show file diffs: on one host, new files' content too (changed files always show their diff); "
+        "on a fleet, every distinct diff once",
     )
+
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+
+
+def host_ranges(names: Sequence[str]) -> str:
+    """`gpu-[001-062,064], login-1`: numbered names with one prefix as ranges, in first-seen order."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    words: list[str | tuple[str, int]] = []
+    for name in names:
+        match = _NUMBERED.match(name)
+        if match is None:
+            words.append(name)
+            continue
+        key = (match.group(1), len(match.group(2)))
+        if key not in groups:
+            groups[key] = []
+            words.append(key)
+        groups[key].append(int(match.group(2)))
+    shown = []
+    for word in words:
+        if isinstance(word, str):
+            shown.append(word)
+            continue
+        prefix, width = word
+        numbers = sorted(set(groups[word]))
+        if len(numbers) == 1:
+            shown.append(f"{prefix}{numbers[0]:0{width}d}")
+            continue
+        runs: list[list[int]] = []
+        for number in numbers:
+            if runs and number == runs[-1][-1] + 1:
+                runs[-1].append(number)
+            else:
+                runs.append([number])
+        spans = [f"{r[0]:0{width}d}" + (f"-{r[-1]:0{width}d}" if len(r) > 1 else "") for r in runs]
+        shown.append(f"{prefix}[{','.join(spans)}]")
+    return ", ".join(shown)
 
 
 def change_lines(change: Change, new_content: bool = False) -> list[Text]:
@@ -87,13 +131,49 @@ def host_lines(host: HostPlan, new_content: bool = False) -> list[Text]:
 
 
 def render_plan(plan: FleetPlan, console: Console, new_content: bool = False) -> None:
-    """Per host its Changes (`+` create, `~` update, `-` delete, `!` failed check, `?` manual), then the
-    totals line."""
-    for host in plan.hosts:
-        for line in host_lines(host, new_content):
-            console.print(line, soft_wrap=True)  # long paths and diff lines stay whole when piped
+    """Changes (`+` create, `~` update, `-` delete, `!` failed check, `?` manual), then the totals line: one
+    host in full, a fleet grouped (see the module's docstring)."""
+    lines = host_lines(plan.hosts[0], new_content) if len(plan.hosts) == 1 else fleet_lines(plan, new_content)
+    for line in lines:
+        console.print(line, soft_wrap=True)  # long paths and diff lines stay whole when piped
     style = "green" if plan.converged else "bold"
     console.print(Text(summary_line(plan), style=style), soft_wrap=True)
+
+
+def _key(change: Change) -> tuple[object, ...]:
+    return (change.resource, change.action, change.summary, change.reboot, change.diff)
+
+
+def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:
+    """Each change that two or more hosts share once, with their names; then each host with what is its
+    own (or why it could not be read); then the hosts with nothing to do."""
+    shared: dict[tuple[object, ...], tuple[Change, list[str]]] = {}
+    for host in plan.hosts:
+        for change in host.changes:
+            shared.setdefault(_key(change), (change, []))[1].append(host.host)
+    lines: list[Text] = []
+    for change, hosts in shared.values():
+        if len(hosts) < 2:
+            continue
+        head, *diff = change_lines(change, new_content=True)
+        head.append(f"  on {plural(len(hosts), 'host', 'hosts')}: {host_ranges(hosts)}", style="dim")
+        lines += [head, *(diff if diffs else [])]
+    idle = []
+    for host in plan.hosts:
+        own = [c for c in host.changes if len(shared[_key(c)][1]) == 1]
+        if host.status != "ok":
+            lines += host_lines(host)
+        elif own:
+            lines.append(Text(host.host, style="bold cyan"))
+            for change in own:
+                head, *diff = change_lines(change, new_content=True)
+                lines += [head, *(diff if diffs else [])]
+        elif not host.changes:
+            idle.append(host.host)
+    if idle:
+        count = plural(len(idle), "host", "hosts")
+        lines.append(Text.assemble((f"no changes on {count}: ", "dim"), host_ranges(idle)))
+    return lines
 
 
 # The keys of a change in `plan --json`, in order (docs/plan-json.md); `tags`, `phase` and `applies` follow.

@@ -133,7 +133,7 @@ def test_human_plan_and_a_converged_host(
     assert code == 2
     assert "  + file:/etc/mgpu-provision/environment: new file, " in out
     assert "+CUDA_DEVICE_ORDER=PCI_BUS_ID" in out  # --diff: the new file's content
-    assert "converged: no changes" in out
+    assert "no changes on 1 host: converged" in out
     assert out.rstrip().splitlines()[-1] == "Plan: 1 to change, on 1 of 2 hosts"
 
     code, out = plan_cli(capsys, str(rig), "--known-hosts", known, "--limit", "converged")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from mgpu_provision.commands.output import host_table, make_console
-from mgpu_provision.commands.plan_view import plan_json, render_plan, summary_line, totals_line
+from mgpu_provision.commands.plan_view import host_ranges, plan_json, render_plan, summary_line, totals_line
 from mgpu_provision.plan.change import Change
 from mgpu_provision.plan.fleet import FleetPlan, HostPlan
 
@@ -95,8 +97,39 @@ def test_human_output_has_symbols_diffs_and_unreachable_hosts() -> None:
     assert "  ! topology: GPU 1 link 2 is inactive: a loose bridge?" in lines
     assert "  ? reboot: reboot required to load driver 550.54.15 (policy: never)" in lines
     assert "gpu-c: unreachable: connection refused" in lines
-    assert "gpu-d: no changes" in lines
+    assert "no changes on 5 hosts: gpu-d, gpu-e, gpu-f, gpu-g, gpu-h" in lines
     assert lines[-1] == "Plan: 2 to change, 1 check failed, 1 manual, on 2 of 8 hosts (1 unreachable)"
+
+
+@pytest.mark.parametrize(
+    ("names", "shown"),
+    [
+        ([f"gpu-{n:03d}" for n in range(1, 63)], "gpu-[001-062]"),
+        (["gpu-001", "gpu-002", "gpu-004", "login", "gpu-005"], "gpu-[001-002,004-005], login"),
+        (["a1", "a10", "a2"], "a[1-2], a10"),  # a different width is another name, not a gap
+        (["hgx-7"], "hgx-7"),
+    ],
+)
+def test_host_names_fold_into_ranges(names: list[str], shown: str) -> None:
+    assert host_ranges(names) == shown
+
+
+def test_a_fleet_with_the_same_drift_reads_in_a_screenful_and_the_odd_host_stands_out() -> None:
+    files = [
+        Change(f"file:/etc/{n}", "update", "content differs", "x", "y", diff="-a\n+b\n", phase="env")
+        for n in ("profile.d/mgpu-provision.sh", "mgpu-provision/environment")
+    ]
+    hosts = [HostPlan(f"gpu-{n:03d}", "ok", (*files, DRIVER)) for n in range(1, 65)]
+    hosts[16] = HostPlan("gpu-017", "ok", (*files, DRIVER, LOOSE))
+    text = rendered(fleet(*hosts))
+    lines = text.splitlines()
+    assert len(lines) <= 10, text
+    assert "  ~ file:/etc/mgpu-provision/environment: content differs  on 64 hosts: gpu-[001-064]" in lines
+    assert lines[lines.index("gpu-017") + 1] == "  ! topology: GPU 1 link 2 is inactive: a loose bridge?"
+    assert "-a" not in text  # diffs on a fleet only with --diff
+    out = io.StringIO()
+    render_plan(fleet(*hosts), make_console(file=out, width=60), new_content=True)
+    assert out.getvalue().count("      -a") == 2  # each distinct diff once, not once per host
 
 
 def test_long_lines_are_not_wrapped_when_piped() -> None:
