@@ -21,14 +21,16 @@ from .fleet.options import MAX_FORKS, FleetOptions
 from .fleet.pool import HostOutcome, run_fleet
 from .fleet.session import AgentSession, read_facts
 from .fleet.targets import HostTarget
+from .node.smoke import DATA_PARALLEL_TIMEOUT_S
 from .plan.host import facts_request
 from .plan.resources.envfiles import desired_files, environment, launcher_path
 from .protocol import smoke_cleanup_request
 from .spec.models import Host
 from .spec.rig import LoadedRig, Rendezvous
 
-# Beyond the node's own deadline: the torch probe, the SIGTERM/SIGKILL grace, and the SSH round trip.
-CALL_MARGIN_S = 90.0
+# Beyond the node's own deadline: the torch probe, the SIGTERM/SIGKILL grace, the SSH round trip, and the
+# DataParallel process that a CUDA node runs after its ranks.
+CALL_MARGIN_S = 90.0 + DATA_PARALLEL_TIMEOUT_S
 CLEANUP_TIMEOUT_S = 30.0
 
 
@@ -59,6 +61,7 @@ class NodeReport:
     ranks: list[dict[str, Any]]
     elapsed_s: float
     launcher: str | None = None  # the installed launcher the node ran; None: torchrun started by smoke
+    data_parallel: dict[str, Any] | None = None  # the node's DataParallel row, run after its ranks (CUDA)
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,7 @@ def node_report(part: NodePart, outcome: HostOutcome[dict[str, Any]]) -> NodeRep
         list(value.get("ranks") or []),
         float(value.get("elapsed_s") or outcome.elapsed_s),
         part.args["launcher"],
+        value.get("data_parallel"),
     )
 
 

@@ -44,6 +44,17 @@ def render_group(group: GroupReport, console: Console) -> None:
         for rank in group.devices:
             devices.add_row(str(rank["rank"]), rank["host"], str(rank["backend"]), device_text(rank))
         console.print(devices)
+    data_parallel = [node for node in group.nodes if node.data_parallel]
+    if data_parallel:
+        table = plain_table("DataParallel (one process per node, after its ranks)")
+        for column in ("node", "result", "detail"):
+            table.add_column(column)
+        for node in data_parallel:
+            row = node.data_parallel or {}
+            table.add_row(
+                node.host, "[green]pass[/]" if row.get("ok") else "[red]FAIL[/]", str(row.get("detail"))
+            )
+        console.print(table)
     if group.bandwidth:
         band = plain_table(f"all_reduce over {group.world_size} ranks (nccl-tests busbw)")
         for column in ("size MiB", "time us", "algbw GB/s", "busbw GB/s"):
@@ -116,9 +127,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Run a small DDP job on every chosen node at once and report pass/fail and bandwidth.\n\n"
             "torchrun starts it with the rig file's rendezvous (ddp), python, timeout, batch size and env.\n"
             "It checks that every rank joins, an all_reduce is exact, one DDP step leaves identical\n"
-            "parameters and DataParallel works on CUDA nodes, and measures all_reduce algbw/busbw. Every\n"
-            "process it starts is ended, pass or fail. Exit 0 pass, 2 fail (a node, a missing rank, busbw\n"
-            "below smoke.busbw_floor_gbps), 1 error."
+            "parameters, and measures all_reduce algbw/busbw; then, alone on each CUDA node once its ranks\n"
+            "have ended, that DataParallel works over its GPUs. Every process it starts is ended, pass or\n"
+            "fail. Exit 0 pass, 2 fail (a node, a missing rank, busbw below smoke.busbw_floor_gbps), 1 error."
         ),
         epilog="examples:\n  mgpu-provision smoke rig.yaml\n"
         "  mgpu-provision smoke rig.yaml --limit gpu-a,gpu-b --json",

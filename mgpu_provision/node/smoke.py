@@ -8,9 +8,10 @@ deadline; with no launcher (`files.launcher: null`) it runs `<python> -m torch.d
 Whatever happens, every process it started is ended before it answers: torchrun puts each worker in a
 session of its own, so the workers are found by a marker variable in their environment (a /proc scan), not
 by process group. The ranks' result files are the verdict: once every local rank has written one, smoke ends
-torchrun itself rather than let it wait in its exit barrier for peers that may never come. The answer
-carries each rank's result and, on failure, a diagnosis read from the logs that names the rendezvous
-endpoint.
+torchrun itself rather than let it wait in its exit barrier for peers that may never come. On a CUDA run the
+DataParallel check follows, alone on the node: the program again, as one process, once torchrun and every
+rank have ended (`run_data_parallel`). The answer carries each rank's result, the node's data_parallel row
+and, on failure, a diagnosis read from the logs that names the rendezvous endpoint.
 
 `cleanup` (the `smoke-cleanup` verb) ends one node's leftovers of a run when a host's call died.
 
@@ -28,10 +29,11 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Any
+from typing import IO, Any
 
 from . import files, procs, torch_probe
 from .errors import AgentFailure
+from .smoke_program import DATA_PARALLEL_FILE, DATA_PARALLEL_FLAG, data_parallel_row
 
 MARKER_ENV = "MGPU_PROVISION_SMOKE"  # value: the run id; every process of a run inherits it
 GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
@@ -41,6 +43,9 @@ EXIT_GRACE_S = 5.0
 POLL_S = 0.2
 PROBE_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 15
+# The DataParallel process: a torch import and one step on the node's GPUs; the control side's call waits
+# this much beyond the DDP deadline (`smoke.CALL_MARGIN_S`).
+DATA_PARALLEL_TIMEOUT_S = 60.0
 DEFAULT_ITERS = 5
 # all_reduce sizes when the rig file names none: up to the bus bandwidth plateau on GPUs (nccl-tests go to
 # 128 MiB and beyond), small where Gloo moves them through the CPU.
@@ -324,6 +329,57 @@ def watch(leader: subprocess.Popen[bytes], out_dir: str, local_ranks: int, deadl
     return "exited"
 
 
+def start(command: list[str], log_file: IO[bytes], env: dict[str, str], cwd: str) -> subprocess.Popen[bytes]:
+    """A process of the run: no stdin, its output in the run's log, and a session of its own (one group to
+    signal, apart from the agent's own)."""
+    return subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+
+
+def data_parallel_command(req: Request, program: str, config: str) -> list[str]:
+    return [req.python, program, DATA_PARALLEL_FLAG, config]
+
+
+def run_data_parallel(
+    req: Request, program: str, config: str, out_dir: str, env: dict[str, str]
+) -> dict[str, Any]:
+    """The node's data_parallel row, from the program run as one process after torchrun and every rank of
+    this node have ended. DataParallel opens a context on every GPU of the node: beside the ranks that is
+    refused under EXCLUSIVE_PROCESS compute mode and competes with them for memory. It carries the run's
+    marker, so that `end_processes` (and `smoke-cleanup`) end it as they end the ranks."""
+    still = marked_processes(req.marker)
+    if still:  # never beside a rank: `end_processes` reports these as leftovers and fails the node
+        return data_parallel_row(False, f"not run: processes of the DDP run are still alive: {still}")
+    log_path = os.path.join(out_dir, "data-parallel.log")
+    started = time.monotonic()
+    with open(log_path, "wb") as log_file:
+        process = start(data_parallel_command(req, program, config), log_file, env, os.path.dirname(out_dir))
+        try:
+            code: int | None = process.wait(timeout=DATA_PARALLEL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            end_processes(req.marker, process)
+    try:
+        with open(os.path.join(out_dir, DATA_PARALLEL_FILE)) as f:
+            row: dict[str, Any] = json.load(f)
+        return dict(row, elapsed_s=round(time.monotonic() - started, 3))
+    except (OSError, ValueError):  # no result: it hung, or died before writing one
+        pass
+    with open(log_path, "rb") as f:
+        last = " | ".join(tail(f.read().decode(errors="replace"), 3))
+    if code is None:
+        return data_parallel_row(False, f"no result within {DATA_PARALLEL_TIMEOUT_S:g} s; last lines: {last}")
+    return data_parallel_row(False, f"exited with code {code} without a result; last lines: {last}")
+
+
 def program_source() -> bytes:
     """The smoke program's bytes through this module's loader: a plain file, or a member of the zipapp."""
     loader: Any = globals()["__loader__"]  # SourceFileLoader or zipimporter: both read files beside us
@@ -363,7 +419,7 @@ def probe_torch(req: Request) -> dict[str, Any] | None:
 
 def failure(req: Request, kind: str, diagnosis: str) -> dict[str, Any]:
     return dict(_identity(req), ok=False, kind=kind, diagnosis=diagnosis, exit_code=None, timed_out=False,
-                elapsed_s=0.0, ranks=[], log_tail=[], leftover_pids=[])  # fmt: skip
+                elapsed_s=0.0, ranks=[], data_parallel=None, log_tail=[], leftover_pids=[])  # fmt: skip
 
 
 def _identity(req: Request) -> dict[str, Any]:
@@ -399,8 +455,9 @@ def run(args: dict[str, Any], simulated: bool = False) -> dict[str, Any]:
     """The `smoke` verb: node, node_rank, nnodes, nproc_per_node, master, run_id, launcher (what ran: the
     installed launcher, or null for torchrun), ok, kind (None or e.g. not-applied, torch-missing,
     port-in-use, rendezvous-unreachable, rendezvous-timeout, nccl, timeout, crash, check-failed), diagnosis,
-    exit_code, timed_out, elapsed_s, ranks (the program's per-rank results), log_tail (on failure) and
-    leftover_pids (processes that survived SIGKILL; normally empty)."""
+    exit_code, timed_out, elapsed_s, ranks (the program's per-rank results), data_parallel (the node's
+    check row after the ranks, on CUDA runs; else None), log_tail (on failure) and leftover_pids (processes
+    that survived SIGKILL; normally empty)."""
     req = Request(args, simulated)
     refused = not_applied(req) or probe_torch(req)
     if refused is not None:
@@ -430,15 +487,7 @@ def _run_in(req: Request, workdir: str) -> dict[str, Any]:
     env = dict(child_environment(req, dict(os.environ), rig_env=req.launcher is None), TMPDIR=workdir)
     started = time.monotonic()
     with open(log_path, "wb") as log_file:
-        leader = subprocess.Popen(
-            torchrun_command(req, program, config),
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=workdir,
-            start_new_session=True,  # one group to signal, apart from the agent's own
-        )
+        leader = start(torchrun_command(req, program, config), log_file, env, workdir)
         try:
             ending = watch(leader, out_dir, req.nproc_per_node, started + req.timeout_s)
         finally:
@@ -455,6 +504,16 @@ def _run_in(req: Request, workdir: str) -> dict[str, Any]:
             ranks.append(json.load(f))
     ranks.sort(key=lambda r: int(r.get("rank", -1)))
     verdict = judge(req, ranks, exit_code, timed_out, log)
+    data_parallel: dict[str, Any] | None = None
+    if req.run_backend == "nccl":
+        # The environment the launcher gives: the env files' variables, which `not_applied` has just found
+        # still installed as the rig file renders them.
+        dp_env = dict(child_environment(req, dict(os.environ)), TMPDIR=workdir)
+        data_parallel = run_data_parallel(req, program, config, out_dir, dp_env)
+        leftovers = marked_processes(req.marker)
+        if verdict["ok"] and not data_parallel["ok"]:
+            diagnosis = f"data_parallel: {data_parallel['detail']}"
+            verdict = {"ok": False, "kind": "check-failed", "diagnosis": diagnosis}
     if leftovers:
         verdict = {"ok": False, "kind": "leftovers", "diagnosis": f"processes survived SIGKILL: {leftovers}"}
     result = _identity(req)
@@ -464,6 +523,7 @@ def _run_in(req: Request, workdir: str) -> dict[str, Any]:
         timed_out=timed_out,
         elapsed_s=round(elapsed, 3),
         ranks=ranks,
+        data_parallel=data_parallel,
         log_tail=[] if verdict["ok"] else tail(log, LOG_TAIL_LINES),
         leftover_pids=leftovers,
     )

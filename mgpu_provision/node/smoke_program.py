@@ -1,17 +1,23 @@
 """The DDP smoke program: what every rank runs under torchrun on the nodes.
 
 It exists to prove, with a real job, that a fleet can train together: every rank joins, collectives give
-exact results, one DDP step leaves identical parameters everywhere, DataParallel works on a CUDA node, and how
-fast all_reduce is. Each rank writes one JSON file (`rank-<RANK>.json` in the config's `out_dir`) that the
-node side (`node/smoke.py`) collects. Checks that fail are recorded and the rank still exits 0, so that no
+exact results, one DDP step leaves identical parameters everywhere, and how fast all_reduce is. Each rank
+writes one JSON file (`rank-<RANK>.json` in the config's `out_dir`) that the node side (`node/smoke.py`)
+collects. Checks that fail are recorded and the rank still exits 0, so that no
 rank is torn down before it has written its result; only an exception (a broken collective) exits non-zero.
 Once the result is written the rank leaves at once (`leave`), without the interpreter's teardown.
 
 Stdlib imports only at module level (torch is imported inside functions) and Python 3.8 syntax, because the
 module ships inside the agent zipapp and is copied to a temporary file on the node.
 
+The DataParallel check (all of a node's GPUs in one process) runs apart, as a single process started by
+the node side after torchrun and every rank have ended (`--data-parallel`): a rank doing it would need
+contexts on the GPUs the other ranks hold, which EXCLUSIVE_PROCESS compute mode refuses and which otherwise
+competes with them for memory. It writes `data-parallel.json`.
+
 Usage (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK):
     python -m torch.distributed.run ... program.py CONFIG.json
+    python program.py --data-parallel CONFIG.json
 CONFIG keys: out_dir, expected_world_size, backend ("nccl"|"gloo"), batch_size, sizes_mib, iters,
 pg_timeout_s.
 """
@@ -126,7 +132,6 @@ class Rank:
             self.check_world_size()
             self.check_allreduce()
             self.check_ddp_step()
-            self.check_data_parallel()
             self.measure_bandwidth()
             dist.barrier()  # every collective of every rank is done: nothing is in flight after this
         finally:
@@ -210,44 +215,6 @@ class Rank:
             else ("the step changed no parameter" if same else "parameter checksums differ: %r" % sums),
         )
 
-    def check_data_parallel(self) -> None:
-        """DataParallel on all visible GPUs, once per node (local rank 0): parameters on device_ids[0],
-        the output on output_device, and a batch of at least one sample per GPU."""
-        if not self.cuda or self.local_rank != 0:
-            return
-        import torch
-
-        gpus = torch.cuda.device_count()
-        batch = int(self.config["batch_size"])
-        device_ids = list(range(gpus))
-        output_device = device_ids[-1]
-        if batch < gpus:
-            self.check(
-                "data_parallel",
-                False,
-                "batch size %d < %d GPUs: DataParallel would silently use only %d" % (batch, gpus, batch),
-            )
-            return
-        module = _small_model().to(torch.device("cuda", device_ids[0]))  # parameters must be on device_ids[0]
-        parallel = torch.nn.DataParallel(module, device_ids=device_ids, output_device=output_device)
-        out = parallel(torch.randn(batch, 8, device=torch.device("cuda", device_ids[0])))
-        out.sum().backward()
-        torch.cuda.synchronize()
-        ok = out.device == torch.device("cuda", output_device) and out.shape[0] == batch
-        self.result["data_parallel"] = {
-            "gpus": gpus,
-            "device_ids": device_ids,
-            "output_device": output_device,
-        }
-        self.check(
-            "data_parallel",
-            ok,
-            "batch %d over %d GPUs, output on cuda:%d" % (batch, gpus, output_device)
-            if ok
-            else "output on %s with %d rows, expected cuda:%d with %d"
-            % (out.device, out.shape[0], output_device, batch),
-        )
-
     def measure_bandwidth(self) -> None:
         import torch
         import torch.distributed as dist
@@ -308,6 +275,93 @@ def _flat_parameters(model: Any) -> List[float]:
     return [float(v) for p in model.parameters() for v in p.detach().cpu().double().flatten().tolist()]
 
 
+DATA_PARALLEL_FLAG = "--data-parallel"
+DATA_PARALLEL_FILE = "data-parallel.json"
+# The words of cudaErrorDevicesUnavailable, CUDA's answer when a GPU's compute mode refuses a context.
+_DEVICES_UNAVAILABLE = "busy or unavailable"
+
+
+def data_parallel_row(ok: bool, detail: str, **facts: Any) -> Json:
+    """The node's data_parallel check row: a rank's check row, plus what DataParallel was given."""
+    row: Json = {"name": "data_parallel", "ok": bool(ok), "detail": detail}
+    row.update(facts)
+    return row
+
+
+def refused_context(index: int, name: str, error: str) -> str:
+    """Why a GPU gave this process no context. This process is alone on the node (every rank has ended),
+    so CUDA's "busy or unavailable" means PROHIBITED, or a process outside the smoke holding the GPU in
+    EXCLUSIVE_PROCESS mode; torch cannot read the mode itself, nvidia-smi can."""
+    if _DEVICES_UNAVAILABLE in error:
+        return (
+            "cuda:%d (%s) refused a CUDA context: its compute mode is PROHIBITED, or a process outside the "
+            "smoke holds it in EXCLUSIVE_PROCESS mode (nvidia-smi -q -d COMPUTE,PIDS shows which)"
+            % (index, name)
+        )
+    return "cuda:%d (%s) refused a CUDA context: %s" % (index, name, error.strip().splitlines()[0])
+
+
+def check_data_parallel(config: Json) -> Json:
+    """DataParallel on all visible GPUs from one process: parameters on device_ids[0], the output on
+    output_device, and a batch of at least one sample per GPU. Without CUDA it refuses: never a CPU run."""
+    import torch
+
+    batch = int(config["batch_size"])
+    if not torch.cuda.is_available():
+        return data_parallel_row(
+            False,
+            "DataParallel needs CUDA, and torch %s cannot use it in this process (torch.cuda.is_available() "
+            "is False)" % torch.__version__,
+            batch=batch,
+        )
+    gpus = torch.cuda.device_count()
+    device_ids = list(range(gpus))
+    output_device = device_ids[-1]
+    facts = {"gpus": gpus, "device_ids": device_ids, "output_device": output_device, "batch": batch}
+    if batch < gpus:
+        detail = "batch size %d < %d GPUs: DataParallel would silently use only %d" % (batch, gpus, batch)
+        return data_parallel_row(False, detail, **facts)
+    for index in device_ids:  # one context per GPU first, so that a refusal names its GPU and the reason
+        try:
+            torch.zeros(1, device=torch.device("cuda", index))
+        except RuntimeError as exc:
+            name = torch.cuda.get_device_name(index)
+            return data_parallel_row(False, refused_context(index, name, str(exc)), **facts)
+    module = _small_model().to(torch.device("cuda", device_ids[0]))  # parameters must be on device_ids[0]
+    parallel = torch.nn.DataParallel(module, device_ids=device_ids, output_device=output_device)
+    out = parallel(torch.randn(batch, 8, device=torch.device("cuda", device_ids[0])))
+    out.sum().backward()
+    torch.cuda.synchronize()
+    ok = out.device == torch.device("cuda", output_device) and out.shape[0] == batch
+    detail = (
+        "batch %d over %d GPUs, output on cuda:%d" % (batch, gpus, output_device)
+        if ok
+        else "output on %s with %d rows, expected cuda:%d with %d"
+        % (out.device, out.shape[0], output_device, batch)
+    )
+    return data_parallel_row(ok, detail, **facts)
+
+
+def data_parallel_main(argv: List[str]) -> int:
+    """`program.py --data-parallel CONFIG.json`: the check, written to `data-parallel.json` in out_dir."""
+    if len(argv) != 3:
+        sys.stderr.write("usage: %s %s CONFIG.json\n" % (argv[0], DATA_PARALLEL_FLAG))
+        return 2
+    with open(argv[2]) as f:
+        config: Json = json.load(f)
+    out = os.path.join(str(config["out_dir"]), DATA_PARALLEL_FILE)
+    try:
+        row = check_data_parallel(config)
+    except Exception as exc:  # a CUDA error mid-check: the row says it, and the node fails with it
+        row = data_parallel_row(False, "%s: %s" % (type(exc).__name__, exc))
+        row["traceback"] = traceback.format_exc().splitlines()[-12:]
+        write_json(out, row)
+        traceback.print_exc()
+        return 1
+    write_json(out, row)
+    return 0
+
+
 def write_json(path: str, data: Json) -> None:
     """Write-then-rename, so the node side never reads half a file from a rank that is being killed."""
     tmp = path + ".tmp"
@@ -317,6 +371,8 @@ def write_json(path: str, data: Json) -> None:
 
 
 def main(argv: List[str]) -> int:
+    if len(argv) > 1 and argv[1] == DATA_PARALLEL_FLAG:
+        return data_parallel_main(argv)
     with open(argv[1]) as f:
         config: Json = json.load(f)
     out = os.path.join(str(config["out_dir"]), "rank-%s.json" % os.environ.get("RANK", "unknown"))

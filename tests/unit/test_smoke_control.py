@@ -375,3 +375,28 @@ def test_human_output_shows_nodes_bandwidth_and_verdict(tmp_path: Path) -> None:
     assert "1    │ gpu-a │ nccl    │ cuda:1: NVIDIA GeForce RTX 3090, 5c3e-aa" in text
     assert "Smoke FAIL: world size 4 of 4 (2 nodes x 2 processes), 4 ranks reported, backend gloo" in text
     assert "! all_reduce busbw 3 GB/s (the best at 4 MiB) is below the floor of 5 GB/s" in text
+
+
+def test_each_node_s_data_parallel_row_reaches_the_report_and_the_table(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from mgpu_provision.commands.smoke import render_human
+
+    row = {"name": "data_parallel", "ok": True, "detail": "batch 8 over 2 GPUs, output on cuda:1",
+           "device_ids": [0, 1], "output_device": 1, "batch": 8}  # fmt: skip
+    failed = {"name": "data_parallel", "ok": False, "detail": "cuda:1 (H200) refused a CUDA context: x"}
+    outcomes = {
+        "gpu-a": ok_outcome(0, data_parallel=row, ranks=[{**r, "bandwidth": []} for r in ranks_of(0)]),
+        "gpu-b": ok_outcome(
+            1, ok=False, kind="check-failed", diagnosis="data_parallel: x", data_parallel=failed
+        ),
+    }
+    report = control.build_report("run-1", plan(tmp_path, HOSTS[:2]), outcomes, None)
+    assert [n.data_parallel for n in report.groups[0].nodes] == [row, failed]
+    assert report.as_dict()["groups"][0]["nodes"][0]["data_parallel"]["device_ids"] == [0, 1]
+    console = Console(record=True, width=150)
+    render_human(report, console)
+    text = console.export_text()
+    assert "DataParallel (one process per node, after its ranks)" in text
+    assert "gpu-a │ pass   │ batch 8 over 2 GPUs, output on cuda:1" in text
+    assert "gpu-b │ FAIL   │ cuda:1 (H200) refused a CUDA context: x" in text

@@ -565,3 +565,122 @@ def test_peer_agent_that_leaves_without_its_exit_barrier_costs_seconds_not_the_d
     # The old way ended at the deadline with kind "timeout"; now: the run's own time plus EXIT_GRACE_S.
     assert result["timed_out"] is False and elapsed < BARRIER_TEST_TIMEOUT_S - 30, elapsed
     assert_clean(rid, port)
+
+
+# ---- the DataParallel check: one process, after every rank has ended ----------------------------------
+
+# Stand-ins for what a CUDA node runs (no GPU here): a launcher whose two "ranks" write passing results,
+# rank 1 lingering afterwards in a session of its own as torchrun's workers do; and a python that, asked
+# for `--data-parallel`, records its argv, its environment and which processes of the run were alive when it
+# began.
+FAKE_LAUNCHER = """#!{python}
+import json, os, subprocess, sys, time
+config = json.load(open(sys.argv[-1]))
+rank = '''
+import json, os, sys, time
+out, r, linger = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+check = {{"name": "ddp_step", "ok": True, "detail": "d"}}
+result = {{"rank": int(r), "ok": True, "error": None, "checks": [check]}}
+json.dump(result, open(os.path.join(out, "rank-%s.json.tmp" % r), "w"))
+os.replace(os.path.join(out, "rank-%s.json.tmp" % r), os.path.join(out, "rank-%s.json" % r))
+if linger:
+    time.sleep(60)
+'''
+workers = [
+    subprocess.Popen([sys.executable, "-c", rank, config["out_dir"], str(r), str(r)], start_new_session=True)
+    for r in (0, 1)
+]
+workers[0].wait()
+"""
+
+FAKE_PYTHON = """#!{python}
+import json, os, sys, time
+if "--data-parallel" not in sys.argv:
+    sys.exit("the stand-in python only plays the DataParallel process: %r" % sys.argv)
+mark = ("{marker_env}=" + os.environ["{marker_env}"]).encode()
+alive = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if int(pid) != os.getpid() and mark in open("/proc/%s/environ" % pid, "rb").read().split(b"\\0"):
+            alive.append(int(pid))
+    except OSError:
+        pass
+record = {{"argv": sys.argv, "alive": alive, "at": time.time(), "NCCL_DEBUG": os.environ.get("NCCL_DEBUG")}}
+open({record!r}, "a").write(json.dumps(record) + "\\n")
+if os.environ.get("FAKE_DP") == "hang":
+    time.sleep(60)
+config = json.load(open(sys.argv[-1]))
+row = {{"name": "data_parallel", "ok": True, "detail": "batch 4 over 2 GPUs, output on cuda:1",
+       "gpus": 2, "device_ids": [0, 1], "output_device": 1, "batch": config["batch_size"]}}
+json.dump(row, open(os.path.join(config["out_dir"], "data-parallel.json"), "w"))
+"""
+
+
+@pytest.fixture
+def cuda_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], Path]:
+    """Smoke arguments for a one-node nccl run through the stand-ins, torch's probe answering 2 GPUs."""
+    answer = {"python": "p", "ok": True, "version": "2.13.0", "cuda_build": "12.8", "cuda_available": True,
+              "device_count": 2}  # fmt: skip
+    monkeypatch.setattr(node.torch_probe, "probe_torch", lambda *a, **k: answer)
+    record = tmp_path / "dp-record.jsonl"
+    scripts = {
+        "mgpu-torchrun": FAKE_LAUNCHER.format(python=sys.executable),
+        "python": FAKE_PYTHON.format(python=sys.executable, marker_env=node.MARKER_ENV, record=str(record)),
+    }
+    for name, text in scripts.items():
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    args = node_args(
+        run_id(), free_port(), 0, nnodes=1, backend="nccl", python=str(tmp_path / "python"),
+        launcher=str(tmp_path / "mgpu-torchrun"), env={"NCCL_DEBUG": "WARN"}, timeout_s=30,
+    )  # fmt: skip
+    return args, record
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_data_parallel_runs_alone_after_every_rank_has_ended(cuda_node: tuple[dict[str, Any], Path]) -> None:
+    """Beside live ranks DataParallel cannot open its contexts under EXCLUSIVE_PROCESS: the node runs it as
+    one process once torchrun and every rank (even one lingering after its result) are gone."""
+    args, record = cuda_node
+    result = node.run(args)
+    assert result["ok"], result
+    [dp] = records(record)
+    assert dp["alive"] == []  # no rank, no torchrun: the lingering rank 1 was ended before it started
+    program, flag, config = dp["argv"][1:]
+    assert (Path(program).name, flag, Path(config).name) == (
+        "mgpu_smoke_program.py",
+        "--data-parallel",
+        "config.json",
+    )
+    assert dp["NCCL_DEBUG"] == "WARN"  # the env files' variables, as the launcher gives them
+    assert result["data_parallel"]["ok"] is True
+    assert {k: result["data_parallel"][k] for k in ("device_ids", "output_device", "batch")} == {
+        "device_ids": [0, 1],
+        "output_device": 1,
+        "batch": 4,
+    }
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert processes_of_run(args["run_id"]) == []
+
+
+def test_data_parallel_is_not_run_on_gloo(cuda_node: tuple[dict[str, Any], Path]) -> None:
+    args, record = cuda_node
+    result = node.run(args, simulated=True)  # a twin's GPUs: the ranks run Gloo on the CPU
+    assert result["ok"] and result["backend"] == "gloo", result
+    assert (result["data_parallel"], records(record)) == (None, [])
+
+
+def test_a_data_parallel_process_that_hangs_fails_the_node_and_is_ended(
+    cuda_node: tuple[dict[str, Any], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args, record = cuda_node
+    monkeypatch.setattr(node, "DATA_PARALLEL_TIMEOUT_S", 1.0)
+    monkeypatch.setenv("FAKE_DP", "hang")
+    result = node.run(args)
+    assert (result["ok"], result["kind"]) == (False, "check-failed"), result
+    assert result["diagnosis"].startswith("data_parallel: no result within 1 s")
+    assert result["data_parallel"]["ok"] is False and len(records(record)) == 1
+    assert processes_of_run(args["run_id"]) == []

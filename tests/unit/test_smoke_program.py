@@ -88,3 +88,52 @@ def test_an_exception_is_written_and_fails_the_rank(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "rank-0.json").read_text())
     assert result["ok"] is False and result["rank"] == 0
     assert "MASTER_PORT" in result["error"] or "bad" in result["error"]
+
+
+def test_the_ranks_no_longer_run_data_parallel() -> None:
+    """Beside the other ranks' CUDA contexts it fails under EXCLUSIVE_PROCESS: the node runs it after them."""
+    assert not hasattr(program.Rank, "check_data_parallel")
+
+
+@pytest.mark.parametrize(
+    "argv", [["p.py", "--data-parallel"], ["p.py", "--data-parallel", "a.json", "b.json"]]
+)
+def test_data_parallel_entry_point_wants_exactly_one_config(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert program.main(argv) == 2
+    assert capsys.readouterr().err == "usage: p.py --data-parallel CONFIG.json\n"
+
+
+def test_data_parallel_refuses_to_run_without_cuda(tmp_path: Path) -> None:
+    """The CPU torch here: the row fails saying why, never a DataParallel run on the CPU."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"out_dir": str(tmp_path), "batch_size": 4}))
+    done = subprocess.run(
+        [sys.executable, program.__file__, "--data-parallel", str(config)], capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads((tmp_path / "data-parallel.json").read_text())
+    assert (row["name"], row["ok"], row["batch"]) == ("data_parallel", False, 4)
+    assert row["detail"].startswith("DataParallel needs CUDA, and torch 2.")
+    assert row["detail"].endswith("cannot use it in this process (torch.cuda.is_available() is False)")
+    assert not list(tmp_path.glob("rank-*.json"))
+
+
+@pytest.mark.parametrize(
+    ("error", "detail"),
+    [
+        (
+            "CUDA error: all CUDA-capable devices are busy or unavailable\nCUDA kernel errors might be ...",
+            "cuda:1 (NVIDIA H200) refused a CUDA context: its compute mode is PROHIBITED, or a process "
+            "outside the smoke holds it in EXCLUSIVE_PROCESS mode "
+            "(nvidia-smi -q -d COMPUTE,PIDS shows which)",
+        ),
+        (
+            "CUDA error: out of memory\nCompile with TORCH_USE_CUDA_DSA",
+            "cuda:1 (NVIDIA H200) refused a CUDA context: CUDA error: out of memory",
+        ),
+    ],
+)
+def test_a_refused_context_names_the_gpu_and_the_compute_mode(error: str, detail: str) -> None:
+    assert program.refused_context(1, "NVIDIA H200", error) == detail
