@@ -65,10 +65,10 @@ def desired(loaded: LoadedRig, host: Host) -> DesiredFile | None:
 def diff(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
     """Write and enable the unit where wanted; disable, then remove it where the rig no longer asks."""
     path = unit_path(loaded, host)
-    if path is None:
-        return []
-    want = desired(loaded, host)
     unit = facts.units.get(UNIT)
+    if path is None or (unit is not None and unit.service == "unknown"):
+        return []  # no systemd on the box (a container, another init): nothing would run the unit at boot
+    want = desired(loaded, host)
     enabled = bool(unit and unit.enabled)
     state = "not reported" if unit is None else f"{unit.service}, {'enabled' if enabled else 'disabled'}"
     if want is not None:
