@@ -134,6 +134,13 @@ class PersistenceDaemon(Fact):
     enabled: bool | None = Field(None, description="it starts at boot and puts every GPU in persistence mode")
 
 
+class Unit(Fact):
+    """A systemd unit the facts request named (`units`), such as the one that sets GPU settings at boot."""
+
+    service: ServiceState = Field("unknown", description="absent: no such unit; unknown: no systemd to ask")
+    enabled: bool | None = Field(None, description="it starts at boot")
+
+
 class SliConfig(Fact):
     mode: str | None = Field(None, description='the X config\'s Option "SLI" value, None when unset')
     file: str | None = Field(None, description="the file it was read from")
@@ -263,6 +270,7 @@ class Facts(Fact):
     board: Board = Board()
     fabricmanager: FabricManager | None = None
     persistenced: PersistenceDaemon | None = None
+    units: dict[str, Unit] = Field(default_factory=dict, description="the units the request named, by name")
     sli: SliConfig = SliConfig()
     xorg_layouts: list[XorgLayout] = Field(default_factory=list)
     files: list[ManagedFile] = Field(default_factory=list)

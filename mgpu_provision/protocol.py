@@ -14,6 +14,9 @@ import math
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 INSTALLED_FILE_KEYS = ("role", "path", "content", "mode")
+# The systemd unit apply writes to set compute mode and power limit at every boot (NVML forgets both when the
+# driver unloads); named here because the simulated reboot must know it as well as the plan.
+GPU_SETTINGS_UNIT = "mgpu-provision-gpu-settings"
 # A node whose agent sees this variable (set by its sshd, or passed on by the login shell) is simulated: its
 # NVIDIA layer is the twin file the variable names.
 SIMULATE_ENV = "MGPU_PROVISION_SIMULATE"
@@ -119,6 +122,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "python": optional_text(),
         "xorg_paths": texts(),
         "xorg_layout_paths": texts(),
+        "units": texts(),
     },
     "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects(), "simulated": flag()},
     "reboot": {"lock": line(), "lock_wait_s": number(), "simulated": flag()},
@@ -179,6 +183,7 @@ def facts_request(
     python: Optional[str] = None,
     xorg_paths: Sequence[str] = (),
     xorg_layout_paths: Sequence[str] = (),
+    units: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """The `facts` verb's arguments. With no arguments: the minimal form, enough for GPUs, driver,
     processes and the boot id (what apply's reboot wait and reclaim's check need)."""
@@ -189,6 +194,8 @@ def facts_request(
         "xorg_paths": list(xorg_paths),
         # X config files (folders: their *.conf) whose ServerLayout sections would hide the managed snippet
         "xorg_layout_paths": list(xorg_layout_paths),
+        # systemd units (by name) whose state the plan judges beyond the NVIDIA services facts always report
+        "units": list(units),
     }
 
 
@@ -242,7 +249,8 @@ def fabricmanager_step(version: str, **options: Any) -> Dict[str, Any]:
 
 
 def service_step(unit: str, enable: bool, start: bool) -> Dict[str, Any]:
-    """Enable (and start, when the driver's module is loaded) or disable and stop an NVIDIA unit."""
+    """Enable (and start, when the driver's module is loaded) or disable and stop a unit (an NVIDIA service
+    or the unit apply writes)."""
     return {"kind": SERVICE, "unit": unit, "enable": enable, "start": start}
 
 

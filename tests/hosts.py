@@ -52,6 +52,7 @@ MANAGED_DIRS = (
     "/etc/profile.d",
     "/etc/X11/xorg.conf.d",
     "/usr/local/bin",
+    "/etc/systemd/system",  # the boot unit for compute mode and power limit (files.systemd_dir)
 )
 REPO = Path(__file__).resolve().parent.parent
 TWINS_DIR = REPO / "examples" / "twins"

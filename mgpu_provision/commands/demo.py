@@ -53,6 +53,7 @@ files:
   launcher: {sandbox}/root/usr/local/bin/mgpu-torchrun
   xorg_conf: {sandbox}/root/etc/X11/xorg.conf.d/20-mgpu-provision.conf
   state_dir: {sandbox}/root/var/lib/mgpu-provision
+  systemd_dir: {sandbox}/root/etc/systemd/system
 smoke: {{python: {python}, timeout_s: 120, batch_size: 8}}
 """
 

@@ -126,6 +126,10 @@ class Backend(abc.ABC):
         """Carry out a `persistenced` step: the daemon installed, enabled and started, or turned off."""
 
     @abc.abstractmethod
+    def unit_state(self, unit: str) -> Dict[str, Any]:
+        """`{"service", "enabled"}` of any systemd unit, as `persistence_daemon` reports its own."""
+
+    @abc.abstractmethod
     def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
         """Enable (and start) or disable (and stop) an NVIDIA service."""
 

@@ -1,7 +1,8 @@
 """The `compute-mode` and `power-limit` apply steps: NVML settings of each GPU, set where they differ.
 
-Both are lost when the driver unloads (a reboot without persistence), so a later plan shows them again and
-apply sets them again; a GPU already right is not touched, so a second apply reports no change.
+Both are lost when the driver unloads (every reboot): the boot unit apply writes beside these steps
+(plan/resources/boot_unit.py) sets them again at boot; without it a later plan shows them again and apply
+sets them again. A GPU already right is not touched, so a second apply reports no change.
 
 Shipped to nodes: standard library only, Python 3.8.
 """

@@ -84,6 +84,9 @@ class RealBackend(RealHealth, Backend):
     def set_persistence_daemon(self, step: Dict[str, Any]) -> Tuple[bool, str]:
         return services.persistence_daemon(step)
 
+    def unit_state(self, unit: str) -> Dict[str, Any]:
+        return services.state(unit)
+
     def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
         return services.switch(unit, enable, start)
 

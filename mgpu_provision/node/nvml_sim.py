@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..protocol import GPU_SETTINGS_UNIT
 from . import system
 from .backend import (
     P2P_NVLINK,
@@ -97,6 +98,10 @@ class SimulatedBackend(SimulatedHealth, Backend):
             )
         return self.switch_service(PERSISTENCED, bool(step.get("enabled", True)), bool(step.get("start")))
 
+    def unit_state(self, unit: str) -> Dict[str, Any]:
+        found = self.twin.service(unit)
+        return {"service": "active" if found["running"] else "inactive", "enabled": found["enabled"]}
+
     def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
         before = self.twin.service(unit)
         after = {"enabled": enable, "running": (before["running"] or start) if enable else False}
@@ -163,13 +168,16 @@ class SimulatedBackend(SimulatedHealth, Backend):
         return max(candidates, key=version_key)
 
     def reboot(self) -> Optional[Callable[[], None]]:
-        # A boot loads the installed driver, starts the enabled services and forgets NVML's legacy setting.
+        # A boot loads the installed driver, starts the enabled services and forgets NVML's settings.
         self.twin.state["loaded"] = self.twin.driver_version()
         self.twin.state.pop("persistence", None)
         if "next_kernel_module" in self.twin.state:
             self.twin.state["kernel_module"] = self.twin.state.pop("next_kernel_module")
-        for unit in (FABRICMANAGER, PERSISTENCED):
+        for unit in (FABRICMANAGER, PERSISTENCED, GPU_SETTINGS_UNIT):
             self.twin.set_service(unit, running=self.twin.service(unit)["enabled"])
+        if not self.twin.service(GPU_SETTINGS_UNIT)["enabled"]:
+            self.forget_gpu_settings()
+        # else the unit ran at boot and set again what apply had set: the overlay keeps those values
         if self.twin.state.get("nouveau_blacklisted"):
             self.twin.state["nouveau_blacklisted_at_boot"] = True
         self.twin.state["boot_id"] = str(uuid.uuid4())

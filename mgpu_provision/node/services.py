@@ -1,4 +1,5 @@
-"""The two NVIDIA services apply manages on a real node: Fabric Manager and the persistence daemon.
+"""The two NVIDIA services apply manages on a real node, Fabric Manager and the persistence daemon, and the
+state and switch of any unit (also the boot unit apply writes for compute mode and power limit).
 
 NVIDIA's packages install their systemd units but do not enable Fabric Manager's; persistence mode set
 through NVML is lost at every boot, while nvidia-persistenced (enabled) sets it at every boot. A service

@@ -123,6 +123,15 @@ class SimulatedHealth:
             return None
         return _STATE_CODES[fabric.get("state", "completed")], fabric.get("status", "success")
 
+    def forget_gpu_settings(self) -> None:
+        """What a driver load does to NVML's settings: every GPU back to its default power limit and to
+        compute mode `default` (the caller saves the overlay)."""
+        for gpu, health in enumerate(self.twin.gpus):
+            default = health["health"].get("default_power_limit_w", health["health"].get("power_limit_w"))
+            if default is not None:
+                self.twin.state.setdefault("power_limit_w", {})[str(gpu)] = default
+            self.twin.state.setdefault("compute_mode", {})[str(gpu)] = "default"
+
     def _overlay(self, key: str, gpu: int, value: Any) -> None:
         self.twin.state.setdefault(key, {})[str(gpu)] = value
         self.twin.save_state()

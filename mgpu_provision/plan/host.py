@@ -16,6 +16,7 @@ from ..facts import Facts
 from ..spec.models import Host
 from .change import PHASES, Change, HostContext
 from .resources import (
+    boot_unit,
     driver,
     envfiles,
     fabricmanager,
@@ -58,8 +59,9 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
     managed = envfiles.managed_paths(loaded, host)
     smoke = loaded.spec.smoke
     xorg = [path for path, phase in managed if phase == "sli"]
+    unit = boot_unit.unit_path(loaded, host)
     return protocol.facts_request(
-        files=[path for path, _ in managed],
+        files=[path for path, _ in managed] + ([unit] if unit else []),
         include_content=True,
         python=smoke.python if "python" in smoke.model_fields_set else None,
         xorg_paths=xorg,
@@ -67,6 +69,7 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         xorg_layout_paths=[XORG_CONF, *(os.path.dirname(path) for path in xorg)]
         if sli.desired_mode(host, loaded.rig_of(host))
         else [],
+        units=[boot_unit.UNIT] if unit else [],
     )
 
 
@@ -85,4 +88,5 @@ def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
     changes += envfiles.env_checks(loaded, host, facts)
     changes += envfiles.diff_files(envfiles.desired_files(loaded, host, facts), facts)
     changes += envfiles.diff_unwanted(envfiles.unwanted_files(loaded, host), facts)
+    changes += boot_unit.diff(loaded, host, facts)  # after the NVML steps of its phase, which set them now
     return sorted(changes, key=lambda c: PHASES.index(c.phase))  # stable within a step

@@ -288,6 +288,11 @@ class Files(Strict):
     environment_file: PathStr | None = "/etc/mgpu-provision/environment"
     launcher: PathStr | None = "/usr/local/bin/mgpu-torchrun"
     xorg_conf: PathStr = "/etc/X11/xorg.conf.d/20-mgpu-provision.conf"
+    systemd_dir: PathStr | None = Field(
+        "/etc/systemd/system",
+        description="where apply writes the unit that sets health.compute_mode and health.power_limit_w "
+        "at every boot; null: not managed (both are lost at each reboot until the next apply)",
+    )
     state_dir: PathStr = Field("/var/lib/mgpu-provision", description="lock file and backups")
 
 

@@ -1,7 +1,8 @@
 """Health checks end to end: one fleet of simulated boxes (2x RTX 3090 and HGX H100) behind real sshd test
 hosts, each with one health problem in its twin, must report that problem on the right GPU with the right
 advice, while healthy twins of both rig types on the same fleet pass; apply then converges power limit and
-compute mode, and a second plan of that host is clean.
+compute mode, writes and enables the boot unit that sets them again after a reboot, and plans after apply and
+after a simulated reboot are clean.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import pytest
 import yaml
 
 from mgpu_provision import cli
+from mgpu_provision.node.__main__ import handle
+from mgpu_provision.protocol import GPU_SETTINGS_UNIT as UNIT
 from tests.hosts import HostFactory, TestHost, load_twin
 
 KERNEL = "6.8.0-45-generic"
+UNIT_FILE = f"/etc/systemd/system/{UNIT}.service"
 READY = {"running": KERNEL, "installed": [KERNEL], "nvidia_module_for": [KERNEL], "secure_boot": False}
 HEALTHY_GPU = {"power_limit_w": 300, "default_power_limit_w": 350}
 RIG = {
@@ -113,7 +117,8 @@ def fleet(test_hosts: HostFactory, tmp_path: Path) -> tuple[list[TestHost], Path
         test_hosts.start(name, twin_for(gpus, top, rig_of(name)), rig=rig_of(name))
         for name, (gpus, top, _) in SICK.items()
     ]
-    files = {"profile_d": None, "environment_file": None, "launcher": None}
+    # The boot unit has its own test below; here each host shows its one health Change.
+    files = {"profile_d": None, "environment_file": None, "launcher": None, "systemd_dir": None}
     return hosts, test_hosts.write_rig(tmp_path / "rig.yaml", hosts, rigs=RIG, files=files)
 
 
@@ -134,12 +139,12 @@ def test_each_unhealthy_twin_is_reported_on_its_gpu_and_the_healthy_one_passes(
         assert summary in got[0][2], (name, got[0][2])
 
 
-def test_apply_converges_power_limit_and_compute_mode(
+def test_apply_converges_power_limit_and_compute_mode_and_they_survive_a_reboot(
     test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     drifted = twin_for({0: {"power_limit_w": 350}, 1: {"compute_mode": "exclusive_process"}}, {})
     host = test_hosts.start("settings", drifted, rig="pair")
-    files = {"profile_d": None, "environment_file": None, "launcher": None}
+    files = {"profile_d": None, "environment_file": None, "launcher": None}  # systemd_dir: the default
     rig = test_hosts.write_rig(tmp_path / "rig.yaml", [host], rigs=RIG, files=files)
     code, doc = plan_json(capsys, rig, test_hosts.known_hosts)
     assert code == 2
@@ -147,6 +152,8 @@ def test_apply_converges_power_limit_and_compute_mode(
     assert got == [
         ("power", "power limit 350 W → 300 W on GPU 0"),
         ("compute-mode", "compute mode exclusive_process → default on GPU 1"),
+        (f"file:{UNIT_FILE}", "new file, 17 lines, mode 0644"),  # one ExecStart: power
+        (f"service:{UNIT}", f"enable {UNIT}: it sets power limit 300 W at every boot"),
     ]
     capsys.readouterr()
     assert cli.main(["apply", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--yes"]) == 0
@@ -154,3 +161,61 @@ def test_apply_converges_power_limit_and_compute_mode(
     assert (code, doc["hosts"]["settings"]["changes"]) == (0, [])
     state = json.loads(Path(str(host.twin_path) + ".state.json").read_text())
     assert (state["power_limit_w"], state["compute_mode"]) == ({"0": 300}, {"1": "default"})
+    assert state["services"][UNIT] == {"enabled": True, "running": False}  # starts at the next boot
+    unit = host.run_in_ns(f"cat {UNIT_FILE}").stdout
+    assert "ExecStart=/usr/bin/nvidia-smi -pl 300\n" in unit and "-c " not in unit  # default mode: no line
+
+    reboot(host)
+    code, doc = plan_json(capsys, rig, test_hosts.known_hosts)
+    assert (code, doc["hosts"]["settings"]["changes"]) == (0, [])
+    facts = doc_facts(capsys, rig, test_hosts.known_hosts)["settings"]["facts"]
+    assert [g["power_limit_w"] for g in facts["health"]["gpus"]] == [300, 300]
+    assert facts["units"] == {UNIT: {"service": "active", "enabled": True}}  # it ran at boot
+
+
+def test_without_the_boot_unit_a_reboot_brings_the_drift_back(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the unit is for: with `systemd_dir: null` (no unit), the settings apply made are gone after a
+    reboot and the plan shows them again; a rig that no longer sets them has its unit disabled and removed."""
+    host = test_hosts.start("forgets", twin_for({}, {}), rig="pair")
+    files = {"profile_d": None, "environment_file": None, "launcher": None, "systemd_dir": None}
+    rig = test_hosts.write_rig(tmp_path / "rig.yaml", [host], rigs=RIG, files=files)
+    assert cli.main(["apply", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--yes"]) == 0
+    code, doc = plan_json(capsys, rig, test_hosts.known_hosts)
+    assert (code, doc["hosts"]["forgets"]["changes"]) == (0, [])
+    reboot(host)
+    code, doc = plan_json(capsys, rig, test_hosts.known_hosts)
+    got = [(c["resource"], c["summary"]) for c in doc["hosts"]["forgets"]["changes"]]
+    assert (code, got) == (2, [("power", "power limit 350 W → 300 W on GPU 0, 1")])
+
+    # The rig's unit, then a rig that keeps the defaults: the unit is disabled, then removed.
+    managed = test_hosts.write_rig(
+        tmp_path / "managed.yaml", [host], rigs=RIG, files=dict(files, systemd_dir="/etc/systemd/system")
+    )
+    assert cli.main(["apply", str(managed), "--known-hosts", str(test_hosts.known_hosts), "--yes"]) == 0
+    assert host.run_in_ns(f"test -f {UNIT_FILE}", check=False).returncode == 0
+    defaults = {name: {k: v for k, v in rig_type.items() if k != "health"} for name, rig_type in RIG.items()}
+    plain = test_hosts.write_rig(
+        tmp_path / "plain.yaml", [host], rigs=defaults, files=dict(files, systemd_dir="/etc/systemd/system")
+    )
+    code, doc = plan_json(capsys, plain, test_hosts.known_hosts)
+    got = [(c["resource"], c["action"]) for c in doc["hosts"]["forgets"]["changes"]]
+    assert got == [("power", "update"), (f"service:{UNIT}", "update"), (f"file:{UNIT_FILE}", "delete")]
+    capsys.readouterr()
+    assert cli.main(["apply", str(plain), "--known-hosts", str(test_hosts.known_hosts), "--yes"]) == 0
+    assert host.run_in_ns(f"test -f {UNIT_FILE}", check=False).returncode == 1
+    code, doc = plan_json(capsys, plain, test_hosts.known_hosts)
+    assert (code, doc["hosts"]["forgets"]["changes"]) == (0, [])
+
+
+def reboot(host: TestHost) -> None:
+    """The agent's `reboot` verb on the host's twin: a simulated box reboots by changing its twin's state."""
+    reply, _ = handle("reboot", json.dumps({"args": {}, "simulate": str(host.twin_path)}))
+    assert reply["ok"], reply
+
+
+def doc_facts(capsys: pytest.CaptureFixture[str], rig: Path, known: Path) -> Any:
+    capsys.readouterr()
+    assert cli.main(["facts", str(rig), "--known-hosts", str(known), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["hosts"]

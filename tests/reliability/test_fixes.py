@@ -29,7 +29,9 @@ def test_characters_yaml_refuses_are_a_located_spec_error(tmp_path: Path, trial:
     )
 
 
-@pytest.mark.parametrize("key", ["profile_d", "environment_file", "launcher", "xorg_conf", "state_dir"])
+@pytest.mark.parametrize(
+    "key", ["profile_d", "environment_file", "launcher", "xorg_conf", "state_dir", "systemd_dir"]
+)
 def test_managed_paths_with_dot_dot_are_refused(tmp_path: Path, trial: Trial, key: str) -> None:
     # Found by the injection test: `files.state_dir: /var/lib/x/../../../tmp/y` put the lock in /tmp.
     trial.area, trial.tried = "injection", f"files.{key} = /etc/x/../../tmp/y (path traversal)"

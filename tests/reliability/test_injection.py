@@ -85,6 +85,7 @@ FIELDS: dict[str, tuple[Any, ...]] = {
     "files.launcher": ("files", "launcher"),
     "files.xorg_conf": ("files", "xorg_conf"),
     "files.state_dir": ("files", "state_dir"),
+    "files.systemd_dir": ("files", "systemd_dir"),
     "smoke.python": ("smoke", "python"),
     "reclaim.patterns[]": ("reclaim", "patterns", 0),
 }
@@ -164,6 +165,7 @@ def field_value(field: str, payload: str) -> str:
         "files.launcher": "/usr/local/bin/",
         "files.xorg_conf": "/etc/X11/xorg.conf.d/",
         "files.state_dir": "/var/lib/mgpu-provision/",
+        "files.systemd_dir": "/etc/systemd/system/",
         "rigs{}.driver.runfile_url": "/srv/",
     }
     return folders.get(field, "") + payload

@@ -18,6 +18,7 @@ from mgpu_provision.node.apply import BACKUP_SUFFIX, write_file
 from mgpu_provision.node.driver import install, version_key
 from mgpu_provision.node.errors import AgentFailure
 from mgpu_provision.node.runfile import fetch as fetch_runfile
+from mgpu_provision.protocol import GPU_SETTINGS_UNIT as UNIT
 from tests.factories import facts_from_twin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -300,6 +301,42 @@ def test_simulated_compute_mode_and_power_limit(tmp_path: Path, twin: Path) -> N
     second = apply_steps(tmp_path, steps, twin)
     assert [r["changed"] for r in second] == [False, False, False]
     assert second[0]["message"] == "compute mode exclusive_process already on GPU 1,2"
+
+
+def test_simulated_reboot_forgets_compute_mode_and_power_limit_unless_the_boot_unit_is_enabled(
+    tmp_path: Path, twin: Path
+) -> None:
+    """NVML's settings are lost when the driver loads again; the enabled boot unit sets them at boot."""
+    data = yaml.safe_load(twin.read_text())
+    for gpu in data["gpus"]:
+        gpu["health"] = {"power_limit_w": 500, "default_power_limit_w": 700}
+    twin = tmp_path / "twin.json"
+    twin.write_text(json.dumps(data))
+    settings = [
+        {"kind": "compute-mode", "gpus": [], "mode": "exclusive_process"},
+        {"kind": "power-limit", "gpus": [], "watts": 600},
+    ]
+
+    def read() -> set[tuple[str | None, int | None]]:
+        health = facts_from_twin(twin).health
+        assert health is not None
+        return {(g.compute_mode, g.power_limit_w) for g in health.gpus}
+
+    apply_steps(tmp_path, settings, twin)
+    assert read() == {("exclusive_process", 600)}
+    call("reboot", {}, twin)
+    assert read() == {("default", 700)}  # the defaults, not the twin's 500 W someone once set
+    enable = {"kind": "service", "unit": UNIT, "enable": True, "start": False}
+    apply_steps(tmp_path, [*settings, enable], twin)
+    state = call("facts", {"units": [UNIT]}, twin)["result"]["units"]
+    assert state == {UNIT: {"service": "inactive", "enabled": True}}
+    call("reboot", {}, twin)
+    assert read() == {("exclusive_process", 600)}
+    state = call("facts", {"units": [UNIT]}, twin)["result"]["units"]
+    assert state == {UNIT: {"service": "active", "enabled": True}}  # it ran at this boot
+    apply_steps(tmp_path, [{"kind": "service", "unit": UNIT, "enable": False, "start": False}], twin)
+    call("reboot", {}, twin)
+    assert read() == {("default", 700)}
 
 
 def test_persistence_without_nvml_fails_plainly(tmp_path: Path) -> None:

@@ -40,12 +40,26 @@ def test_facts_request_names_managed_files_x_config_and_smoke_python(loaded: Loa
             "/etc/profile.d/mgpu-provision.sh",
             "/etc/mgpu-provision/environment",
             "/etc/X11/xorg.conf.d/20-mgpu-provision.conf",
+            # read also when the rig sets no GPU setting: a unit left from an earlier rig must be found
+            "/etc/systemd/system/mgpu-provision-gpu-settings.service",
         ],
         "include_content": True,
         "python": "/opt/venv/bin/python",
         "xorg_paths": ["/etc/X11/xorg.conf.d/20-mgpu-provision.conf"],
         "xorg_layout_paths": [],  # SLI Off: no snippet, so no ServerLayout can hide one
+        "units": ["mgpu-provision-gpu-settings"],
     }
+
+
+def test_windows_hosts_and_an_unmanaged_systemd_dir_ask_for_no_boot_unit(tmp_path: Path) -> None:
+    (tmp_path / "rig.yaml").write_text(RIG + "files: {systemd_dir: null}\n")
+    shutil.copy(TOPOLOGIES / "2x-rtx3090-nvlink-bridge.txt", tmp_path / "captured.txt")
+    unmanaged = load_rig(tmp_path / "rig.yaml")
+    request = facts_request(unmanaged, unmanaged.host("gpu-a"))
+    assert (request["units"], [f for f in request["files"] if "systemd" in f]) == ([], [])
+    (tmp_path / "rig.yaml").write_text(RIG)
+    managed = load_rig(tmp_path / "rig.yaml")
+    assert facts_request(managed, managed.host("win"))["units"] == []
 
 
 def test_facts_request_looks_for_server_layouts_when_a_snippet_is_wanted(tmp_path: Path) -> None:

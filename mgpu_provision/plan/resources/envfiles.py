@@ -300,17 +300,19 @@ def diff_files(desired: list[DesiredFile], facts: Facts) -> list[Change]:
     return [change for change in changes if change is not None]
 
 
-def diff_unwanted(paths: list[str], facts: Facts) -> list[Change]:
+def diff_unwanted(
+    paths: list[str], facts: Facts, why: str = "SLI Off is the driver default", phase: Phase = "sli"
+) -> list[Change]:
     """Delete Changes for the unwanted files the node reports as existing; nothing for those already gone."""
     return [
         Change(
             f"file:{path}",
             "delete",
-            f"remove {path} (SLI Off is the driver default)",
+            f"remove {path} ({why})",
             _describe(have.mode, have.sha256),
             None,
             agent_step=protocol.remove_step(path),
-            phase="sli",
+            phase=phase,
         )
         for path in paths
         if (have := facts.file(path)) is not None and have.exists
