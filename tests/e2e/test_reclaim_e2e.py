@@ -163,7 +163,9 @@ def test_reclaim_ends_exactly_the_leftovers(
         torchrun = background(
             b,
             # The host's name (gpu-b) resolves nowhere: torchrun's store listens on loopback instead.
-            f"setsid {sys.executable} -m torch.distributed.run --standalone --local-addr 127.0.0.1 "
+            # TMPDIR: torchrun SIGKILLed here cannot remove its torchelastic folder; the test's tmp_path will.
+            f"TMPDIR={tmp_path} setsid {sys.executable} -m torch.distributed.run --standalone "
+            "--local-addr 127.0.0.1 "
             f"--nproc-per-node 2 {rank} {ranks_dir}",
         )
         worker_file = tmp_path / "dataloader-worker.pid"

@@ -55,7 +55,8 @@ def test_a_failed_check_is_recorded_and_the_rank_still_reports(tmp_path: Path) -
         "pg_timeout_s": 20,
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    # TMPDIR: torchrun leaves its torchelastic folder behind; here it lands in the test's own folder.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "TMPDIR": str(tmp_path)}
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
