@@ -50,15 +50,20 @@ class RuleInput:
     """What the rules see: the (possibly partial) spec and the names the file declares."""
 
     spec: RigFile
-    host_index: tuple[int, ...]  # position in the file's `hosts:` list of each entry of spec.hosts
+    # Where each entry of spec.hosts was written: ("hosts", i), or ("rig_groups", group) for inventory hosts.
+    host_index: tuple[Loc, ...]
     declared_hosts: frozenset[str]
     declared_rigs: frozenset[str]
     base_dir: Path
     topologies: Mapping[str, TopoMatrix | str]  # rig name -> its parsed topology_file, or why it is unusable
+    hosts_known: bool = True  # False: the inventory could not be read, so hosts may be missing
 
     def hosts(self) -> Iterator[tuple[Loc, Host]]:
-        for index, host in zip(self.host_index, self.spec.hosts, strict=True):
-            yield ("hosts", index), host
+        yield from zip(self.host_index, self.spec.hosts, strict=True)
+
+    def written_hosts(self) -> Iterator[tuple[Loc, Host]]:
+        """The hosts of `hosts:` (not the inventory's)."""
+        return ((loc, host) for loc, host in self.hosts() if loc[0] == "hosts")
 
     def rigs(self) -> Iterator[tuple[Loc, Rig]]:
         for name, rig in self.spec.rigs.items():
@@ -68,16 +73,43 @@ class RuleInput:
 Rule = Callable[[RuleInput], Iterable[Finding]]
 
 
+def fleet_has_hosts(inp: RuleInput) -> Iterator[Finding]:
+    if not inp.spec.hosts and inp.spec.inventory is None:
+        yield Finding(
+            ("hosts",),
+            "the fleet has no hosts: list them under `hosts:`, or read them from an Ansible `inventory:`",
+        )
+
+
 def host_rig_exists(inp: RuleInput) -> Iterator[Finding]:
     known = ", ".join(sorted(inp.declared_rigs)) or "none"
-    for loc, host in inp.hosts():
+    for loc, host in inp.written_hosts():
         if host.rig not in inp.declared_rigs:
             yield Finding((*loc, "rig"), f"rig '{host.rig}' is not defined under `rigs` (defined: {known})")
+    for group, rig in inp.spec.rig_groups.items():
+        if rig not in inp.declared_rigs:
+            yield Finding(
+                ("rig_groups", group), f"rig '{rig}' is not defined under `rigs` (defined: {known})"
+            )
+
+
+def inventory_has_rig_groups(inp: RuleInput) -> Iterator[Finding]:
+    if inp.spec.inventory is not None and not inp.spec.rig_groups:
+        yield Finding(
+            ("inventory",),
+            "an inventory needs `rig_groups`: map its groups to rig types, e.g. rig_groups: {gpu_3090: pair}",
+        )
+    if inp.spec.rig_groups and inp.spec.inventory is None:
+        yield Finding(
+            ("rig_groups",),
+            "rig_groups maps groups of an Ansible inventory: name it in `inventory:`",
+            at_key=True,
+        )
 
 
 def host_names_unique(inp: RuleInput) -> Iterator[Finding]:
     first: dict[str, Loc] = {}
-    for loc, host in inp.hosts():
+    for loc, host in inp.written_hosts():
         if host.name in first:
             yield Finding(
                 (*loc, "name"), f"host name '{host.name}' is already used by hosts[{first[host.name][1]}]"
@@ -87,6 +119,8 @@ def host_names_unique(inp: RuleInput) -> Iterator[Finding]:
 
 
 def group_members_exist(inp: RuleInput) -> Iterator[Finding]:
+    if not inp.hosts_known:
+        return
     for group, members in inp.spec.groups.items():
         for index, member in enumerate(members):
             if member not in inp.declared_hosts:
@@ -104,6 +138,8 @@ def group_names_distinct_from_hosts(inp: RuleInput) -> Iterator[Finding]:
 
 
 def ddp_master_in_fleet(inp: RuleInput) -> Iterator[Finding]:
+    if not inp.hosts_known:
+        return
     for loc, rig in inp.rigs():
         if rig.ddp is not None and rig.ddp.master not in inp.declared_hosts:
             yield Finding(
@@ -483,7 +519,9 @@ def files_without_dot_dot(inp: RuleInput) -> Iterator[Finding]:
 
 
 RULES: tuple[Rule, ...] = (
+    fleet_has_hosts,
     host_rig_exists,
+    inventory_has_rig_groups,
     host_names_unique,
     group_members_exist,
     group_names_distinct_from_hosts,

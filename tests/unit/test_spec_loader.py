@@ -267,7 +267,7 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         "hosts",
         1,
         8,
-        "needs at least 1 item(s), got 0",
+        "the fleet has no hosts: list them under `hosts:`, or read them from an Ansible `inventory:`",
     ),
     "empty-section": (
         rig_with("bridge:"),

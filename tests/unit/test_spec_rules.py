@@ -351,6 +351,21 @@ CASES = {
         "reclaim.patterns",
         "policy orphans+patterns needs `patterns` (command-line regexes)",
     ),
+    "inventory-needs-rig-groups": (
+        rig(GPUS.strip(), tail="inventory: hosts.ini  # <-\n"),
+        "inventory",
+        "an inventory needs `rig_groups`: map its groups to rig types",
+    ),
+    "rig-groups-need-an-inventory": (
+        rig(GPUS.strip(), tail="rig_groups:  # <-\n  gpu_3090: pair\n"),
+        "rig_groups",
+        "rig_groups maps groups of an Ansible inventory: name it in `inventory:`",
+    ),
+    "rig-groups-rig-exists": (
+        rig(GPUS.strip(), tail="inventory: hosts.ini\nrig_groups:\n  gpu_h100: h100  # <-\n"),
+        "rig_groups.gpu_h100",
+        "rig 'h100' is not defined under `rigs` (defined: pair)",
+    ),
     "ssh-files-absolute": (
         rig(GPUS.strip(), tail="files:\n  launcher: bin/mgpu-torchrun  # <-\n"),
         "files.launcher",

@@ -1,0 +1,241 @@
+"""Read an Ansible inventory with Ansible's own parser: its hosts, groups and connection variables.
+
+Fleets that Ansible already manages keep their boxes in an inventory; `inventory:` in a rig file reads it
+instead of asking for every address to be copied into `hosts:`. Ansible's parser (ansible-core, the optional
+extra `mgpu-provision[ansible]`) reads it exactly as `ansible` does, group_vars/ and host_vars/ next to it
+included, so the two tools cannot disagree about a host.
+
+ansible-core is imported here only, inside `read_inventory`: a rig file without `inventory:` never pays for
+it. Only static files are read: an ini or yaml file, parsed by the one plugin its suffix names (never the
+script plugin, which would run an executable file). Ansible's controller temporary folder goes to the
+system's temporary folder (removed at exit) rather than ~/.ansible, unless ANSIBLE_LOCAL_TEMP says otherwise.
+Errors name the inventory file and, where Ansible reports it, the line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..errors import ProvisionError
+
+EXTRA = "pip install 'mgpu-provision[ansible]'"
+# The variables read from the inventory (with the older ansible_ssh_* spellings); every other is ignored.
+READ_VARS = (
+    "ansible_host",
+    "ansible_ssh_host",
+    "ansible_port",
+    "ansible_ssh_port",
+    "ansible_user",
+    "ansible_ssh_user",
+    "ansible_ssh_private_key_file",
+    "ansible_private_key_file",
+    "ansible_python_interpreter",
+    "ansible_connection",
+    "ansible_become",
+    "ansible_become_method",
+    "ansible_become_user",
+)
+YAML_SUFFIXES = (".yml", ".yaml")
+# Groups every host is in: they name no part of the fleet.
+IMPLICIT_GROUPS = ("all", "ungrouped")
+
+
+class InventoryError(ProvisionError):
+    """The inventory cannot be read: `file` (and `line`, when known) say where."""
+
+    def __init__(self, message: str, file: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.file = file
+        self.line = line
+
+
+class AnsibleMissing(ProvisionError):
+    """ansible-core is not installed."""
+
+
+@dataclass(frozen=True)
+class Located:
+    """A variable's value and where it was written (an inventory, group_vars or host_vars file)."""
+
+    value: object
+    file: str
+    line: int | None
+
+
+@dataclass(frozen=True)
+class InventoryHost:
+    name: str
+    groups: tuple[str, ...]  # every group it is in, nearest first, without all and ungrouped
+    vars: Mapping[str, Located]  # READ_VARS only
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    groups: Mapping[str, tuple[str, ...]]  # group -> its hosts and those of its child groups, in file order
+    hosts: Mapping[str, InventoryHost]  # only the hosts of the groups asked for
+
+
+def read_inventory(path: Path, groups: tuple[str, ...]) -> Inventory:
+    """Every group of the inventory at `path`, and the hosts of `groups` with their connection variables."""
+    ansible = _import_ansible()
+    kind = "yaml" if path.suffix in YAML_SUFFIXES else "ini"
+    source = str(path.resolve())
+    loader = ansible.DataLoader()
+    # The plugin raises its parse errors; InventoryManager would only print them as warnings.
+    plugin = ansible.inventory_loader.get(kind)
+    try:
+        plugin.parse(ansible.InventoryData(), loader, source, cache=False)
+        # The one plugin again (never `script`), and a failure raised rather than printed.
+        ansible.constants.INVENTORY_ENABLED = [kind]  # type: ignore[attr-defined]
+        ansible.constants.INVENTORY_ANY_UNPARSED_IS_FAILED = True  # type: ignore[attr-defined]
+        manager = ansible.InventoryManager(loader=loader, sources=[source])
+        variables = ansible.VariableManager(loader=loader, inventory=manager)
+        members = {
+            str(name): tuple(str(host.name) for host in manager.get_hosts(pattern=name))
+            for name in manager.groups
+            if name not in IMPLICIT_GROUPS
+        }
+        wanted = dict.fromkeys(name for group in groups for name in members.get(group, ()))
+        hosts = {}
+        for name in wanted:
+            host = manager.get_host(name)
+            found = variables.get_vars(host=host, include_hostvars=False)
+            hosts[name] = InventoryHost(
+                name=name,
+                groups=tuple(str(g.name) for g in host.get_groups() if g.name not in IMPLICIT_GROUPS),
+                vars={var: _located(found[var], source) for var in READ_VARS if var in found},
+            )
+    except ansible.AnsibleError as exc:
+        file, line = _where(exc, source)
+        raise InventoryError(_one_line(exc), file, line) from None
+    return Inventory(path=path, groups=members, hosts=hosts)
+
+
+@dataclass(frozen=True)
+class _Ansible:
+    """The parts of ansible-core this module uses, imported on first use."""
+
+    constants: ModuleType
+    DataLoader: Any
+    InventoryData: Any
+    InventoryManager: Any
+    VariableManager: Any
+    inventory_loader: Any
+    AnsibleError: type[Exception]
+
+
+def _import_ansible() -> _Ansible:
+    # Ansible reads its settings at import: keep its controller temp folder out of ~/.ansible.
+    saved = os.environ.get("ANSIBLE_LOCAL_TEMP")
+    os.environ.setdefault("ANSIBLE_LOCAL_TEMP", tempfile.gettempdir())
+    try:
+        import ansible.constants as constants  # type: ignore[import-untyped]
+        from ansible.errors import AnsibleError  # type: ignore[import-untyped]
+        from ansible.inventory.data import InventoryData  # type: ignore[import-untyped]
+        from ansible.inventory.manager import InventoryManager  # type: ignore[import-untyped]
+        from ansible.parsing.dataloader import DataLoader  # type: ignore[import-untyped]
+        from ansible.plugins.loader import inventory_loader  # type: ignore[import-untyped]
+        from ansible.vars.manager import VariableManager  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise AnsibleMissing(
+            f"reading an Ansible inventory needs ansible-core, which is not installed ({exc.msg}): {EXTRA}"
+        ) from None
+    finally:
+        if saved is None:
+            os.environ.pop("ANSIBLE_LOCAL_TEMP", None)
+    return _Ansible(
+        constants,
+        DataLoader,
+        InventoryData,
+        InventoryManager,
+        VariableManager,
+        inventory_loader,
+        AnsibleError,
+    )
+
+
+def _located(value: object, inventory: str) -> Located:
+    origin = _origin_of(value)
+    file, line = origin if origin is not None else (inventory, None)
+    return Located(_plain(value), file, line)
+
+
+def _plain(value: object) -> object:
+    """ansible-core 2.19+ hands out subclasses of str and int that carry their origin: keep the value only."""
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    return value
+
+
+def _origin_of(thing: object) -> tuple[str, int | None] | None:
+    """Where ansible-core 2.19+ says `thing` (a value, or an error's `obj`) was written."""
+    try:
+        from ansible._internal._datatag._tags import Origin  # type: ignore[import-untyped]
+    except ImportError:  # before ansible-core 2.19 values carry no position
+        return None
+    origin = thing if isinstance(thing, Origin) else Origin.get_tag(thing)
+    if origin is None or not origin.path:
+        return None
+    return str(origin.path), origin.line_num
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+_PATH_LINE = re.compile(r"(/[^\s:'\"]+):(\d+)")
+
+
+def _where(exc: BaseException, source: str) -> tuple[str, int | None]:
+    """The file and line of an Ansible error: its origin (2.19+), a `path:line` in its message (before
+    2.19), or the first line of the inventory that holds what the message quotes."""
+    for error in _chain(exc):
+        origin = _origin_of(getattr(error, "obj", None))
+        if origin is not None and origin[1]:
+            return origin
+    for error in _chain(exc):
+        match = _PATH_LINE.search(str(error))
+        if match:
+            return match.group(1), int(match.group(2))
+    return source, _line_quoted(exc, source)
+
+
+# Where an ini error quotes the text it refused: "got: X", a quoted name, a [section].
+_QUOTED = (re.compile(r"got: (.+)$"), re.compile(r"'([^']+)'"), re.compile(r"\[(\S+?)\]"))
+
+
+def _line_quoted(exc: BaseException, source: str) -> int | None:
+    message = _one_line(exc)
+    try:
+        lines = Path(source).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for pattern in _QUOTED:
+        match = pattern.search(message)
+        if match is None:
+            continue
+        quoted = match.group(1).strip()
+        for number, text in enumerate(lines, start=1):
+            if quoted in text and not text.lstrip().startswith(("#", ";")):
+                return number
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    message = " ".join(str(getattr(exc, "message", None) or exc).split())
+    return _PATH_LINE.sub("", message).replace(": :", ":").strip(" :")
