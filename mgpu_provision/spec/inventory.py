@@ -115,8 +115,16 @@ def read_inventory(path: Path, groups: tuple[str, ...]) -> Inventory:
                 vars={var: _located(found[var], source) for var in READ_VARS if var in found},
             )
     except ansible.AnsibleError as exc:
+        message = _one_line(exc)
         file, line = _where(exc, source)
-        raise InventoryError(_one_line(exc), file, line) from None
+        vaulted = _vault_file(path) if "vault" in message.lower() else None
+        if vaulted is not None:
+            file, line = str(vaulted), 1
+            message += (
+                " (mgpu-provision asks for no vault password, so it cannot read a variables file that "
+                "Ansible Vault encrypted whole)"
+            )
+        raise InventoryError(message, file, line) from None
     return Inventory(path=path, groups=members, hosts=hosts)
 
 
@@ -187,6 +195,20 @@ def _origin_of(thing: object) -> tuple[str, int | None] | None:
     if origin is None or not origin.path:
         return None
     return str(origin.path), origin.line_num
+
+
+def _vault_file(inventory: Path) -> Path | None:
+    """The first variables file next to the inventory that Ansible Vault encrypted whole (Ansible does not
+    name it when it cannot decrypt it)."""
+    for folder in ("group_vars", "host_vars"):
+        for path in sorted((inventory.parent / folder).rglob("*")):
+            try:
+                with path.open("rb") as fh:
+                    if fh.read(14) == b"$ANSIBLE_VAULT":
+                        return path
+            except OSError:
+                continue
+    return None
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -263,6 +263,16 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     assert problem.message.startswith("YAML parsing failed")
 
 
+def test_vault_encrypted_variables_file_is_named(tmp_path: Path) -> None:
+    vaulted = "$ANSIBLE_VAULT;1.1;AES256\n62313365396662343061393464336163\n"
+    problem = only(problems(tmp_path, {"group_vars/gpu_3090.yml": vaulted}))
+    assert (problem.file, problem.line) == (str(tmp_path / "group_vars" / "gpu_3090.yml"), 1)
+    assert problem.message.endswith(
+        "(mgpu-provision asks for no vault password, so it cannot read a variables file that Ansible Vault "
+        "encrypted whole)"
+    )
+
+
 def test_missing_inventory_points_at_the_rig_file(tmp_path: Path) -> None:
     rig = rig_text("inventories/prod.ini")
     problem = only(problems(tmp_path, {"rig.yaml": rig}))
