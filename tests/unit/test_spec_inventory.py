@@ -284,6 +284,13 @@ def test_missing_inventory_points_at_the_rig_file(tmp_path: Path) -> None:
     assert problem.message == f"inventory {tmp_path / 'inventories' / 'prod.ini'} does not exist"
 
 
+def test_unreadable_inventory_is_the_only_problem_about_its_hosts(tmp_path: Path) -> None:
+    rig = rig_text("missing.ini", extra="groups:\n  rack1: [gpu-b]\n")
+    rig = rig.replace("count: 2}\n", "count: 2}\n    ddp: {master: gpu-a}\n")
+    problem = only(problems(tmp_path, {"rig.yaml": rig}))  # not "ddp master 'gpu-a' is not a host"
+    assert problem.message == f"inventory {tmp_path / 'missing.ini'} does not exist"
+
+
 def _run(tmp_path: Path, code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
