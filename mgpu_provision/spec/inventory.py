@@ -20,7 +20,6 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from ..errors import ProvisionError
@@ -73,7 +72,7 @@ class Located:
 @dataclass(frozen=True)
 class InventoryHost:
     name: str
-    groups: tuple[str, ...]  # every group it is in, nearest first, without all and ungrouped
+    groups: tuple[str, ...]  # every group it is in (parents too), without all and ungrouped
     vars: Mapping[str, Located]  # READ_VARS only
 
 
@@ -95,8 +94,8 @@ def read_inventory(path: Path, groups: tuple[str, ...]) -> Inventory:
     try:
         plugin.parse(ansible.InventoryData(), loader, source, cache=False)
         # The one plugin again (never `script`), and a failure raised rather than printed.
-        ansible.constants.INVENTORY_ENABLED = [kind]  # type: ignore[attr-defined]
-        ansible.constants.INVENTORY_ANY_UNPARSED_IS_FAILED = True  # type: ignore[attr-defined]
+        ansible.constants.INVENTORY_ENABLED = [kind]
+        ansible.constants.INVENTORY_ANY_UNPARSED_IS_FAILED = True
         manager = ansible.InventoryManager(loader=loader, sources=[source])
         variables = ansible.VariableManager(loader=loader, inventory=manager)
         members = {
@@ -114,7 +113,7 @@ def read_inventory(path: Path, groups: tuple[str, ...]) -> Inventory:
                 groups=tuple(str(g.name) for g in host.get_groups() if g.name not in IMPLICIT_GROUPS),
                 vars={var: _located(found[var], source) for var in READ_VARS if var in found},
             )
-    except ansible.AnsibleError as exc:
+    except (ansible.AnsibleError, OSError, ValueError) as exc:  # Ansible's, and what its plugins let through
         message = _one_line(exc)
         file, line = _where(exc, source)
         vaulted = _vault_file(path) if "vault" in message.lower() else None
@@ -132,7 +131,7 @@ def read_inventory(path: Path, groups: tuple[str, ...]) -> Inventory:
 class _Ansible:
     """The parts of ansible-core this module uses, imported on first use."""
 
-    constants: ModuleType
+    constants: Any  # ansible.constants, whose settings are module attributes
     DataLoader: Any
     InventoryData: Any
     InventoryManager: Any
@@ -146,13 +145,13 @@ def _import_ansible() -> _Ansible:
     saved = os.environ.get("ANSIBLE_LOCAL_TEMP")
     os.environ.setdefault("ANSIBLE_LOCAL_TEMP", tempfile.gettempdir())
     try:
-        import ansible.constants as constants  # type: ignore[import-untyped]
-        from ansible.errors import AnsibleError  # type: ignore[import-untyped]
-        from ansible.inventory.data import InventoryData  # type: ignore[import-untyped]
-        from ansible.inventory.manager import InventoryManager  # type: ignore[import-untyped]
-        from ansible.parsing.dataloader import DataLoader  # type: ignore[import-untyped]
-        from ansible.plugins.loader import inventory_loader  # type: ignore[import-untyped]
-        from ansible.vars.manager import VariableManager  # type: ignore[import-untyped]
+        import ansible.constants as constants
+        from ansible.errors import AnsibleError
+        from ansible.inventory.data import InventoryData
+        from ansible.inventory.manager import InventoryManager
+        from ansible.parsing.dataloader import DataLoader
+        from ansible.plugins.loader import inventory_loader
+        from ansible.vars.manager import VariableManager
     except ImportError as exc:
         raise AnsibleMissing(
             f"reading an Ansible inventory needs ansible-core, which is not installed ({exc.msg}): {EXTRA}"
@@ -188,7 +187,7 @@ def _plain(value: object) -> object:
 def _origin_of(thing: object) -> tuple[str, int | None] | None:
     """Where ansible-core 2.19+ says `thing` (a value, or an error's `obj`) was written."""
     try:
-        from ansible._internal._datatag._tags import Origin  # type: ignore[import-untyped]
+        from ansible._internal._datatag._tags import Origin
     except ImportError:  # before ansible-core 2.19 values carry no position
         return None
     origin = thing if isinstance(thing, Origin) else Origin.get_tag(thing)
