@@ -14,6 +14,8 @@ Errors name the inventory file and, where Ansible reports it, the line.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import tempfile
@@ -85,6 +87,13 @@ class Inventory:
 
 def read_inventory(path: Path, groups: tuple[str, ...]) -> Inventory:
     """Every group of the inventory at `path`, and the hosts of `groups` with their connection variables."""
+    # Ansible prints warnings about its own runs (group names it would not accept in a later release, a
+    # group named like a host): they are not this tool's, so they stay off the user's terminal.
+    with contextlib.redirect_stderr(io.StringIO()):
+        return _read(path, groups)
+
+
+def _read(path: Path, groups: tuple[str, ...]) -> Inventory:
     ansible = _import_ansible()
     kind = "yaml" if path.suffix in YAML_SUFFIXES else "ini"
     source = str(path.resolve())
