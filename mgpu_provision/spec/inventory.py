@@ -19,7 +19,7 @@ import io
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,10 +117,15 @@ def _read(path: Path, groups: tuple[str, ...]) -> Inventory:
         for name in wanted:
             host = manager.get_host(name)
             found = variables.get_vars(host=host, include_hostvars=False)
+            host_groups = tuple(str(g.name) for g in host.get_groups() if g.name not in IMPLICIT_GROUPS)
             hosts[name] = InventoryHost(
                 name=name,
-                groups=tuple(str(g.name) for g in host.get_groups() if g.name not in IMPLICIT_GROUPS),
-                vars={var: _located(found[var], source) for var in READ_VARS if var in found},
+                groups=host_groups,
+                vars={
+                    var: _located(found[var], path, name, host_groups, var)
+                    for var in READ_VARS
+                    if var in found
+                },
             )
     except (ansible.AnsibleError, OSError, ValueError) as exc:  # Ansible's, and what its plugins let through
         message = _one_line(exc)
@@ -179,10 +184,38 @@ def _import_ansible() -> _Ansible:
     )
 
 
-def _located(value: object, inventory: str) -> Located:
-    origin = _origin_of(value)
-    file, line = origin if origin is not None else (inventory, None)
-    return Located(_plain(value), file, line)
+def _located(value: object, inventory: Path, host: str, groups: tuple[str, ...], var: str) -> Located:
+    origin = _origin_of(value) or _search_var(inventory, host, groups, var)
+    return Located(_plain(value), *origin)
+
+
+def _search_var(inventory: Path, host: str, groups: tuple[str, ...], var: str) -> tuple[str, int | None]:
+    """Where `var` of `host` is most likely written, for ansible-core before 2.19, whose values do not say:
+    the host's line of the inventory, else its host_vars or its groups' group_vars, else any line of the
+    inventory that sets it (a [group:vars] section)."""
+    host_word = re.compile(rf"(^|\s){re.escape(host)}(\s|$)")
+    found = _first_line(inventory, lambda text: host_word.search(text) is not None and f"{var}=" in text)
+    if found is not None:
+        return str(inventory), found
+    folder = inventory.resolve().parent
+    candidates = [folder / "host_vars" / host, *(folder / "group_vars" / group for group in (*groups, "all"))]
+    setting = re.compile(rf"^\s*{re.escape(var)}\s*:")
+    for base in candidates:
+        for path in (base, *(base.parent / (base.name + suffix) for suffix in (".yml", ".yaml", ".json"))):
+            files = sorted(path.rglob("*")) if path.is_dir() else [path]
+            for file in files:
+                line = _first_line(file, lambda text: setting.search(text) is not None)
+                if line is not None:
+                    return str(file), line
+    return str(inventory), _first_line(inventory, lambda text: f"{var}=" in text)
+
+
+def _first_line(path: Path, wanted: Callable[[str], bool]) -> int | None:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((number for number, text in enumerate(lines, start=1) if wanted(text)), None)
 
 
 def _plain(value: object) -> object:
@@ -194,7 +227,11 @@ def _plain(value: object) -> object:
 
 
 def _origin_of(thing: object) -> tuple[str, int | None] | None:
-    """Where ansible-core 2.19+ says `thing` (a value, or an error's `obj`) was written."""
+    """Where Ansible says `thing` (a value, or an error's `obj`) was written: every value from 2.19 on,
+    strings and YAML nodes read from YAML before."""
+    position = getattr(thing, "ansible_pos", None)
+    if isinstance(position, tuple) and len(position) == 3 and position[0]:
+        return str(position[0]), int(position[1])
     try:
         from ansible._internal._datatag._tags import Origin
     except ImportError:  # before ansible-core 2.19 values carry no position
@@ -229,6 +266,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 _PATH_LINE = re.compile(r"(/[^\s:'\"]+):(\d+)")
+# ansible-core before 2.19: "The error appears to be in '/x/hosts.yml': line 6, column 14, but may be ..."
+_APPEARS = re.compile(r"The error appears to be in '([^']+)': line (\d+)")
 
 
 def _where(exc: BaseException, source: str) -> tuple[str, int | None]:
@@ -239,7 +278,7 @@ def _where(exc: BaseException, source: str) -> tuple[str, int | None]:
         if origin is not None and origin[1]:
             return origin
     for error in _chain(exc):
-        match = _PATH_LINE.search(str(error))
+        match = _APPEARS.search(str(error)) or _PATH_LINE.search(str(error))
         if match:
             return match.group(1), int(match.group(2))
     return source, _line_quoted(exc, source)
@@ -267,5 +306,9 @@ def _line_quoted(exc: BaseException, source: str) -> int | None:
 
 
 def _one_line(exc: BaseException) -> str:
-    message = " ".join(str(getattr(exc, "message", None) or exc).split())
+    message = str(getattr(exc, "message", None) or exc)
+    # Before 2.19 a YAML error also quotes the JSON parser's and ends with the place and a snippet.
+    start = message.find("Syntax Error while loading YAML.")
+    message = message[max(start, 0) :].split("The error appears to be in")[0]
+    message = " ".join(message.split())
     return _PATH_LINE.sub("", message).replace(": :", ":").strip(" :")

@@ -249,7 +249,8 @@ def test_ini_undefined_child_group_names_its_section(tmp_path: Path) -> None:
     ini = "[gpu_3090]\ngpu-a\n\n[gpu:children]\ngpu_3090\ngpu_4090\n"
     problem = only(problems(tmp_path, {"hosts.ini": ini, "rig.yaml": rig_text(groups="{gpu_3090: pair}")}))
     assert (problem.file, problem.line) == (str(tmp_path / "hosts.ini"), 6)
-    assert "Section [gpu:children] includes undefined group 'gpu_4090'" in problem.message
+    assert "Section [gpu:children] includes undefined group" in problem.message
+    assert "gpu_4090" in problem.message
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
@@ -260,7 +261,7 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     )
     assert problem.file == str(tmp_path / "hosts.yaml")
     assert problem.line == 6
-    assert problem.message.startswith("YAML parsing failed")
+    assert problem.message.startswith(("YAML parsing failed", "Syntax Error while loading YAML."))
 
 
 def test_vault_encrypted_variables_file_is_named(tmp_path: Path) -> None:
