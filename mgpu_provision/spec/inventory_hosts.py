@@ -21,12 +21,13 @@ from .messages import error_message
 from .models import HOST_NAME, Host
 from .rules import Loc
 
-# Which Host field each variable sets; the first of two spellings that is present wins, as in Ansible.
+# Which Host field each variable sets, in the order of the ssh connection plugin's options: when several
+# are set, the last one listed wins, as in Ansible (ansible_ssh_user over ansible_user, at any level).
 FIELDS = {
     "address": ("ansible_host", "ansible_ssh_host"),
     "port": ("ansible_port", "ansible_ssh_port"),
     "user": ("ansible_user", "ansible_ssh_user"),
-    "identity_file": ("ansible_ssh_private_key_file", "ansible_private_key_file"),
+    "identity_file": ("ansible_private_key_file", "ansible_ssh_private_key_file"),
     "python": ("ansible_python_interpreter",),
 }
 # ansible_connection values that mean "over SSH" (the others but local cannot be reached by this tool).
@@ -120,9 +121,9 @@ def _host(found: InventoryHost, rig: str, inventory: Path, problems: list[Invent
         "groups": [group for group in found.groups if re.match(HOST_NAME, group)],
     }
     source: dict[str, Located] = {}  # field -> the variable that set it
-    for field, names in FIELDS.items():
-        var = next((name for name in names if name in found.vars), None)
-        if var is not None:
+    for field in FIELDS:
+        var = _var_of(found, field)
+        if var in found.vars:
             fields[field] = found.vars[var].value
             source[field] = found.vars[var]
     before = len(problems)
@@ -154,8 +155,9 @@ def _host(found: InventoryHost, rig: str, inventory: Path, problems: list[Invent
 
 
 def _var_of(found: InventoryHost, field: str) -> str:
+    """The variable that sets `field` for this host (the field's own name when none does)."""
     names = FIELDS.get(field, ())
-    return next((name for name in names if name in found.vars), field)
+    return next((name for name in reversed(names) if name in found.vars), field)
 
 
 def _problem(found: InventoryHost, var: str, message: str) -> InventoryProblem:

@@ -105,7 +105,8 @@ def test_yaml_inventory_and_rig_file_defaults_fill_the_gaps(tmp_path: Path) -> N
           hosts:
             gpu-a: {ansible_host: 10.0.0.11, ansible_port: 2200}
             gpu-b:
-              ansible_host: 10.0.0.12
+              ansible_ssh_host: 10.0.0.12
+              ansible_ssh_user: old
               ansible_become: yes
           vars:
             ansible_user: lab
@@ -114,7 +115,8 @@ def test_yaml_inventory_and_rig_file_defaults_fill_the_gaps(tmp_path: Path) -> N
     loaded = load(tmp_path, {"rig.yaml": rig, "hosts.yml": inventory})
     targets = {t.name: t for t in targets_for(loaded, list(loaded.spec.hosts))}
     assert (targets["gpu-a"].port, targets["gpu-a"].user, targets["gpu-a"].become) == (2200, "lab", False)
-    assert (targets["gpu-b"].port, targets["gpu-b"].become) == (22, True)
+    b = targets["gpu-b"]  # the older ansible_ssh_* spellings, and a host variable over a group one
+    assert (b.address, b.port, b.user, b.become) == ("10.0.0.12", 22, "old", True)
 
 
 def test_connection_local_and_auto_python(tmp_path: Path) -> None:
