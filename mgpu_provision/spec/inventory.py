@@ -289,20 +289,24 @@ _QUOTED = (re.compile(r"got: (.+)$"), re.compile(r"'([^']+)'"), re.compile(r"\[(
 
 
 def _line_quoted(exc: BaseException, source: str) -> int | None:
+    """The first line that holds what the message quotes as a whole token (`port`, not `ansible_port=`)."""
     message = _one_line(exc)
-    try:
-        lines = Path(source).read_text(errors="replace").splitlines()
-    except OSError:
-        return None
     for pattern in _QUOTED:
         match = pattern.search(message)
         if match is None:
             continue
-        quoted = match.group(1).strip()
-        for number, text in enumerate(lines, start=1):
-            if quoted in text and not text.lstrip().startswith(("#", ";")):
-                return number
+        line = _token_line(
+            Path(source), re.compile(rf"(^|[\s\[=]){re.escape(match.group(1).strip())}($|[\s\]=:])")
+        )
+        if line is not None:
+            return line
     return None
+
+
+def _token_line(path: Path, token: re.Pattern[str]) -> int | None:
+    return _first_line(
+        path, lambda text: not text.lstrip().startswith(("#", ";")) and bool(token.search(text))
+    )
 
 
 def _one_line(exc: BaseException) -> str:

@@ -241,7 +241,7 @@ def test_connection_become_and_name_that_cannot_be_used(tmp_path: Path) -> None:
 
 
 def test_ini_syntax_error_names_file_and_line(tmp_path: Path) -> None:
-    ini = "[gpu_3090]\ngpu-a ansible_host=10.0.0.11\ngpu-b port 22\n"
+    ini = "[gpu_3090]\ngpu-a ansible_host=10.0.0.11 ansible_port=22\ngpu-b port 22\n"
     problem = only(problems(tmp_path, {"hosts.ini": ini, "rig.yaml": rig_text(groups="{gpu_3090: pair}")}))
     assert (problem.file, problem.line) == (str(tmp_path / "hosts.ini"), 3)
     assert "Expected key=value host variable assignment, got: port" in problem.message
