@@ -8,13 +8,14 @@ the rig file (the `inventory:` line for a file that is missing or an extra that 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .files import resolve_path
 from .inventory import AnsibleMissing, InventoryError, read_inventory
 from .inventory_hosts import InventoryProblem, inventory_hosts
-from .models import Host
+from .models import ABS_OR_RELATIVE_PATH, HOST_NAME, INVENTORY_GROUP, Host
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,11 @@ def read_inventory_part(data: dict[str, object], base_dir: Path) -> InventoryPar
     """The inventory's hosts for the rig file `data`; nothing when it names no (well-formed) inventory, whose
     schema errors the loader reports."""
     raw, raw_groups = data.get("inventory"), data.get("rig_groups")
+    if raw is not None and not _fits(raw, ABS_OR_RELATIVE_PATH):
+        return InventoryPart(readable=False)  # named, but not as a path: the schema error says so
     if not isinstance(raw, str) or not isinstance(raw_groups, dict):
         return InventoryPart()
-    rig_groups = {k: v for k, v in raw_groups.items() if isinstance(k, str) and isinstance(v, str)}
+    rig_groups = {k: v for k, v in raw_groups.items() if _fits(k, INVENTORY_GROUP) and _fits(v, HOST_NAME)}
     if not rig_groups:
         return InventoryPart()
     path = resolve_path(base_dir, raw)
@@ -61,6 +64,11 @@ def read_inventory_part(data: dict[str, object], base_dir: Path) -> InventoryPar
         kept.append(host)
         groups.append(group)
     return InventoryPart(kept, groups, problems)
+
+
+def _fits(value: object, pattern: str) -> bool:
+    """A value the schema accepts (the schema's own error covers the others)."""
+    return isinstance(value, str) and re.match(pattern, value) is not None
 
 
 def _unreadable(problem: InventoryProblem) -> InventoryPart:

@@ -56,7 +56,7 @@ class RuleInput:
     declared_rigs: frozenset[str]
     base_dir: Path
     topologies: Mapping[str, TopoMatrix | str]  # rig name -> its parsed topology_file, or why it is unusable
-    hosts_known: bool = True  # False: the inventory could not be read, so hosts may be missing
+    hosts_known: bool = True  # False: the inventory named could not be read, so hosts may be missing
 
     def hosts(self) -> Iterator[tuple[Loc, Host]]:
         yield from zip(self.host_index, self.spec.hosts, strict=True)
@@ -74,7 +74,7 @@ Rule = Callable[[RuleInput], Iterable[Finding]]
 
 
 def fleet_has_hosts(inp: RuleInput) -> Iterator[Finding]:
-    if not inp.spec.hosts and inp.spec.inventory is None:
+    if not inp.spec.hosts and inp.spec.inventory is None and inp.hosts_known:
         yield Finding(
             ("hosts",),
             "the fleet has no hosts: list them under `hosts:`, or read them from an Ansible `inventory:`",
@@ -99,7 +99,7 @@ def inventory_has_rig_groups(inp: RuleInput) -> Iterator[Finding]:
             ("inventory",),
             "an inventory needs `rig_groups`: map its groups to rig types, e.g. rig_groups: {gpu_3090: pair}",
         )
-    if inp.spec.rig_groups and inp.spec.inventory is None:
+    if inp.spec.rig_groups and inp.spec.inventory is None and inp.hosts_known:
         yield Finding(
             ("rig_groups",),
             "rig_groups maps groups of an Ansible inventory: name it in `inventory:`",

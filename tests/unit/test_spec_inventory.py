@@ -294,6 +294,13 @@ def test_unreadable_inventory_is_the_only_problem_about_its_hosts(tmp_path: Path
     assert problem.message == f"inventory {tmp_path / 'missing.ini'} does not exist"
 
 
+def test_inventory_path_the_schema_refuses_is_reported_once(tmp_path: Path) -> None:
+    rig = rig_text('"my hosts.ini"')
+    problem = only(problems(tmp_path, {"rig.yaml": rig}))
+    assert (problem.field, problem.line) == ("inventory", line_of(rig, "inventory:"))
+    assert problem.message.startswith("expected a path of letters, digits")
+
+
 def _run(tmp_path: Path, code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
