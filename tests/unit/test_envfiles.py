@@ -402,6 +402,14 @@ def test_changed_content_is_an_update_with_a_unified_diff() -> None:
     assert change.diff is not None and "-c\n" in change.diff and "+b\n" in change.diff
 
 
+def test_a_carriage_return_inside_a_value_stays_on_its_diff_line() -> None:
+    want = DesiredFile("/etc/x.sh", 'export A="a\rb"\nexport B=1\n', "0644", "env")
+    have = ManagedFile(path="/etc/x.sh", exists=True, mode="0644", content="export A=1\nexport B=1\n")
+    change = diff_file(want, have)
+    assert change is not None and change.diff is not None
+    assert '+export A="a\rb"\n' in change.diff and " export B=1\n" in change.diff
+
+
 def test_mode_drift_alone_is_an_update() -> None:
     have = ManagedFile(path="/etc/x.sh", exists=True, content="a\nb\n", mode="0600", sha256=FILE.sha256)
     change = diff_file(FILE, have)

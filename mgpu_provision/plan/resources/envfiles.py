@@ -287,10 +287,14 @@ def unwanted_files(loaded: LoadedRig, host: Host) -> list[str]:
     return [xorg] if xorg and rig.sli is not None and rig.sli.mode == "Off" else []
 
 
+def _lines(text: str) -> list[str]:
+    # Lines as sh and systemd see them: only "\n" ends one (str.splitlines would also split at a CR or
+    # U+2028 inside a value and misnumber the diff).
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+
+
 def _unified(old: str, new: str, path: str, old_label: str) -> str:
-    lines = difflib.unified_diff(
-        old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=old_label, tofile=path
-    )
+    lines = difflib.unified_diff(_lines(old), _lines(new), fromfile=old_label, tofile=path)
     return "".join(lines)
 
 
