@@ -30,6 +30,9 @@ MANAGED_ENV = {
     "CUDA_VISIBLE_DEVICES": "visible_devices",
     "CUDA_DEVICE_ORDER": "visible_devices (the tool always writes PCI_BUS_ID)",
 }
+# Variables bash holds read-only: the profile.d script could not set them in a bash login shell, and the
+# launcher (`set -eu`) would stop where /bin/sh is bash.
+SHELL_READONLY = frozenset({"BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID"})
 # Every variable the env files may set from other fields (`env` may override the others): none of them is
 # a search path, so `path_prepend` may name none of them.
 DERIVED_ENV = frozenset(
@@ -432,8 +435,19 @@ def fabricmanager_needs_nvswitch(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def _read_only(loc: Loc, name: str) -> Iterator[Finding]:
+    if name in SHELL_READONLY:
+        yield Finding(
+            (*loc, name),
+            f"{name} is read-only in bash: the profile.d script cannot set it, and the launcher would stop "
+            "where /bin/sh is bash",
+            at_key=True,
+        )
+
+
 def _env_findings(loc: Loc, env: dict[str, str]) -> Iterator[Finding]:
     for name, value in env.items():
+        yield from _read_only(loc, name)
         if name in MANAGED_ENV:
             yield Finding(
                 (*loc, name),
@@ -453,6 +467,7 @@ def env_safe(inp: RuleInput) -> Iterator[Finding]:
 
 def _path_prepend_findings(loc: Loc, prepends: dict[str, list[str]]) -> Iterator[Finding]:
     for name, entries in prepends.items():
+        yield from _read_only(loc, name)
         if name in DERIVED_ENV:
             yield Finding(
                 (*loc, name),

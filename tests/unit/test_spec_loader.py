@@ -220,6 +220,21 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         "bad key: expected a variable name of letters, digits and '_' (not starting with a digit), "
         "got '1BAD'",
     ),
+    "bad-path-prepend-name": (
+        rig_with("path_prepend: {LD-LIBRARY-PATH: [/a]}"),
+        "rigs.pair.path_prepend.LD-LIBRARY-PATH",
+        6,
+        20,
+        "bad key: expected a variable name of letters, digits and '_' (not starting with a digit), "
+        "got 'LD-LIBRARY-PATH'",
+    ),
+    "path-prepend-entries-are-a-list": (
+        rig_with("path_prepend: {PATH: /usr/local/cuda/bin}"),
+        "rigs.pair.path_prepend.PATH",
+        6,
+        26,
+        "expected a list, got '/usr/local/cuda/bin'",
+    ),
     "literal": (
         rig_with('driver: {version: "550.54.15", method: yum}'),
         "rigs.pair.driver.method",

@@ -355,6 +355,17 @@ CASES = {
         "rigs.pair.env.LD_LIBRARY_PATH",
         "LD_LIBRARY_PATH is set by rigs.pair.env and prepended to by path_prepend",
     ),
+    "env-not-bash-read-only": (
+        rig(GPUS.strip(), tail='env:\n  UID: "1000"  # <-\n'),
+        "env.UID",
+        "UID is read-only in bash: the profile.d script cannot set it, and the launcher would stop where "
+        "/bin/sh is bash",
+    ),
+    "path-prepend-not-bash-read-only": (
+        rig(GPUS.strip(), "path_prepend: {SHELLOPTS: [/a]}  # <-"),
+        "rigs.pair.path_prepend.SHELLOPTS",
+        "SHELLOPTS is read-only in bash",
+    ),
     "env-not-managed-name": (
         rig(GPUS.strip(), tail='env:\n  CUDA_VISIBLE_DEVICES: "0"  # <-\n'),
         "env.CUDA_VISIBLE_DEVICES",
