@@ -23,6 +23,7 @@ from tests.systemd_envfile import read_environment_file
 
 SHELLS = {"dash": ["dash", "-c"], "bash": ["bash", "-c"], "bash -i": ["bash", "--norc", "-i", "-c"]}
 BASE_PATH = "/usr/bin:/bin"
+PREPEND = {"PATH": ["/usr/local/cuda/bin", "/opt/tools bin"], "LD_LIBRARY_PATH": ["/usr/local/cuda/lib64"]}
 
 
 def corpus(canary: Path) -> list[str]:
@@ -151,16 +152,16 @@ def test_the_launcher_with_its_exports_inline_reads_back_every_value(tmp_path: P
     # files.profile_d: null: the launcher carries the exports itself and runs them under `set -eu`
     canary = tmp_path / "canary"
     values = corpus(canary)
-    text = rig_text(values) + "files: {profile_d: null}\n"
+    text = rig_text(values, PREPEND) + "files: {profile_d: null}\n"
     launcher = written(load(tmp_path, text), tmp_path)["mgpu-torchrun"]
     script = launcher.read_bytes().decode().split("\nexec ", 1)[0] + "\nenv -0\n"
     out = subprocess.run(["dash", "-c", script], capture_output=True, check=True, env={"PATH": BASE_PATH})
     got = dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
     assert [got.get(f"V{i}") for i in range(len(values))] == values
+    # its prepends too, under `set -u` with LD_LIBRARY_PATH unset
+    assert got["PATH"] == f"/usr/local/cuda/bin:/opt/tools bin:{BASE_PATH}"
+    assert got["LD_LIBRARY_PATH"] == "/usr/local/cuda/lib64"
     assert not list(tmp_path.glob("canary*"))
-
-
-PREPEND = {"PATH": ["/usr/local/cuda/bin", "/opt/tools bin"], "LD_LIBRARY_PATH": ["/usr/local/cuda/lib64"]}
 
 
 @pytest.mark.parametrize("shell", SHELLS)
