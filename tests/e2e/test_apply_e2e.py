@@ -125,6 +125,7 @@ def test_env_values_and_path_prepend_drift_converge_and_read_back_on_the_host(
     rig = rig_file(test_hosts, tmp_path / "rig.yaml", [host])
     document = yaml.safe_load(rig.read_text())
     note = f'/usr/local/cuda/bin:$PATH `touch {canary}` $(touch {canary}) "q" \'x\'\n# line 2 \\'
+    note += "\r\t\x1b[31m é 日本 😀 "  # through YAML, the agent's JSON, its facts and back, byte for byte
     document["env"]["NOTE"] = note
     document["path_prepend"] = {"PATH": ["/usr/local/cuda/bin"]}
     rig.write_text(yaml.safe_dump(document))
