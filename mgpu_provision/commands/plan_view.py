@@ -101,6 +101,15 @@ def host_ranges(names: Sequence[str]) -> str:
     return ", ".join(shown)
 
 
+# Control characters in a diff (an env value may hold any; a node's file may hold anything) are shown as
+# \xNN, never sent to the terminal, where ESC sequences would recolour, retitle or rewrite the screen.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(line: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+
+
 def change_lines(change: Change, new_content: bool = False) -> list[Text]:
     """The Change's line and, for a changed file, its diff; a new file's whole content only on request
     (it is all `+` lines, and four of them would fill a screen)."""
@@ -113,8 +122,9 @@ def change_lines(change: Change, new_content: bool = False) -> list[Text]:
     )
     lines = [head]
     diff = change.diff if change.action != "create" or new_content else None
-    for line in (diff or "").splitlines():
-        lines.append(Text("      " + line, style=DIFF_STYLE.get(line[:1], "")))
+    for line in (diff or "").split("\n"):  # only a newline ends a line of the file; CR is shown as \x0d
+        if line:
+            lines.append(Text("      " + visible(line), style=DIFF_STYLE.get(line[:1], "")))
     return lines
 
 

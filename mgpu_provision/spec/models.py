@@ -283,6 +283,12 @@ class Ddp(Strict):
 
 
 EnvValue = Annotated[str, Field(max_length=4096)]
+EnvName = Annotated[str, Field(pattern=ENV_NAME)]
+PathEntries = list[Annotated[str, Field(max_length=4096)]]
+_PATH_PREPEND = (
+    "absolute paths put in front of a search-path variable (PATH, LD_LIBRARY_PATH, ...), each once; "
+    "an entry the variable already holds stays where it is"
+)
 
 
 class Files(Strict):
@@ -313,8 +319,12 @@ class Rig(Strict):
     )
     ddp: Ddp | None = None
     health: Health = Field(default_factory=Health, description="GPU health checks (all on by default)")
-    env: dict[Annotated[str, Field(pattern=ENV_NAME)], EnvValue] = Field(
+    env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="extra variables for this rig, merged over the fleet's `env`"
+    )
+    path_prepend: dict[EnvName, PathEntries] = Field(
+        default_factory=dict,
+        description=_PATH_PREPEND + "; a variable listed here replaces the fleet's list for it",
     )
 
     @property
@@ -381,9 +391,11 @@ class RigFile(Strict):
         default_factory=dict, description="named groups of hosts, for --limit"
     )
     rigs: dict[Annotated[str, Field(pattern=HOST_NAME)], Rig] = Field(min_length=1)
-    env: dict[Annotated[str, Field(pattern=ENV_NAME)], EnvValue] = Field(
-        default_factory=dict, description="variables for every node (NCCL_*, GLOO_*, ...)"
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        description="variables for every node (NCCL_*, GLOO_*, ...); values are literal data ($ included)",
     )
+    path_prepend: dict[EnvName, PathEntries] = Field(default_factory=dict, description=_PATH_PREPEND)
     files: Files = Files()
     smoke: Smoke = Smoke()
     reclaim: Reclaim = Reclaim()

@@ -12,7 +12,6 @@ references against every name the file declares (`declared_hosts`, `declared_rig
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,19 +19,32 @@ from pathlib import Path
 from ..node import sources
 from ..node.topology import TopoMatrix
 from .cards import card_class, missing_connector
+from .envvalues import path_entry_problem, value_problem
 from .files import resolve_path
 from .models import SLI_MODES, Driver, Host, Rig, RigFile
 
 Loc = tuple[str | int, ...]
 
-# Env values are written into a shell file (`export NAME="value"`) and a systemd EnvironmentFile; these
-# characters would end the quoting, run commands, or mean different things in the two files.
-ENV_VALUE_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\"'`\\$]")
 # Variables the tool writes itself from other fields; setting them in `env` would fight those fields.
 MANAGED_ENV = {
     "CUDA_VISIBLE_DEVICES": "visible_devices",
     "CUDA_DEVICE_ORDER": "visible_devices (the tool always writes PCI_BUS_ID)",
 }
+# Variables bash holds read-only: the profile.d script could not set them in a bash login shell, and the
+# launcher (`set -eu`) would stop where /bin/sh is bash.
+SHELL_READONLY = frozenset({"BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID"})
+# Every variable the env files may set from other fields (`env` may override the others): none of them is
+# a search path, so `path_prepend` may name none of them.
+DERIVED_ENV = frozenset(
+    {
+        *MANAGED_ENV,
+        "NCCL_ASYNC_ERROR_HANDLING",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "OMP_NUM_THREADS",
+    }
+)
 NVLINK_KINDS = ("nvlink-bridge", "nvlink", "nvswitch")
 
 
@@ -459,27 +471,91 @@ def fabricmanager_needs_nvswitch(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def _read_only(loc: Loc, name: str) -> Iterator[Finding]:
+    if name in SHELL_READONLY:
+        yield Finding(
+            (*loc, name),
+            f"{name} is read-only in bash: the profile.d script cannot set it, and the launcher would stop "
+            "where /bin/sh is bash",
+            at_key=True,
+        )
+
+
 def _env_findings(loc: Loc, env: dict[str, str]) -> Iterator[Finding]:
     for name, value in env.items():
+        yield from _read_only(loc, name)
         if name in MANAGED_ENV:
             yield Finding(
                 (*loc, name),
                 f"{name} is written by the tool from {MANAGED_ENV[name]}; set it there",
                 at_key=True,
             )
-        bad = ENV_VALUE_FORBIDDEN.search(value)
-        if bad:
-            yield Finding(
-                (*loc, name),
-                f"value of {name} contains {bad.group()!r}: env values may not contain quotes, backticks, "
-                "backslashes, $ or control characters (they are written into a shell file)",
-            )
+        problem = value_problem(value)
+        if problem is not None:
+            yield Finding((*loc, name), f"value of {name} {problem}")
 
 
 def env_safe(inp: RuleInput) -> Iterator[Finding]:
     yield from _env_findings(("env",), inp.spec.env)
     for loc, rig in inp.rigs():
         yield from _env_findings((*loc, "env"), rig.env)
+
+
+def _path_prepend_findings(loc: Loc, prepends: dict[str, list[str]]) -> Iterator[Finding]:
+    for name, entries in prepends.items():
+        yield from _read_only(loc, name)
+        if name in DERIVED_ENV:
+            yield Finding(
+                (*loc, name),
+                f"{name} is written by the tool, not a search path: path_prepend is for variables such as "
+                "PATH and LD_LIBRARY_PATH",
+                at_key=True,
+            )
+        seen: set[str] = set()
+        for index, entry in enumerate(entries):
+            problem = path_entry_problem(entry)
+            if problem is None and entry in seen:
+                problem = f"entry {entry!r} is listed twice"
+            seen.add(entry)
+            if problem is not None:
+                yield Finding((*loc, name, index), f"{name}: {problem}")
+
+
+def path_prepend_safe(inp: RuleInput) -> Iterator[Finding]:
+    yield from _path_prepend_findings(("path_prepend",), inp.spec.path_prepend)
+    for loc, rig in inp.rigs():
+        yield from _path_prepend_findings((*loc, "path_prepend"), rig.path_prepend)
+
+
+def _both_message(name: str, env_at: str, prepend_at: str) -> str:
+    return (
+        f"{name} is set by {env_at} and prepended to by {prepend_at}: a variable is either a value (env) "
+        "or entries put in front of its current value (path_prepend), not both"
+    )
+
+
+def env_or_path_prepend(inp: RuleInput) -> Iterator[Finding]:
+    # The fleet's pair is reported once; a rig is checked for what it adds to the merge (rig over fleet).
+    # An empty list prepends nothing: a rig may drop the fleet's list that way and set the variable in env.
+    fleet_env = inp.spec.env
+    fleet_prepend = {name: entries for name, entries in inp.spec.path_prepend.items() if entries}
+    for name in sorted(fleet_env.keys() & fleet_prepend.keys()):
+        yield Finding(("path_prepend", name), _both_message(name, "env", "path_prepend"), at_key=True)
+    for loc, rig in inp.rigs():
+        where = ".".join(str(part) for part in loc)
+        env = {**dict.fromkeys(fleet_env, "env"), **dict.fromkeys(rig.env, f"{where}.env")}
+        prepend = {
+            **dict.fromkeys(fleet_prepend, "path_prepend"),
+            **dict.fromkeys(rig.path_prepend, f"{where}.path_prepend"),
+        }
+        prepend = {name: at for name, at in prepend.items() if rig.path_prepend.get(name, True)}
+        for name in sorted(env.keys() & prepend.keys()):
+            if name in rig.path_prepend:
+                yield Finding(
+                    (*loc, "path_prepend", name), _both_message(name, env[name], prepend[name]), at_key=True
+                )
+            elif name in rig.env:
+                yield Finding((*loc, "env", name), _both_message(name, env[name], prepend[name]), at_key=True)
 
 
 def topology_file_matches(inp: RuleInput) -> Iterator[Finding]:
@@ -548,6 +624,8 @@ RULES: tuple[Rule, ...] = (
     reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,
     env_safe,
+    path_prepend_safe,
+    env_or_path_prepend,
     topology_file_matches,
     ssh_files_absolute,
     files_without_dot_dot,

@@ -152,7 +152,7 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         6,
         5,
         "unknown key 'gpu' (did you mean 'gpus'?); expected one of: gpus, bridge, driver, sli, "
-        "visible_devices, ddp, health, env",
+        "visible_devices, ddp, health, env, path_prepend",
     ),
     "health-check-unknown": (
         rig_with("health: {skip: [xid, temperature]}"),
@@ -219,6 +219,21 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         11,
         "bad key: expected a variable name of letters, digits and '_' (not starting with a digit), "
         "got '1BAD'",
+    ),
+    "bad-path-prepend-name": (
+        rig_with("path_prepend: {LD-LIBRARY-PATH: [/a]}"),
+        "rigs.pair.path_prepend.LD-LIBRARY-PATH",
+        6,
+        20,
+        "bad key: expected a variable name of letters, digits and '_' (not starting with a digit), "
+        "got 'LD-LIBRARY-PATH'",
+    ),
+    "path-prepend-entries-are-a-list": (
+        rig_with("path_prepend: {PATH: /usr/local/cuda/bin}"),
+        "rigs.pair.path_prepend.PATH",
+        6,
+        26,
+        "expected a list, got '/usr/local/cuda/bin'",
     ),
     "literal": (
         rig_with('driver: {version: "550.54.15", method: yum}'),
