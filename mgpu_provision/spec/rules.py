@@ -12,6 +12,7 @@ references against every name the file declares (`declared_hosts`, `declared_rig
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -493,6 +494,15 @@ def _env_findings(loc: Loc, env: dict[str, str]) -> Iterator[Finding]:
         problem = value_problem(value)
         if problem is not None:
             yield Finding((*loc, name), f"value of {name} {problem}")
+        elif re.search(rf"\$(?:{name}|{{{name}}})(?![A-Za-z0-9_])", value):
+            # Values are data, so `PATH: /x:$PATH` would hand every process on the node a PATH holding the
+            # text `$PATH` (and drop /usr/bin): the one literal `$` that is never meant.
+            yield Finding(
+                (*loc, name),
+                f"value of {name} refers to ${name}, but values are written as data, not expanded: the node "
+                f"would get the text ${name}; to put folders in front of {name} use "
+                f"path_prepend: {{{name}: [/folder]}}",
+            )
 
 
 def env_safe(inp: RuleInput) -> Iterator[Finding]:

@@ -309,6 +309,17 @@ CASES = {
         "value of NCCL_DEBUG contains U+FFFE, a Unicode noncharacter: systemd ignores an EnvironmentFile "
         "line that holds one",
     ),
+    "env-value-not-its-own-reference": (
+        rig(GPUS.strip(), tail="env:\n  PATH: /usr/local/cuda/bin:${PATH}  # <-\n"),
+        "env.PATH",
+        "value of PATH refers to $PATH, but values are written as data, not expanded: the node would get the "
+        "text $PATH; to put folders in front of PATH use path_prepend: {PATH: [/folder]}",
+    ),
+    "env-value-not-its-own-reference-rig": (
+        rig(GPUS.strip(), 'env: {LD_LIBRARY_PATH: "/usr/local/cuda/lib64:$LD_LIBRARY_PATH"}  # <-'),
+        "rigs.pair.env.LD_LIBRARY_PATH",
+        "value of LD_LIBRARY_PATH refers to $LD_LIBRARY_PATH",
+    ),
     "path-prepend-entry-absolute": (
         rig(GPUS.strip(), tail="path_prepend:\n  PATH: [cuda/bin]  # <-\n"),
         "path_prepend.PATH[0]",
