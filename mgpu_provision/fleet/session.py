@@ -17,18 +17,19 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import fabric
-import paramiko
 from pydantic import ValidationError
 
 from ..errors import AgentError, ConnectionFailed
 from ..facts import Facts
 from ..protocol import SIMULATE_ENV
 from .options import AgentPayload, FleetOptions
-from .ssh import open_connection
 from .targets import HostTarget, describe
+
+if TYPE_CHECKING:
+    import fabric
+    import paramiko
 
 CONNECTION_LOST = -1  # Paramiko's exit status when the channel closed without one (sshd killed, link cut)
 AGENT_MISSING = 97  # the cached-agent command's "upload me, then run again" exit code
@@ -152,6 +153,8 @@ class SshAgentSession(AgentSession):
         return self.target.become and self.conn.user != "root"
 
     def _run(self, command: str, stdin: str, limit: float, verb: str) -> tuple[int, str, str]:
+        import paramiko  # SSH only: a local-only run never loads it (docs/ARCHITECTURE.md, "Start-up")
+
         self.commands += 1
         try:
             return exec_channel(self.conn.client.get_transport(), command, stdin.encode(), limit)
@@ -161,6 +164,8 @@ class SshAgentSession(AgentSession):
             raise ConnectionFailed(f"lost the connection to {self.where} during agent {verb}: {exc}") from exc
 
     def _upload(self, folder: str) -> None:
+        import paramiko  # SSH only: a local-only run never loads it
+
         # Upload under a temporary name and rename, so a concurrent run never executes half a zipapp.
         final = f"{folder}/{self.agent.name}"
         partial = f"{folder}/.{self.agent.name}.{uuid.uuid4().hex}.partial"
@@ -185,6 +190,8 @@ class SshAgentSession(AgentSession):
 
     def _upload_through_shell(self, folder: str, partial: str, final: str) -> None:
         """The agent's bytes on the command's stdin, as Ansible's piped transfer does without SFTP."""
+        import paramiko  # SSH only: a local-only run never loads it
+
         quoted = {name: shlex.quote(path) for name, path in (("f", folder), ("p", partial), ("t", final))}
         command = (
             f"umask 077 && mkdir -p {quoted['f']} && chmod 700 {quoted['f']} && cat > {quoted['p']} "
@@ -287,6 +294,8 @@ def open_session(target: HostTarget, options: FleetOptions, agent: AgentPayload)
     """A session ready for `call`; raises ConnectionFailed when the host cannot be reached."""
     if target.connection == "local":
         return LocalAgentSession(target, agent)
+    from .ssh import open_connection  # Fabric and Paramiko load with the first SSH connection, not before
+
     return SshAgentSession(target, agent, open_connection(target, options))
 
 

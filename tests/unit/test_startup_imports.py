@@ -1,0 +1,113 @@
+"""What a run imports (issue 20): start-up is most of a small fleet's wait, so each command loads only what
+its run uses. Not timing tests: each runs a real command in a fresh interpreter and checks which modules it
+loaded, so a top-level import that comes back fails here whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mgpu_provision.commands.demo import write_demo
+from mgpu_provision.fleet.bundle import build_agent
+from mgpu_provision.node.__main__ import unpack_beside
+from tests.factories import FAKE_TORCH
+
+ROOT = Path(__file__).resolve().parents[2]
+TWIN = ROOT / "examples" / "twins" / "rtx3090-nvlink.yaml"
+# Runs the real CLI, then writes the names of every module the run loaded (stdout belongs to the command).
+_CLI_THEN_MODULES = (
+    "import json, sys\n"
+    "from mgpu_provision.cli import main\n"
+    "code = main(sys.argv[2:])\n"
+    "with open(sys.argv[1], 'w') as out:\n"
+    "    json.dump({'code': code, 'modules': sorted(sys.modules)}, out)\n"
+)
+SSH = {"fabric", "paramiko", "invoke"}
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One control-side cache for the module's runs: the agent zipapp is compressed once, not per run."""
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+def cli_modules(tmp_path: Path, cache: Path, *argv: str) -> tuple[int, set[str]]:
+    """(exit code, top-level packages loaded) of `mgpu-provision ARGV` in a fresh interpreter, HOME in tmp."""
+    report = tmp_path / "modules.json"
+    done = subprocess.run(
+        [sys.executable, "-c", _CLI_THEN_MODULES, str(report), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(cache)},  # agent uploads: HOME
+        cwd=tmp_path,
+    )
+    assert report.exists(), done.stderr
+    found = json.loads(report.read_text())
+    return found["code"], {name.split(".")[0] for name in found["modules"]}
+
+
+@pytest.fixture
+def local_rig(tmp_path: Path) -> Path:
+    """The demo's rig: one simulated box over a local connection, with a fake torch python for smoke."""
+    fake = tmp_path / "torch-python"
+    fake.write_text(FAKE_TORCH)
+    fake.chmod(0o755)
+    return write_demo(tmp_path / "demo", str(fake))
+
+
+def test_plan_json_on_a_local_rig_loads_no_console_and_no_ssh(
+    tmp_path: Path, bundles: Path, local_rig: Path
+) -> None:
+    code, loaded = cli_modules(tmp_path, bundles, "plan", str(local_rig), "--json")
+    assert code == 2  # the box has drift: the plan really ran, rendered its files and read the facts
+    assert "jinja2" in loaded and "pydantic" in loaded
+    assert not loaded & {"rich", *SSH, "ansible"}
+
+
+def test_plan_for_people_on_a_local_rig_loads_rich_but_no_ssh(
+    tmp_path: Path, bundles: Path, local_rig: Path
+) -> None:
+    code, loaded = cli_modules(tmp_path, bundles, "plan", str(local_rig))
+    assert code == 2
+    assert "rich" in loaded
+    assert not loaded & {*SSH, "ansible"}
+
+
+def test_validate_loads_no_console_templates_or_ssh(tmp_path: Path, bundles: Path) -> None:
+    code, loaded = cli_modules(tmp_path, bundles, "validate", str(ROOT / "examples" / "mixed-fleet.yaml"))
+    assert code == 0
+    assert not loaded & {"rich", "jinja2", *SSH, "ansible"}
+
+
+def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> None:
+    """Every agent call pays for every module it imports; facts is the one every plan makes."""
+    pyz = tmp_path / "agent.pyz"
+    pyz.write_bytes(build_agent(tmp_path / "bundles").data)
+    folder = unpack_beside(str(pyz))  # what the control side runs once the agent is on a host
+    assert folder is not None
+    done = subprocess.run(
+        [sys.executable, "-S", "-X", "importtime", folder, "facts"],  # -S: only what the agent imports
+        input=json.dumps({"args": {}, "simulate": str(TWIN)}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert json.loads(done.stdout)["ok"], done.stdout + done.stderr
+    loaded = set(re.findall(r"^import time:.*\| +(\S+)$", done.stderr, re.MULTILINE))
+    assert "mgpu_provision.node.collect" in loaded
+    node_only_elsewhere = {
+        f"mgpu_provision.node.{name}"
+        for name in ("apply", "apt", "dnf", "runfile", "atomic", "smoke", "smoke_program", "gpu_settings")
+    }
+    # The rare paths of the agent's own start (unpacking, a bug's traceback) and a simulated reboot.
+    stdlib_only_elsewhere = {"shutil", "tempfile", "traceback", "zipfile", "uuid", "platform", "socket"}
+    assert not loaded & (node_only_elsewhere | stdlib_only_elsewhere)
