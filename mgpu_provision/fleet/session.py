@@ -43,9 +43,11 @@ def agent_command(agent_name: str, python: str, verb: str, sudo: bool) -> str:
     It prefers the folder the agent unpacks itself into on its first run (`agent-H/` beside `agent-H.pyz`):
     Python caches bytecode there, never for a zipapp. The zipapp stays the fallback (read-only homes). The
     login shell's MGPU_PROVISION_SIMULATE travels as an argument: sudo's env_reset would drop the variable,
-    and the agent would then read the real machine instead of its twin.
+    and the agent would then read the real machine instead of its twin. The agent is stdlib only: `-S -I`
+    skip site-packages and their .pth files (start-up every call pays) and the login's PYTHON* variables
+    (PYTHONDONTWRITEBYTECODE would keep the unpacked agent from caching its bytecode).
     """
-    run = f"exec {'sudo -n ' if sudo else ''}{shlex.quote(python)}"
+    run = f"exec {'sudo -n ' if sudo else ''}{shlex.quote(python)} -S -I"
     args = f'{shlex.quote(verb)} "${{{SIMULATE_ENV}-}}"'
     folder = agent_name.removesuffix(".pyz")
     return (

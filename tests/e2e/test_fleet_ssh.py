@@ -337,8 +337,8 @@ def test_real_agent_unpacks_once_then_runs_from_its_folder(test_hosts: HostFacto
     home = host.dir / "home-ops"
     folder = f"{home}/.cache/mgpu-provision/{agent.name.removesuffix('.pyz')}"
     assert (home / "sudo.log").read_text().splitlines() == [
-        f"-n /usr/bin/python3 {folder}.pyz facts {host.twin_path}",  # from the zipapp, which unpacks itself
-        f"-n /usr/bin/python3 {folder} facts {host.twin_path}",
-        f"-n /usr/bin/python3 {folder} facts {host.twin_path}",
+        f"-n /usr/bin/python3 -S -I {folder}.pyz facts {host.twin_path}",  # the zipapp unpacks itself
+        f"-n /usr/bin/python3 -S -I {folder} facts {host.twin_path}",
+        f"-n /usr/bin/python3 -S -I {folder} facts {host.twin_path}",
     ]
     assert list(Path(folder, "mgpu_provision", "node", "__pycache__").glob("collect.*.pyc"))

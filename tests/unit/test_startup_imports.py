@@ -16,6 +16,7 @@ import pytest
 
 from mgpu_provision.commands.demo import write_demo
 from mgpu_provision.fleet.bundle import build_agent
+from mgpu_provision.fleet.session import agent_command
 from mgpu_provision.node.__main__ import unpack_beside
 from tests.factories import FAKE_TORCH
 
@@ -111,3 +112,21 @@ def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> Non
     # The rare paths of the agent's own start (unpacking, a bug's traceback) and a simulated reboot.
     stdlib_only_elsewhere = {"shutil", "tempfile", "traceback", "zipfile", "uuid", "platform", "socket"}
     assert not loaded & (node_only_elsewhere | stdlib_only_elsewhere)
+
+
+def test_the_agent_command_caches_bytecode_whatever_the_logins_python_variables(tmp_path: Path) -> None:
+    """`-I`: a login with PYTHONDONTWRITEBYTECODE must not make every call compile the agent again."""
+    bundle = build_agent(tmp_path / "bundles")
+    cache = tmp_path / ".cache" / "mgpu-provision"
+    cache.mkdir(parents=True)
+    (cache / bundle.name).write_bytes(bundle.data)
+    command = agent_command(bundle.name, sys.executable, "facts", sudo=False)
+    login = {**os.environ, "HOME": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    request = json.dumps({"args": {}, "simulate": str(TWIN)})
+    for _ in range(2):  # the first run unpacks the zipapp, the second runs the folder
+        done = subprocess.run(
+            ["sh", "-c", command], input=request, capture_output=True, text=True, env=login, timeout=60
+        )
+        assert json.loads(done.stdout)["ok"], done.stdout + done.stderr
+    folder = cache / bundle.name.removesuffix(".pyz")
+    assert list((folder / "mgpu_provision" / "node" / "__pycache__").glob("collect.*.pyc"))
