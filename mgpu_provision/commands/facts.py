@@ -9,7 +9,6 @@ inside their functions, so that `--json` never loads it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -92,7 +91,7 @@ def link_matrix(facts: Facts) -> str:
 
     # Facts carry no CPU/NUMA affinity, so the matrix is printed without those trailing columns.
     count = len(facts.gpus) + len(facts.lost_gpus)  # a lost GPU keeps its index: its cells read `?`
-    return format_topology(dataclasses.replace(gpu_matrix(count, cell), titles=()))
+    return format_topology(gpu_matrix(count, cell)._replace(titles=()))
 
 
 def health_lines(facts: Facts) -> list[str]:

@@ -110,8 +110,10 @@ def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> Non
         f"mgpu_provision.node.{name}"
         for name in ("apply", "apt", "dnf", "runfile", "atomic", "smoke", "smoke_program", "gpu_settings")
     }
-    # The rare paths of the agent's own start (unpacking, a bug's traceback) and a simulated reboot.
+    # The rare paths of the agent's own start (unpacking, a bug's traceback), a simulated reboot, and what
+    # topology's dataclasses would load (it is NamedTuples for that).
     stdlib_only_elsewhere = {"shutil", "tempfile", "traceback", "zipfile", "uuid", "platform", "socket"}
+    stdlib_only_elsewhere |= {"dataclasses", "inspect"}
     assert not loaded & (node_only_elsewhere | stdlib_only_elsewhere)
 
 
