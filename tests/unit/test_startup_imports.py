@@ -18,6 +18,7 @@ from mgpu_provision.commands.demo import write_demo
 from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.fleet.session import agent_command
 from mgpu_provision.node.__main__ import unpack_beside
+from mgpu_provision.node.torch_probe import _TORCH_PROBE
 from tests.factories import FAKE_TORCH
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,3 +134,26 @@ def test_the_agent_command_caches_bytecode_whatever_the_logins_python_variables(
         assert json.loads(done.stdout)["ok"], done.stdout + done.stderr
     folder = cache / bundle.name.removesuffix(".pyz")
     assert list((folder / "mgpu_provision" / "node" / "__pycache__").glob("collect.*.pyc"))
+
+
+def test_the_torch_probe_answers_from_its_cache_without_json_or_torch(tmp_path: Path) -> None:
+    """The probe is a second interpreter start per facts call; on a box that did not change it only finds
+    torch and compares, so its start must stay bare."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        '__version__ = "2.13.0"\n'
+        "class cuda:\n"
+        "    is_available = staticmethod(lambda: False)\n"
+        "    device_count = staticmethod(lambda: 0)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    def probe(key: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-S", "-X", "importtime", "-c", _TORCH_PROBE, key]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=True)
+
+    key = json.loads(probe("").stdout)["key"]
+    cached = probe(repr(key))
+    assert json.loads(cached.stdout) == {"cached": True}
+    loaded = set(re.findall(r"^import time:.*\| +(\S+)$", cached.stderr, re.MULTILINE))
+    assert not loaded & {"json", "torch"}
