@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision.commands.demo import write_demo
+from mgpu_provision.fleet import bundle
 from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.fleet.session import agent_command
 from mgpu_provision.node.__main__ import unpack_beside
@@ -157,3 +158,12 @@ def test_the_torch_probe_answers_from_its_cache_without_json_or_torch(tmp_path: 
     assert json.loads(cached.stdout) == {"cached": True}
     loaded = set(re.findall(r"^import time:.*\| +(\S+)$", cached.stderr, re.MULTILINE))
     assert not loaded & {"json", "torch"}
+
+
+def test_a_runs_agent_is_read_and_hashed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """apply builds its agent for every --serial batch: each build read and hashed every source file."""
+    reads: list[int] = []
+    read_sources = bundle.agent_files
+    monkeypatch.setattr(bundle, "agent_files", lambda: reads.append(1) or read_sources())
+    first, second = build_agent(), build_agent()
+    assert first is second and len(reads) <= 1  # 0 when an earlier test of this process built it
