@@ -293,7 +293,7 @@ def test_become_with_a_non_root_login_uses_sudo_n(test_hosts: HostFactory) -> No
     home = host.dir / "home-ops"
     cached = f"{home}/.cache/mgpu-provision/{agent.name}"
     # The login shell's simulation setting goes on as an argument: real sudo would reset the environment.
-    assert (home / "sudo.log").read_text() == f"-n /usr/bin/python3 {cached} facts {host.twin_path}\n"
+    assert (home / "sudo.log").read_text() == f"-n /usr/bin/python3 -S -I {cached} facts {host.twin_path}\n"
 
     plain = run_fleet(
         [target(host, test_hosts, user="ops", become=False)], call("facts"), options(test_hosts, agent)
