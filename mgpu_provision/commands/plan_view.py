@@ -5,6 +5,8 @@ a person reads is tested as text. One host shows its changes in full. A fleet sh
 with the hosts it applies to (`on 62 hosts: gpu-[001-062]`), then per host only what no other host shares,
 so that a hundred boxes with the same drift read like one; file diffs there only with `--diff`, each
 distinct content once. `--json` keeps the per-host document.
+
+The text views import rich inside their functions, so that `--json` never loads it.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Sequence
-from typing import Any
-
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from ..plan.change import Change
 from ..plan.fleet import FleetPlan, HostPlan, PlanTotals
 from .output import plural
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
 
 PLAN_JSON_VERSION = 1
 SYMBOL = {"create": "+", "update": "~", "delete": "-", "verify-failed": "!", "manual": "?"}
@@ -113,6 +116,8 @@ def visible(line: str) -> str:
 def change_lines(change: Change, new_content: bool = False) -> list[Text]:
     """The Change's line and, for a changed file, its diff; a new file's whole content only on request
     (it is all `+` lines, and four of them would fill a screen)."""
+    from rich.text import Text
+
     style = ACTION_STYLE[change.action]
     head = Text.assemble(
         ("  " + SYMBOL[change.action] + " ", style),
@@ -129,6 +134,8 @@ def change_lines(change: Change, new_content: bool = False) -> list[Text]:
 
 
 def host_lines(host: HostPlan, new_content: bool = False) -> list[Text]:
+    from rich.text import Text
+
     name = (host.host, "bold cyan")
     if host.status != "ok":
         return [Text.assemble(name, (f": {host.status}", "bold red"), f": {host.error or 'no reason given'}")]
@@ -143,6 +150,8 @@ def host_lines(host: HostPlan, new_content: bool = False) -> list[Text]:
 def render_plan(plan: FleetPlan, console: Console, new_content: bool = False) -> None:
     """Changes (`+` create, `~` update, `-` delete, `!` failed check, `?` manual), then the totals line: one
     host in full, a fleet grouped (see the module's docstring)."""
+    from rich.text import Text
+
     lines = host_lines(plan.hosts[0], new_content) if len(plan.hosts) == 1 else fleet_lines(plan, new_content)
     for line in lines:
         console.print(line, soft_wrap=True)  # long paths and diff lines stay whole when piped
@@ -157,6 +166,8 @@ def _key(change: Change) -> tuple[object, ...]:
 def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:
     """Each change that two or more hosts share once, with their names; then each host with what is its
     own (or why it could not be read); then the hosts with nothing to do."""
+    from rich.text import Text
+
     shared: dict[tuple[object, ...], tuple[Change, list[str]]] = {}
     for host in plan.hosts:
         for change in host.changes:

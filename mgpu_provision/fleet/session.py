@@ -17,18 +17,19 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import fabric
-import paramiko
 from pydantic import ValidationError
 
 from ..errors import AgentError, ConnectionFailed
 from ..facts import Facts
 from ..protocol import SIMULATE_ENV
 from .options import AgentPayload, FleetOptions
-from .ssh import open_connection
 from .targets import HostTarget, describe
+
+if TYPE_CHECKING:
+    import fabric
+    import paramiko
 
 CONNECTION_LOST = -1  # Paramiko's exit status when the channel closed without one (sshd killed, link cut)
 AGENT_MISSING = 97  # the cached-agent command's "upload me, then run again" exit code
@@ -42,9 +43,11 @@ def agent_command(agent_name: str, python: str, verb: str, sudo: bool) -> str:
     It prefers the folder the agent unpacks itself into on its first run (`agent-H/` beside `agent-H.pyz`):
     Python caches bytecode there, never for a zipapp. The zipapp stays the fallback (read-only homes). The
     login shell's MGPU_PROVISION_SIMULATE travels as an argument: sudo's env_reset would drop the variable,
-    and the agent would then read the real machine instead of its twin.
+    and the agent would then read the real machine instead of its twin. The agent is stdlib only: `-S -I`
+    skip site-packages and their .pth files (start-up every call pays) and the login's PYTHON* variables
+    (PYTHONDONTWRITEBYTECODE would keep the unpacked agent from caching its bytecode).
     """
-    run = f"exec {'sudo -n ' if sudo else ''}{shlex.quote(python)}"
+    run = f"exec {'sudo -n ' if sudo else ''}{shlex.quote(python)} -S -I"
     args = f'{shlex.quote(verb)} "${{{SIMULATE_ENV}-}}"'
     folder = agent_name.removesuffix(".pyz")
     return (
@@ -152,6 +155,8 @@ class SshAgentSession(AgentSession):
         return self.target.become and self.conn.user != "root"
 
     def _run(self, command: str, stdin: str, limit: float, verb: str) -> tuple[int, str, str]:
+        import paramiko  # SSH only: a local-only run never loads it (docs/ARCHITECTURE.md, "Start-up")
+
         self.commands += 1
         try:
             return exec_channel(self.conn.client.get_transport(), command, stdin.encode(), limit)
@@ -161,6 +166,8 @@ class SshAgentSession(AgentSession):
             raise ConnectionFailed(f"lost the connection to {self.where} during agent {verb}: {exc}") from exc
 
     def _upload(self, folder: str) -> None:
+        import paramiko  # SSH only: a local-only run never loads it
+
         # Upload under a temporary name and rename, so a concurrent run never executes half a zipapp.
         final = f"{folder}/{self.agent.name}"
         partial = f"{folder}/.{self.agent.name}.{uuid.uuid4().hex}.partial"
@@ -185,6 +192,8 @@ class SshAgentSession(AgentSession):
 
     def _upload_through_shell(self, folder: str, partial: str, final: str) -> None:
         """The agent's bytes on the command's stdin, as Ansible's piped transfer does without SFTP."""
+        import paramiko  # SSH only: a local-only run never loads it
+
         quoted = {name: shlex.quote(path) for name, path in (("f", folder), ("p", partial), ("t", final))}
         command = (
             f"umask 077 && mkdir -p {quoted['f']} && chmod 700 {quoted['f']} && cat > {quoted['p']} "
@@ -287,6 +296,8 @@ def open_session(target: HostTarget, options: FleetOptions, agent: AgentPayload)
     """A session ready for `call`; raises ConnectionFailed when the host cannot be reached."""
     if target.connection == "local":
         return LocalAgentSession(target, agent)
+    from .ssh import open_connection  # Fabric and Paramiko load with the first SSH connection, not before
+
     return SshAgentSession(target, agent, open_connection(target, options))
 
 

@@ -293,7 +293,7 @@ def test_become_with_a_non_root_login_uses_sudo_n(test_hosts: HostFactory) -> No
     home = host.dir / "home-ops"
     cached = f"{home}/.cache/mgpu-provision/{agent.name}"
     # The login shell's simulation setting goes on as an argument: real sudo would reset the environment.
-    assert (home / "sudo.log").read_text() == f"-n /usr/bin/python3 {cached} facts {host.twin_path}\n"
+    assert (home / "sudo.log").read_text() == f"-n /usr/bin/python3 -S -I {cached} facts {host.twin_path}\n"
 
     plain = run_fleet(
         [target(host, test_hosts, user="ops", become=False)], call("facts"), options(test_hosts, agent)
@@ -337,8 +337,8 @@ def test_real_agent_unpacks_once_then_runs_from_its_folder(test_hosts: HostFacto
     home = host.dir / "home-ops"
     folder = f"{home}/.cache/mgpu-provision/{agent.name.removesuffix('.pyz')}"
     assert (home / "sudo.log").read_text().splitlines() == [
-        f"-n /usr/bin/python3 {folder}.pyz facts {host.twin_path}",  # from the zipapp, which unpacks itself
-        f"-n /usr/bin/python3 {folder} facts {host.twin_path}",
-        f"-n /usr/bin/python3 {folder} facts {host.twin_path}",
+        f"-n /usr/bin/python3 -S -I {folder}.pyz facts {host.twin_path}",  # the zipapp unpacks itself
+        f"-n /usr/bin/python3 -S -I {folder} facts {host.twin_path}",
+        f"-n /usr/bin/python3 -S -I {folder} facts {host.twin_path}",
     ]
     assert list(Path(folder, "mgpu_provision", "node", "__pycache__").glob("collect.*.pyc"))

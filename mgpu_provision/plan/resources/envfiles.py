@@ -9,13 +9,12 @@ sorted where order is free) so that a converged node shows no drift. `diff_files
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import re
 import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import jinja2
 
 from ... import protocol
 from ...errors import ProvisionError
@@ -29,6 +28,8 @@ from . import torch as torch_names
 from .gloo import GlooInterface
 
 if TYPE_CHECKING:
+    import jinja2
+
     from ...spec import LoadedRig
 
 # Values systemd and sh both take unquoted; anything else is double-quoted with escapes.
@@ -95,28 +96,31 @@ def sh_prepend(name: str, entries: list[str]) -> list[str]:
     return [*lines, f"export {name}"]
 
 
-_TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("mgpu_provision", "templates"),
-    undefined=jinja2.StrictUndefined,
-    autoescape=False,  # shell and config files, not HTML; values go through the quoting filters instead
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-)
-_TEMPLATES.filters["shell_quote"] = shell_quote
-_TEMPLATES.filters["env_quote"] = env_quote
+@functools.cache
+def _templates() -> jinja2.Environment:
+    """The one template environment of a run, made (and jinja2 imported) when the first file is rendered:
+    a run that renders no file never loads jinja2, and each template is compiled once per run."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("mgpu_provision", "templates"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # shell and config files, not HTML; values go through the quoting filters instead
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(shell_quote=shell_quote, env_quote=env_quote, flag=torchrun_flag)
+    return env
 
 
 def render(template: str, **context: Any) -> str:
-    return _TEMPLATES.get_template(template).render(**context)
+    return _templates().get_template(template).render(**context)
 
 
 def torchrun_flag(flag: str, underscores: bool) -> str:
     """`--nproc-per-node` as the node's torch spells it: torch before 2.0 knows only `--nproc_per_node`."""
     return "--" + flag[2:].replace("-", "_") if underscores else flag
-
-
-_TEMPLATES.filters["flag"] = torchrun_flag
 
 
 def _gloo(loaded: LoadedRig, rig: Rig, facts: Facts | None) -> GlooInterface | None:
