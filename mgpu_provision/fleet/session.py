@@ -28,7 +28,7 @@ from ..errors import AgentError, ConnectionFailed
 from ..facts import Facts
 from ..protocol import SIMULATE_ENV
 from .options import AgentPayload, FleetOptions
-from .ssh import open_connection
+from .ssh import close_connection, open_connection
 from .targets import HostTarget, describe
 
 CONNECTION_LOST = -1  # Paramiko's exit status when the channel closed without one (sshd killed, link cut)
@@ -147,7 +147,7 @@ class SshAgentSession(AgentSession):
         return describe(self.target, self.conn)
 
     def close(self) -> None:
-        self.conn.close()
+        close_connection(self.conn)
 
     def _needs_sudo(self) -> bool:
         return self.target.become and self.conn.user != "root"

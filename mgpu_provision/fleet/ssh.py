@@ -169,9 +169,7 @@ def open_connection(target: HostTarget, options: FleetOptions) -> fabric.Connect
             hop, started = conn, time.monotonic()
         conn.open()
     except BaseException as exc:
-        conn.close()
-        if gateway is not None:
-            gateway.close()
+        close_connection(conn)
         if isinstance(exc, Exception):
             where = describe(target, conn)
             if hop is gateway:
@@ -182,6 +180,13 @@ def open_connection(target: HostTarget, options: FleetOptions) -> fabric.Connect
             raise ConnectionFailed(message) from exc
         raise
     return conn
+
+
+def close_connection(conn: fabric.Connection) -> None:
+    """Close the connection and every jump host before it: Fabric's `close` leaves the gateway logged in."""
+    conn.close()
+    if isinstance(conn.gateway, fabric.Connection):
+        close_connection(conn.gateway)
 
 
 def connect_error_message(

@@ -3,7 +3,9 @@ commands per facts call, and how the wait for a command's answer is spent."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +34,7 @@ sys.addaudithook(_audit)  # process-wide and permanent: it records nothing outsi
 
 @contextmanager
 def counting_opens() -> Iterator[list[str]]:
-    """Every file opened meanwhile, by any thread and however (open, io.open, pathlib): the audit hook sees all."""
+    """Every file opened meanwhile, by any thread and any means (open, io.open, pathlib): audit events."""
     global _OPENED
     _OPENED = []
     try:
@@ -101,3 +103,16 @@ def test_waiting_for_a_command_sleeps_instead_of_polling(
     assert answer == (3, "got hello\n", "oops\n")
     # Woken by data and by the end of the command only: polling every 2 ms checked ~300 times here.
     assert checks < 40
+
+
+def test_a_run_through_a_jump_host_leaves_no_connection_open(test_hosts: HostFactory) -> None:
+    jump, inner = test_hosts.start("bastion"), test_hosts.start("gpu-b")
+    via = dataclasses.replace(target(inner, test_hosts), jump=f"root@{jump.address}:{jump.port}")
+    before = set(threading.enumerate())
+    options = FleetOptions(known_hosts=test_hosts.known_hosts, agent=fake_agent("jump"))
+    outcome = run_fleet([via], lambda s: s.call("facts", {}), options)["gpu-b"]
+    assert outcome.status == "ok", outcome.error
+    # Fabric closes a connection but not its gateway: each host reached through a bastion kept a login and
+    # a Paramiko transport thread to it until the program ended.
+    left = [t for t in set(threading.enumerate()) - before if isinstance(t, paramiko.Transport)]
+    assert left == []

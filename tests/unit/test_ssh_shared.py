@@ -42,7 +42,7 @@ def test_connections_of_one_run_share_one_parse_but_each_holds_only_its_hosts_ke
     assert shared_ssh(options).known_hosts(options.known_hosts or tmp_path) is parsed
     other_run = FleetOptions(known_hosts=options.known_hosts)
     make_connection(ssh_target(name="a"), other_run)
-    assert shared_ssh(other_run).known_hosts(options.known_hosts or tmp_path) is not parsed  # a new run reads again
+    assert shared_ssh(other_run).known_hosts(options.known_hosts or tmp_path) is not parsed  # read again
 
 
 def test_a_missing_known_hosts_file_is_an_empty_set(tmp_path: Path) -> None:
