@@ -4,8 +4,9 @@ Paramiko's `HostKeys` compares every line with all lines before it while loading
 each lookup: shared by a run's connections it still cost time growing with the fleet times the file's length
 (and a person's known_hosts often has thousands of lines). Here each line is filed under its host names
 once, keys are decoded only for the hosts a run reaches, and each connection checks against its own host's
-keys only. Hashed names (HashKnownHosts) cannot be filed by name: each host is
-hashed against them once, as OpenSSH does for every connection.
+keys only. Hashed names (HashKnownHosts) cannot be filed by name: each host is hashed against them once, as
+OpenSSH does for every connection. A line Paramiko cannot read no longer stops the whole run (its loader
+raised on bad base64 in any line, a traceback from every worker).
 """
 
 from __future__ import annotations

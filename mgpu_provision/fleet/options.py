@@ -37,7 +37,8 @@ class AgentPayload(Protocol):
 @dataclass
 class SharedSsh:
     """One run's parsed known_hosts files and private keys (per path) and its ssh_config, made on first use
-    by whichever worker needs them, then only read (Paramiko keys and SSHConfig lookups do not change)."""
+    by whichever worker needs them, then read by all (keys and SSHConfig lookups change nothing; known_hosts
+    gains accepted keys under its own lock)."""
 
     host_keys: dict[Path, KnownHosts] = field(default_factory=dict)
     private_keys: dict[str, paramiko.PKey | None] = field(default_factory=dict)
