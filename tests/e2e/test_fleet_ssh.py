@@ -160,6 +160,16 @@ def test_changed_host_key_is_refused_loudly_even_with_accept_new(
     assert len(known_hosts.read_text().splitlines()) == 1
 
 
+def test_a_known_hosts_line_that_cannot_be_read_is_skipped(test_hosts: HostFactory, tmp_path: Path) -> None:
+    host = test_hosts.start("gpu-a")
+    known_hosts = tmp_path / "known_hosts"
+    # Another host's line with a broken key (bad base64), as hand edits leave: OpenSSH skips it.
+    known_hosts.write_text(f"10.0.0.99 ssh-ed25519 not-base64!\n{host.known_hosts_line}\n")
+    opts = options(test_hosts, fake_agent(), known_hosts=known_hosts)
+    outcome = run_fleet([target(host, test_hosts)], call("facts"), opts)["gpu-a"]
+    assert outcome.status == "ok", outcome.error
+
+
 def test_wrong_key_is_an_authentication_failure(test_hosts: HostFactory, tmp_path: Path) -> None:
     host = test_hosts.start("gpu-a")
     stranger = tmp_path / "id_other"
