@@ -80,6 +80,13 @@ FIELDS: dict[str, tuple[Any, ...]] = {
     "rigs{}.env{}.value": ("rigs", "pair", "env", "MGPU_RIG"),
     "env{}": ("env", "{key}"),
     "env{}.value": ("env", "MGPU_ROUND"),
+    "path_prepend{}": ("path_prepend", "{key}"),
+    "path_prepend{}[]": ("path_prepend", "LD_LIBRARY_PATH", 0),
+    "rigs{}.path_prepend{}": ("rigs", "pair", "path_prepend", "{key}"),
+    "rigs{}.path_prepend{}[]": ("rigs", "pair", "path_prepend", "PATH", 0),
+    "inventory": ("inventory",),
+    "rig_groups{}": ("rig_groups", "{key}"),
+    "rig_groups{}.value": ("rig_groups", "gpu"),
     "files.profile_d": ("files", "profile_d"),
     "files.environment_file": ("files", "environment_file"),
     "files.launcher": ("files", "launcher"),
@@ -167,6 +174,8 @@ def field_value(field: str, payload: str) -> str:
         "files.state_dir": "/var/lib/mgpu-provision/",
         "files.systemd_dir": "/etc/systemd/system/",
         "rigs{}.driver.runfile_url": "/srv/",
+        "path_prepend{}[]": "/opt/",
+        "rigs{}.path_prepend{}[]": "/opt/",
     }
     return folders.get(field, "") + payload
 
@@ -217,8 +226,8 @@ def test_hostile_values_are_refused_or_written_literally(
         document = base
         for field, value in pairs:
             # A hostile default would cut off every host; on gpu-x alone it reaches the same code.
-            host_field: tuple[Any, ...] = ("hosts", 2, field.split(".")[1])
-            document = put(document, host_field if field.startswith("defaults.") else FIELDS[field], value)
+            where = ("hosts", 2, field.split(".")[1]) if field.startswith("defaults.") else FIELDS[field]
+            document = put(document, where, value)
         rig.write_text(yaml.safe_dump(document, sort_keys=False))
         for command in (["validate"], ["plan", *common], ["apply", *common, "--yes"], ["smoke", *common]):
             run = run_in_process(command[0], str(rig), *command[1:], "--json")
