@@ -19,9 +19,11 @@ from mgpu_provision.cli import main
 from mgpu_provision.commands import facts as facts_view
 from mgpu_provision.commands import reclaim as reclaim_view
 from mgpu_provision.commands import validate as validate_command
+from mgpu_provision.commands.apply import show_recap
 from mgpu_provision.commands.output import host_table, make_console
 from mgpu_provision.commands.plan_view import render_plan
 from mgpu_provision.commands.smoke import render_human as render_smoke
+from mgpu_provision.converge.apply import ApplyResult, HostRecap
 from mgpu_provision.errors import ProvisionError
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet.pool import HostOutcome
@@ -158,6 +160,21 @@ def test_a_recap_error_cell_is_printed_literally() -> None:
     text = screen(lambda console: console.print(table))
     assert not set(text) & RAW
     assert f"agent said {SHOWN} [/x]" in text
+
+
+def test_apply_recap_lines_and_errors_quoting_a_node_are_printed_literally() -> None:
+    recap = HostRecap(
+        "gpu-a",
+        "failed",
+        done=[f"file: wrote /etc/x ({ESC_TEXT})"],
+        error=f"apt said {ESC_TEXT} [/x]",
+        notes=[f"the agent said {ESC_TEXT} [bold]"],
+    )
+    text = screen(lambda console: show_recap(console, ApplyResult((recap,))))
+    assert not set(text) & RAW
+    assert f"  done: file: wrote /etc/x ({SHOWN})" in text
+    assert f"  the agent said {SHOWN} [bold]" in text
+    assert f"apt said {SHOWN} [/x]" in text
 
 
 def test_an_error_quoting_a_node_is_printed_literally_by_the_cli(
