@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from . import __version__
+from .commands.output import visible
 from .errors import ProvisionError
 
 # Order here is the order in `--help`.
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except ProvisionError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {visible(str(exc))}", file=sys.stderr)  # messages may quote a node's output
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

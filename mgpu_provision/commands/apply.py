@@ -3,6 +3,7 @@
 Thin: parse the options, read every host's plan (`apply.preview`), show it and ask (unless `--yes`; without a
 terminal and without `--yes` it refuses), run the rollout (`apply.rollout`) and print the recap. Exit 0 when
 every host converged, 2 when one failed, was unreachable, was skipped or needs a reboot, 1 on errors.
+Progress lines, notes and errors quote the nodes: they are printed through `output.shown`, never as markup.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..converge.rollout import parse_max_fail_percent, parse_serial
 from ..errors import ProvisionError
 from ..plan.fleet import FleetPlan
 from . import options
-from .output import host_table
+from .output import host_table, shown
 from .plan_view import add_diff_option, change_json, change_lines, render_plan
 
 MAX_WAIT_S = 3600
@@ -114,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
     with err.status("applying", spinner="dots") as status:
 
         def progress(line: str) -> None:
-            err.print(Text(line, style="dim"))
-            status.update(f"{line} (driver installs and reboots take minutes)")
+            err.print(shown(line, style="dim"))
+            status.update(shown(f"{line} (driver installs and reboots take minutes)"))
 
         result = rollout(
             fleet.loaded,
@@ -148,7 +149,7 @@ def confirm(yes: bool, hosts: int, console: Console) -> None:
 
 
 def show_plan(console: Console, plan: FleetPlan, steps: tuple[str, ...], new_content: bool = False) -> None:
-    console.print(f"[bold]Plan[/] (playbook steps: {', '.join(steps)})")
+    console.print(shown(("Plan", "bold"), f" (playbook steps: {', '.join(steps)})"))
     render_plan(plan, console, new_content)
 
 
@@ -156,9 +157,9 @@ def show_recap(console: Console, result: ApplyResult) -> None:
     for recap in result.recaps:
         lines = [f"done: {line}" for line in recap.done] + recap.notes
         if lines or recap.remaining:
-            console.print(Text(recap.host, style="bold cyan"))
+            console.print(shown((recap.host, "bold cyan")))
         for line in lines:
-            console.print(Text(f"  {line}"), soft_wrap=True)
+            console.print(shown(f"  {line}"), soft_wrap=True)
         for change in recap.remaining:
             for text in change_lines(change):
                 console.print(text, soft_wrap=True)

@@ -20,6 +20,7 @@ from rich.rule import Rule
 
 from ..errors import ProvisionError
 from ..spec.models import schema_comment
+from .output import shown
 
 DEMO_TWIN = "twin-rtx3090-nvlink.yaml"
 # PyTorch's index of CPU-only wheels (pytorch.org, "Get started"): ~190 MB instead of the CUDA build's GBs.
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     python = args.python or sys.executable
     check_torch(python)
     rig = write_demo(Path(args.dir), python)
-    console.print(f"Demo rig written to [bold]{rig}[/bold]")
+    console.print(shown("Demo rig written to ", (str(rig), "bold")))  # --dir may hold brackets
     for title, argv, expected in STEPS:
         console.print(Rule(title))
         code = main([argv[0], str(rig), *argv[1:]])
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[red]demo stopped: `{argv[0]}` exited {code}, expected {expected}[/red]")
             return 1
     console.print(Rule())
-    console.print(f"[green]Demo done.[/green] The files apply wrote are under {rig.parent / 'root'}.")
+    console.print(shown(("Demo done.", "green"), f" The files apply wrote are under {rig.parent / 'root'}."))
     return 0
 
 

@@ -2,7 +2,8 @@
 
 The first command a user runs against a fleet, and the one that shows whether the tool sees a box the way
 `nvidia-smi` does: a GPU table per host and the link matrix in `nvidia-smi topo -m` form. Unreachable hosts
-are listed with the reason and make the exit code 2; the others are shown regardless. The views import rich
+are listed with the reason and make the exit code 2; the others are shown regardless. Every value is the
+node's word (GPU names, kernel, error texts): the views print it through `output.shown`. They import rich
 inside their functions, so that `--json` never loads it.
 """
 
@@ -18,7 +19,7 @@ from ..fleet.pool import HostOutcome
 from ..node.topology import format_topology, gpu_matrix
 from ..plan.fleet import gather_facts
 from . import options
-from .output import make_console
+from .output import make_console, shown
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -53,7 +54,7 @@ def gpu_table(facts: Facts) -> Table:
     for column in ("GPU", "Name", "Memory", "Bus id", "PCIe cur / max", "Persistence"):
         table.add_column(column, justify="right" if column in ("GPU", "Memory") else "left")
     for gpu in facts.gpus:
-        table.add_row(
+        cells = (
             str(gpu.index),
             gpu.name,
             f"{gpu.memory_mib} MiB",
@@ -61,6 +62,7 @@ def gpu_table(facts: Facts) -> Table:
             _pcie(gpu.pcie),
             _persistence(gpu),
         )
+        table.add_row(*map(shown, cells))
     return table
 
 
@@ -104,31 +106,28 @@ def health_lines(facts: Facts) -> list[str]:
 
 def host_view(name: str, facts: Facts) -> RenderableType:
     from rich.console import Group
-    from rich.text import Text
 
     info = facts.host
-    title = Text.assemble(
+    title = shown(
         (name, "bold cyan"),
         f"  {info.hostname} · {info.os} · kernel {info.kernel} · python {info.python}",
         (" · simulated" if info.simulated else "", "yellow"),
     )
-    parts: list[RenderableType] = [title, Text(driver_line(facts))]
+    parts: list[RenderableType] = [title, shown(driver_line(facts))]
     if facts.gpus:
-        parts += [gpu_table(facts), Text(link_matrix(facts).rstrip("\n"))]
+        parts += [gpu_table(facts), shown(link_matrix(facts).rstrip("\n"))]
     else:
-        parts.append(Text("no GPUs"))
-    parts += [Text(line, style="yellow") for line in health_lines(facts)]
+        parts.append(shown("no GPUs"))
+    parts += [shown(line, style="yellow") for line in health_lines(facts)]
     return Group(*parts)
 
 
 def render(outcomes: dict[str, HostOutcome[Facts]], console: Console) -> None:
-    from rich.text import Text
-
     for name, outcome in outcomes.items():
         if outcome.status == "ok" and outcome.value is not None:
             console.print(host_view(name, outcome.value))
         else:
-            console.print(Text.assemble((name, "bold red"), f"  {outcome.status}: {outcome.error}"))
+            console.print(shown((name, "bold red"), f"  {outcome.status}: {outcome.error}"))
         console.print()
 
 

@@ -1,10 +1,19 @@
-"""Output helpers every command shares: a console that guesses no highlights, and the per-host recap table.
+"""Output helpers every command shares: a console that guesses no highlights, the per-host recap table, and
+the one filter that text from outside (a node's answer, a file, an error quoting either) passes on its way
+to a person's terminal.
+
+Any user of a GPU node can name a process `ESC ]0;... BEL` or `[/]`, and a node's files and error output
+may hold anything: sent raw, ESC sequences retitle, recolour or rewrite the operator's screen, and rich
+would read brackets as markup (a stray `[/x]` is a traceback). So the human views build every line that
+carries such text with `shown` (or `visible` where the line is not rich's), never as a markup string.
+`--json` keeps the exact data: json.dumps escapes control characters itself.
 
 rich is imported inside the functions that draw, so that `--json` runs never load it.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, TextIO
@@ -12,8 +21,29 @@ from typing import TYPE_CHECKING, TextIO
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red", "skipped": "dim"}
+
+
+# C0 and C1 control characters but tab and newline: ESC, CSI, BEL, backspace, CR and the like.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """`text` with each control character written out as `\\xNN`, so it is shown and never obeyed."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def shown(*parts: str | tuple[str, str], style: str = "") -> Text:
+    """One piece of printed text from plain or `(text, style)` parts: control characters shown (`visible`),
+    brackets kept as they are (a Text is never read as markup). `style` is the style of the whole."""
+    from rich.text import Text
+
+    return Text.assemble(
+        *(visible(part) if isinstance(part, str) else (visible(part[0]), part[1]) for part in parts),
+        style=style,
+    )
 
 
 def make_console(file: TextIO | None = None, width: int | None = None) -> Console:
@@ -28,7 +58,7 @@ def plural(count: int, one: str, many: str | None = None) -> str:
     return f"{count} {one if count == 1 else many or one + 's'}"
 
 
-def plain_table(title: str | None = None) -> Table:
+def plain_table(title: str | Text | None = None) -> Table:
     """A table without a frame, as the recaps print: a header line and one line per row."""
     from rich.table import Table
 
@@ -37,18 +67,17 @@ def plain_table(title: str | None = None) -> Table:
 
 def host_table(rows: Mapping[str, Mapping[str, object]], columns: Sequence[str]) -> Table:
     """A recap table, one row per host: `columns` read from each host's mapping ('' when absent); a column
-    named `status` is coloured (ok green, changed yellow, failed/unreachable red, skipped dim)."""
-    from rich.text import Text
-
+    named `status` is coloured (ok green, changed yellow, failed/unreachable red, skipped dim). Every cell is
+    `shown`: an error column quotes what a node said."""
     table = plain_table()
     table.add_column("host", style="cyan")
     for column in columns:
         table.add_column(column, justify="left" if column in ("status", "error") else "right")
     for name, row in rows.items():
-        cells: list[Text] = []
+        cells: list[Text] = [shown(name)]
         for column in columns:
             value = "" if row.get(column) is None else str(row.get(column))
             style = STATUS_STYLE.get(value, "") if column == "status" else ""
-            cells.append(Text(value, style=style))
-        table.add_row(name, *cells)
+            cells.append(shown(value, style=style))
+        table.add_row(*cells)
     return table

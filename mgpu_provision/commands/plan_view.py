@@ -6,7 +6,8 @@ with the hosts it applies to (`on 62 hosts: gpu-[001-062]`), then per host only 
 so that a hundred boxes with the same drift read like one; file diffs there only with `--diff`, each
 distinct content once. `--json` keeps the per-host document.
 
-The text views import rich inside their functions, so that `--json` never loads it.
+Summaries, errors and diffs quote what a node holds: every line is built with `output.shown`, never as
+markup. The text views import rich inside their functions, so that `--json` never loads it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..plan.change import Change
 from ..plan.fleet import FleetPlan, HostPlan, PlanTotals
-from .output import plural
+from .output import plural, shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -104,22 +105,11 @@ def host_ranges(names: Sequence[str]) -> str:
     return ", ".join(shown)
 
 
-# Control characters in a diff (an env value may hold any; a node's file may hold anything) are shown as
-# \xNN, never sent to the terminal, where ESC sequences would recolour, retitle or rewrite the screen.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def visible(line: str) -> str:
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
-
-
 def change_lines(change: Change, new_content: bool = False) -> list[Text]:
     """The Change's line and, for a changed file, its diff; a new file's whole content only on request
     (it is all `+` lines, and four of them would fill a screen)."""
-    from rich.text import Text
-
     style = ACTION_STYLE[change.action]
-    head = Text.assemble(
+    head = shown(
         ("  " + SYMBOL[change.action] + " ", style),
         (change.resource, "bold"),
         f": {change.summary}",
@@ -129,19 +119,17 @@ def change_lines(change: Change, new_content: bool = False) -> list[Text]:
     diff = change.diff if change.action != "create" or new_content else None
     for line in (diff or "").split("\n"):  # only a newline ends a line of the file; CR is shown as \x0d
         if line:
-            lines.append(Text("      " + visible(line), style=DIFF_STYLE.get(line[:1], "")))
+            lines.append(shown("      " + line, style=DIFF_STYLE.get(line[:1], "")))
     return lines
 
 
 def host_lines(host: HostPlan, new_content: bool = False) -> list[Text]:
-    from rich.text import Text
-
     name = (host.host, "bold cyan")
     if host.status != "ok":
-        return [Text.assemble(name, (f": {host.status}", "bold red"), f": {host.error or 'no reason given'}")]
+        return [shown(name, (f": {host.status}", "bold red"), f": {host.error or 'no reason given'}")]
     if not host.changes:
-        return [Text.assemble(name, (": no changes", "dim"))]
-    lines = [Text.assemble(name)]
+        return [shown(name, (": no changes", "dim"))]
+    lines = [shown(name)]
     for change in host.changes:
         lines += change_lines(change, new_content)
     return lines
@@ -166,8 +154,6 @@ def _key(change: Change) -> tuple[object, ...]:
 def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:
     """Each change that two or more hosts share once, with their names; then each host with what is its
     own (or why it could not be read); then the hosts with nothing to do."""
-    from rich.text import Text
-
     shared: dict[tuple[object, ...], tuple[Change, list[str]]] = {}
     for host in plan.hosts:
         for change in host.changes:
@@ -185,7 +171,7 @@ def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:
         if host.status != "ok":
             lines += host_lines(host)
         elif own:
-            lines.append(Text(host.host, style="bold cyan"))
+            lines.append(shown((host.host, "bold cyan")))
             for change in own:
                 head, *diff = change_lines(change, new_content=True)
                 lines += [head, *(diff if diffs else [])]
@@ -193,7 +179,7 @@ def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:
             idle.append(host.host)
     if idle:
         count = plural(len(idle), "host", "hosts")
-        lines.append(Text.assemble((f"no changes on {count}: ", "dim"), host_ranges(idle)))
+        lines.append(shown((f"no changes on {count}: ", "dim"), host_ranges(idle)))
     return lines
 
 

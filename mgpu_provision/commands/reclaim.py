@@ -3,7 +3,9 @@
 A dry run by default: it shows, per node, every process holding GPU memory and what the rig's reclaim policy
 would do with it. `--yes` ends the selected ones (SIGTERM, SIGKILL after the grace period) and verifies with
 fresh facts that their memory is free. Exit 0: nothing to do or all ended; 2: something left, refused or
-failed, or a host unreachable; 1: an error. rich is imported by the views only: `--json` never loads it.
+failed, or a host unreachable; 1: an error. Command lines, owners and reasons are the node's words (any
+user names their processes): the views print them through `output.shown`. rich is imported by the views
+only: `--json` never loads it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..fleet.pool import run_fleet
 from ..fleet.session import AgentSession
 from ..reclaim import HostReclaim, HostResult, agent_args, collect, exit_code, reclaim_on
 from . import options
+from .output import shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -59,12 +62,11 @@ NUMERIC = ("pid", "ppid", "gpu", "MiB")
 def _table(host: HostReclaim) -> Table:
     from rich.table import Table
 
-    table = Table(title=f"{host.name}", title_justify="left", expand=False)
+    table = Table(title=shown(host.name), title_justify="left", expand=False)
     for column in COLUMNS:
         table.add_column(column, overflow="fold", justify="right" if column in NUMERIC else "left")
     for p in host.processes:
-        style = ACTION_STYLE[p.action]
-        table.add_row(
+        cells = (
             str(p.pid),
             "?" if p.ppid is None else str(p.ppid),
             str(p.gpu),
@@ -72,9 +74,8 @@ def _table(host: HostReclaim) -> Table:
             p.owner or "?",
             _started(p.start_time),
             (p.command or "")[:60],
-            f"[{style}]{p.action}[/{style}]",
-            p.reason,
         )
+        table.add_row(*map(shown, cells), shown(p.action, style=ACTION_STYLE[p.action]), shown(p.reason))
     return table
 
 
@@ -102,12 +103,12 @@ def summary(hosts: list[HostReclaim], dry_run: bool) -> str:
 def render_human(hosts: list[HostReclaim], dry_run: bool, console: Console) -> None:
     for host in hosts:
         if host.status != "ok":
-            console.print(f"[red]{host.name}: {host.status}[/red]: {host.error}", highlight=False)
+            console.print(shown((f"{host.name}: {host.status}", "red"), f": {host.error}"))
         elif not host.processes:
-            console.print(f"{host.name}: no process holds GPU memory", highlight=False)
+            console.print(shown(f"{host.name}: no process holds GPU memory"))
         else:
             console.print(_table(host))
-    console.print(summary(hosts, dry_run), highlight=False)
+    console.print(shown(summary(hosts, dry_run)))
 
 
 def run(args: argparse.Namespace) -> int:

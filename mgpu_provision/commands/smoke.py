@@ -3,6 +3,7 @@
 Every selected node starts its part through its installed launcher at once (`mgpu_provision/smoke.py`);
 this module only wires the options, shows progress while the run lasts, and prints per node pass/fail,
 where each rank ran (backend, device), the world size and the all_reduce bandwidth table, or `--json`.
+Diagnoses, rank errors, GPU names and notices quote the nodes: they are printed through `output.shown`.
 Exit 0: every DDP group passed; 2: a node failed, a rank never joined or busbw is below the rig's floor;
 1: an error (rig file, selection).
 """
@@ -19,22 +20,26 @@ from rich.console import Console
 
 from ..smoke import GroupReport, SmokeReport, run_smoke
 from . import options
-from .output import plain_table, plural
+from .output import plain_table, plural, shown
+
+
+def verdict(ok: object) -> tuple[str, str]:
+    return ("pass", "green") if ok else ("FAIL", "red")
 
 
 def render_group(group: GroupReport, console: Console) -> None:
-    nodes = plain_table(f"DDP group of {group.master} (rendezvous {group.endpoint})")
+    nodes = plain_table(shown(f"DDP group of {group.master} (rendezvous {group.endpoint})"))
     for column in ("node", "rank", "result", "ranks ok", "seconds", "why"):
         nodes.add_column(column)
     for node in group.nodes:
         ranks_ok = sum(1 for r in node.ranks if r.get("ok"))
         nodes.add_row(
-            node.host,
+            shown(node.host),
             str(node.node_rank),
-            "[green]pass[/]" if node.ok else "[red]FAIL[/]",
+            shown(verdict(node.ok)),
             f"{ranks_ok}/{group.nproc_per_node}",
             f"{node.elapsed_s:.1f}",
-            node.diagnosis or "",
+            shown(node.diagnosis or ""),
         )
     console.print(nodes)
     if group.devices:
@@ -42,7 +47,8 @@ def render_group(group: GroupReport, console: Console) -> None:
         for column in ("rank", "node", "backend", "device"):
             devices.add_column(column)
         for rank in group.devices:
-            devices.add_row(str(rank["rank"]), rank["host"], str(rank["backend"]), device_text(rank))
+            cells = (str(rank["rank"]), str(rank["host"]), str(rank["backend"]), device_text(rank))
+            devices.add_row(*map(shown, cells))
         console.print(devices)
     data_parallel = [node for node in group.nodes if node.data_parallel]
     if data_parallel:
@@ -51,9 +57,7 @@ def render_group(group: GroupReport, console: Console) -> None:
             table.add_column(column)
         for node in data_parallel:
             row = node.data_parallel or {}
-            table.add_row(
-                node.host, "[green]pass[/]" if row.get("ok") else "[red]FAIL[/]", str(row.get("detail"))
-            )
+            table.add_row(shown(node.host), shown(verdict(row.get("ok"))), shown(str(row.get("detail"))))
         console.print(table)
     if group.bandwidth:
         band = plain_table(f"all_reduce over {group.world_size} ranks (nccl-tests busbw)")
@@ -67,18 +71,19 @@ def render_group(group: GroupReport, console: Console) -> None:
                 f"{row['busbw_gbps']:.3f}",
             )
         console.print(band)
-    verdict = "[green]pass[/]" if group.ok else "[red]FAIL[/]"
     floor = f", busbw floor {group.busbw_floor_gbps:g} GB/s" if group.busbw_floor_gbps is not None else ""
     if group.backend is not None and group.backend != group.requested_backend:
         floor += f" (the rig says {group.requested_backend}: simulated nodes run Gloo)"
-    console.print(
-        f"Smoke {verdict}: world size {group.world_size if group.world_size is not None else '-'} of "
+    line = shown(
+        "Smoke ",
+        verdict(group.ok),
+        f": world size {group.world_size if group.world_size is not None else '-'} of "
         f"{group.expected_world_size} ({plural(group.nnodes, 'node')} x {group.nproc_per_node} processes), "
         f"{group.ranks_joined} ranks reported, backend {group.backend or '-'}{floor}",
-        soft_wrap=True,
     )
+    console.print(line, soft_wrap=True)
     for problem in group.problems:
-        console.print(f"  [red]![/] {problem}", markup=True, highlight=False)
+        console.print(shown("  ", ("!", "red"), f" {problem}"))
 
 
 def device_text(rank: dict[str, Any]) -> str:
@@ -91,7 +96,7 @@ def device_text(rank: dict[str, Any]) -> str:
 
 def render_human(report: SmokeReport, console: Console) -> None:
     for notice in report.notices:
-        console.print(f"[yellow]note:[/] {notice}", highlight=False)
+        console.print(shown(("note:", "yellow"), f" {notice}"))
     for group in report.groups:
         render_group(group, console)
 
@@ -109,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         def on_node_done(host: str, ok: bool) -> None:
             with lock:
                 done.append(f"{host} {'pass' if ok else 'FAIL'}")
-                status.update(f"{label} - {len(done)}/{total} done: {', '.join(done)}")
+                status.update(shown(f"{label} - {len(done)}/{total} done: {', '.join(done)}"))
 
         report = run_smoke(fleet.loaded, fleet.hosts, fleet.targets, fleet.options, on_node_done)
     if args.json:

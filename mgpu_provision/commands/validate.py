@@ -12,6 +12,7 @@ import json
 
 from ..errors import SpecError
 from ..spec import load_rig
+from .output import visible
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"valid": False, "problems": [p.as_dict() for p in exc.problems]}, indent=2))
         else:
             for problem in exc.problems:
-                print(problem.render())
+                print(visible(problem.render()))  # a problem may quote the file's bytes
             print(f"{args.rig}: invalid, {_count(len(exc.problems), 'problem')}")
         return 1
     if args.json:
