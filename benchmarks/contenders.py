@@ -93,15 +93,24 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-class PlainSsh:
-    """The floor: one OpenSSH client per host, all started at once, cold connections."""
+# What `smoke` needs at the least before its ranks run, besides what the ssh floor does (a cold connection and
+# the agent's facts): a launcher process (torchrun) that starts a rank process, neither importing torch.
+TWO_PYTHON_STARTS = " && {python} -c pass && {python} -c pass"
 
-    name = "ssh"
+
+@dataclass(frozen=True)
+class PlainSsh:
+    """The floor: one OpenSSH client per host, all started at once, cold connections, running the agent's
+    facts command and then `then` (a shell suffix; {python} is the node's python)."""
+
+    name: str = "ssh"
+    then: str = ""
 
     def spawns(self, fleet: Fleet) -> list[Spawn]:
         base = (*SSH_OPTIONS, "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-i", str(fleet.key))
+        command = fleet.agent_command + self.then.format(python=shlex.quote(fleet.python))
         return [
-            Spawn(("ssh", *base, "-p", str(h.port), "-l", fleet.user, h.address, fleet.agent_command))
+            Spawn(("ssh", *base, "-p", str(h.port), "-l", fleet.user, h.address, command))
             for h in fleet.hosts
         ]
 
@@ -208,6 +217,7 @@ class Tool:
 
     verb: str
     expect_exit: int = 0
+    extra: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -221,6 +231,7 @@ class Tool:
             "--json",
             "--known-hosts",
             str(fleet.known_hosts),
+            *self.extra,
         )
         return [Spawn(argv)]
 
@@ -242,9 +253,17 @@ CONTENDERS: dict[str, Contender] = {
     "ssh": PlainSsh(),
     "facts": Tool("facts"),
     "plan": Tool("plan"),
+    # On a converged fleet apply reads each host's facts, finds nothing to do and contacts no host again:
+    # its floor is the same as plan's.
+    "apply": Tool("apply", extra=("--yes",)),
     "ansible": AnsibleAdHoc("ansible", "shell"),
     "ansible-raw": AnsibleAdHoc("ansible-raw", "raw"),
 }
+
+
+# The smoke phase's pair, on a fleet converged for smoke (real torch): its floor and the tool.
+SMOKE_FLOOR = PlainSsh("smoke-floor", TWO_PYTHON_STARTS)
+SMOKE = Tool("smoke")
 
 
 def select(names: Sequence[str]) -> list[Contender]:

@@ -48,6 +48,7 @@ class Usage:
 
     wall_s: float
     processes: tuple[Finished, ...]
+    started_at: float = 0.0  # time.time() when the first process was started
 
     @property
     def cpu_s(self) -> float:
@@ -81,6 +82,7 @@ def run_together(spawns: Sequence[Spawn]) -> Usage:
             stdin.write(spawn.stdin)
             stdin.seek(0)
         pids: list[int] = []
+        started_at = time.time()
         started = time.perf_counter()
         try:
             for spawn, (stdin, stdout, stderr), report in zip(spawns, files, reports, strict=True):
@@ -102,7 +104,7 @@ def run_together(spawns: Sequence[Spawn]) -> Usage:
             finished.append(
                 Finished(os.waitstatus_to_exitcode(status), _read(stdout), _read(stderr), cpu, rss)
             )
-        return Usage(wall, tuple(finished))
+        return Usage(wall, tuple(finished), started_at)
 
 
 def _read(handle: IO[bytes]) -> str:
