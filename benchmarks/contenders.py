@@ -71,6 +71,11 @@ class Contender(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def at_once(self) -> int | None:
+        """How many of its processes may run at a time (None: all)."""
+        ...
+
     def spawns(self, fleet: Fleet) -> list[Spawn]: ...
 
     def problem(self, fleet: Fleet, usage: Usage) -> str | None:
@@ -100,11 +105,13 @@ TWO_PYTHON_STARTS = " && {python} -c pass && {python} -c pass"
 
 @dataclass(frozen=True)
 class PlainSsh:
-    """The floor: one OpenSSH client per host, all started at once, cold connections, running the agent's
-    facts command and then `then` (a shell suffix; {python} is the node's python)."""
+    """The floor: one OpenSSH client per host, all started at once (or `at_once` at a time), cold
+    connections, running the agent's facts command and then `then` (a shell suffix; {python} is the node's
+    python)."""
 
     name: str = "ssh"
     then: str = ""
+    at_once: int | None = None
 
     def spawns(self, fleet: Fleet) -> list[Spawn]:
         base = (*SSH_OPTIONS, "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-i", str(fleet.key))
@@ -188,6 +195,7 @@ class AnsibleAdHoc:
 
     name: str
     module: str
+    at_once: int | None = None
 
     def spawns(self, fleet: Fleet) -> list[Spawn]:
         config, _ = ansible_files(fleet)
@@ -218,6 +226,7 @@ class Tool:
     verb: str
     expect_exit: int = 0
     extra: tuple[str, ...] = ()
+    at_once: int | None = None
 
     @property
     def name(self) -> str:
@@ -249,8 +258,13 @@ class Tool:
         return None
 
 
+# Past 64 hosts, 2 cores doing every key exchange at once are slower than 64 at a time (plan's default forks):
+# the floor is then the faster of the two.
+FLOOR_FORKS = 64
+
 CONTENDERS: dict[str, Contender] = {
     "ssh": PlainSsh(),
+    f"ssh-{FLOOR_FORKS}": PlainSsh(f"ssh-{FLOOR_FORKS}", at_once=FLOOR_FORKS),
     "facts": Tool("facts"),
     "plan": Tool("plan"),
     # On a converged fleet apply reads each host's facts, finds nothing to do and contacts no host again:

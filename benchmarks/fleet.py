@@ -41,7 +41,7 @@ DEFAULT_ANSIBLE = REPO / ".bench-venv" / "bin" / "ansible"
 DEFAULT_PY_SPY = REPO / ".bench-venv" / "bin" / "py-spy"
 RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_SIZES = "1,8,64,128,256"
-DEFAULT_CONTENDERS = "ssh,plan,apply"
+DEFAULT_CONTENDERS = "ssh,ssh-64,plan,apply"
 DEFAULT_SMOKE_SIZES = "1,2"
 QUICK = {"hosts": "1,8", "repeat": 1, "smoke_hosts": "1"}
 # Below this size each contender gets an untimed warm-up run; from it on, the converging `apply` and `plan`
@@ -81,7 +81,7 @@ def rotated(items: Sequence[Contender], by: int) -> list[Contender]:
 
 def checked_run(testbed: Testbed, fleet: Fleet, contender: Contender) -> tuple[Usage, Sample]:
     testbed.mark_logs()
-    usage = run_together(contender.spawns(fleet))
+    usage = run_together(contender.spawns(fleet), contender.at_once)
     problem = contender.problem(fleet, usage)
     if problem:
         raise BenchmarkError(f"{contender.name} on {len(fleet.hosts)} hosts: {problem}")
@@ -97,6 +97,11 @@ def checked_run(testbed: Testbed, fleet: Fleet, contender: Contender) -> tuple[U
     )
 
 
+def contenders_for(size: int, contenders: Sequence[Contender]) -> list[Contender]:
+    """A bounded contender with room for every host is the unbounded one again: it is not run twice."""
+    return [c for c in contenders if c.at_once is None or c.at_once < size]
+
+
 def one_run(testbed: Testbed, fleet: Fleet, contender: Contender) -> Sample:
     return checked_run(testbed, fleet, contender)[1]
 
@@ -108,11 +113,16 @@ def smoke_run(testbed: Testbed, setup: SmokeSetup, contender: Contender) -> Samp
     if contender is SMOKE_FLOOR:
         return dataclasses.replace(sample, startup_s=sample.wall_s)
     ranks = RANKS_PER_HOST * len(setup.fleet.hosts)
+    events = parse_clock(setup.clock.read_text())
     try:
-        timing = start_up(parse_clock(setup.clock.read_text()), usage.started_at, ranks)
+        timing = start_up(events, usage.started_at, ranks)
     except ValueError as exc:
         raise BenchmarkError(f"smoke on {len(setup.fleet.hosts)} hosts: {exc}") from None
-    return dataclasses.replace(sample, startup_s=timing.overhead_s, torch_s=timing.torch_s)
+    zero = usage.started_at
+    timeline = tuple(
+        (e.kind, e.pid, e.rank, round(e.begin - zero, 3), round(e.end - zero, 3)) for e in events
+    )
+    return dataclasses.replace(sample, startup_s=timing.overhead_s, torch_s=timing.torch_s, timeline=timeline)
 
 
 def measure_smoke(
@@ -177,11 +187,12 @@ def measure(
         say(f"{size:4d} hosts  converging them with apply")
         testbed.converge(size)
         fleet = testbed.fleet(size)
+        here = contenders_for(size, contenders)
         if size < WARM_UP_BELOW:
-            for contender in contenders:  # warm-up: page cache, first-run caches; not recorded
+            for contender in here:  # warm-up: page cache, first-run caches; not recorded
                 one_run(testbed, fleet, contender)
         for round_ in range(repeat):
-            for contender in rotated(contenders, round_):
+            for contender in rotated(here, round_):
                 sample = one_run(testbed, fleet, contender)
                 samples.append(sample)
                 say(f"{size:4d} hosts  round {round_ + 1}  {contender.name:8s} {sample.wall_s:7.2f} s")

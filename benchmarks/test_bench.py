@@ -24,7 +24,7 @@ from contenders import (
     ansible_results,
     select,
 )
-from fleet import DEFAULT_ANSIBLE, BenchmarkError, parse_sizes, rotated
+from fleet import DEFAULT_ANSIBLE, BenchmarkError, contenders_for, parse_sizes, rotated
 from hotspots import collapse, import_bill, summary
 from measure import Finished, Spawn, Usage, parse_time_report, run_together
 from report import Row, Sample, Singles, markdown, peer_over, summarize, verdicts, vs_floor
@@ -300,6 +300,27 @@ def test_run_together_starts_processes_at_once() -> None:
     assert usage.wall_s < 1.5
 
 
+def test_run_together_keeps_at_most_so_many_running_and_reaps_no_other_child() -> None:
+    other = subprocess.Popen(["sleep", "0.2"])  # like a test host: a child of this process, not of the run
+    code = "import sys; print(sys.argv[1])"
+    usage = run_together([Spawn(("sleep", "0.4"))] * 4 + [Spawn((sys.executable, "-c", code, "last"))], 2)
+    assert 0.8 <= usage.wall_s < 2.5  # 0.4 s sleeps two at a time, then the last one
+    assert [p.returncode for p in usage.processes] == [0] * 5 and usage.processes[-1].stdout == "last\n"
+    assert other.wait(timeout=5) == 0  # still ours to reap: the run waited only for its own processes
+
+
+def test_a_bounded_floor_runs_only_where_it_bounds_something() -> None:
+    chosen = select(["ssh", "ssh-64", "plan"])
+    assert [c.name for c in contenders_for(64, chosen)] == ["ssh", "plan"]
+    assert [c.name for c in contenders_for(128, chosen)] == ["ssh", "ssh-64", "plan"]
+
+
+def test_the_floor_is_the_faster_plain_ssh_mode_at_each_size() -> None:
+    rows = summarize([sample("ssh", 256, 40.0), sample("ssh-64", 256, 30.0), sample("plan", 256, 31.5)])
+    ratios = {r.contender: vs_floor(rows, r) for r in rows}
+    assert ratios == {"ssh": pytest.approx(40 / 30), "ssh-64": 1.0, "plan": pytest.approx(1.05)}
+
+
 def test_script_refuses_bad_arguments_with_a_message() -> None:
     done = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("fleet.py")), "--hosts", "1", "--contenders", "x"],
@@ -308,7 +329,7 @@ def test_script_refuses_bad_arguments_with_a_message() -> None:
     )
     assert done.returncode == 1
     assert done.stderr.strip() == (
-        "error: unknown contender(s) x; choose from ssh, facts, plan, apply, ansible, ansible-raw"
+        "error: unknown contender(s) x; choose from ssh, ssh-64, facts, plan, apply, ansible, ansible-raw"
     )
 
 
