@@ -235,12 +235,21 @@ def context(
         "repeat": args.repeat,
         "smoke_python": "real torch: " + args.smoke_python if args.smoke_python else "stand-in torch",
         "git": _version(["git", "-C", str(REPO), "describe", "--always", "--dirty"]),
+        "package_commit": package_commit(),
         "agent": testbed.agent_name,
         "openssh": _version(["ssh", "-V"]),
         "ansible": _version([args.ansible, "--version"]),
         "mgpu_provision": _version([testbed.mgpu_provision, "--version"]),
         "python": platform.python_version(),
     }
+
+
+def package_commit() -> str:
+    """The last commit that changed the package, and whether the frozen copy had uncommitted edits: the
+    code measured (the repository's own state also counts benchmarks/ and docs)."""
+    last = _version(["git", "-C", str(REPO), "log", "-1", "--format=%h %s", "--", "mgpu_provision"])
+    edits = _version(["git", "-C", str(REPO), "status", "--porcelain", "--", "mgpu_provision"])
+    return last + ("" if edits == "?" else " (with uncommitted edits)")
 
 
 METHOD = """\
@@ -267,9 +276,10 @@ def context_lines(info: dict[str, object]) -> list[str]:
         "",
         f"Measured {info['date_utc']} UTC with `{info['command']}` on {info['cpus']} CPUs ({info['cpu']}, "
         f"{info['memory_gib']} GiB), 1-minute load average {info['load_1m_before']:.1f} before and "
-        f"{info['load_1m_after']:.1f} after; the run took {info['duration_s']} s; git {info['git']} (package "
-        f"frozen at the start; {info['agent']}); {info['openssh']}; {info['mgpu_provision']}; open files "
-        f"limit {info['open_files_limit']}.",
+        f"{info['load_1m_after']:.1f} after; the run took {info['duration_s']} s; git {info['git']}, the "
+        f"package last changed in {info['package_commit']}, frozen at the start ({info['agent']}); "
+        f"{info['openssh']}; "
+        f"{info['mgpu_provision']}; open files limit {info['open_files_limit']}.",
         "",
         METHOD.format(repeat=info["repeat"], smoke_python=info["smoke_python"], warm_up=WARM_UP_BELOW),
     ]
