@@ -2,9 +2,9 @@
 
 Each command lives in `mgpu_provision/commands/<name>.py` with a `register(subparsers)` function that adds
 its parser and sets `func`; this module only wires them together, so commands stay small and separate.
-Command modules import what they need (pydantic, Fabric, jinja2, rich...) at the top, which costs a large
-part of a second: `main` therefore imports only the module of the command it was asked for, and every
-module only for the top-level `--help`.
+Importing a command module still costs a good part of a second (pydantic and its models; Fabric, jinja2 and
+rich load only when a run needs them, docs/ARCHITECTURE.md "Start-up"): `main` therefore imports only the
+module of the command it was asked for, and every module only for the top-level `--help`.
 """
 
 from __future__ import annotations

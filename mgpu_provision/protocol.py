@@ -107,6 +107,13 @@ def text_mapping() -> Arg:
     return Arg("a mapping of names to strings", ok)
 
 
+def text_lists_mapping() -> Arg:
+    ok = lambda v: isinstance(v, dict) and all(  # noqa: E731
+        _is_text(k) and isinstance(x, list) and all(_is_text(e) for e in x) for k, x in v.items()
+    )
+    return Arg("a mapping of names to lists of strings", ok)
+
+
 def user_name() -> Arg:
     ok = lambda v: v is None or (_is_text(v) and v != "" and not any(c.isspace() or c in ":/" for c in v))  # noqa: E731
     return Arg("a user name or null", ok)
@@ -149,6 +156,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "sizes_mib": positives(),  # none: sizes that suit the backend (node/smoke.py)
         "iters": integer(1),
         "env": text_mapping(),
+        "path_prepend": text_lists_mapping(),  # what the env files put in front of PATH and the like
         "node": line(),
         "launcher": optional_text(),  # the installed mgpu-torchrun; null: smoke runs torchrun itself
         "files": installed_files(),  # checked before any rank starts

@@ -23,7 +23,7 @@ from .fleet.session import AgentSession, read_facts
 from .fleet.targets import HostTarget
 from .node.smoke import DATA_PARALLEL_TIMEOUT_S
 from .plan.host import facts_request
-from .plan.resources.envfiles import desired_files, environment, launcher_path
+from .plan.resources.envfiles import desired_files, environment, launcher_path, path_prepends
 from .protocol import smoke_cleanup_request
 from .spec.models import Host
 from .spec.rig import LoadedRig, Rendezvous
@@ -166,6 +166,7 @@ def for_this_node(loaded: LoadedRig, host: Host, part: NodePart, facts: Facts) -
     return {
         **part.args,
         "env": dict(environment(loaded, loaded.rig_of(host), facts)),
+        "path_prepend": dict(path_prepends(loaded, loaded.rig_of(host))),
         "files": installed_files(loaded, host, part.args["launcher"], facts),
     }
 

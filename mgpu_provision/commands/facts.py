@@ -2,26 +2,27 @@
 
 The first command a user runs against a fleet, and the one that shows whether the tool sees a box the way
 `nvidia-smi` does: a GPU table per host and the link matrix in `nvidia-smi topo -m` form. Unreachable hosts
-are listed with the reason and make the exit code 2; the others are shown regardless.
+are listed with the reason and make the exit code 2; the others are shown regardless. The views import rich
+inside their functions, so that `--json` never loads it.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
-from typing import Any
-
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from ..facts import Facts, Gpu, PcieLink
 from ..fleet.pool import HostOutcome
 from ..node.topology import format_topology, gpu_matrix
 from ..plan.fleet import gather_facts
 from . import options
+from .output import make_console
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.table import Table
 
 
 def as_json(outcomes: dict[str, HostOutcome[Facts]]) -> dict[str, Any]:
@@ -46,6 +47,8 @@ def _persistence(gpu: Gpu) -> str:
 
 
 def gpu_table(facts: Facts) -> Table:
+    from rich.table import Table
+
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
     for column in ("GPU", "Name", "Memory", "Bus id", "PCIe cur / max", "Persistence"):
         table.add_column(column, justify="right" if column in ("GPU", "Memory") else "left")
@@ -88,7 +91,7 @@ def link_matrix(facts: Facts) -> str:
 
     # Facts carry no CPU/NUMA affinity, so the matrix is printed without those trailing columns.
     count = len(facts.gpus) + len(facts.lost_gpus)  # a lost GPU keeps its index: its cells read `?`
-    return format_topology(dataclasses.replace(gpu_matrix(count, cell), titles=()))
+    return format_topology(gpu_matrix(count, cell)._replace(titles=()))
 
 
 def health_lines(facts: Facts) -> list[str]:
@@ -100,6 +103,9 @@ def health_lines(facts: Facts) -> list[str]:
 
 
 def host_view(name: str, facts: Facts) -> RenderableType:
+    from rich.console import Group
+    from rich.text import Text
+
     info = facts.host
     title = Text.assemble(
         (name, "bold cyan"),
@@ -116,6 +122,8 @@ def host_view(name: str, facts: Facts) -> RenderableType:
 
 
 def render(outcomes: dict[str, HostOutcome[Facts]], console: Console) -> None:
+    from rich.text import Text
+
     for name, outcome in outcomes.items():
         if outcome.status == "ok" and outcome.value is not None:
             console.print(host_view(name, outcome.value))
@@ -132,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         # Piped output has no terminal width; rich's 80-column default would cut GPU names.
         width = None if sys.stdout.isatty() else 160
-        render(outcomes, Console(file=sys.stdout, highlight=False, width=width))
+        render(outcomes, make_console(width=width))
     return 0 if all(o.status == "ok" for o in outcomes.values()) else 2
 
 

@@ -36,7 +36,9 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     """The rig file and the options that choose hosts and say how to reach them."""
     parser.add_argument("rig", metavar="RIG", type=Path, help="the rig file (YAML)")
     parser.add_argument(
-        "--limit", metavar="PATTERN", help='hosts to act on: "gpu-a,rtx*,!gpu-c" (names, groups)'
+        "--limit",
+        metavar="PATTERN",
+        help='hosts to act on: "gpu-a,rtx*,!gpu-c" (host names, groups, inventory groups, rig types)',
     )
     parser.add_argument("--json", action="store_true", help="print JSON (stable keys) instead of tables")
     parser.add_argument(

@@ -5,6 +5,8 @@ a person reads is tested as text. One host shows its changes in full. A fleet sh
 with the hosts it applies to (`on 62 hosts: gpu-[001-062]`), then per host only what no other host shares,
 so that a hundred boxes with the same drift read like one; file diffs there only with `--diff`, each
 distinct content once. `--json` keeps the per-host document.
+
+The text views import rich inside their functions, so that `--json` never loads it.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Sequence
-from typing import Any
-
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from ..plan.change import Change
 from ..plan.fleet import FleetPlan, HostPlan, PlanTotals
 from .output import plural
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
 
 PLAN_JSON_VERSION = 1
 SYMBOL = {"create": "+", "update": "~", "delete": "-", "verify-failed": "!", "manual": "?"}
@@ -101,9 +104,20 @@ def host_ranges(names: Sequence[str]) -> str:
     return ", ".join(shown)
 
 
+# Control characters in a diff (an env value may hold any; a node's file may hold anything) are shown as
+# \xNN, never sent to the terminal, where ESC sequences would recolour, retitle or rewrite the screen.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(line: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+
+
 def change_lines(change: Change, new_content: bool = False) -> list[Text]:
     """The Change's line and, for a changed file, its diff; a new file's whole content only on request
     (it is all `+` lines, and four of them would fill a screen)."""
+    from rich.text import Text
+
     style = ACTION_STYLE[change.action]
     head = Text.assemble(
         ("  " + SYMBOL[change.action] + " ", style),
@@ -113,12 +127,15 @@ def change_lines(change: Change, new_content: bool = False) -> list[Text]:
     )
     lines = [head]
     diff = change.diff if change.action != "create" or new_content else None
-    for line in (diff or "").splitlines():
-        lines.append(Text("      " + line, style=DIFF_STYLE.get(line[:1], "")))
+    for line in (diff or "").split("\n"):  # only a newline ends a line of the file; CR is shown as \x0d
+        if line:
+            lines.append(Text("      " + visible(line), style=DIFF_STYLE.get(line[:1], "")))
     return lines
 
 
 def host_lines(host: HostPlan, new_content: bool = False) -> list[Text]:
+    from rich.text import Text
+
     name = (host.host, "bold cyan")
     if host.status != "ok":
         return [Text.assemble(name, (f": {host.status}", "bold red"), f": {host.error or 'no reason given'}")]
@@ -133,6 +150,8 @@ def host_lines(host: HostPlan, new_content: bool = False) -> list[Text]:
 def render_plan(plan: FleetPlan, console: Console, new_content: bool = False) -> None:
     """Changes (`+` create, `~` update, `-` delete, `!` failed check, `?` manual), then the totals line: one
     host in full, a fleet grouped (see the module's docstring)."""
+    from rich.text import Text
+
     lines = host_lines(plan.hosts[0], new_content) if len(plan.hosts) == 1 else fleet_lines(plan, new_content)
     for line in lines:
         console.print(line, soft_wrap=True)  # long paths and diff lines stay whole when piped
@@ -147,6 +166,8 @@ def _key(change: Change) -> tuple[object, ...]:
 def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:
     """Each change that two or more hosts share once, with their names; then each host with what is its
     own (or why it could not be read); then the hosts with nothing to do."""
+    from rich.text import Text
+
     shared: dict[tuple[object, ...], tuple[Change, list[str]]] = {}
     for host in plan.hosts:
         for change in host.changes:

@@ -3,7 +3,7 @@
 A dry run by default: it shows, per node, every process holding GPU memory and what the rig's reclaim policy
 would do with it. `--yes` ends the selected ones (SIGTERM, SIGKILL after the grace period) and verifies with
 fresh facts that their memory is free. Exit 0: nothing to do or all ended; 2: something left, refused or
-failed, or a host unreachable; 1: an error.
+failed, or a host unreachable; 1: an error. rich is imported by the views only: `--json` never loads it.
 """
 
 from __future__ import annotations
@@ -12,16 +12,17 @@ import argparse
 import json
 import sys
 from datetime import datetime
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from .. import protocol
 from ..fleet.pool import run_fleet
 from ..fleet.session import AgentSession
 from ..reclaim import HostReclaim, HostResult, agent_args, collect, exit_code, reclaim_on
 from . import options
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 
 def as_json(hosts: list[HostReclaim], dry_run: bool, user: str | None = None) -> dict[str, Any]:
@@ -56,6 +57,8 @@ NUMERIC = ("pid", "ppid", "gpu", "MiB")
 
 
 def _table(host: HostReclaim) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"{host.name}", title_justify="left", expand=False)
     for column in COLUMNS:
         table.add_column(column, overflow="fold", justify="right" if column in NUMERIC else "left")
@@ -119,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(as_json(hosts, dry_run, args.user), indent=2))
     else:
+        from rich.console import Console
+
         render_human(hosts, dry_run, Console(file=sys.stdout))
     return exit_code(hosts)
 

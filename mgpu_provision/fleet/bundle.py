@@ -9,6 +9,7 @@ cache (`~/.cache/mgpu-provision/bundles/<hash of the sources>.pyz`) and reused w
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import io
@@ -73,9 +74,25 @@ def _sources_key(files: dict[str, bytes]) -> str:
 
 
 def build_agent(cache_dir: Path | None = None) -> AgentBundle:
-    """The agent zipapp, reused from the cache while the sources are unchanged (a broken cache is skipped)."""
+    """The agent zipapp, reused from the cache while the sources are unchanged (a broken cache is skipped).
+
+    Without `cache_dir` it is this process's agent, read and hashed once (~40 source files, 3-4 ms): apply
+    asks for it again for every `--serial` batch, smoke for its clean-up, and the sources do not change
+    during a run.
+    """
+    if cache_dir is None:
+        return _this_process_agent()
+    return _build(cache_dir)
+
+
+@functools.cache
+def _this_process_agent() -> AgentBundle:
+    return _build(bundle_cache_dir())
+
+
+def _build(cache_dir: Path) -> AgentBundle:
     files = agent_files()
-    cached = (cache_dir or bundle_cache_dir()) / f"{_sources_key(files)}.pyz"
+    cached = cache_dir / f"{_sources_key(files)}.pyz"
     try:
         data = cached.read_bytes()
     except OSError:

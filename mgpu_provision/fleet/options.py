@@ -1,20 +1,27 @@
 """How a run goes over the fleet: how many hosts at a time, host-key policy, and what its connections share.
 
-Each known_hosts file is parsed once per run and shared by its connections (`SharedSsh`): parsed per host,
-it cost time that grew with the square of the fleet.
+What every connection of a run reads alike is read once per run and shared (`SharedSsh`): the known_hosts
+files, the private key files and the ssh_config. Read per host, they cost CPU on every connection (known_hosts
+even time growing with the square of the fleet).
 """
 
 from __future__ import annotations
 
+import errno
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from .known_hosts import KnownHosts
 
 if TYPE_CHECKING:
     import paramiko
 
 MAX_FORKS = 64
+# Where Fabric looks for ssh_config when none is given, in its order.
+USER_SSH_CONFIG = Path("~/.ssh/config")
+SYSTEM_SSH_CONFIG = Path("/etc/ssh/ssh_config")
 
 
 class AgentPayload(Protocol):
@@ -29,18 +36,52 @@ class AgentPayload(Protocol):
 
 @dataclass
 class SharedSsh:
-    """One run's parsed known_hosts files (per path), read by every worker; new keys added under a lock."""
+    """One run's parsed known_hosts files and private keys (per path) and its ssh_config, made on first use
+    by whichever worker needs them, then read by all (keys and SSHConfig lookups change nothing; known_hosts
+    gains accepted keys under its own lock)."""
 
-    host_keys: dict[Path, Any] = field(default_factory=dict)
+    host_keys: dict[Path, KnownHosts] = field(default_factory=dict)
+    private_keys: dict[str, paramiko.PKey | None] = field(default_factory=dict)
+    parsed_ssh_config: paramiko.SSHConfig | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def known_hosts(self, path: Path) -> paramiko.HostKeys:
+    def known_hosts(self, path: Path) -> KnownHosts:
+        with self.lock:
+            if path not in self.host_keys:
+                self.host_keys[path] = KnownHosts(path)
+            return self.host_keys[path]
+
+    def private_key(self, path: str) -> paramiko.PKey | None:
+        """The key in `path` (and its `-cert.pub` certificate), or None when it cannot be read without help
+        (a passphrase, a missing file): the connection then names the file to Paramiko, which tries it and
+        goes on to the ssh-agent and the default keys, and reports why it failed as before."""
         import paramiko  # only once a connection opens
 
         with self.lock:
-            if path not in self.host_keys:
-                self.host_keys[path] = paramiko.HostKeys(str(path) if path.exists() else None)
-            return self.host_keys[path]
+            if path not in self.private_keys:
+                try:
+                    self.private_keys[path] = paramiko.PKey.from_path(path)
+                except (OSError, ValueError, TypeError, paramiko.SSHException, paramiko.pkey.UnknownKeyType):
+                    self.private_keys[path] = None
+            return self.private_keys[path]
+
+    def ssh_config(self, runtime: Path | None) -> paramiko.SSHConfig:
+        """The ssh_config Fabric would read for each connection: `runtime` alone (OpenSSH's -F) when given,
+        else ~/.ssh/config then /etc/ssh/ssh_config, where they exist."""
+        import paramiko
+
+        with self.lock:
+            if self.parsed_ssh_config is None:
+                if runtime is not None and not runtime.exists():
+                    raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(runtime))
+                paths = [runtime] if runtime is not None else [USER_SSH_CONFIG, SYSTEM_SSH_CONFIG]
+                config = paramiko.SSHConfig()
+                for path in (p.expanduser() for p in paths):
+                    if path.is_file():
+                        with path.open(encoding="utf-8") as text:
+                            config.parse(text)
+                self.parsed_ssh_config = config
+            return self.parsed_ssh_config
 
 
 @dataclass

@@ -6,7 +6,8 @@ types a person cannot act on. This module fixes those three things and nothing e
 agent protocol live in `pool.py` and `session.py`.
 
 The Fabric config is not shared between connections: a Connection writes setting changes into its config
-(invoke merges them), which races between threads (seen at 64 hosts).
+(invoke merges them), which races between threads (seen at 64 hosts). What the configs read (the ssh_config,
+known_hosts, the key files) is read once per run and shared instead (`options.SharedSsh`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ import fabric
 import paramiko
 
 from ..errors import ConnectionFailed
+from .known_hosts import KnownHosts
 from .options import FleetOptions, SharedSsh
 from .targets import HostTarget, describe
-
-# One lock for every known_hosts append in this process: worker threads accept keys concurrently.
-_KNOWN_HOSTS_LOCK = threading.Lock()
 
 # Paramiko logs every failed transport at ERROR, traceback included, and where nothing configured logging
 # Python's last-resort handler prints those records on stderr. Each failure reaches the person as one
@@ -67,21 +66,11 @@ class _RejectUnknown(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
 class _AcceptNew(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
     """Like OpenSSH's StrictHostKeyChecking=accept-new: record unknown keys; changed keys still fail."""
 
-    def __init__(self, known_hosts: Path) -> None:
+    def __init__(self, known_hosts: KnownHosts) -> None:
         self._known_hosts = known_hosts
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        host_keys = client.get_host_keys()  # shared by the run's connections: look and add under the lock
-        with _KNOWN_HOSTS_LOCK:
-            recorded = (host_keys.lookup(hostname) or {}).get(key.get_name())
-            if recorded is not None:  # another worker reached the same host first
-                if recorded != key:
-                    raise paramiko.BadHostKeyException(hostname, key, recorded)
-                return
-            host_keys.add(hostname, key.get_name(), key)
-            self._known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with self._known_hosts.open("a", encoding="ascii") as out:
-                out.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        self._known_hosts.record(hostname, key)
 
 
 def _known_hosts_path(conn: fabric.Connection, options: FleetOptions) -> Path:
@@ -95,11 +84,14 @@ def _known_hosts_path(conn: fabric.Connection, options: FleetOptions) -> Path:
 
 def _guard_host_keys(conn: fabric.Connection, where: str, options: FleetOptions) -> None:
     """Replace Fabric's AutoAddPolicy on this connection and on every gateway hop before it."""
-    known_hosts = _known_hosts_path(conn, options)
-    # Paramiko offers no setter: share the run's parsed file instead of parsing it again for every host.
-    conn.client._host_keys = shared_ssh(options).known_hosts(known_hosts)
+    path = _known_hosts_path(conn, options)
+    known_hosts = shared_ssh(options).known_hosts(path)
+    # Only this host's keys, from the run's one parse of the file: Paramiko's own lookup scans every entry.
+    name = known_hosts_name(conn.host, conn.port)
+    for key_type, key in known_hosts.keys_of(name).items():
+        conn.client.get_host_keys().add(name, key_type, key)
     policy: paramiko.MissingHostKeyPolicy = (
-        _AcceptNew(known_hosts) if options.accept_new_host_keys else _RejectUnknown(where, known_hosts)
+        _AcceptNew(known_hosts) if options.accept_new_host_keys else _RejectUnknown(where, path)
     )
     conn.client.set_missing_host_key_policy(policy)
     if isinstance(conn.gateway, fabric.Connection):
@@ -128,14 +120,18 @@ def shared_ssh(options: FleetOptions) -> SharedSsh:
 
 def make_connection(target: HostTarget, options: FleetOptions) -> fabric.Connection:
     """An unopened Fabric Connection for the target with host keys guarded and every timeout set."""
-    config = (
-        fabric.Config(runtime_ssh_path=str(options.ssh_config)) if options.ssh_config else fabric.Config()
-    )
+    shared = shared_ssh(options)
+    config = fabric.Config(ssh_config=shared.ssh_config(options.ssh_config))
     # Fabric truncates connect_timeout to an int (and 0 means none), so round up to a whole second.
     connect_timeout = max(1, math.ceil(target.connect_timeout_s))
     connect_kwargs: dict[str, Any] = _timeouts(target.connect_timeout_s)
     if target.identity_file:
-        connect_kwargs["key_filename"] = [target.identity_file]
+        # Read once per run: named as a file, Paramiko reads it per connection, up to once per key type.
+        key = shared.private_key(target.identity_file)
+        if key is not None:
+            connect_kwargs["pkey"] = key
+        else:
+            connect_kwargs["key_filename"] = [target.identity_file]
     gateway = None
     if target.jump:
         gateway = fabric.Connection(
@@ -173,9 +169,7 @@ def open_connection(target: HostTarget, options: FleetOptions) -> fabric.Connect
             hop, started = conn, time.monotonic()
         conn.open()
     except BaseException as exc:
-        conn.close()
-        if gateway is not None:
-            gateway.close()
+        close_connection(conn)
         if isinstance(exc, Exception):
             where = describe(target, conn)
             if hop is gateway:
@@ -186,6 +180,13 @@ def open_connection(target: HostTarget, options: FleetOptions) -> fabric.Connect
             raise ConnectionFailed(message) from exc
         raise
     return conn
+
+
+def close_connection(conn: fabric.Connection) -> None:
+    """Close the connection and every jump host before it: Fabric's `close` leaves the gateway logged in."""
+    conn.close()
+    if isinstance(conn.gateway, fabric.Connection):
+        close_connection(conn.gateway)
 
 
 def connect_error_message(

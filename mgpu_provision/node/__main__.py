@@ -1,8 +1,10 @@
 """Entry point of the node agent: `python3 agent.pyz VERB`, a JSON request on stdin, one JSON reply on stdout.
 
 The envelope is the protocol of docs/ARCHITECTURE.md. Verbs import their modules only when called, so a
-`facts` call on a slow node does not pay for the code of `smoke` or `reclaim`. Anything a verb cannot do is
-an error envelope with a kind and a plain message (exit 0); a non-zero exit means the agent itself broke.
+`facts` call on a slow node does not pay for the code of `smoke` or `reclaim`; so do the rare paths here
+(unpacking, a bug's traceback), since every call pays for each module imported at the top. Anything a verb
+cannot do is an error envelope with a kind and a plain message (exit 0); a non-zero exit means the agent
+itself broke.
 
 Python never caches bytecode for modules imported from a zip, so every call from the zipapp would compile
 the agent again. The first run from `agent-<hash>.pyz` therefore unpacks it beside itself into
@@ -13,10 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
-import traceback
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from .. import __version__
@@ -98,6 +97,8 @@ def handle(
     except AgentFailure as exc:
         return _error(exc.kind, exc.message), None
     except Exception as exc:  # a bug in a verb: reported in the envelope, the traceback goes to stderr
+        import traceback
+
         traceback.print_exc()
         return _error("internal", f"{type(exc).__name__}: {exc}"), None
 
@@ -118,7 +119,9 @@ def unpack_beside(archive: str) -> Optional[str]:
     final = archive[: -len(".pyz")]
     if os.path.isdir(final):
         return final
-    import zipfile  # only on the first run of a version
+    import shutil  # these only on the first run of a version
+    import tempfile
+    import zipfile
 
     try:
         partial = tempfile.mkdtemp(prefix=".unpack-", dir=os.path.dirname(archive))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import apt, dnf, runfile, sources
+from . import sources
 from .errors import AgentFailure
 from .packages import installed_debs, rpm_provider, run_all, upstream, version_key
 
@@ -36,6 +36,8 @@ def source_and_flavor(step: Dict[str, Any]) -> Tuple[str, str]:
 
 def install(step: Dict[str, Any], current: Optional[str]) -> Tuple[bool, str]:
     """Install the step's driver unless the exact version is already there; return (changed, message)."""
+    from . import apt, dnf, runfile  # only an install needs them: facts reads versions through this module
+
     branch = branch_of(step)
     method = step.get("method") or "apt"
     source, flavor = source_and_flavor(step)

@@ -7,7 +7,6 @@ links come and go as the twin's matrix and `nvlink_down` say, and a reboot yield
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..protocol import GPU_SETTINGS_UNIT
@@ -180,6 +179,8 @@ class SimulatedBackend(SimulatedHealth, Backend):
         # else the unit ran at boot and set again what apply had set: the overlay keeps those values
         if self.twin.state.get("nouveau_blacklisted"):
             self.twin.state["nouveau_blacklisted_at_boot"] = True
+        import uuid  # only a simulated reboot needs it (and it loads `platform`)
+
         self.twin.state["boot_id"] = str(uuid.uuid4())
         self.twin.save_state()
         return None

@@ -31,7 +31,7 @@ import tempfile
 import time
 from typing import IO, Any
 
-from . import files, procs, torch_probe
+from . import envpath, files, procs, torch_probe
 from .errors import AgentFailure
 from .smoke_program import DATA_PARALLEL_FILE, DATA_PARALLEL_FLAG, data_parallel_row
 
@@ -58,7 +58,8 @@ class Request:
 
     python, nnodes, node_rank, nproc_per_node, master_addr, master_port, backend (nccl|gloo), rdzv_backend
     (static|c10d), rdzv_id, timeout_s, batch_size; optional: sizes_mib (default by backend), env (str -> str:
-    what the env files set), run_id (default rdzv_id), node (the name used in messages, default the
+    what the env files set), path_prepend (str -> [str]: what they put in front of PATH and the like),
+    run_id (default rdzv_id), node (the name used in messages, default the
     hostname), iters (timed all_reduces per size), launcher (the installed launcher's path, or null), files
     (what the launcher and env files must hold: role, path, content, mode). `simulated`: the agent's twin.
     """
@@ -87,6 +88,7 @@ class Request:
         self.sizes_mib = [float(s) for s in sizes]
         self.iters = int(args.get("iters") or DEFAULT_ITERS)
         self.env: dict[str, str] = dict(args.get("env") or {})
+        self.path_prepend: dict[str, list[str]] = dict(args.get("path_prepend") or {})
         self.node = str(args.get("node") or socket.gethostname())
         launcher = args.get("launcher")
         self.launcher: str | None = str(launcher) if launcher else None
@@ -171,6 +173,8 @@ def child_environment(req: Request, base: dict[str, str], rig_env: bool = True) 
     env = dict(base)
     if rig_env:
         env.update(req.env)
+        for name, entries in req.path_prepend.items():
+            env[name] = envpath.prepend(base.get(name), entries)
     env.setdefault("OMP_NUM_THREADS", "1")  # torch's default of one thread per core starves the other ranks
     env["PYTHONUNBUFFERED"] = "1"  # a killed rank's last words must reach the log
     env[MARKER_ENV] = req.marker

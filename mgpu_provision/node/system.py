@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import getpass
 import os
-import platform
 import re
-import socket
 import subprocess
+import sys
 from typing import Dict, List, Optional
 
 _NVRM = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+([0-9]+(?:\.[0-9]+)+)")
@@ -80,12 +79,12 @@ def host_info(
     release = read_text("/etc/os-release")
     return {
         **(distribution or os_release(release)),
-        "hostname": socket.gethostname(),
+        "hostname": uname.nodename,  # gethostname(2) is uname's nodename; `socket` costs every call
         "os": os_pretty_name(release),
         "kernel": uname.release,
         "arch": uname.machine,
         "boot_id": boot,
-        "python": platform.python_version(),
+        "python": sys.version.split()[0],  # what platform.python_version() parses, without importing it
         "user": _user(),
         "simulated": simulated,
     }

@@ -15,8 +15,7 @@ import errno
 import os
 import re
 import stat
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 # Cell tokens: self, PCIe classes (SOC is the old drivers' word for the socket interconnect, PSB comes from
 # DCGM's variant of the legend) and bonded NVLink sets.
@@ -38,8 +37,9 @@ class TopologyParseError(ValueError):
         super().__init__(f"line {line}: {message}")
 
 
-@dataclass(frozen=True)
-class TopoRow:
+# NamedTuples, not dataclasses: every agent call loads this module, and `dataclasses` (with `inspect`) would
+# be the costliest import of the facts verb.
+class TopoRow(NamedTuple):
     """One device's row: its cells in column order and, for GPUs, where it sits relative to CPUs."""
 
     cells: Tuple[str, ...]
@@ -48,14 +48,14 @@ class TopoRow:
     gpu_numa_id: Optional[str] = None
 
 
-@dataclass(frozen=True)
-class TopoMatrix:
-    """A parsed matrix. `devices` are the column labels in order (GPUs first, then NICs)."""
+class TopoMatrix(NamedTuple):
+    """A parsed matrix. `devices` are the column labels in order (GPUs first, then NICs). Never changed once
+    made (`_replace` makes another), so the empty `nic_names` default can be one shared dict."""
 
     devices: Tuple[str, ...]
     rows: Dict[str, TopoRow]
     titles: Tuple[str, ...] = _TRAILING_TITLES
-    nic_names: Dict[str, str] = field(default_factory=dict)
+    nic_names: Dict[str, str] = {}  # noqa: RUF012 - never changed, see the docstring
 
     @property
     def gpu_count(self) -> int:

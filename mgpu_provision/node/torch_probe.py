@@ -16,18 +16,20 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from .system import read_text
 
-# argv[1] is the key of the cached answer: when torch is still the same, say so instead of importing it.
+# argv[1] is the key of the cached answer (its repr): when torch is still the same, say so instead of
+# importing it. That is every plan's path on a box that did not change, so it does not even import json.
 _TORCH_PROBE = """
-import importlib.util, json, os, sys
+import importlib.util, os, sys
 try:
     origin = importlib.util.find_spec("torch").origin
     found = os.stat(origin)
     key = [os.path.realpath(sys.executable), origin, found.st_mtime_ns, found.st_size]
 except Exception:
     key = None
-if key is not None and json.dumps(key) == sys.argv[1]:
-    print(json.dumps({"key": key, "cached": True}))
+if key is not None and repr(key) == sys.argv[1]:
+    print('{"cached": true}')
     sys.exit()
+import json
 try:
     import torch
 except ImportError as exc:
@@ -98,7 +100,7 @@ def probe_torch(
     entry: Dict[str, Any] = found if isinstance(found, dict) else {}
     state = _node_state(os.environ if env is None else env)
     usable = entry.get("state") == state and isinstance(entry.get("answer"), dict)
-    cached_key = json.dumps(entry.get("key")) if usable else ""
+    cached_key = repr(entry.get("key")) if usable else ""
     result: Dict[str, Any] = {"python": python, "ok": False}
     try:
         done = subprocess.run(

@@ -13,7 +13,6 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from .atomic import atomic_write
 from .errors import AgentFailure
 from .miniyaml import MiniYamlError, loads
 from .topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
@@ -105,6 +104,8 @@ class Twin:
         return bool(self.gpus[gpu].get("persistence", False) if override is None else override)
 
     def save_state(self) -> None:
+        from .atomic import atomic_write  # only simulated changes write: facts never pays for it
+
         text = json.dumps(self.state, indent=2, sort_keys=True) + "\n"
         atomic_write(self.state_path, text.encode("utf-8"), 0o644)
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from ..errors import SpecError, SpecProblem
 from ..node.topology import TopoMatrix
 from .files import read_topologies
+from .inventory_part import InventoryPart, read_inventory_part
 from .messages import field_name, schema_findings, unwrap
 from .models import Host, Rig, RigFile
 from .rig import LoadedRig
@@ -46,7 +47,13 @@ def load_rig(path: str | Path) -> LoadedRig:
         spec = RigFile.model_validate(data)
     except ValidationError as exc:
         findings.extend(schema_findings(exc.errors(), source))
-    rule_findings, topologies = _rule_findings(data, spec, base_dir)
+    part = read_inventory_part(data, base_dir)
+    for problem in part.problems:
+        if problem.file is not None:
+            problems.append(SpecProblem(problem.file, problem.message, problem.line))
+        else:
+            findings.append((Finding(problem.loc, problem.message, problem.at_key), False))
+    rule_findings, topologies = _rule_findings(data, spec, base_dir, part)
     findings.extend((f, False) for f in rule_findings)
     # A refused tag or merge key already explains why the value under it is missing or wrong.
     explained = [loc for loc, _, _ in yaml_problems]
@@ -59,9 +66,12 @@ def load_rig(path: str | Path) -> LoadedRig:
             pos = source.position(finding.loc, at_key=finding.at_key)
         problems.append(SpecProblem(shown, finding.message, pos.line, pos.column, field_name(finding.loc)))
     if problems:
-        problems.sort(key=lambda p: (p.line or 0, p.column or 0))
+        # The rig file's problems first, then those of the inventory and its variable files.
+        problems.sort(key=lambda p: (p.file != shown, p.file, p.line or 0, p.column or 0))
         raise SpecError(problems)
     assert spec is not None  # no problems means the schema validated
+    if part.hosts:
+        spec = spec.model_copy(update={"hosts": [*spec.hosts, *part.hosts]})
     parsed = {name: found for name, found in topologies.items() if not isinstance(found, str)}
     return LoadedRig(path=path, base_dir=base_dir, spec=spec, topologies=parsed)
 
@@ -117,7 +127,7 @@ def _salvage_section(name: str, raw: object, left_out: list[Loc]) -> Any:
 
 
 def _rule_findings(
-    data: dict[str, object], spec: RigFile | None, base_dir: Path
+    data: dict[str, object], spec: RigFile | None, base_dir: Path, part: InventoryPart
 ) -> tuple[list[Finding], dict[str, TopoMatrix | str]]:
     """Rule findings, also for a file with schema errors: rules see the parts that did validate; and the
     rigs' topology files as read (once) for the rules and the loaded rig.
@@ -129,7 +139,7 @@ def _rule_findings(
     assert isinstance(raw_hosts, list) and isinstance(raw_rigs, dict)
     declared_hosts = frozenset(
         item["name"] for item in raw_hosts if isinstance(item, dict) and isinstance(item.get("name"), str)
-    )
+    ) | {host.name for host in part.hosts}
     declared_rigs = frozenset(name for name in raw_rigs if isinstance(name, str))
     left_out: list[Loc] = []
     if spec is None:
@@ -145,11 +155,15 @@ def _rule_findings(
             rigs={name: rig for name, rig in rigs.items() if rig is not None},
             **{name: value for name, value in sections.items() if value is not None},
         )
-        host_index = tuple(i for i, host in hosts if host is not None)
+        host_index: tuple[Loc, ...] = tuple(("hosts", i) for i, host in hosts if host is not None)
     else:
-        host_index = tuple(range(len(spec.hosts)))
+        host_index = tuple(("hosts", i) for i in range(len(spec.hosts)))
+    spec = spec.model_copy(update={"hosts": [*spec.hosts, *part.hosts]})
+    host_index += tuple(("rig_groups", group) for group in part.groups)
     topologies = read_topologies(spec.rigs.items(), base_dir)
-    inp = RuleInput(spec, host_index, declared_hosts, declared_rigs, base_dir, topologies)
+    inp = RuleInput(
+        spec, host_index, declared_hosts, declared_rigs, base_dir, topologies, hosts_known=part.readable
+    )
     # A finding inside a left-out part, or about a part that lost a child, may only echo the schema error.
     findings = [f for f in check_rules(inp) if not any(_related(f.loc, part) for part in left_out)]
     return findings, topologies

@@ -24,6 +24,7 @@ from .source import SourceMap
 _PATTERN_HELP = {
     models.HOST_NAME: "a name of letters, digits, '.', '_' and '-' (starting with a letter or digit)",
     models.ENV_NAME: "a variable name of letters, digits and '_' (not starting with a digit)",
+    models.INVENTORY_GROUP: "an Ansible group name of letters, digits, '_', '.' and '-'",
     models.GPU_UUID: "a GPU UUID such as GPU-1aff65f8-8897-eaee-29e4-6871ef7491a0",
     models.DRIVER_VERSION: 'a driver version such as "550.54.15"',
     models.DRIVER_BRANCH: 'a driver branch such as "550"',
@@ -148,6 +149,11 @@ def _message(error: ErrorDetails, loc: Loc, source: SourceMap) -> str:
     if kind == "value_error":
         return str(error["msg"]).removeprefix("Value error, ")
     return str(error["msg"])
+
+
+def error_message(error: ErrorDetails) -> str:
+    """One pydantic error in words, for a value that was not written in the rig file (an inventory's)."""
+    return _message(error, tuple(error["loc"]), SourceMap())
 
 
 def _unknown_key(loc: Loc) -> str:

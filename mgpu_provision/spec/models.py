@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 SAFE_TOKEN = r"^[A-Za-z0-9_.,:=@%+/^-]*$"
 HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+# An Ansible group name: Ansible asks for letters, digits and `_`, and by default still accepts `-` and `.`.
+INVENTORY_GROUP = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$"
 # GPU-<uuid>, MIG-<uuid>, or the older MIG-GPU-<uuid>/<gpu instance>/<compute instance> (CUDA accepts all)
 GPU_UUID = r"^(GPU|MIG|MIG-GPU)-[0-9a-fA-F-]{8,}(/[0-9]+/[0-9]+)?$"
 DRIVER_VERSION = r"^\d{3,4}(\.\d{1,3}){1,2}$"
@@ -35,6 +37,8 @@ PathStr = Annotated[
     ),
 ]
 HostName = Annotated[str, Field(pattern=HOST_NAME, description="host name: letters, digits, . _ -")]
+RigType = Annotated[str, Field(pattern=HOST_NAME, description="a rig type: a key of `rigs`")]
+InventoryGroup = Annotated[str, Field(pattern=INVENTORY_GROUP, description="a group of an Ansible inventory")]
 
 # The committed output of `mgpu-provision schema`, in the checkout the tool runs from.
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "schemas" / "rig.schema.json"
@@ -279,6 +283,12 @@ class Ddp(Strict):
 
 
 EnvValue = Annotated[str, Field(max_length=4096)]
+EnvName = Annotated[str, Field(pattern=ENV_NAME)]
+PathEntries = list[Annotated[str, Field(max_length=4096)]]
+_PATH_PREPEND = (
+    "absolute paths put in front of a search-path variable (PATH, LD_LIBRARY_PATH, ...), each once; "
+    "an entry the variable already holds stays where it is"
+)
 
 
 class Files(Strict):
@@ -309,8 +319,12 @@ class Rig(Strict):
     )
     ddp: Ddp | None = None
     health: Health = Field(default_factory=Health, description="GPU health checks (all on by default)")
-    env: dict[Annotated[str, Field(pattern=ENV_NAME)], EnvValue] = Field(
+    env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="extra variables for this rig, merged over the fleet's `env`"
+    )
+    path_prepend: dict[EnvName, PathEntries] = Field(
+        default_factory=dict,
+        description=_PATH_PREPEND + "; a variable listed here replaces the fleet's list for it",
     )
 
     @property
@@ -360,14 +374,28 @@ class RigFile(Strict):
 
     version: Literal[1] = Field(1, description="rig file format version")
     defaults: Defaults = Defaults()
-    hosts: list[Host] = Field(min_length=1)
+    hosts: list[Host] = Field(
+        default_factory=list, description="the boxes of the fleet (at least one here or in `inventory`)"
+    )
+    inventory: PathStr | None = Field(
+        None,
+        description="an Ansible inventory (ini or yaml, relative to the rig file) whose `rig_groups` are "
+        "hosts of the fleet too; needs the extra: pip install 'mgpu-provision[ansible]'",
+    )
+    rig_groups: dict[InventoryGroup, RigType] = Field(
+        default_factory=dict,
+        description="inventory group -> rig type: every host of the group (and of its child groups) is a "
+        "box of that rig type",
+    )
     groups: dict[Annotated[str, Field(pattern=HOST_NAME)], list[HostName]] = Field(
         default_factory=dict, description="named groups of hosts, for --limit"
     )
     rigs: dict[Annotated[str, Field(pattern=HOST_NAME)], Rig] = Field(min_length=1)
-    env: dict[Annotated[str, Field(pattern=ENV_NAME)], EnvValue] = Field(
-        default_factory=dict, description="variables for every node (NCCL_*, GLOO_*, ...)"
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        description="variables for every node (NCCL_*, GLOO_*, ...); values are literal data ($ included)",
     )
+    path_prepend: dict[EnvName, PathEntries] = Field(default_factory=dict, description=_PATH_PREPEND)
     files: Files = Files()
     smoke: Smoke = Smoke()
     reclaim: Reclaim = Reclaim()

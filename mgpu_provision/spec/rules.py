@@ -20,19 +20,32 @@ from pathlib import Path
 from ..node import sources
 from ..node.topology import TopoMatrix
 from .cards import card_class, missing_connector
+from .envvalues import path_entry_problem, value_problem
 from .files import resolve_path
 from .models import SLI_MODES, Driver, Host, Rig, RigFile
 
 Loc = tuple[str | int, ...]
 
-# Env values are written into a shell file (`export NAME="value"`) and a systemd EnvironmentFile; these
-# characters would end the quoting, run commands, or mean different things in the two files.
-ENV_VALUE_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\"'`\\$]")
 # Variables the tool writes itself from other fields; setting them in `env` would fight those fields.
 MANAGED_ENV = {
     "CUDA_VISIBLE_DEVICES": "visible_devices",
     "CUDA_DEVICE_ORDER": "visible_devices (the tool always writes PCI_BUS_ID)",
 }
+# Variables bash holds read-only: the profile.d script could not set them in a bash login shell, and the
+# launcher (`set -eu`) would stop where /bin/sh is bash.
+SHELL_READONLY = frozenset({"BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID"})
+# Every variable the env files may set from other fields (`env` may override the others): none of them is
+# a search path, so `path_prepend` may name none of them.
+DERIVED_ENV = frozenset(
+    {
+        *MANAGED_ENV,
+        "NCCL_ASYNC_ERROR_HANDLING",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "OMP_NUM_THREADS",
+    }
+)
 NVLINK_KINDS = ("nvlink-bridge", "nvlink", "nvswitch")
 
 
@@ -50,15 +63,20 @@ class RuleInput:
     """What the rules see: the (possibly partial) spec and the names the file declares."""
 
     spec: RigFile
-    host_index: tuple[int, ...]  # position in the file's `hosts:` list of each entry of spec.hosts
+    # Where each entry of spec.hosts was written: ("hosts", i), or ("rig_groups", group) for inventory hosts.
+    host_index: tuple[Loc, ...]
     declared_hosts: frozenset[str]
     declared_rigs: frozenset[str]
     base_dir: Path
     topologies: Mapping[str, TopoMatrix | str]  # rig name -> its parsed topology_file, or why it is unusable
+    hosts_known: bool = True  # False: the inventory named could not be read, so hosts may be missing
 
     def hosts(self) -> Iterator[tuple[Loc, Host]]:
-        for index, host in zip(self.host_index, self.spec.hosts, strict=True):
-            yield ("hosts", index), host
+        yield from zip(self.host_index, self.spec.hosts, strict=True)
+
+    def written_hosts(self) -> Iterator[tuple[Loc, Host]]:
+        """The hosts of `hosts:` (not the inventory's)."""
+        return ((loc, host) for loc, host in self.hosts() if loc[0] == "hosts")
 
     def rigs(self) -> Iterator[tuple[Loc, Rig]]:
         for name, rig in self.spec.rigs.items():
@@ -68,16 +86,43 @@ class RuleInput:
 Rule = Callable[[RuleInput], Iterable[Finding]]
 
 
+def fleet_has_hosts(inp: RuleInput) -> Iterator[Finding]:
+    if not inp.spec.hosts and inp.spec.inventory is None and inp.hosts_known:
+        yield Finding(
+            ("hosts",),
+            "the fleet has no hosts: list them under `hosts:`, or read them from an Ansible `inventory:`",
+        )
+
+
 def host_rig_exists(inp: RuleInput) -> Iterator[Finding]:
     known = ", ".join(sorted(inp.declared_rigs)) or "none"
-    for loc, host in inp.hosts():
+    for loc, host in inp.written_hosts():
         if host.rig not in inp.declared_rigs:
             yield Finding((*loc, "rig"), f"rig '{host.rig}' is not defined under `rigs` (defined: {known})")
+    for group, rig in inp.spec.rig_groups.items():
+        if rig not in inp.declared_rigs:
+            yield Finding(
+                ("rig_groups", group), f"rig '{rig}' is not defined under `rigs` (defined: {known})"
+            )
+
+
+def inventory_has_rig_groups(inp: RuleInput) -> Iterator[Finding]:
+    if inp.spec.inventory is not None and not inp.spec.rig_groups:
+        yield Finding(
+            ("inventory",),
+            "an inventory needs `rig_groups`: map its groups to rig types, e.g. rig_groups: {gpu_3090: pair}",
+        )
+    if inp.spec.rig_groups and inp.spec.inventory is None and inp.hosts_known:
+        yield Finding(
+            ("rig_groups",),
+            "rig_groups maps groups of an Ansible inventory: name it in `inventory:`",
+            at_key=True,
+        )
 
 
 def host_names_unique(inp: RuleInput) -> Iterator[Finding]:
     first: dict[str, Loc] = {}
-    for loc, host in inp.hosts():
+    for loc, host in inp.written_hosts():
         if host.name in first:
             yield Finding(
                 (*loc, "name"), f"host name '{host.name}' is already used by hosts[{first[host.name][1]}]"
@@ -87,6 +132,8 @@ def host_names_unique(inp: RuleInput) -> Iterator[Finding]:
 
 
 def group_members_exist(inp: RuleInput) -> Iterator[Finding]:
+    if not inp.hosts_known:
+        return
     for group, members in inp.spec.groups.items():
         for index, member in enumerate(members):
             if member not in inp.declared_hosts:
@@ -104,6 +151,8 @@ def group_names_distinct_from_hosts(inp: RuleInput) -> Iterator[Finding]:
 
 
 def ddp_master_in_fleet(inp: RuleInput) -> Iterator[Finding]:
+    if not inp.hosts_known:
+        return
     for loc, rig in inp.rigs():
         if rig.ddp is not None and rig.ddp.master not in inp.declared_hosts:
             yield Finding(
@@ -423,20 +472,36 @@ def fabricmanager_needs_nvswitch(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def _read_only(loc: Loc, name: str) -> Iterator[Finding]:
+    if name in SHELL_READONLY:
+        yield Finding(
+            (*loc, name),
+            f"{name} is read-only in bash: the profile.d script cannot set it, and the launcher would stop "
+            "where /bin/sh is bash",
+            at_key=True,
+        )
+
+
 def _env_findings(loc: Loc, env: dict[str, str]) -> Iterator[Finding]:
     for name, value in env.items():
+        yield from _read_only(loc, name)
         if name in MANAGED_ENV:
             yield Finding(
                 (*loc, name),
                 f"{name} is written by the tool from {MANAGED_ENV[name]}; set it there",
                 at_key=True,
             )
-        bad = ENV_VALUE_FORBIDDEN.search(value)
-        if bad:
+        problem = value_problem(value)
+        if problem is not None:
+            yield Finding((*loc, name), f"value of {name} {problem}")
+        elif re.search(rf"\$(?:{name}|{{{name}}})(?![A-Za-z0-9_])", value):
+            # Values are data, so `PATH: /x:$PATH` would hand every process on the node a PATH holding the
+            # text `$PATH` (and drop /usr/bin): the one literal `$` that is never meant.
             yield Finding(
                 (*loc, name),
-                f"value of {name} contains {bad.group()!r}: env values may not contain quotes, backticks, "
-                "backslashes, $ or control characters (they are written into a shell file)",
+                f"value of {name} refers to ${name}, but values are written as data, not expanded: the node "
+                f"would get the text ${name}; to put folders in front of {name} use "
+                f"path_prepend: {{{name}: [/folder]}}",
             )
 
 
@@ -444,6 +509,63 @@ def env_safe(inp: RuleInput) -> Iterator[Finding]:
     yield from _env_findings(("env",), inp.spec.env)
     for loc, rig in inp.rigs():
         yield from _env_findings((*loc, "env"), rig.env)
+
+
+def _path_prepend_findings(loc: Loc, prepends: dict[str, list[str]]) -> Iterator[Finding]:
+    for name, entries in prepends.items():
+        yield from _read_only(loc, name)
+        if name in DERIVED_ENV:
+            yield Finding(
+                (*loc, name),
+                f"{name} is written by the tool, not a search path: path_prepend is for variables such as "
+                "PATH and LD_LIBRARY_PATH",
+                at_key=True,
+            )
+        seen: set[str] = set()
+        for index, entry in enumerate(entries):
+            problem = path_entry_problem(entry)
+            if problem is None and entry in seen:
+                problem = f"entry {entry!r} is listed twice"
+            seen.add(entry)
+            if problem is not None:
+                yield Finding((*loc, name, index), f"{name}: {problem}")
+
+
+def path_prepend_safe(inp: RuleInput) -> Iterator[Finding]:
+    yield from _path_prepend_findings(("path_prepend",), inp.spec.path_prepend)
+    for loc, rig in inp.rigs():
+        yield from _path_prepend_findings((*loc, "path_prepend"), rig.path_prepend)
+
+
+def _both_message(name: str, env_at: str, prepend_at: str) -> str:
+    return (
+        f"{name} is set by {env_at} and prepended to by {prepend_at}: a variable is either a value (env) "
+        "or entries put in front of its current value (path_prepend), not both"
+    )
+
+
+def env_or_path_prepend(inp: RuleInput) -> Iterator[Finding]:
+    # The fleet's pair is reported once; a rig is checked for what it adds to the merge (rig over fleet).
+    # An empty list prepends nothing: a rig may drop the fleet's list that way and set the variable in env.
+    fleet_env = inp.spec.env
+    fleet_prepend = {name: entries for name, entries in inp.spec.path_prepend.items() if entries}
+    for name in sorted(fleet_env.keys() & fleet_prepend.keys()):
+        yield Finding(("path_prepend", name), _both_message(name, "env", "path_prepend"), at_key=True)
+    for loc, rig in inp.rigs():
+        where = ".".join(str(part) for part in loc)
+        env = {**dict.fromkeys(fleet_env, "env"), **dict.fromkeys(rig.env, f"{where}.env")}
+        prepend = {
+            **dict.fromkeys(fleet_prepend, "path_prepend"),
+            **dict.fromkeys(rig.path_prepend, f"{where}.path_prepend"),
+        }
+        prepend = {name: at for name, at in prepend.items() if rig.path_prepend.get(name, True)}
+        for name in sorted(env.keys() & prepend.keys()):
+            if name in rig.path_prepend:
+                yield Finding(
+                    (*loc, "path_prepend", name), _both_message(name, env[name], prepend[name]), at_key=True
+                )
+            elif name in rig.env:
+                yield Finding((*loc, "env", name), _both_message(name, env[name], prepend[name]), at_key=True)
 
 
 def topology_file_matches(inp: RuleInput) -> Iterator[Finding]:
@@ -483,7 +605,9 @@ def files_without_dot_dot(inp: RuleInput) -> Iterator[Finding]:
 
 
 RULES: tuple[Rule, ...] = (
+    fleet_has_hosts,
     host_rig_exists,
+    inventory_has_rig_groups,
     host_names_unique,
     group_members_exist,
     group_names_distinct_from_hosts,
@@ -510,6 +634,8 @@ RULES: tuple[Rule, ...] = (
     reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,
     env_safe,
+    path_prepend_safe,
+    env_or_path_prepend,
     topology_file_matches,
     ssh_files_absolute,
     files_without_dot_dot,

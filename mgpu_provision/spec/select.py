@@ -1,5 +1,8 @@
 """`--limit`: choose hosts of the fleet by name, group, rig type or glob, with `!` to leave some out.
 
+Groups are the rig file's `groups:`, each host's `groups`, and for hosts read from an Ansible inventory
+every inventory group they are in (parents included), as Ansible's own `--limit` takes them.
+
 Every command that talks to hosts takes the same pattern, as Ansible's `--limit` does, so its meaning lives
 in one place. A term that matches nothing is an error rather than an empty run: a typo must not silently
 skip a box.
@@ -18,6 +21,16 @@ def _groups_of(loaded: LoadedRig, host: Host) -> set[str]:
     """Every name a host answers to: its own, its groups (both kinds) and its rig type."""
     named = {group for group, members in loaded.spec.groups.items() if host.name in members}
     return {host.name, host.rig, *host.groups, *named}
+
+
+def _known(loaded: LoadedRig) -> str:
+    """The names --limit knows besides the hosts' own, for the message about a term that matches none."""
+    hosts = loaded.spec.hosts
+    groups = {group for host in hosts for group in host.groups} | {
+        group for group, members in loaded.spec.groups.items() if members
+    }
+    rigs = {host.rig for host in hosts}
+    return f"groups: {', '.join(sorted(groups)) or 'none'}; rig types: {', '.join(sorted(rigs))}"
 
 
 def _matches(answers: set[str], pattern: str) -> bool:
@@ -41,7 +54,9 @@ def select_hosts(loaded: LoadedRig, limit: str | None) -> list[Host]:
     exclude = [term[1:] for term in terms if term.startswith("!")]
     for term in include + exclude:
         if not any(_matches(answers, term) for answers in names.values()):
-            raise ProvisionError(f"--limit: '{term}' matches no host, group or rig of {loaded.path}")
+            raise ProvisionError(
+                f"--limit: '{term}' matches no host, group or rig of {loaded.path}; {_known(loaded)}"
+            )
 
     def chosen_by(host: Host, patterns: list[str]) -> bool:
         return any(_matches(names[host.name], pattern) for pattern in patterns)

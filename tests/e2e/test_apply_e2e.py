@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from mgpu_provision import cli
+from mgpu_provision.plan.resources.envfiles import SYSTEMD_DEFAULT_PATH
 from tests.factories import pair_rig_file as rig_file
 from tests.factories import rtx3090_twin
 from tests.hosts import APPLY_LOCK, MANAGED_DIRS, REPO, HostFactory, TestHost, desired_files_on, hold_lock
+from tests.systemd_envfile import read_environment_file
 
 LOCK = APPLY_LOCK
 
@@ -101,6 +104,62 @@ def test_apply_converges_drifted_hosts_and_a_second_apply_writes_nothing(
     assert code == 0
     assert {h["status"] for h in second["hosts"].values()} == {"ok"}
     assert managed_state([a, b, c]) == before  # nothing written: mtimes and sizes unchanged
+
+
+def sourced_twice(profile: Path) -> dict[str, str]:
+    """The environment after dash sources the host's profile.d script twice (as a login shell and again)."""
+    out = subprocess.run(
+        ["dash", "-c", '. "$1"; . "$1"; /usr/bin/env -0', "sh", str(profile)],
+        capture_output=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin"},
+    ).stdout.decode()
+    return dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+
+
+def test_env_values_and_path_prepend_drift_converge_and_read_back_on_the_host(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = start(test_hosts, "gpu-a", rtx3090_twin())
+    canary = tmp_path / "canary"
+    rig = rig_file(test_hosts, tmp_path / "rig.yaml", [host])
+    document = yaml.safe_load(rig.read_text())
+    note = f'/usr/local/cuda/bin:$PATH `touch {canary}` $(touch {canary}) "q" \'x\'\n# line 2 \\'
+    note += "\r\t\x1b[31m é 日本 😀 "  # through YAML, the agent's JSON, its facts and back, byte for byte
+    document["env"]["NOTE"] = note
+    document["path_prepend"] = {"PATH": ["/usr/local/cuda/bin"]}
+    rig.write_text(yaml.safe_dump(document))
+    common = [str(rig), "--known-hosts", str(test_hosts.known_hosts)]
+    profile, environment = "/etc/profile.d/mgpu-provision.sh", "/etc/mgpu-provision/environment"
+
+    code, first = cli_json(capsys, "apply", *common, "--yes")
+    assert code == 0, first
+    assert cli.main(["plan", *common]) == 0
+    env = sourced_twice(on_host(host, profile))
+    assert env["NOTE"] == note
+    assert env["PATH"] == "/usr/local/cuda/bin:/usr/bin:/bin"  # once, though sourced twice
+    systemd = read_environment_file(on_host(host, environment))
+    assert systemd["NOTE"] == note
+    assert systemd["PATH"] == "/usr/local/cuda/bin:" + SYSTEMD_DEFAULT_PATH
+
+    # The rig changes its value and its prepends: plan names exactly the two env files, apply converges
+    document["env"]["NOTE"] = note + " $HOME"
+    document["rigs"]["pair"]["path_prepend"] = {"LD_LIBRARY_PATH": ["/usr/local/cuda/lib64"]}
+    rig.write_text(yaml.safe_dump(document))
+    code, drift = cli_json(capsys, "plan", *common)
+    assert code == 2, drift
+    changes = drift["hosts"]["gpu-a"]["changes"]
+    assert sorted((c["resource"], c["summary"]) for c in changes) == [
+        (f"file:{environment}", "content differs"),
+        (f"file:{profile}", "content differs"),
+    ]
+    code, second = cli_json(capsys, "apply", *common, "--yes")
+    assert code == 0, second
+    assert cli.main(["plan", *common]) == 0
+    env = sourced_twice(on_host(host, profile))
+    assert env["NOTE"] == note + " $HOME" and env["LD_LIBRARY_PATH"] == "/usr/local/cuda/lib64"
+    assert read_environment_file(on_host(host, environment))["LD_LIBRARY_PATH"] == "/usr/local/cuda/lib64"
+    assert not canary.exists()
 
 
 def test_sli_mosaic_then_off_removes_the_snippet_and_a_second_plan_is_clean(

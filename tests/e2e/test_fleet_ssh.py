@@ -160,6 +160,16 @@ def test_changed_host_key_is_refused_loudly_even_with_accept_new(
     assert len(known_hosts.read_text().splitlines()) == 1
 
 
+def test_a_known_hosts_line_that_cannot_be_read_is_skipped(test_hosts: HostFactory, tmp_path: Path) -> None:
+    host = test_hosts.start("gpu-a")
+    known_hosts = tmp_path / "known_hosts"
+    # Another host's line with a broken key (bad base64), as hand edits leave: OpenSSH skips it.
+    known_hosts.write_text(f"10.0.0.99 ssh-ed25519 not-base64!\n{host.known_hosts_line}\n")
+    opts = options(test_hosts, fake_agent(), known_hosts=known_hosts)
+    outcome = run_fleet([target(host, test_hosts)], call("facts"), opts)["gpu-a"]
+    assert outcome.status == "ok", outcome.error
+
+
 def test_wrong_key_is_an_authentication_failure(test_hosts: HostFactory, tmp_path: Path) -> None:
     host = test_hosts.start("gpu-a")
     stranger = tmp_path / "id_other"
@@ -293,7 +303,7 @@ def test_become_with_a_non_root_login_uses_sudo_n(test_hosts: HostFactory) -> No
     home = host.dir / "home-ops"
     cached = f"{home}/.cache/mgpu-provision/{agent.name}"
     # The login shell's simulation setting goes on as an argument: real sudo would reset the environment.
-    assert (home / "sudo.log").read_text() == f"-n /usr/bin/python3 {cached} facts {host.twin_path}\n"
+    assert (home / "sudo.log").read_text() == f"-n /usr/bin/python3 -S -I {cached} facts {host.twin_path}\n"
 
     plain = run_fleet(
         [target(host, test_hosts, user="ops", become=False)], call("facts"), options(test_hosts, agent)
@@ -337,8 +347,8 @@ def test_real_agent_unpacks_once_then_runs_from_its_folder(test_hosts: HostFacto
     home = host.dir / "home-ops"
     folder = f"{home}/.cache/mgpu-provision/{agent.name.removesuffix('.pyz')}"
     assert (home / "sudo.log").read_text().splitlines() == [
-        f"-n /usr/bin/python3 {folder}.pyz facts {host.twin_path}",  # from the zipapp, which unpacks itself
-        f"-n /usr/bin/python3 {folder} facts {host.twin_path}",
-        f"-n /usr/bin/python3 {folder} facts {host.twin_path}",
+        f"-n /usr/bin/python3 -S -I {folder}.pyz facts {host.twin_path}",  # the zipapp unpacks itself
+        f"-n /usr/bin/python3 -S -I {folder} facts {host.twin_path}",
+        f"-n /usr/bin/python3 -S -I {folder} facts {host.twin_path}",
     ]
     assert list(Path(folder, "mgpu_provision", "node", "__pycache__").glob("collect.*.pyc"))

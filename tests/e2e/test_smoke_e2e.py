@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from mgpu_provision.cli import main
 from tests.hosts import HostFactory
@@ -67,6 +68,24 @@ def test_hosts_of_two_processes_each_pass_with_per_rank_results(
             assert rank["world_size"] == 2 * count and all(c["ok"] for c in rank["checks"])
     assert [b["size_mib"] for b in group["bandwidth"]] == [0.0625, 0.25]
     assert processes_of_run(report["run_id"]) == []
+
+
+def test_torch_found_through_path_prepend_and_a_hostile_value_pass_through_launcher_and_agent(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # torch is on PYTHONPATH only through path_prepend: the agent's torch probe (node/envpath) and the ranks
+    # (the launcher sourcing the profile under `set -eu`, PYTHONPATH unset) both find it, or smoke fails.
+    hosts = start_hosts(test_hosts, 1)
+    rig = smoke_rig(test_hosts, tmp_path / "rig.yaml", hosts, PASS_TIMEOUT_S)
+    document = yaml.safe_load(rig.read_text())
+    document["path_prepend"] = {"PYTHONPATH": [site_packages()]}
+    document["env"]["NOTE"] = f"$(touch {tmp_path}/canary) `touch {tmp_path}/canary` \"\n'\\"
+    rig.write_text(yaml.safe_dump(document))
+    apply_env_files(test_hosts, rig)
+    code, report = smoke(capsys, test_hosts, rig)
+    assert code == 0, report["groups"][0]["problems"]
+    assert report["groups"][0]["nodes"][0]["launcher"] == LAUNCHER
+    assert not (tmp_path / "canary").exists()
 
 
 def test_node_that_never_starts_fails_the_others_in_time_and_leaves_no_process(

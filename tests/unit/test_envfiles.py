@@ -4,6 +4,7 @@ the programs that consume them (sh sources the profile script, the launcher runs
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from mgpu_provision.plan.resources.envfiles import (
     diff_files,
 )
 from mgpu_provision.spec import LoadedRig, load_rig
+from mgpu_provision.spec.rules import DERIVED_ENV
 from tests import factories
 
 RIG = """\
@@ -205,6 +207,22 @@ def test_async_error_handling_is_named_as_the_nodes_torch_reads_it(
     assert not other & set(env)  # torch >= 2.2 warns about the old name; older torch ignores the new one
 
 
+def test_path_prepend_may_name_no_variable_the_tool_derives(tmp_path: Path) -> None:
+    # spec/rules.py keeps its own list of derived names (spec/ cannot import plan/); it must cover them all
+    loaded = load(tmp_path, **{"NCCL_DEBUG: WARN, NCCL_IB_DISABLE: \"0\"": ""})
+    rig = loaded.rig_of(loaded.host("gpu-a"))
+    names = set()
+    for version in ("2.13.0", "1.13.1"):
+        box = facts_with(
+            torch={"python": "/opt/venv/bin/python", "ok": True, "version": version},
+            cpu={"logical": 8, "cores": 4},
+            interfaces=[{"name": "eth0", "up": True}],
+        )
+        names |= {name for name, _ in envfiles.environment(loaded, rig, box)}
+    assert "GLOO_SOCKET_IFNAME" in names and "OMP_NUM_THREADS" in names
+    assert names - set(loaded.spec.env) <= DERIVED_ENV
+
+
 def test_launcher_spells_torchrun_flags_as_the_nodes_torch_reads_them(tmp_path: Path) -> None:
     loaded = load(tmp_path, RIG + "files: {profile_d: null}\n")
     old = {Path(f.path).name: f for f in desired_files(loaded, loaded.host("gpu-b"), torch_facts("1.13.1"))}
@@ -325,29 +343,31 @@ def test_nproc_defaults_to_the_visible_gpus(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "shell", "systemd"),
+    ("value", "quoted"),
     [
-        ("eth0", "eth0", "eth0"),
-        ("a b", "'a b'", '"a b"'),
-        ('say "$x" `y` \\', None, '"say \\"\\$x\\" \\`y\\` \\\\"'),
+        ("eth0", "eth0"),
+        ("a b", '"a b"'),
+        ('say "$x" `y` \\', '"say \\"\\$x\\" \\`y\\` \\\\"'),
+        ("two\nlines", '"two\nlines"'),  # a newline is data inside double quotes, for sh and systemd alike
+        ("", '""'),
     ],
 )
-def test_quoting_filters(value: str, shell: str | None, systemd: str) -> None:
-    if shell is not None:
-        assert envfiles.shell_quote(value) == shell
-    assert envfiles.systemd_quote(value) == systemd
+def test_env_quote_writes_double_quoted_data(value: str, quoted: str) -> None:
+    assert envfiles.env_quote(value) == quoted
 
 
-def test_systemd_quoting_reads_back_in_sh(tmp_path: Path) -> None:
-    value = 'say "$x" `y` \\ end'
-    env = sourced_env(f"V={envfiles.systemd_quote(value)}\n", tmp_path, prefix="set -a &&")
-    assert env["V"] == value
-
-
-@pytest.mark.parametrize("quote", [envfiles.shell_quote, envfiles.systemd_quote])
-def test_control_characters_are_refused(quote: Any) -> None:
-    with pytest.raises(EnvFileError, match="contains a newline or control character"):
-        quote("a\nNCCL_DEBUG=INFO")
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("a\0NCCL_DEBUG=INFO", "contains a NUL character"),
+        ("\ud800", "contains U+D800, a lone surrogate that has no UTF-8 form"),
+        ("\U0010ffff", "contains U+10FFFF, a Unicode noncharacter"),
+    ],
+)
+@pytest.mark.parametrize("quote", [envfiles.shell_quote, envfiles.env_quote])
+def test_values_no_env_file_can_hold_are_refused(quote: Any, value: str, why: str) -> None:
+    with pytest.raises(EnvFileError, match=re.escape(why)):
+        quote(value)
 
 
 FILE = DesiredFile("/etc/x.sh", "a\nb\n", "0644", "env")
@@ -380,6 +400,14 @@ def test_changed_content_is_an_update_with_a_unified_diff() -> None:
     assert change is not None and change.action == "update"
     assert change.summary == "content differs"
     assert change.diff is not None and "-c\n" in change.diff and "+b\n" in change.diff
+
+
+def test_a_carriage_return_inside_a_value_stays_on_its_diff_line() -> None:
+    want = DesiredFile("/etc/x.sh", 'export A="a\rb"\nexport B=1\n', "0644", "env")
+    have = ManagedFile(path="/etc/x.sh", exists=True, mode="0644", content="export A=1\nexport B=1\n")
+    change = diff_file(want, have)
+    assert change is not None and change.diff is not None
+    assert '+export A="a\rb"\n' in change.diff and " export B=1\n" in change.diff
 
 
 def test_mode_drift_alone_is_an_update() -> None:

@@ -52,10 +52,10 @@ def test_agent_command_prefers_the_unpacked_folder_and_passes_the_login_simulati
     cache.mkdir(parents=True)
     (cache / "agent-0123.pyz").write_bytes(b"zip")
     done = run_agent_command(tmp_path, MGPU_PROVISION_SIMULATE="/twins/a b.yaml")
-    assert done.stdout == f"{cache}/agent-0123.pyz|facts|/twins/a b.yaml|"
+    assert done.stdout == f"-S|-I|{cache}/agent-0123.pyz|facts|/twins/a b.yaml|"
     (cache / "agent-0123").mkdir()
     (cache / "agent-0123" / "__main__.py").write_text("")
-    assert run_agent_command(tmp_path).stdout == f"{cache}/agent-0123|facts||"
+    assert run_agent_command(tmp_path).stdout == f"-S|-I|{cache}/agent-0123|facts||"
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_the_upload_goes_where_the_command_said_it_looks(stdout: str, folder: st
 
 def test_agent_command_runs_python_under_sudo_with_become() -> None:
     sudo = agent_command("a.pyz", "python3", "apply", sudo=True)
-    assert sudo.count('exec sudo -n python3 "$') == 2 and '"${MGPU_PROVISION_SIMULATE-}"' in sudo
+    assert sudo.count('exec sudo -n python3 -S -I "$') == 2 and '"${MGPU_PROVISION_SIMULATE-}"' in sudo
 
 
 def test_parse_response_returns_result() -> None:

@@ -187,6 +187,14 @@ def test_diff_shows_the_content_of_new_files() -> None:
     assert "      +export A=1" in out.getvalue().splitlines()
 
 
+def test_control_characters_in_a_diff_are_shown_never_sent_to_the_terminal() -> None:
+    diff = '--- /etc/x\n+++ /etc/x\n@@ -1 +1 @@\n-A=1\n+A="\x1b]0;owned\x07\x1b[31mred\rback\x85"\n'
+    change = Change("file:/etc/x", "update", "content differs", None, None, diff=diff, phase="env")
+    out = rendered(fleet(HostPlan("gpu-a", "ok", (change,))))
+    assert not set(out) & {"\x1b", "\x07", "\r", "\x85"}
+    assert '      +A="\\x1b]0;owned\\x07\\x1b[31mred\\x0dback\\x85"' in out.splitlines()
+
+
 def test_a_delete_is_shown_with_minus_and_counted_as_a_change() -> None:
     path = "/etc/X11/xorg.conf.d/20-mgpu-provision.conf"
     delete = Change(

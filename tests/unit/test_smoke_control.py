@@ -46,6 +46,7 @@ def rig_file(tmp_path: Path, hosts: list[dict[str, Any]], **over: Any) -> Path:
         "hosts": hosts,
         "rigs": {name: rig for name, rig in rigs.items() if any(h["rig"] == name for h in hosts)},
         "env": {"NCCL_DEBUG": "WARN"},
+        "path_prepend": {"PATH": ["/usr/local/cuda/bin"]},
         "smoke": {"python": "/opt/venv/bin/python", "timeout_s": 60, "batch_size": 4, "sizes_mib": [1, 4]},
     }
     document.update(over)
@@ -82,6 +83,7 @@ def test_plan_puts_the_master_first_and_passes_the_rig_settings(tmp_path: Path) 
     args = control.for_this_node(loaded, loaded.host("gpu-b"), parts[1], factories.facts())
     assert args["env"]["NCCL_DEBUG"] == "WARN"
     assert args["env"]["NCCL_SOCKET_IFNAME"] == "lo" and args["env"]["GLOO_SOCKET_IFNAME"] == "lo"
+    assert args["path_prepend"] == {"PATH": ["/usr/local/cuda/bin"]}
 
 
 def test_smoke_runs_the_rendezvous_the_launchers_were_written_with(tmp_path: Path) -> None:

@@ -47,6 +47,10 @@ def request(**over: Any) -> node.Request:
         ({"timeout_s": 0}, "smoke: `timeout_s` must be a positive number, got 0"),
         ({"sizes_mib": [1, -2]}, "smoke: `sizes_mib` must be a list of positive numbers"),
         ({"env": {"A": 1}}, "smoke: `env` must be a mapping of names to strings"),
+        (
+            {"path_prepend": {"PATH": "/a"}},
+            "smoke: `path_prepend` must be a mapping of names to lists of strings",
+        ),
         ({"master_addr": "a\nb"}, "smoke: `master_addr` must be a non-empty one-line string"),
         ({"rdzv_id": None}, "smoke: `rdzv_id` must be a non-empty one-line string, got None"),
         ({"launcher": 7}, "smoke: `launcher` must be a string or null, got 7"),
@@ -120,6 +124,15 @@ def test_child_environment_marks_the_run_and_keeps_threads_low() -> None:
     assert node.child_environment(request(env={"OMP_NUM_THREADS": "4"}), {})["OMP_NUM_THREADS"] == "4"
     # Through the launcher the env files set the variables, not smoke.
     assert "NCCL_DEBUG" not in node.child_environment(request(env={"NCCL_DEBUG": "WARN"}), {}, rig_env=False)
+
+
+def test_child_environment_prepends_as_the_profile_script_does() -> None:
+    req = request(path_prepend={"PATH": ["/usr/local/cuda/bin", "/bin"], "LD_LIBRARY_PATH": ["/cuda/lib64"]})
+    env = node.child_environment(req, {"PATH": "/usr/bin:/bin"})
+    # /bin is already there and stays where it is; an unset variable gets the entries alone, no ':'
+    assert env["PATH"] == "/usr/local/cuda/bin:/usr/bin:/bin" and env["LD_LIBRARY_PATH"] == "/cuda/lib64"
+    # Through the launcher the profile script prepends, not smoke.
+    assert node.child_environment(req, {"PATH": "/usr/bin"}, rig_env=False)["PATH"] == "/usr/bin"
 
 
 # ---- the installed launcher and env files --------------------------------------------------------------

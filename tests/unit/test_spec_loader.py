@@ -152,7 +152,7 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         6,
         5,
         "unknown key 'gpu' (did you mean 'gpus'?); expected one of: gpus, bridge, driver, sli, "
-        "visible_devices, ddp, health, env",
+        "visible_devices, ddp, health, env, path_prepend",
     ),
     "health-check-unknown": (
         rig_with("health: {skip: [xid, temperature]}"),
@@ -220,6 +220,21 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         "bad key: expected a variable name of letters, digits and '_' (not starting with a digit), "
         "got '1BAD'",
     ),
+    "bad-path-prepend-name": (
+        rig_with("path_prepend: {LD-LIBRARY-PATH: [/a]}"),
+        "rigs.pair.path_prepend.LD-LIBRARY-PATH",
+        6,
+        20,
+        "bad key: expected a variable name of letters, digits and '_' (not starting with a digit), "
+        "got 'LD-LIBRARY-PATH'",
+    ),
+    "path-prepend-entries-are-a-list": (
+        rig_with("path_prepend: {PATH: /usr/local/cuda/bin}"),
+        "rigs.pair.path_prepend.PATH",
+        6,
+        26,
+        "expected a list, got '/usr/local/cuda/bin'",
+    ),
     "literal": (
         rig_with('driver: {version: "550.54.15", method: yum}'),
         "rigs.pair.driver.method",
@@ -267,7 +282,7 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         "hosts",
         1,
         8,
-        "needs at least 1 item(s), got 0",
+        "the fleet has no hosts: list them under `hosts:`, or read them from an Ansible `inventory:`",
     ),
     "empty-section": (
         rig_with("bridge:"),

@@ -298,25 +298,84 @@ CASES = {
         "rigs.pair.driver.fabricmanager",
         "Fabric Manager only runs NVSwitch boxes; bridge.kind is none",
     ),
-    "env-value-no-command-substitution": (
-        rig(GPUS.strip(), tail='env:\n  NCCL_DEBUG: "$(reboot)"  # <-\n'),
-        "env.NCCL_DEBUG",
-        "value of NCCL_DEBUG contains '$': env values may not contain quotes",
+    "env-value-no-nul": (
+        rig(GPUS.strip(), tail='env:\n  A: "x\\0y"  # <-\n'),
+        "env.A",
+        "value of A contains a NUL character (\\0), which no environment variable can hold",
     ),
-    "env-value-no-backtick": (
-        rig(GPUS.strip(), "env: {NCCL_DEBUG: '`id`'}  # <-"),
+    "env-value-no-noncharacter": (
+        rig(GPUS.strip(), 'env: {NCCL_DEBUG: "x\\uFFFE"}  # <-'),
         "rigs.pair.env.NCCL_DEBUG",
-        "contains '`'",
+        "value of NCCL_DEBUG contains U+FFFE, a Unicode noncharacter: systemd ignores an EnvironmentFile "
+        "line that holds one",
     ),
-    "env-value-no-quote": (
-        rig(GPUS.strip(), tail="env:\n  A: 'x\"y'  # <-\n"),
-        "env.A",
-        "contains '\"'",
+    "env-value-not-its-own-reference": (
+        rig(GPUS.strip(), tail="env:\n  PATH: /usr/local/cuda/bin:${PATH}  # <-\n"),
+        "env.PATH",
+        "value of PATH refers to $PATH, but values are written as data, not expanded: the node would get the "
+        "text $PATH; to put folders in front of PATH use path_prepend: {PATH: [/folder]}",
     ),
-    "env-value-no-newline": (
-        rig(GPUS.strip(), tail='env:\n  A: "x\\ny"  # <-\n'),
-        "env.A",
-        "contains '\\n'",
+    "env-value-not-its-own-reference-rig": (
+        rig(GPUS.strip(), 'env: {LD_LIBRARY_PATH: "/usr/local/cuda/lib64:$LD_LIBRARY_PATH"}  # <-'),
+        "rigs.pair.env.LD_LIBRARY_PATH",
+        "value of LD_LIBRARY_PATH refers to $LD_LIBRARY_PATH",
+    ),
+    "path-prepend-entry-absolute": (
+        rig(GPUS.strip(), tail="path_prepend:\n  PATH: [cuda/bin]  # <-\n"),
+        "path_prepend.PATH[0]",
+        "PATH: entry 'cuda/bin' must be an absolute path (start with /)",
+    ),
+    "path-prepend-entry-no-colon": (
+        rig(GPUS.strip(), "path_prepend: {LD_LIBRARY_PATH: [/a, /b:/c]}  # <-"),
+        "rigs.pair.path_prepend.LD_LIBRARY_PATH[1]",
+        "LD_LIBRARY_PATH: entry '/b:/c' contains ':', which separates the entries of the variable",
+    ),
+    "path-prepend-entry-no-nul": (
+        rig(GPUS.strip(), tail='path_prepend:\n  PATH: ["/a\\0"]  # <-\n'),
+        "path_prepend.PATH[0]",
+        "PATH: entry '/a\\x00' contains a NUL character",
+    ),
+    "path-prepend-entry-once": (
+        rig(GPUS.strip(), tail="path_prepend:\n  PATH: [/a, /b, /a]  # <-\n"),
+        "path_prepend.PATH[2]",
+        "PATH: entry '/a' is listed twice",
+    ),
+    "path-prepend-not-a-derived-variable": (
+        rig(GPUS.strip(), tail="path_prepend:\n  OMP_NUM_THREADS: [/a]  # <-\n"),
+        "path_prepend.OMP_NUM_THREADS",
+        "OMP_NUM_THREADS is written by the tool, not a search path: path_prepend is for variables such as "
+        "PATH and LD_LIBRARY_PATH",
+    ),
+    "env-or-path-prepend-in-the-fleet": (
+        rig(GPUS.strip(), tail="env: {PATH: /opt/bin}\npath_prepend:\n  PATH: [/usr/local/cuda/bin]  # <-\n"),
+        "path_prepend.PATH",
+        "PATH is set by env and prepended to by path_prepend: a variable is either a value (env) or "
+        "entries put in front of its current value (path_prepend), not both",
+    ),
+    "env-or-path-prepend-rig-over-fleet": (
+        rig(GPUS.strip(), "path_prepend: {PATH: [/cuda/bin]}  # <-", tail="env: {PATH: /opt/bin}\n"),
+        "rigs.pair.path_prepend.PATH",
+        "PATH is set by env and prepended to by rigs.pair.path_prepend",
+    ),
+    "env-or-path-prepend-rig-env": (
+        rig(
+            GPUS.strip(),
+            "env: {LD_LIBRARY_PATH: /lib}  # <-",
+            tail="path_prepend: {LD_LIBRARY_PATH: [/a]}\n",
+        ),
+        "rigs.pair.env.LD_LIBRARY_PATH",
+        "LD_LIBRARY_PATH is set by rigs.pair.env and prepended to by path_prepend",
+    ),
+    "env-not-bash-read-only": (
+        rig(GPUS.strip(), tail='env:\n  UID: "1000"  # <-\n'),
+        "env.UID",
+        "UID is read-only in bash: the profile.d script cannot set it, and the launcher would stop where "
+        "/bin/sh is bash",
+    ),
+    "path-prepend-not-bash-read-only": (
+        rig(GPUS.strip(), "path_prepend: {SHELLOPTS: [/a]}  # <-"),
+        "rigs.pair.path_prepend.SHELLOPTS",
+        "SHELLOPTS is read-only in bash",
     ),
     "env-not-managed-name": (
         rig(GPUS.strip(), tail='env:\n  CUDA_VISIBLE_DEVICES: "0"  # <-\n'),
@@ -351,6 +410,21 @@ CASES = {
         "reclaim.patterns",
         "policy orphans+patterns needs `patterns` (command-line regexes)",
     ),
+    "inventory-needs-rig-groups": (
+        rig(GPUS.strip(), tail="inventory: hosts.ini  # <-\n"),
+        "inventory",
+        "an inventory needs `rig_groups`: map its groups to rig types",
+    ),
+    "rig-groups-need-an-inventory": (
+        rig(GPUS.strip(), tail="rig_groups:  # <-\n  gpu_3090: pair\n"),
+        "rig_groups",
+        "rig_groups maps groups of an Ansible inventory: name it in `inventory:`",
+    ),
+    "rig-groups-rig-exists": (
+        rig(GPUS.strip(), tail="inventory: hosts.ini\nrig_groups:\n  gpu_h100: h100  # <-\n"),
+        "rig_groups.gpu_h100",
+        "rig 'h100' is not defined under `rigs` (defined: pair)",
+    ),
     "ssh-files-absolute": (
         rig(GPUS.strip(), tail="files:\n  launcher: bin/mgpu-torchrun  # <-\n"),
         "files.launcher",
@@ -369,6 +443,19 @@ def test_rule(tmp_path: Path, name: str) -> None:
     assert matching, f"no problem at {field} with {message!r}; got {problems}"
     assert matching[0].line == marked_line(text)
     assert matching[0].file.endswith("rig.yaml")
+
+
+def test_a_rig_drops_the_fleets_prepend_with_an_empty_list_and_sets_the_variable_itself(
+    tmp_path: Path,
+) -> None:
+    text = rig(
+        GPUS.strip(),
+        "env: {LD_LIBRARY_PATH: /opt/lib}",
+        "path_prepend: {LD_LIBRARY_PATH: []}",
+        tail="path_prepend: {LD_LIBRARY_PATH: [/usr/local/cuda/lib64]}\n",
+    )
+    (tmp_path / "rig.yaml").write_text(text)
+    load_rig(tmp_path / "rig.yaml")  # no problem
 
 
 def test_every_rule_file_reports_all_problems_at_once() -> None:

@@ -9,17 +9,18 @@ sorted where order is free) so that a converged node shows no drift. `diff_files
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import re
 import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-
 from ... import protocol
 from ...errors import ProvisionError
 from ...facts import Facts, ManagedFile
+from ...node import envpath
+from ...spec.envvalues import value_problem
 from ...spec.models import Host, Rig
 from ..change import Change, Phase, check_failed
 from . import gloo, sli
@@ -27,12 +28,19 @@ from . import torch as torch_names
 from .gloo import GlooInterface
 
 if TYPE_CHECKING:
+    import jinja2
+
     from ...spec import LoadedRig
 
 # Values systemd and sh both take unquoted; anything else is double-quoted with escapes.
 _BARE_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%+/^-]+")
+# Inside double quotes POSIX sh and systemd's EnvironmentFile parser both give these four characters
+# their special meaning and take them literally after a backslash; every other character, newlines
+# included, stands for itself in both.
 _DOUBLE_QUOTE_ESCAPES = re.compile(r'([\\"`$])')
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+# What a service started by systemd sees as PATH when nothing sets it: systemd's default in its widest
+# (split /usr) form; on merged-/usr systems /sbin and /bin are links to the /usr folders.
+SYSTEMD_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class EnvFileError(ProvisionError):
@@ -53,40 +61,61 @@ class DesiredFile:
         return hashlib.sha256(self.content.encode()).hexdigest()
 
 
-def _safe(value: str) -> str:
-    # The loader validates values already; a newline reaching a file would split an assignment, so refuse.
-    if _CONTROL_CHARS.search(value):
-        raise EnvFileError(f"value {value!r} contains a newline or control character; it cannot be written")
-    return value
+def _safe(value: object) -> str:
+    # The loader refuses these values already; a value from elsewhere must not reach a file either.
+    text = str(value)
+    problem = value_problem(text)
+    if problem is not None:
+        raise EnvFileError(f"value {text!r} {problem}; it cannot be written")
+    return text
 
 
 def shell_quote(value: object) -> str:
-    """Quote a value for POSIX sh (profile.d script, launcher)."""
-    return shlex.quote(_safe(str(value)))
+    """Quote a value for POSIX sh (the launcher's own settings)."""
+    return shlex.quote(_safe(value))
 
 
-def systemd_quote(value: object) -> str:
-    """Quote a value for a systemd EnvironmentFile; the result is valid sh as well."""
-    text = _safe(str(value))
+def env_quote(value: object) -> str:
+    """Quote a value as data for both env files: sourcing the profile.d script in sh, dash or bash, and
+    systemd reading the EnvironmentFile, each give back exactly `value`."""
+    text = _safe(value)
     if _BARE_VALUE.fullmatch(text):
         return text
     return '"' + _DOUBLE_QUOTE_ESCAPES.sub(r"\\\1", text) + '"'
 
 
-_TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("mgpu_provision", "templates"),
-    undefined=jinja2.StrictUndefined,
-    autoescape=False,  # shell and config files, not HTML; values go through the quoting filters instead
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-)
-_TEMPLATES.filters["shell_quote"] = shell_quote
-_TEMPLATES.filters["systemd_quote"] = systemd_quote
+def sh_prepend(name: str, entries: list[str]) -> list[str]:
+    """sh lines that do what `envpath.prepend` does to `name` (tested against it), safe under `set -u`."""
+    lines = []
+    for entry in reversed(entries):
+        quoted = env_quote(entry)
+        lines.append(
+            f'case ":${{{name}-}}:" in *:{quoted}:*) ;; '
+            f'*) {name}={quoted}${{{name}:+":${name}"}} ;; esac'
+        )
+    return [*lines, f"export {name}"]
+
+
+@functools.cache
+def _templates() -> jinja2.Environment:
+    """The one template environment of a run, made (and jinja2 imported) when the first file is rendered:
+    a run that renders no file never loads jinja2, and each template is compiled once per run."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("mgpu_provision", "templates"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # shell and config files, not HTML; values go through the quoting filters instead
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(shell_quote=shell_quote, env_quote=env_quote, flag=torchrun_flag)
+    return env
 
 
 def render(template: str, **context: Any) -> str:
-    return _TEMPLATES.get_template(template).render(**context)
+    return _templates().get_template(template).render(**context)
 
 
 def torchrun_flag(flag: str, underscores: bool) -> str:
@@ -94,12 +123,9 @@ def torchrun_flag(flag: str, underscores: bool) -> str:
     return "--" + flag[2:].replace("-", "_") if underscores else flag
 
 
-_TEMPLATES.filters["flag"] = torchrun_flag
-
-
 def _gloo(loaded: LoadedRig, rig: Rig, facts: Facts | None) -> GlooInterface | None:
     """The Gloo interface for the rig's `ddp.ifname` on this node; None when the rig or its env decides."""
-    if rig.ddp is None or rig.ddp.ifname is None or "GLOO_SOCKET_IFNAME" in {**loaded.spec.env, **rig.env}:
+    if rig.ddp is None or rig.ddp.ifname is None or "GLOO_SOCKET_IFNAME" in merged_env(loaded, rig):
         return None
     up = None if facts is None or facts.interfaces is None else [i.name for i in facts.interfaces if i.up]
     return gloo.gloo_interface(rig.ddp.ifname, up)
@@ -124,10 +150,30 @@ def environment(loaded: LoadedRig, rig: Rig, facts: Facts | None = None) -> list
         cpu is not None
     ):  # torchrun's own default is 1 thread per rank, which starves data loading on big boxes
         derived.append(("OMP_NUM_THREADS", str(max(1, (cpu.cores or cpu.logical) // rig.nproc_per_node))))
-    explicit = {**loaded.spec.env, **rig.env}
     variables = dict(derived)
-    variables.update(sorted(explicit.items()))
+    variables.update(sorted(merged_env(loaded, rig).items()))
     return list(variables.items())
+
+
+def merged_env(loaded: LoadedRig, rig: Rig) -> dict[str, str]:
+    """The rig file's `env` for `rig`: the rig's variables over the fleet's."""
+    return {**loaded.spec.env, **rig.env}
+
+
+def path_prepends(loaded: LoadedRig, rig: Rig) -> list[tuple[str, list[str]]]:
+    """The rig file's `path_prepend` for `rig`, by name: a rig's list for a variable replaces the fleet's
+    (as `env` merges); an empty list prepends nothing."""
+    merged = {**loaded.spec.path_prepend, **rig.path_prepend}
+    return [(name, list(entries)) for name, entries in sorted(merged.items()) if entries]
+
+
+def systemd_prepends(prepends: list[tuple[str, list[str]]]) -> list[tuple[str, str]]:
+    """The EnvironmentFile's stand-in for `path_prepend`: systemd cannot read a variable's current value,
+    so PATH gets the entries before systemd's default PATH and any other variable the entries alone."""
+    return [
+        (name, envpath.prepend(SYSTEMD_DEFAULT_PATH if name == "PATH" else None, entries))
+        for name, entries in prepends
+    ]
 
 
 def env_checks(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
@@ -211,10 +257,13 @@ def desired_files(loaded: LoadedRig, host: Host, facts: Facts) -> list[DesiredFi
     """Every file apply writes on `host`, for its facts; a path set to null in `files` is left alone."""
     rig = loaded.rig_of(host)
     paths = _paths(loaded, host)
+    prepends = path_prepends(loaded, rig)
     common = {
         "rig_name": host.rig,
         "host_name": host.name,
         "variables": environment(loaded, rig, facts),
+        "prepend_lines": [line for name, entries in prepends for line in sh_prepend(name, entries)],
+        "systemd_prepends": systemd_prepends(prepends),
         "visible": _visible_labels(rig),
     }
     files: list[DesiredFile] = []
@@ -242,10 +291,14 @@ def unwanted_files(loaded: LoadedRig, host: Host) -> list[str]:
     return [xorg] if xorg and rig.sli is not None and rig.sli.mode == "Off" else []
 
 
+def _lines(text: str) -> list[str]:
+    # Lines as sh and systemd see them: only "\n" ends one (str.splitlines would also split at a CR or
+    # U+2028 inside a value and misnumber the diff).
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+
+
 def _unified(old: str, new: str, path: str, old_label: str) -> str:
-    lines = difflib.unified_diff(
-        old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=old_label, tofile=path
-    )
+    lines = difflib.unified_diff(_lines(old), _lines(new), fromfile=old_label, tofile=path)
     return "".join(lines)
 
 

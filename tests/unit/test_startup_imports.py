@@ -1,0 +1,169 @@
+"""What a run imports (issue 20): start-up is most of a small fleet's wait, so each command loads only what
+its run uses. Not timing tests: each runs a real command in a fresh interpreter and checks which modules it
+loaded, so a top-level import that comes back fails here whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mgpu_provision.commands.demo import write_demo
+from mgpu_provision.fleet import bundle
+from mgpu_provision.fleet.bundle import build_agent
+from mgpu_provision.fleet.session import agent_command
+from mgpu_provision.node.__main__ import unpack_beside
+from mgpu_provision.node.torch_probe import _TORCH_PROBE
+from tests.factories import FAKE_TORCH
+
+ROOT = Path(__file__).resolve().parents[2]
+TWIN = ROOT / "examples" / "twins" / "rtx3090-nvlink.yaml"
+# Runs the real CLI, then writes the names of every module the run loaded (stdout belongs to the command).
+_CLI_THEN_MODULES = (
+    "import json, sys\n"
+    "from mgpu_provision.cli import main\n"
+    "code = main(sys.argv[2:])\n"
+    "with open(sys.argv[1], 'w') as out:\n"
+    "    json.dump({'code': code, 'modules': sorted(sys.modules)}, out)\n"
+)
+SSH = {"fabric", "paramiko", "invoke"}
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One control-side cache for the module's runs: the agent zipapp is compressed once, not per run."""
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+def cli_modules(tmp_path: Path, cache: Path, *argv: str) -> tuple[int, set[str]]:
+    """(exit code, top-level packages loaded) of `mgpu-provision ARGV` in a fresh interpreter, HOME in tmp."""
+    report = tmp_path / "modules.json"
+    done = subprocess.run(
+        [sys.executable, "-c", _CLI_THEN_MODULES, str(report), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(cache)},  # agent uploads: HOME
+        cwd=tmp_path,
+    )
+    assert report.exists(), done.stderr
+    found = json.loads(report.read_text())
+    return found["code"], {name.split(".")[0] for name in found["modules"]}
+
+
+@pytest.fixture
+def local_rig(tmp_path: Path) -> Path:
+    """The demo's rig: one simulated box over a local connection, with a fake torch python for smoke."""
+    fake = tmp_path / "torch-python"
+    fake.write_text(FAKE_TORCH)
+    fake.chmod(0o755)
+    return write_demo(tmp_path / "demo", str(fake))
+
+
+@pytest.mark.parametrize(("command", "code"), [("plan", 2), ("facts", 0), ("reclaim", 0)])
+def test_json_runs_on_a_local_rig_load_no_console_and_no_ssh(
+    tmp_path: Path, bundles: Path, local_rig: Path, command: str, code: int
+) -> None:
+    exit_code, loaded = cli_modules(tmp_path, bundles, command, str(local_rig), "--json")
+    # plan's 2 is the box's drift: the run really read the facts and rendered the managed files.
+    assert exit_code == code
+    assert not loaded & {"rich", *SSH, "ansible"}
+
+
+def test_plan_for_people_on_a_local_rig_loads_rich_but_no_ssh(
+    tmp_path: Path, bundles: Path, local_rig: Path
+) -> None:
+    code, loaded = cli_modules(tmp_path, bundles, "plan", str(local_rig))
+    assert code == 2
+    assert "rich" in loaded
+    assert not loaded & {*SSH, "ansible"}
+
+
+def test_validate_loads_no_console_templates_or_ssh(tmp_path: Path, bundles: Path) -> None:
+    code, loaded = cli_modules(tmp_path, bundles, "validate", str(ROOT / "examples" / "mixed-fleet.yaml"))
+    assert code == 0
+    assert not loaded & {"rich", "jinja2", *SSH, "ansible"}
+
+
+def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> None:
+    """Every agent call pays for every module it imports; facts is the one every plan makes."""
+    pyz = tmp_path / "agent.pyz"
+    pyz.write_bytes(build_agent(tmp_path / "bundles").data)
+    folder = unpack_beside(str(pyz))  # what the control side runs once the agent is on a host
+    assert folder is not None
+    done = subprocess.run(
+        [sys.executable, "-S", "-X", "importtime", folder, "facts"],  # -S: only what the agent imports
+        input=json.dumps({"args": {}, "simulate": str(TWIN)}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert json.loads(done.stdout)["ok"], done.stdout + done.stderr
+    loaded = set(re.findall(r"^import time:.*\| +(\S+)$", done.stderr, re.MULTILINE))
+    assert "mgpu_provision.node.collect" in loaded
+    node_only_elsewhere = {
+        f"mgpu_provision.node.{name}"
+        for name in ("apply", "apt", "dnf", "runfile", "atomic", "smoke", "smoke_program", "gpu_settings")
+    }
+    # The rare paths of the agent's own start (unpacking, a bug's traceback), a simulated reboot, and what
+    # topology's dataclasses would load (it is NamedTuples for that).
+    stdlib_only_elsewhere = {"shutil", "tempfile", "traceback", "zipfile", "uuid", "platform", "socket"}
+    stdlib_only_elsewhere |= {"dataclasses", "inspect"}
+    assert not loaded & (node_only_elsewhere | stdlib_only_elsewhere)
+
+
+def test_the_agent_command_caches_bytecode_whatever_the_logins_python_variables(tmp_path: Path) -> None:
+    """`-I`: a login with PYTHONDONTWRITEBYTECODE must not make every call compile the agent again."""
+    bundle = build_agent(tmp_path / "bundles")
+    cache = tmp_path / ".cache" / "mgpu-provision"
+    cache.mkdir(parents=True)
+    (cache / bundle.name).write_bytes(bundle.data)
+    command = agent_command(bundle.name, sys.executable, "facts", sudo=False)
+    login = {**os.environ, "HOME": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    request = json.dumps({"args": {}, "simulate": str(TWIN)})
+    for _ in range(2):  # the first run unpacks the zipapp, the second runs the folder
+        done = subprocess.run(
+            ["sh", "-c", command], input=request, capture_output=True, text=True, env=login, timeout=60
+        )
+        assert json.loads(done.stdout)["ok"], done.stdout + done.stderr
+    folder = cache / bundle.name.removesuffix(".pyz")
+    assert list((folder / "mgpu_provision" / "node" / "__pycache__").glob("collect.*.pyc"))
+
+
+def test_the_torch_probe_answers_from_its_cache_without_json_or_torch(tmp_path: Path) -> None:
+    """The probe is a second interpreter start per facts call; on a box that did not change it only finds
+    torch and compares, so its start must stay bare."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        '__version__ = "2.13.0"\n'
+        "class cuda:\n"
+        "    is_available = staticmethod(lambda: False)\n"
+        "    device_count = staticmethod(lambda: 0)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    def probe(key: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-S", "-X", "importtime", "-c", _TORCH_PROBE, key]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=True)
+
+    key = json.loads(probe("").stdout)["key"]
+    cached = probe(repr(key))
+    assert json.loads(cached.stdout) == {"cached": True}
+    loaded = set(re.findall(r"^import time:.*\| +(\S+)$", cached.stderr, re.MULTILINE))
+    assert not loaded & {"json", "torch"}
+
+
+def test_a_runs_agent_is_read_and_hashed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """apply builds its agent for every --serial batch: each build read and hashed every source file."""
+    reads: list[int] = []
+    read_sources = bundle.agent_files
+    monkeypatch.setattr(bundle, "agent_files", lambda: reads.append(1) or read_sources())
+    first, second = build_agent(), build_agent()
+    assert first is second and len(reads) <= 1  # 0 when an earlier test of this process built it
