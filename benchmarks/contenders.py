@@ -56,15 +56,20 @@ class Fleet:
     ansible: str  # path of the `ansible` ad-hoc command
 
 
-def agent_command(python: str, agent_name: str, request: Mapping[str, object]) -> str:
-    """The remote command all contenders but the tool run: `echo '<request>' | python3 <agent> facts`.
+# How the tool's own command starts the agent's python (fleet/session.py): no site, isolated.
+AGENT_FLAGS = ("-S", "-I")
 
-    <agent> is the folder the agent unpacked itself into on its first run (beside `agent-H.pyz`), which is
-    what the tool's own command runs once it is there: the same node-side work for every contender.
+
+def agent_command(python: str, agent_name: str, request: Mapping[str, object]) -> str:
+    """The remote command all contenders but the tool run: `echo '<request>' | python3 -S -I <agent> facts`.
+
+    <agent> is the folder the agent unpacked itself into on its first run (beside `agent-H.pyz`), and the
+    interpreter flags are the tool's: what the tool's own command runs once the agent is there, so every
+    contender does the same node-side work.
     """
     body = json.dumps(request, separators=(",", ":"), sort_keys=True)
     agent = f"~/.cache/mgpu-provision/{agent_name.removesuffix('.pyz')}"
-    return f"echo {shlex.quote(body)} | {shlex.quote(python)} {agent} facts"
+    return f"echo {shlex.quote(body)} | {shlex.quote(python)} {' '.join(AGENT_FLAGS)} {agent} facts"
 
 
 class Contender(Protocol):

@@ -33,7 +33,7 @@ from contenders import CONTENDERS, SMOKE, SMOKE_FLOOR, Contender, Fleet, select
 from hotspots import profile_plan
 from measure import GNU_TIME, Usage, run_together
 from report import Sample, Singles, as_json, markdown, summarize
-from single import agent_cost, import_cost, validate_cost
+from single import agent_cost, startup_figures
 from smoke_clock import parse_clock, start_up
 from testbed import MAX_HOSTS, REPO, SmokeSetup, Testbed, TestbedError
 
@@ -48,7 +48,7 @@ QUICK = {"hosts": "1,8", "repeat": 1, "smoke_hosts": "1"}
 # runs have already warmed hosts and client, and a warm-up of every contender would add minutes.
 WARM_UP_BELOW = 64
 RANKS_PER_HOST = 2  # the benchmark rig's ddp.nproc_per_node
-EXAMPLE = REPO / "examples" / "rtx3090-workstation.yaml"  # validate's example
+EXAMPLE = "examples/rtx3090-workstation.yaml"  # validate's example
 # Per host, the benchmark holds 4 files per `ssh` client at once (stdin, stdout, stderr, GNU time's report)
 # and plan's client one socket per host; leave room for everything else.
 FILES_PER_HOST = 8
@@ -147,31 +147,34 @@ def measure_smoke(
 
 
 def measure_singles(testbed: Testbed, runs: int, say: Callable[[str], None]) -> Singles:
-    """The one-process figures, on the first host converged as a fleet of one."""
+    """The one-process figures: the agent's call on the first host, converged as a fleet of one, and
+    startup.py's figures of the frozen package."""
     testbed.converge(1)
     prefix, python, agent, request = testbed.agent_call()
-    agent_figures = agent_cost(prefix, python, agent, request, runs)
-    imports = import_cost(runs=runs)
-    validate = validate_cost(testbed.mgpu_provision, EXAMPLE, runs)
+    call = agent_cost(prefix, python, agent, request, runs)
+    code = Path(os.environ[RUN_ENV]) / "code"
+    found = startup_figures(code, python, EXAMPLE, runs)
+    figures = found.figures
     say(
-        f"agent facts {agent_figures.facts.cpu_s * 1000:.0f} ms CPU (python start-up "
-        f"{agent_figures.python_start.cpu_s * 1000:.0f} ms); plan's imports "
-        f"{imports.importtime_best_ms:.0f} ms (CPU {imports.cpu_ms:.0f} ms); "
-        f"validate {validate.best_wall_s:.3f} s"
+        f"agent facts {call.facts_cpu_s.median * 1000:.0f} ms CPU (python start-up "
+        f"{call.python_start_cpu_s.median * 1000:.0f} ms); import commands.plan "
+        f"{figures['import_commands_plan_ms'].best:.0f} ms; validate {figures['validate_wall_s'].best:.3f} s"
     )
     return Singles(
-        agent_facts_cpu_s=agent_figures.facts.cpu_s,
-        agent_facts_wall_s=agent_figures.facts.wall_s,
-        python_start_cpu_s=agent_figures.python_start.cpu_s,
-        python_start_wall_s=agent_figures.python_start.wall_s,
-        import_ms=imports.importtime_ms,
-        import_best_ms=imports.importtime_best_ms,
-        import_wall_ms=imports.wall_ms,
-        import_cpu_ms=imports.cpu_ms,
-        import_heaviest=tuple(imports.heaviest),
-        validate_wall_s=validate.wall_s,
-        validate_best_wall_s=validate.best_wall_s,
-        validate_cpu_s=validate.cpu_s,
+        agent_facts_cpu_s=call.facts_cpu_s.median,
+        agent_facts_wall_s=call.facts_wall_s.median,
+        python_start_cpu_s=call.python_start_cpu_s.median,
+        import_ms=figures["import_commands_plan_ms"].median,
+        import_best_ms=figures["import_commands_plan_ms"].best,
+        plan_run_imports_ms=figures["plan_json_run_imports_ms"].median,
+        plan_run_imports_best_ms=figures["plan_json_run_imports_ms"].best,
+        plan_loads=tuple(found.plan_loads),
+        validate_wall_s=figures["validate_wall_s"].median,
+        validate_best_wall_s=figures["validate_wall_s"].best,
+        validate_cpu_s=figures["validate_cpu_s"].median,
+        plan_local_wall_s=figures["plan_local_wall_s"].median,
+        plan_local_best_wall_s=figures["plan_local_wall_s"].best,
+        plan_local_cpu_s=figures["plan_local_cpu_s"].median,
     )
 
 

@@ -145,18 +145,20 @@ class Verdict:
 class Singles:
     """The one-process figures (single.py); None where not measured."""
 
-    agent_facts_cpu_s: float | None = None
+    agent_facts_cpu_s: float | None = None  # median; CPU is what load does not inflate
     agent_facts_wall_s: float | None = None
-    python_start_cpu_s: float | None = None  # the node's `python3 -c pass`, for the agent's share of it
-    python_start_wall_s: float | None = None
-    import_ms: float | None = None  # -X importtime: `import mgpu_provision.commands.plan` beyond start-up
+    python_start_cpu_s: float | None = None  # the node's `python3 -S -I -c pass`: the agent's start-up share
+    import_ms: float | None = None  # -X importtime, cumulative of `mgpu_provision.commands.plan` (median)
     import_best_ms: float | None = None  # the best run's (judged: load only ever adds)
-    import_wall_ms: float | None = None
-    import_cpu_ms: float | None = None
-    import_heaviest: tuple[tuple[str, float], ...] = ()
+    plan_run_imports_ms: float | None = None  # every top-level import of a local `plan --json` run (median)
+    plan_run_imports_best_ms: float | None = None
+    plan_loads: tuple[str, ...] = ()  # which heavy packages that run loaded
     validate_wall_s: float | None = None
     validate_best_wall_s: float | None = None  # judged, as for the imports
     validate_cpu_s: float | None = None
+    plan_local_wall_s: float | None = None  # `plan --json` on the demo's local simulated box
+    plan_local_best_wall_s: float | None = None
+    plan_local_cpu_s: float | None = None
 
 
 def _judged(target: str, value: float | None, limit: float, shown: str) -> Verdict:
@@ -193,8 +195,9 @@ def verdicts(rows: Sequence[Row], singles: Singles | None = None) -> list[Verdic
             f"importing what plan needs <= {MAX_IMPORT_MS:g} ms (-X importtime, best run)",
             one.import_best_ms,
             MAX_IMPORT_MS,
-            f"{one.import_best_ms or 0:.0f} ms (median {one.import_ms or 0:.0f} ms; CPU "
-            f"{one.import_cpu_ms or 0:.0f} ms beyond `python -c pass`)",
+            f"{one.import_best_ms or 0:.0f} ms `import mgpu_provision.commands.plan` (median "
+            f"{one.import_ms or 0:.0f} ms); a whole local `plan --json` run imports "
+            f"{one.plan_run_imports_best_ms or 0:.0f} ms",
         )
     )
     for size in CPU_SIZES:
@@ -209,7 +212,7 @@ def verdicts(rows: Sequence[Row], singles: Singles | None = None) -> list[Verdic
             )
         )
     python_share = (
-        f", of which a bare `python3 -c pass` is {one.python_start_cpu_s * 1000:.0f} ms"
+        f", of which a bare `python3 -S -I -c pass` is {one.python_start_cpu_s * 1000:.0f} ms"
         if one.python_start_cpu_s is not None
         else ""
     )
@@ -311,23 +314,36 @@ def _singles_lines(one: Singles) -> list[str]:
     def ms(value: float | None) -> str:
         return f"{value * 1000:.0f} ms" if value is not None else "not measured"
 
-    heaviest = ", ".join(f"{name} {value:.0f} ms" for name, value in one.import_heaviest)
+    agent = (
+        "agent `facts` on a simulated test host (inside its namespaces, the fleet's request, "
+        "`python3 -S -I` on the cached agent folder, as the tool runs it): "
+        f"{ms(one.agent_facts_cpu_s)} CPU, {ms(one.agent_facts_wall_s)} wall; "
+        f"a bare `python3 -S -I -c pass` there: {ms(one.python_start_cpu_s)} CPU"
+    )
+    loads = ", ".join(one.plan_loads) or "none"
+    imports = (
+        "`import mgpu_provision.commands.plan` (`-X importtime`, cumulative): "
+        f"{one.import_ms or 0:.0f} ms median, {one.import_best_ms or 0:.0f} ms best; every top-level import "
+        f"of a local `plan --json` run: {one.plan_run_imports_ms or 0:.0f} ms median, "
+        f"{one.plan_run_imports_best_ms or 0:.0f} ms best; that run loads {loads} "
+        "(of rich, fabric, paramiko, jinja2, pydantic, yaml)"
+    )
+    validate = (
+        "`mgpu-provision validate examples/rtx3090-workstation.yaml`: "
+        f"{ms(one.validate_wall_s)} wall median, {ms(one.validate_best_wall_s)} best, "
+        f"{ms(one.validate_cpu_s)} CPU"
+    )
+    local = (
+        "`mgpu-provision plan --json` on the demo's local simulated box (no SSH): "
+        f"{ms(one.plan_local_wall_s)} wall median, {ms(one.plan_local_best_wall_s)} best, "
+        f"{ms(one.plan_local_cpu_s)} CPU"
+    )
     return [
         "",
-        "One process at a time (several runs each; CPU = user + system with children, from the kernel). Wall "
-        "figures are judged on the best run: other work on the machine only ever adds to them.",
+        "One process at a time (median and best of several runs; CPU = user + system with children, from "
+        "the kernel). Wall figures are judged on the best run: other work on the machine only ever adds.",
         "",
-        f"- agent `facts` on a simulated node (first host, inside its namespaces, cached agent folder): "
-        f"{ms(one.agent_facts_cpu_s)} CPU, {ms(one.agent_facts_wall_s)} wall; a bare `python3 -c pass` "
-        "there: "
-        f"{ms(one.python_start_cpu_s)} CPU, {ms(one.python_start_wall_s)} wall",
-        f"- `import mgpu_provision.commands.plan`: by `-X importtime` (top-level imports beyond a bare "
-        f"interpreter's) {one.import_ms or 0:.0f} ms median, {one.import_best_ms or 0:.0f} ms best; beyond "
-        f"`python -c pass`: {one.import_wall_ms or 0:.0f} ms wall, {one.import_cpu_ms or 0:.0f} ms CPU"
-        + (f"; costliest packages (cumulative): {heaviest}" if heaviest else ""),
-        f"- `mgpu-provision validate examples/rtx3090-workstation.yaml`: {ms(one.validate_wall_s)} wall "
-        "median, "
-        f"{ms(one.validate_best_wall_s)} best, {ms(one.validate_cpu_s)} CPU",
+        *[f"- {line}" for line in (agent, imports, validate, local)],
     ]
 
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))  # `tests.hosts` is not installed; it lives beside
 
 from contenders import BenchHost, Fleet, agent_command  # noqa: E402
 from smoke_clock import hook_source  # noqa: E402
+from startup import stand_in_torch_python  # noqa: E402
 
 from mgpu_provision.fleet.bundle import build_agent  # noqa: E402
 from mgpu_provision.plan.host import facts_request  # noqa: E402
@@ -52,20 +53,7 @@ POOLS = 2
 MAX_HOSTS = ADDRESSES_PER_POOL * POOLS
 # `plan` checks that the smoke python imports torch. The real import costs ~2 CPU-seconds per host, the same
 # node-side work for every contender, which on 2 cores would bury the differences being measured; so by
-# default the smoke python is a venv whose torch is this stand-in (the twin's GPUs are simulated anyway).
-STAND_IN_TORCH = '''"""Benchmark stand-in for torch: answers the agent's probe without the real import."""
-__version__ = "2.13.0+mgpubench"
-
-
-class cuda:
-    @staticmethod
-    def is_available():
-        return False
-
-    @staticmethod
-    def device_count():
-        return 0
-'''
+# default the smoke python is a venv whose torch is startup.py's stand-in (the twin's GPUs are simulated).
 # sshd at LogLevel VERBOSE logs this once per exec or subsystem (sftp) channel: the SSH commands a client ran.
 _SESSION = re.compile(r"Starting session: ")
 _LOGIN = re.compile(r"Accepted publickey for ")
@@ -149,16 +137,10 @@ class Testbed:
         self.agent_name = build_agent().name
 
     def _stand_in_torch_python(self) -> str:
-        venv = self.root / "smoke-venv"
-        made = subprocess.run(
-            [harness.NODE_PYTHON, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True
-        )
-        if made.returncode != 0:
-            raise TestbedError(f"{harness.NODE_PYTHON} -m venv failed: {made.stderr.strip()[-500:]}")
-        site = next(venv.glob("lib/python3*/site-packages"))
-        (site / "torch").mkdir()
-        (site / "torch" / "__init__.py").write_text(STAND_IN_TORCH)
-        return str(venv / "bin" / "python")
+        try:
+            return stand_in_torch_python(self.root / "smoke-venv", harness.NODE_PYTHON)
+        except subprocess.CalledProcessError as exc:
+            raise TestbedError(f"{harness.NODE_PYTHON} -m venv failed: {exc}") from None
 
     @property
     def mgpu_provision(self) -> str:
