@@ -170,10 +170,10 @@ def main() -> None:
             for code, (figures, _) in measured.items():  # alternating: load drifts hit every copy alike
                 for name, measure in figures.items():
                     samples[code].setdefault(name, []).append(measure())
-    for code, figures in samples.items():
+    for code, values in samples.items():
         summary: dict[str, object] = {
             name: {"median": round(statistics.median(v), 3), "min": round(min(v), 3)}
-            for name, v in figures.items()
+            for name, v in values.items()
         }
         summary["plan_json_run_loads"] = measured[code][1]
         report[code] = summary
