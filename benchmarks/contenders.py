@@ -56,20 +56,30 @@ class Fleet:
     ansible: str  # path of the `ansible` ad-hoc command
 
 
-def agent_command(python: str, agent_name: str, request: Mapping[str, object]) -> str:
-    """The remote command all contenders but the tool run: `echo '<request>' | python3 <agent> facts`.
+# How the tool's own command starts the agent's python (fleet/session.py): no site, isolated.
+AGENT_FLAGS = ("-S", "-I")
 
-    <agent> is the folder the agent unpacked itself into on its first run (beside `agent-H.pyz`), which is
-    what the tool's own command runs once it is there: the same node-side work for every contender.
+
+def agent_command(python: str, agent_name: str, request: Mapping[str, object]) -> str:
+    """The remote command all contenders but the tool run: `echo '<request>' | python3 -S -I <agent> facts`.
+
+    <agent> is the folder the agent unpacked itself into on its first run (beside `agent-H.pyz`), and the
+    interpreter flags are the tool's: what the tool's own command runs once the agent is there, so every
+    contender does the same node-side work.
     """
     body = json.dumps(request, separators=(",", ":"), sort_keys=True)
     agent = f"~/.cache/mgpu-provision/{agent_name.removesuffix('.pyz')}"
-    return f"echo {shlex.quote(body)} | {shlex.quote(python)} {agent} facts"
+    return f"echo {shlex.quote(body)} | {shlex.quote(python)} {' '.join(AGENT_FLAGS)} {agent} facts"
 
 
 class Contender(Protocol):
     @property
     def name(self) -> str: ...
+
+    @property
+    def at_once(self) -> int | None:
+        """How many of its processes may run at a time (None: all)."""
+        ...
 
     def spawns(self, fleet: Fleet) -> list[Spawn]: ...
 
@@ -93,15 +103,26 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-class PlainSsh:
-    """The floor: one OpenSSH client per host, all started at once, cold connections."""
+# What `smoke` needs at the least before its ranks run, besides what the ssh floor does (a cold connection and
+# the agent's facts): a launcher process (torchrun) that starts a rank process, neither importing torch.
+TWO_PYTHON_STARTS = " && {python} -c pass && {python} -c pass"
 
-    name = "ssh"
+
+@dataclass(frozen=True)
+class PlainSsh:
+    """The floor: one OpenSSH client per host, all started at once (or `at_once` at a time), cold
+    connections, running the agent's facts command and then `then` (a shell suffix; {python} is the node's
+    python)."""
+
+    name: str = "ssh"
+    then: str = ""
+    at_once: int | None = None
 
     def spawns(self, fleet: Fleet) -> list[Spawn]:
         base = (*SSH_OPTIONS, "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-i", str(fleet.key))
+        command = fleet.agent_command + self.then.format(python=shlex.quote(fleet.python))
         return [
-            Spawn(("ssh", *base, "-p", str(h.port), "-l", fleet.user, h.address, fleet.agent_command))
+            Spawn(("ssh", *base, "-p", str(h.port), "-l", fleet.user, h.address, command))
             for h in fleet.hosts
         ]
 
@@ -179,6 +200,7 @@ class AnsibleAdHoc:
 
     name: str
     module: str
+    at_once: int | None = None
 
     def spawns(self, fleet: Fleet) -> list[Spawn]:
         config, _ = ansible_files(fleet)
@@ -208,6 +230,8 @@ class Tool:
 
     verb: str
     expect_exit: int = 0
+    extra: tuple[str, ...] = ()
+    at_once: int | None = None
 
     @property
     def name(self) -> str:
@@ -221,6 +245,7 @@ class Tool:
             "--json",
             "--known-hosts",
             str(fleet.known_hosts),
+            *self.extra,
         )
         return [Spawn(argv)]
 
@@ -238,13 +263,26 @@ class Tool:
         return None
 
 
+# Past 64 hosts, 2 cores doing every key exchange at once are slower than 64 at a time (plan's default forks):
+# the floor is then the faster of the two.
+FLOOR_FORKS = 64
+
 CONTENDERS: dict[str, Contender] = {
     "ssh": PlainSsh(),
+    f"ssh-{FLOOR_FORKS}": PlainSsh(f"ssh-{FLOOR_FORKS}", at_once=FLOOR_FORKS),
     "facts": Tool("facts"),
     "plan": Tool("plan"),
+    # On a converged fleet apply reads each host's facts, finds nothing to do and contacts no host again:
+    # its floor is the same as plan's.
+    "apply": Tool("apply", extra=("--yes",)),
     "ansible": AnsibleAdHoc("ansible", "shell"),
     "ansible-raw": AnsibleAdHoc("ansible-raw", "raw"),
 }
+
+
+# The smoke phase's pair, on a fleet converged for smoke (real torch): its floor and the tool.
+SMOKE_FLOOR = PlainSsh("smoke-floor", TWO_PYTHON_STARTS)
+SMOKE = Tool("smoke")
 
 
 def select(names: Sequence[str]) -> list[Contender]:

@@ -52,17 +52,23 @@ def collapse(raw: str) -> Profile:
     return Profile(samples, inclusive, own)
 
 
-def import_bill(importtime: str) -> list[tuple[str, int]]:
-    """Top-level imports and their cumulative microseconds, from `python -X importtime`'s stderr."""
-    bill = []
+def import_lines(importtime: str) -> list[tuple[int, str, int]]:
+    """(indent, module, cumulative microseconds) per line of `python -X importtime`'s stderr; other lines
+    on stderr are skipped. One space of indent: imported by the program itself; deeper ones are imports of
+    imports."""
+    found = []
     for line in importtime.splitlines():
         fields = line.removeprefix("import time:").split("|")
         if len(fields) != 3 or not fields[1].strip().isdigit():
             continue
         module = fields[2].rstrip()
-        # One space of indent: imported by the program itself; deeper ones are imports of imports.
-        if len(module) - len(module.lstrip()) == 1:
-            bill.append((module.strip(), int(fields[1])))
+        found.append((len(module) - len(module.lstrip()), module.strip(), int(fields[1])))
+    return found
+
+
+def import_bill(importtime: str) -> list[tuple[str, int]]:
+    """Top-level imports and their cumulative microseconds, costliest first."""
+    bill = [(module, micros) for indent, module, micros in import_lines(importtime) if indent == 1]
     return sorted(bill, key=lambda item: -item[1])
 
 

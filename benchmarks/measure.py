@@ -10,7 +10,9 @@ process's peak RSS across exec, so anything started from this Python process wou
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import select
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -48,6 +50,7 @@ class Usage:
 
     wall_s: float
     processes: tuple[Finished, ...]
+    started_at: float = 0.0  # time.time() when the first process was started
 
     @property
     def cpu_s(self) -> float:
@@ -68,33 +71,61 @@ def parse_time_report(text: str) -> tuple[float, int]:
     return float(user) + float(system), int(rss)
 
 
-def run_together(spawns: Sequence[Spawn]) -> Usage:
-    """Start every process at once, wait for all; stdin and output go through files, never pipes.
+def run_together(spawns: Sequence[Spawn], at_once: int | None = None) -> Usage:
+    """Start every process at once (or `at_once` at a time, the next as soon as one ends), wait for all;
+    stdin and output go through files, never pipes.
 
     Files instead of pipes: no reader threads competing for the CPU, and no deadlock when a client prints
-    more than a pipe holds.
+    more than a pipe holds. Each process is waited for through its pidfd, never with a wait for any child:
+    this process has other children (the test hosts) that must not be reaped here.
     """
+    limit = len(spawns) if at_once is None else max(1, at_once)
     with contextlib.ExitStack() as stack:
         files = [tuple(stack.enter_context(tempfile.TemporaryFile()) for _ in range(3)) for _ in spawns]
         reports = [stack.enter_context(tempfile.NamedTemporaryFile("r")) for _ in spawns]
         for spawn, (stdin, _, _) in zip(spawns, files, strict=True):
             stdin.write(spawn.stdin)
             stdin.seek(0)
-        pids: list[int] = []
+        statuses: list[int] = [0] * len(spawns)
+        running: dict[int, tuple[int, int]] = {}  # pidfd -> (index, pid)
+        poller = select.poll()
+
+        def start(index: int) -> None:
+            spawn, (stdin, stdout, stderr), report = spawns[index], files[index], reports[index]
+            argv = [GNU_TIME, "-f", _FORMAT, "-o", report.name, *spawn.argv]
+            actions = [
+                (os.POSIX_SPAWN_DUP2, stdin.fileno(), 0),
+                (os.POSIX_SPAWN_DUP2, stdout.fileno(), 1),
+                (os.POSIX_SPAWN_DUP2, stderr.fileno(), 2),
+            ]
+            env = {**os.environ, **(spawn.env or {})}
+            pid = os.posix_spawn(GNU_TIME, argv, env, file_actions=actions)
+            fd = os.pidfd_open(pid)
+            running[fd] = (index, pid)
+            poller.register(fd, select.POLLIN)
+
+        def reap(fd: int) -> None:
+            index, pid = running.pop(fd)
+            poller.unregister(fd)
+            os.close(fd)
+            statuses[index] = os.waitpid(pid, 0)[1]
+
+        queue = iter(range(len(spawns)))
+        started_at = time.time()
         started = time.perf_counter()
         try:
-            for spawn, (stdin, stdout, stderr), report in zip(spawns, files, reports, strict=True):
-                argv = [GNU_TIME, "-f", _FORMAT, "-o", report.name, *spawn.argv]
-                actions = [
-                    (os.POSIX_SPAWN_DUP2, stdin.fileno(), 0),
-                    (os.POSIX_SPAWN_DUP2, stdout.fileno(), 1),
-                    (os.POSIX_SPAWN_DUP2, stderr.fileno(), 2),
-                ]
-                env = {**os.environ, **(spawn.env or {})}
-                pids.append(os.posix_spawn(GNU_TIME, argv, env, file_actions=actions))
+            for index in itertools.islice(queue, limit):
+                start(index)
+            while running:
+                for fd, _ in poller.poll():
+                    reap(fd)
+                    following = next(queue, None)
+                    if following is not None:
+                        start(following)
         finally:
             # Reap what started even when a later spawn failed: no zombie is left behind.
-            statuses = [os.waitpid(pid, 0)[1] for pid in pids]
+            for fd in list(running):
+                reap(fd)
         wall = time.perf_counter() - started
         finished = []
         for status, (_, stdout, stderr), report in zip(statuses, files, reports, strict=True):
@@ -102,7 +133,7 @@ def run_together(spawns: Sequence[Spawn]) -> Usage:
             finished.append(
                 Finished(os.waitstatus_to_exitcode(status), _read(stdout), _read(stderr), cpu, rss)
             )
-        return Usage(wall, tuple(finished))
+        return Usage(wall, tuple(finished), started_at)
 
 
 def _read(handle: IO[bytes]) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -33,14 +32,25 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hotspots import import_lines
+
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("rich", "fabric", "paramiko", "jinja2", "pydantic", "yaml")
-_IMPORT_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)$")
-_STAND_IN_TORCH = """__version__ = "0.0.0+startup"
+# The benchmarks' stand-in for torch (also the fleet's, testbed.py): answers the agent's probe without the
+# real import. Its version is new enough for the rig's DDP launcher, which plan checks.
+STAND_IN_TORCH = '''"""Benchmark stand-in for torch: answers the agent's probe without the real import."""
+__version__ = "2.13.0+mgpubench"
+
+
 class cuda:
-    is_available = staticmethod(lambda: False)
-    device_count = staticmethod(lambda: 0)
-"""
+    @staticmethod
+    def is_available():
+        return False
+
+    @staticmethod
+    def device_count():
+        return 0
+'''
 _SETUP = """\
 import json, sys; from pathlib import Path
 from mgpu_provision.commands.demo import write_demo
@@ -59,12 +69,10 @@ def importtime(stderr: str) -> tuple[dict[str, float], float]:
     """Cumulative ms per module, and the sum over the top-level imports (what the process loaded)."""
     cumulative: dict[str, float] = {}
     total = 0.0
-    for line in stderr.splitlines():
-        found = _IMPORT_LINE.match(line)
-        if found:
-            cumulative[found[4]] = int(found[2]) / 1000
-            if len(found[3]) == 1:
-                total += int(found[2]) / 1000
+    for indent, module, micros in import_lines(stderr):
+        cumulative[module] = micros / 1000
+        if indent == 1:
+            total += micros / 1000
     return cumulative, total
 
 
@@ -97,7 +105,7 @@ def stand_in_torch_python(folder: Path, node_python: str) -> str:
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     (Path(site) / "torch").mkdir()
-    (Path(site) / "torch" / "__init__.py").write_text(_STAND_IN_TORCH)
+    (Path(site) / "torch" / "__init__.py").write_text(STAND_IN_TORCH)
     return str(python)
 
 
@@ -162,10 +170,10 @@ def main() -> None:
             for code, (figures, _) in measured.items():  # alternating: load drifts hit every copy alike
                 for name, measure in figures.items():
                     samples[code].setdefault(name, []).append(measure())
-    for code, figures in samples.items():
+    for code, values in samples.items():
         summary: dict[str, object] = {
             name: {"median": round(statistics.median(v), 3), "min": round(min(v), 3)}
-            for name, v in figures.items()
+            for name, v in values.items()
         }
         summary["plan_json_run_loads"] = measured[code][1]
         report[code] = summary

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from contenders import (
+    AGENT_FLAGS,
     AnsibleAdHoc,
     BenchHost,
     Fleet,
@@ -24,10 +25,14 @@ from contenders import (
     ansible_results,
     select,
 )
-from fleet import DEFAULT_ANSIBLE, BenchmarkError, parse_sizes, rotated
+from fleet import DEFAULT_ANSIBLE, BenchmarkError, contenders_for, parse_sizes, rotated
 from hotspots import collapse, import_bill, summary
 from measure import Finished, Spawn, Usage, parse_time_report, run_together
-from report import Row, Sample, markdown, peer_over, summarize, verdicts, vs_floor
+from report import Row, Sample, Singles, markdown, peer_over, summarize, verdicts, vs_floor
+from single import Figure
+from smoke_clock import Event, covered, hook_source, parse_clock, start_up
+from startup import importtime
+from testbed import MAX_HOSTS, WidePool
 
 from tests import hosts as harness  # importable: testbed (via fleet) put the repository on sys.path
 
@@ -39,6 +44,13 @@ def sample(contender: str, hosts: int, wall: float, rss_mib: float = 50, cpu: fl
 def test_summarize_takes_median_min_max_and_per_host_cpu() -> None:
     rows = summarize([sample("plan", 8, w, cpu=c) for w, c in ((3.0, 0.8), (1.0, 0.4), (2.0, 1.6))])
     assert rows == [Row("plan", 8, 3, 2.0, 1.0, 3.0, 0.1, 50.0, 1.0, 1.0)]
+
+
+def test_smoke_start_up_takes_median_and_best_of_the_runs() -> None:
+    runs = [(0.5, 3.0), (2.5, 4.0), (0.9, 5.0)]
+    [row] = summarize([Sample("smoke", 2, 9.0, 1.0, 1024, 1.0, 2.0, up, torch) for up, torch in runs])
+    assert (row.startup_s, row.startup_best_s, row.torch_s) == (0.9, 0.5, 4.0)
+    assert row.to_ranks_s == 5.9  # the median of each run's sum, not a sum of medians
 
 
 def test_rows_come_in_fleet_size_order() -> None:
@@ -59,23 +71,44 @@ def test_ratios_compare_within_the_same_fleet_size() -> None:
 
 def test_targets_are_judged_and_a_miss_is_shown() -> None:
     samples = [
-        sample("ssh", 32, 1.0),
-        sample("plan", 32, 1.2, rss_mib=60),
-        sample("ansible", 32, 6.0),
+        sample("ssh", 1, 0.5),
+        sample("plan", 1, 0.9, rss_mib=60, cpu=0.5),
         sample("ssh", 64, 1.0),
-        sample("plan", 64, 1.6, rss_mib=160),
-        sample("ansible", 64, 16.0),
+        sample("plan", 64, 1.2, rss_mib=70, cpu=0.64),
+        sample("ssh", 256, 10.0),
+        sample("plan", 256, 10.5, rss_mib=120, cpu=2.56),
     ]
-    found = {v.target: (v.measured, v.met) for v in verdicts(summarize(samples))}
-    assert found["plan on 64 hosts <= 1.5x the plain-SSH floor"] == ("1.60x", False)
-    assert found["plan >= 6x faster than ansible at 32 hosts"] == ("5.0x", False)
-    assert found["plan >= 6x faster than ansible at 64 hosts"] == ("10.0x", True)
-    assert found["plan peak memory < 150 MiB at 64 hosts"] == ("160 MiB", False)
-    growth = found["plan peak memory grows less than linearly with the fleet"]
-    assert growth == ("60 -> 160 MiB (2.67x) for 2x hosts", False)
-    page = markdown(summarize(samples), ["# title"])
-    assert "| plan on 64 hosts <= 1.5x the plain-SSH floor | 1.60x | **no** |" in page
-    assert "| 64 | plan | 1.60 | 1.60–1.60 | 1.60x | 10.00x |" in page
+    singles = Singles(
+        agent_facts_cpu_s=0.06, python_start_cpu_s=0.012, import_ms=160.0, import_best_ms=140.0,
+        plan_run_imports_ms=300.0, plan_run_imports_best_ms=280.0, validate_wall_s=0.3,
+        validate_best_wall_s=0.2, validate_cpu_s=0.19,
+    )  # fmt: skip
+    found = {v.target: (v.measured, v.met) for v in verdicts(summarize(samples), singles)}
+    assert found["plan at 1 host(s) <= 2x the plain-SSH floor"] == ("1.80x (0.90 s vs 0.50 s)", True)
+    assert found["plan at 64 host(s) <= 1.1x the plain-SSH floor"] == ("1.20x (1.20 s vs 1.00 s)", False)
+    assert found["plan at 256 host(s) <= 1.1x the plain-SSH floor"][1] is True
+    assert found["plan at 8 host(s) <= 1.3x the plain-SSH floor"] == ("not measured", None)
+    assert found["plan client CPU <= 10 ms per host at 64 hosts"] == ("10.0 ms", True)
+    assert found["validate of an example <= 0.15 s wall (best run)"] == (
+        "0.200 s (median 0.300 s, CPU 0.190 s)",
+        False,
+    )
+    assert found["importing what plan needs <= 150 ms (-X importtime, best run)"] == (
+        "140 ms `import mgpu_provision.commands.plan` (median 160 ms); a whole local `plan --json` run "
+        "imports 280 ms",
+        True,
+    )
+    assert found["agent facts <= 50 ms CPU per call on a simulated node"] == (
+        "60 ms, of which a bare `python3 -S -I -c pass` is 12 ms",
+        False,
+    )
+    assert found["256 hosts in the benchmark"] == ("256 hosts measured", True)
+    assert found["plan peak RSS <= 100 MiB at 256 hosts"] == ("120 MiB", False)
+    growth = found["plan peak RSS grows sub-linearly with the fleet"]
+    assert growth == ("60 -> 120 MiB (2.00x) for 256x hosts; 267 KiB per host from 64 to 256", True)
+    page = markdown(summarize(samples), ["# title"], singles)
+    assert "| plan at 64 host(s) <= 1.1x the plain-SSH floor | 1.20x (1.20 s vs 1.00 s) | **no** |" in page
+    assert "| 64 | plan | 1.20 | 1.20–1.20 | 1.20x | – |" in page
 
 
 def test_targets_not_measured_say_so() -> None:
@@ -84,19 +117,30 @@ def test_targets_not_measured_say_so() -> None:
     assert {v.measured for v in found} == {"not measured", "needs two fleet sizes"}
 
 
-def test_ansible_raw_mode_is_judged_too() -> None:
-    rows = summarize([sample("plan", 32, 1.0), sample("ansible-raw", 32, 3.0)])
-    found = {v.target: v.met for v in verdicts(rows)}
-    assert found["plan >= 6x faster than ansible-raw at 32 hosts"] is False
+def test_apply_and_smoke_are_judged_against_their_floors() -> None:
+    samples = [
+        sample("ssh", 8, 1.0),
+        sample("apply", 8, 1.5),
+        sample("smoke-floor", 2, 0.5),
+        Sample("smoke", 2, 9.0, 1.0, 1024, 1.0, 2.0, startup_s=0.75, torch_s=4.0),
+    ]
+    rows = summarize(samples)
+    found = {v.target.split(" ")[0]: (v.measured, v.met) for v in verdicts(rows)}
+    assert found["apply"] == ("8: 1.50x of the floor", True)
+    assert found["smoke"] == ("2: 1.50x of the floor", True)  # start-up less torch over the floor's run
+    page = markdown(rows, ["# title"])
+    assert "| 2 | 0.50 | 9.00 | 4.75 | 4.00 | 0.75 | 0.75 | 1.50x |" in page
+    assert "| 2 | smoke |" not in page  # smoke has its own table, not the fleet's
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("1,x", "--hosts wants comma-separated host counts, e.g. 1,8,32,64; got '1,x'"),
-        ("0,8", "--hosts: each count must be between 1 and 254; got '0,8'"),
-        ("300", "--hosts: each count must be between 1 and 254; got '300'"),
-        ("", "--hosts: each count must be between 1 and 254; got ''"),
+        ("1,x", "--hosts wants comma-separated host counts, e.g. 1,8,64; got '1,x'"),
+        ("0,8", "--hosts: each count must be between 1 and 508; got '0,8'"),
+        ("600", "--hosts: each count must be between 1 and 508; got '600'"),
+        ("", "--hosts: each count must be between 1 and 508; got ''"),
+        ("none", "--hosts wants comma-separated host counts, e.g. 1,8,64; got 'none'"),
     ],
 )
 def test_bad_fleet_sizes_are_refused(text: str, message: str) -> None:
@@ -107,6 +151,17 @@ def test_bad_fleet_sizes_are_refused(text: str, message: str) -> None:
 
 def test_fleet_sizes_are_sorted_and_unique() -> None:
     assert parse_sizes("64, 8,1,8") == [1, 8, 64]
+    assert parse_sizes("none", "--smoke-hosts") == []
+
+
+def test_address_pool_reaches_256_hosts_past_one_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness, "_port_free", lambda address, port: not address.endswith(".7"))
+    pool = WidePool()
+    addresses = [pool.take() for _ in range(256)]
+    assert len(set(addresses)) == 256 and MAX_HOSTS == 508
+    blocks = sorted({a.rsplit(".", 1)[0] for a in addresses})
+    assert len(blocks) == 2 and all(a.startswith("127.") for a in addresses)
+    assert not any(a.endswith(".7") for a in addresses)  # taken by someone else: skipped
 
 
 def test_rounds_rotate_the_order() -> None:
@@ -126,7 +181,16 @@ def test_agent_command_is_one_shell_line_that_pipes_the_request() -> None:
     words = shlex.split(command)
     assert words[0] == "echo"
     assert json.loads(words[1]) == {"args": {"files": ["/etc/it's"]}}
-    assert words[2:] == ["|", "/usr/bin/python3", "~/.cache/mgpu-provision/agent-abc", "facts"]
+    assert words[2:] == ["|", "/usr/bin/python3", "-S", "-I", "~/.cache/mgpu-provision/agent-abc", "facts"]
+
+
+def test_the_floor_starts_the_agent_as_the_tool_does() -> None:
+    """The floor must do the node-side work the tool does: the same interpreter flags as its command."""
+    from mgpu_provision.fleet.session import agent_command as tools_command
+
+    tools = shlex.split(tools_command("agent-abc.pyz", "/usr/bin/python3", "facts", sudo=False))
+    runs = [tools[i + 1 : i + 1 + len(AGENT_FLAGS)] for i, w in enumerate(tools) if w == "/usr/bin/python3"]
+    assert runs and all(list(flags) == list(AGENT_FLAGS) for flags in runs)
 
 
 RAW_OUTPUT = """\
@@ -248,6 +312,27 @@ def test_run_together_starts_processes_at_once() -> None:
     assert usage.wall_s < 1.5
 
 
+def test_run_together_keeps_at_most_so_many_running_and_reaps_no_other_child() -> None:
+    other = subprocess.Popen(["sleep", "0.2"])  # like a test host: a child of this process, not of the run
+    code = "import sys; print(sys.argv[1])"
+    usage = run_together([Spawn(("sleep", "0.4"))] * 4 + [Spawn((sys.executable, "-c", code, "last"))], 2)
+    assert 0.8 <= usage.wall_s < 2.5  # 0.4 s sleeps two at a time, then the last one
+    assert [p.returncode for p in usage.processes] == [0] * 5 and usage.processes[-1].stdout == "last\n"
+    assert other.wait(timeout=5) == 0  # still ours to reap: the run waited only for its own processes
+
+
+def test_a_bounded_floor_runs_only_where_it_bounds_something() -> None:
+    chosen = select(["ssh", "ssh-64", "plan"])
+    assert [c.name for c in contenders_for(64, chosen)] == ["ssh", "plan"]
+    assert [c.name for c in contenders_for(128, chosen)] == ["ssh", "ssh-64", "plan"]
+
+
+def test_the_floor_is_the_faster_plain_ssh_mode_at_each_size() -> None:
+    rows = summarize([sample("ssh", 256, 40.0), sample("ssh-64", 256, 30.0), sample("plan", 256, 31.5)])
+    ratios = {r.contender: vs_floor(rows, r) for r in rows}
+    assert ratios == {"ssh": pytest.approx(40 / 30), "ssh-64": 1.0, "plan": pytest.approx(1.05)}
+
+
 def test_script_refuses_bad_arguments_with_a_message() -> None:
     done = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("fleet.py")), "--hosts", "1", "--contenders", "x"],
@@ -256,7 +341,7 @@ def test_script_refuses_bad_arguments_with_a_message() -> None:
     )
     assert done.returncode == 1
     assert done.stderr.strip() == (
-        "error: unknown contender(s) x; choose from ssh, facts, plan, ansible, ansible-raw"
+        "error: unknown contender(s) x; choose from ssh, ssh-64, facts, plan, apply, ansible, ansible-raw"
     )
 
 
@@ -289,12 +374,80 @@ def test_import_bill_keeps_only_the_programs_own_imports() -> None:
     assert import_bill(stderr) == [("mgpu_provision.fleet.session", 195705), ("json", 40)]
 
 
+CLOCK = """\
+start 100 - 10.0
+torch 100 - 10.5 12.0
+start 200 - 12.5
+torch 200 - 12.6 14.0
+start 301 0 14.2
+start 302 1 14.4
+torch 301 0 14.3 16.0
+start 303
+"""
+
+
+def test_clock_lines_are_read_and_a_cut_line_is_skipped() -> None:
+    events = parse_clock(CLOCK)
+    assert len(events) == 7
+    assert events[0] == Event("start", 100, None, 10.0, 10.0)
+    assert events[6] == Event("torch", 301, 0, 14.3, 16.0)
+
+
+def test_overlapping_torch_imports_count_once_and_only_before_the_last_rank() -> None:
+    assert covered([(1.0, 3.0), (2.0, 4.0), (6.0, 7.0)], 0.0, 6.5) == pytest.approx(3.5)
+    assert covered([], 0.0, 5.0) == 0.0
+    timing = start_up(parse_clock(CLOCK), 9.5, 2)
+    # 9.5 -> 14.4 to the last rank; torch in progress 10.5-12.0, 12.6-14.0 and 14.3-14.4
+    assert timing.to_ranks_s == pytest.approx(4.9)
+    assert timing.torch_s == pytest.approx(3.0)
+    assert timing.overhead_s == pytest.approx(1.9)
+    with pytest.raises(ValueError, match="the clock saw 2 of 4 ranks start"):
+        start_up(parse_clock(CLOCK), 9.5, 4)
+
+
+def test_clock_hook_notes_process_start_and_torch_import(tmp_path: Path) -> None:
+    """The hook as the nodes run it: a sitecustomize on PYTHONPATH, a `torch` that takes a moment."""
+    clock = tmp_path / "clock.txt"
+    hook = tmp_path / "hook"
+    fake = tmp_path / "site"
+    for folder in (hook, fake / "torch"):
+        folder.mkdir(parents=True)
+    (hook / "sitecustomize.py").write_text(hook_source(clock))
+    (fake / "torch" / "__init__.py").write_text("import time\ntime.sleep(0.2)\n")
+    env = {"PYTHONPATH": f"{hook}:{fake}", "RANK": "3", "PATH": "/usr/bin:/bin"}
+    subprocess.run(["/usr/bin/python3", "-c", "import torch, torch"], env=env, check=True)
+    subprocess.run(["/usr/bin/python3", "-c", "pass"], env={**env, "RANK": "4"}, check=True)
+    events = parse_clock(clock.read_text())
+    assert [(e.kind, e.rank) for e in events] == [("start", 3), ("torch", 3), ("start", 4)]
+    assert events[1].end - events[1].begin >= 0.2
+    assert events[0].begin <= events[1].begin
+
+
+def test_importtime_gives_each_modules_cumulative_and_the_top_level_sum() -> None:
+    stderr = (
+        "import time: self [us] | cumulative | imported package\n"
+        "import time:       502 |      27235 |     pydantic\n"
+        "import time:      1104 |     139818 |   mgpu_provision.facts\n"
+        "import time:        98 |      99000 | fabric\n"
+        "import time:        12 |       1000 | mgpu_provision.commands.plan\n"
+        "error: something else on stderr\n"
+    )
+    cumulative, total = importtime(stderr)
+    assert cumulative["pydantic"] == 27.235 and cumulative["mgpu_provision.commands.plan"] == 1.0
+    assert total == 100.0  # only what the program itself imported: fabric and commands.plan
+
+
+def test_a_figure_keeps_the_median_and_the_best_run() -> None:
+    values = iter([0.5, 0.2, 0.9, 0.4])
+    assert Figure.of(lambda: next(values), 4) == Figure(0.45, 0.2)
+
+
 def test_benchmark_end_to_end_on_two_hosts(tmp_path: Path) -> None:
     """The whole run on a tiny fleet: hosts, converge, every contender, results written."""
     reason = harness.harness_unavailable()
     if reason:
         pytest.skip(reason)
-    contenders = "ssh,facts,plan" + (",ansible,ansible-raw" if DEFAULT_ANSIBLE.exists() else "")
+    contenders = "ssh,facts,plan,apply" + (",ansible,ansible-raw" if DEFAULT_ANSIBLE.exists() else "")
     script = str(Path(__file__).with_name("fleet.py"))
     done = subprocess.run(
         [
@@ -306,6 +459,10 @@ def test_benchmark_end_to_end_on_two_hosts(tmp_path: Path) -> None:
             "1",
             "--contenders",
             contenders,
+            "--smoke-hosts",
+            "1",
+            "--singles-runs",
+            "1",
             "--out",
             str(tmp_path),
         ],
@@ -316,8 +473,10 @@ def test_benchmark_end_to_end_on_two_hosts(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "fleet.json").read_text())
     rows = {(r["hosts"], r["contender"]): r for r in results["rows"]}
-    assert len(rows) == 2 * len(contenders.split(","))
+    assert len(rows) == 2 * len(contenders.split(",")) + 2  # and smoke with its floor on one host
     assert rows[(2, "ssh")]["vs_floor"] == 1.0
+    assert rows[(1, "smoke")]["startup_s"] > 0 and rows[(1, "smoke")]["torch_s"] > 0
+    assert results["singles"]["agent_facts_cpu_s"] > results["singles"]["python_start_cpu_s"] > 0
     # Converged and cached: exactly one login and one SSH command per host, for the floor and the tool.
     for name in ("ssh", "plan"):
         assert (rows[(2, name)]["logins_per_host"], rows[(2, name)]["commands_per_host"]) == (1.0, 1.0)

@@ -9,8 +9,11 @@ runs then measure the fast path only (one cold connection and one agent command 
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,6 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # `tests.hosts` is not installed; it lives beside the package
 
 from contenders import BenchHost, Fleet, agent_command  # noqa: E402
+from smoke_clock import hook_source  # noqa: E402
+from startup import stand_in_torch_python  # noqa: E402
 
 from mgpu_provision.fleet.bundle import build_agent  # noqa: E402
 from mgpu_provision.plan.host import facts_request  # noqa: E402
@@ -41,22 +46,14 @@ RIG: dict[str, Any] = {
     "ddp": {"master": "h001", "port": 29500, "backend": "gloo", "nproc_per_node": 2, "ifname": "lo"},
 }
 ENV = {"OMP_NUM_THREADS": "1", "NCCL_DEBUG": "WARN"}
+# smoke on simulated nodes runs Gloo over loopback: small tensors, a deadline far beyond a slow start.
+SMOKE = {"timeout_s": 240, "batch_size": 4, "sizes_mib": [0.0625, 0.25]}
+ADDRESSES_PER_POOL = 254  # one 127.x.y.0/24, as the harness takes them
+POOLS = 2
+MAX_HOSTS = ADDRESSES_PER_POOL * POOLS
 # `plan` checks that the smoke python imports torch. The real import costs ~2 CPU-seconds per host, the same
 # node-side work for every contender, which on 2 cores would bury the differences being measured; so by
-# default the smoke python is a venv whose torch is this stand-in (the twin's GPUs are simulated anyway).
-STAND_IN_TORCH = '''"""Benchmark stand-in for torch: answers the agent's probe without the real import."""
-__version__ = "0.0.0+mgpu-bench"
-
-
-class cuda:
-    @staticmethod
-    def is_available():
-        return False
-
-    @staticmethod
-    def device_count():
-        return 0
-'''
+# default the smoke python is a venv whose torch is startup.py's stand-in (the twin's GPUs are simulated).
 # sshd at LogLevel VERBOSE logs this once per exec or subsystem (sftp) channel: the SSH commands a client ran.
 _SESSION = re.compile(r"Starting session: ")
 _LOGIN = re.compile(r"Accepted publickey for ")
@@ -82,6 +79,38 @@ class Channels:
         return sum(self.logins) / len(self.logins)
 
 
+class WidePool(harness._AddressPool):
+    """The harness's pool, grown past one /24: 256 hosts need a second 127.x.y.0/24.
+
+    The first block is the harness's own (derived from this pid); the next ones flip high bits of the third
+    octet. Another process may use those blocks too: the bind probe skips every address already taken.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        first, third = self._prefix.rsplit(".", 1)
+        self._prefixes = [f"{first}.{int(third) ^ (0x80 * n)}" for n in range(POOLS)]
+        self._taken = 0
+
+    def take(self, port: int = harness.SSH_PORT) -> str:
+        with self._lock:
+            while self._taken < MAX_HOSTS:
+                block, offset = divmod(self._taken, ADDRESSES_PER_POOL)
+                self._taken += 1
+                address = f"{self._prefixes[block]}.{offset + 1}"
+                if harness._port_free(address, port):
+                    return address
+        raise RuntimeError(f"no free loopback address left in {', '.join(self._prefixes)} (x.0/24 each)")
+
+
+@dataclass(frozen=True)
+class SmokeSetup:
+    """A fleet converged for `smoke` with real torch, and the clock file its processes write to."""
+
+    fleet: Fleet
+    clock: Path
+
+
 class Testbed:
     """Owns the running hosts; `fleet(n)` gives the first n of them ready for every contender."""
 
@@ -96,9 +125,7 @@ class Testbed:
         self.ansible = ansible
         self.smoke_python = smoke_python or self._stand_in_torch_python()
         self.client = harness.ClientKey()
-        self.factory = harness.HostFactory(
-            root / "hosts", self.client.path, self.client.pub, harness._AddressPool()
-        )
+        self.factory = harness.HostFactory(root / "hosts", self.client.path, self.client.pub, WidePool())
         self.factory.root.mkdir(parents=True)
         twin = resources.files("mgpu_provision.demo").joinpath(TWIN).read_text(encoding="utf-8")
         try:
@@ -110,16 +137,10 @@ class Testbed:
         self.agent_name = build_agent().name
 
     def _stand_in_torch_python(self) -> str:
-        venv = self.root / "smoke-venv"
-        made = subprocess.run(
-            [harness.NODE_PYTHON, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True
-        )
-        if made.returncode != 0:
-            raise TestbedError(f"{harness.NODE_PYTHON} -m venv failed: {made.stderr.strip()[-500:]}")
-        site = next(venv.glob("lib/python3*/site-packages"))
-        (site / "torch").mkdir()
-        (site / "torch" / "__init__.py").write_text(STAND_IN_TORCH)
-        return str(venv / "bin" / "python")
+        try:
+            return stand_in_torch_python(self.root / "smoke-venv", harness.NODE_PYTHON)
+        except subprocess.CalledProcessError as exc:
+            raise TestbedError(f"{harness.NODE_PYTHON} -m venv failed: {exc}") from None
 
     @property
     def mgpu_provision(self) -> str:
@@ -136,14 +157,47 @@ class Testbed:
         )
         return path
 
+    def write_smoke_rig(self, count: int, clock: Path) -> Path:
+        """The rig for `smoke`: real torch (this venv's, on PYTHONPATH as tests/e2e do: the hosts' private
+        /root hides the venv) behind the clock hook's folder, a free rendezvous port, Gloo on loopback."""
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.origin is None:
+            raise TestbedError(f"smoke needs real torch in {sys.executable}'s environment")
+        hook = clock.parent / "hook"
+        hook.mkdir(exist_ok=True)
+        (hook / "sitecustomize.py").write_text(hook_source(clock))
+        env = {**ENV, "PYTHONPATH": f"{hook}{os.pathsep}{Path(spec.origin).parents[1]}"}
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        rig = {**RIG, "ddp": {**RIG["ddp"], "port": port}}
+        path = self.root / f"smoke-rig-{count}.yaml"
+        self.factory.write_rig(
+            path, self.hosts[:count], rigs={RIG_NAME: rig}, env=env,
+            smoke={"python": harness.NODE_PYTHON, **SMOKE},
+        )  # fmt: skip
+        return path
+
+    def smoke_setup(self, count: int) -> SmokeSetup:
+        """The first `count` hosts converged for a smoke run whose processes note when they started."""
+        clock = self.root / f"smoke-{count}" / "clock.txt"
+        clock.parent.mkdir(exist_ok=True)
+        rig = self.write_smoke_rig(count, clock)
+        # The launcher and env files only, as a user does before smoke (and tests/e2e): plan's torch check
+        # does not see the rig's PYTHONPATH, so on these hosts it would report torch missing.
+        self._converge_rig(rig, count, [["apply", "--yes", "--playbook", "env"]])
+        return SmokeSetup(self.fleet(count, rig), clock)
+
     def converge(self, count: int) -> None:
         """`apply --yes` on the first `count` hosts, then `plan` must say converged (exit 0).
 
         Per fleet size, because the torchrun launcher names the DDP world size: a host converged as one of
         64 has drifted as one of 8.
         """
-        rig = self.write_rig(count)
-        for verb in (["apply", "--yes"], ["plan"]):
+        self._converge_rig(self.write_rig(count), count, [["apply", "--yes"], ["plan"]])
+
+    def _converge_rig(self, rig: Path, count: int, verbs: list[list[str]]) -> None:
+        for verb in verbs:
             done = subprocess.run(
                 [
                     self.mgpu_provision,
@@ -160,8 +214,8 @@ class Testbed:
                 output = (done.stdout + done.stderr)[-3000:]
                 raise TestbedError(f"{verb[0]} on {count} hosts exited {done.returncode}:\n{output}")
 
-    def fleet(self, count: int) -> Fleet:
-        rig = self.write_rig(count)
+    def fleet(self, count: int, rig: Path | None = None) -> Fleet:
+        rig = rig or self.write_rig(count)
         loaded = load_rig(rig)
         requests = {json.dumps(facts_request(loaded, h), sort_keys=True) for h in loaded.spec.hosts}
         if len(requests) != 1:
@@ -190,6 +244,22 @@ class Testbed:
             mgpu_provision=self.mgpu_provision,
             ansible=self.ansible,
         )
+
+    def agent_call(self) -> tuple[list[str], str, str, bytes]:
+        """How the first host's sshd would run the cached agent's facts verb, for timing it alone: (prefix
+        entering the host's namespaces with a login's environment, python, agent folder, request)."""
+        host = self.hosts[0]
+        if host.process is None:
+            raise TestbedError(f"test host {host.name} is not running")
+        loaded = load_rig(self.write_rig(1))
+        request = {"args": facts_request(loaded, loaded.spec.hosts[0]), "simulate": None}
+        prefix = [
+            "nsenter", "-t", str(host.process.pid), "-m", "-u", "--",
+            "env", "-i", "HOME=/root", "USER=root", "LOGNAME=root", "PATH=/usr/local/bin:/usr/bin:/bin",
+            f"MGPU_PROVISION_SIMULATE={host.twin_path}",
+        ]  # fmt: skip
+        agent = f"/root/{AGENT_CACHE}/{self.agent_name.removesuffix('.pyz')}"
+        return prefix, harness.NODE_PYTHON, agent, json.dumps(request).encode()
 
     def mark_logs(self) -> None:
         """Remember where each sshd log ends, so `channels_since_mark` counts only what follows."""
