@@ -34,7 +34,7 @@ import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import pytest
 import yaml
@@ -80,10 +80,11 @@ def require_harness() -> None:
         skip_or_fail(reason)
 
 
-def skip_or_fail(reason: str) -> None:
-    """Skip the calling test with the reason; under CI=true fail it instead (CI never passes by skipping)."""
+def skip_or_fail(reason: str, missing: str = "the e2e harness cannot run") -> NoReturn:
+    """Skip the calling test with the reason; under CI=true fail it instead (CI never passes by skipping:
+    `.ci/run` installs whatever a test needs)."""
     if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true but the e2e harness cannot run: {reason}", pytrace=False)
+        pytest.fail(f"CI=true but {missing}: {reason}", pytrace=False)
     pytest.skip(reason)
 
 

@@ -19,6 +19,7 @@ from mgpu_provision.plan.resources import envfiles
 from mgpu_provision.plan.resources.envfiles import SYSTEMD_DEFAULT_PATH, desired_files
 from mgpu_provision.spec import LoadedRig, load_rig
 from tests import factories
+from tests.hosts import skip_or_fail
 from tests.systemd_envfile import read_environment_file
 
 SHELLS = {"dash": ["dash", "-c"], "bash": ["bash", "-c"], "bash -i": ["bash", "--norc", "-i", "-c"]}
@@ -111,7 +112,7 @@ def sourced(
     program, *options = SHELLS[shell]
     found = shutil.which(program)
     if found is None:
-        pytest.skip(f"{program} is not installed")
+        skip_or_fail(f"{program} is not installed", "a shell the env files must be read by is missing")
     # env by its full path: PATH may be empty or changed by the script
     command = pre + '. "$1"; ' * times + f"{shutil.which('env')} -0"
     out = subprocess.run(
