@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,7 @@ from ..fleet.pool import run_fleet
 from ..fleet.session import AgentSession
 from ..reclaim import HostReclaim, HostResult, agent_args, collect, exit_code, reclaim_on
 from . import options
-from .output import shown
+from .output import make_console, shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -123,9 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(as_json(hosts, dry_run, args.user), indent=2))
     else:
-        from rich.console import Console
-
-        render_human(hosts, dry_run, Console(file=sys.stdout))
+        render_human(hosts, dry_run, make_console())
     return exit_code(hosts)
 
 
