@@ -56,7 +56,7 @@ import json, sys; from pathlib import Path
 from mgpu_provision.commands.demo import write_demo
 from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.plan.host import facts_request
-from mgpu_provision.spec import load_rig
+from mgpu_provision.rig import load_rig
 w = Path(sys.argv[1]); rig = write_demo(w / 'demo', sys.argv[2]); loaded = load_rig(rig)
 (w / 'agent.pyz').write_bytes(build_agent(w / 'bundles').data)
 host = loaded.spec.hosts[0]

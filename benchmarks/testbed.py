@@ -30,7 +30,7 @@ from startup import stand_in_torch_python  # noqa: E402
 
 from mgpu_provision.fleet.bundle import build_agent  # noqa: E402
 from mgpu_provision.plan.host import facts_request  # noqa: E402
-from mgpu_provision.spec import load_rig  # noqa: E402
+from mgpu_provision.rig import load_rig  # noqa: E402
 from tests import hosts as harness  # noqa: E402
 
 RIG_NAME = "bench"

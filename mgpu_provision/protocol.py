@@ -153,7 +153,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "run_id": line(),
         "timeout_s": positive(required=True),
         "batch_size": integer(1, required=True),
-        "sizes_mib": positives(),  # none: sizes that suit the backend (node/smoke.py)
+        "sizes_mib": positives(),  # none: sizes that suit the backend (node/verbs/smoke.py)
         "iters": integer(1),
         "env": text_mapping(),
         "path_prepend": text_lists_mapping(),  # what the env files put in front of PATH and the like

@@ -17,10 +17,10 @@ import yaml
 
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet.targets import HostTarget
-from mgpu_provision.node.collect import collect
-from mgpu_provision.node.nvidia import select_backend
-from mgpu_provision.node.procs import ProcInfo
-from mgpu_provision.node.topology import nvlink_count, parse_topology
+from mgpu_provision.node.host.procs import ProcInfo
+from mgpu_provision.node.nvidia.select import select_backend
+from mgpu_provision.node.nvidia.topology import nvlink_count, parse_topology
+from mgpu_provision.node.verbs.facts import collect
 
 if TYPE_CHECKING:
     from tests.hosts import HostFactory, TestHost

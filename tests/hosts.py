@@ -621,7 +621,7 @@ def desired_files_on(rig: Path, known_hosts: Path) -> dict[str, list[Any]]:
     from mgpu_provision import cli
     from mgpu_provision.facts import Facts
     from mgpu_provision.plan.resources.envfiles import desired_files
-    from mgpu_provision.spec import load_rig
+    from mgpu_provision.rig import load_rig
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

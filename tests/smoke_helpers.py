@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_provision import cli
-from mgpu_provision.node.smoke import MARKER_ENV
+from mgpu_provision.node.verbs.smoke import MARKER_ENV
 from tests.hosts import NODE_PYTHON, HostFactory, TestHost, load_twin
 
 # Generous deadlines: six torch imports per run can take tens of seconds on two busy cores. A passing run ends

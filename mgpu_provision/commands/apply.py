@@ -16,11 +16,11 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from ..converge.apply import ApplyResult, ApplySettings, fleet_plan, rollout, to_carry_out
-from ..converge.playbooks import load_playbook, select_steps
-from ..converge.rollout import parse_max_fail_percent, parse_serial
 from ..errors import ProvisionError
-from ..plan.fleet import FleetPlan
+from ..jobs.apply import ApplyResult, ApplySettings, fleet_plan, rollout, to_carry_out
+from ..jobs.plan import FleetPlan
+from ..jobs.playbooks import load_playbook, select_steps
+from ..jobs.rollout import parse_max_fail_percent, parse_serial
 from . import options
 from .output import host_table, shown
 from .plan_view import add_diff_option, change_json, change_lines, render_plan

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.rule import Rule
 
 from ..errors import ProvisionError
-from ..spec.models import schema_comment
+from ..rig.models import schema_comment
 from .output import shown
 
 DEMO_TWIN = "twin-rtx3090-nvlink.yaml"

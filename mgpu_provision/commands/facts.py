@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..facts import Facts, Gpu, PcieLink
 from ..fleet.pool import HostOutcome
-from ..node.topology import format_topology, gpu_matrix
-from ..plan.fleet import gather_facts
+from ..jobs.plan import gather_facts
+from ..node.nvidia.topology import format_topology, gpu_matrix
 from . import options
 from .output import make_console, shown
 

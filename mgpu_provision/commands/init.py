@@ -19,9 +19,9 @@ from ..fleet.options import FleetOptions
 from ..fleet.pool import run_fleet
 from ..fleet.session import read_facts
 from ..fleet.targets import DEFAULT_PYTHON, HostTarget
-from ..initgen import env_file_paths, rig_from_facts
-from ..node.topology import format_topology, gpu_matrix
-from ..spec.models import path_in_rig, schema_comment
+from ..jobs.init import env_file_paths, rig_from_facts
+from ..node.nvidia.topology import format_topology, gpu_matrix
+from ..rig.models import path_in_rig, schema_comment
 
 # Where a `connection: local` box is written to be: the rendezvous address of a one-box rig.
 LOCAL_ADDRESS = "127.0.0.1"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ..fleet.options import MAX_FORKS, FleetOptions
 from ..fleet.targets import HostTarget, targets_for
-from ..spec import LoadedRig, load_rig, select_hosts
-from ..spec.models import Host
+from ..rig import LoadedRig, load_rig, select_hosts
+from ..rig.models import Host
 
 
 def _positive_int(text: str) -> int:

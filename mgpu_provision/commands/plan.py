@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..plan.fleet import plan_fleet
+from ..jobs.plan import plan_fleet
 from . import options
 from .output import make_console
 from .plan_view import add_diff_option, plan_json, render_plan

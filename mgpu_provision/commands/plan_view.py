@@ -17,8 +17,8 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..jobs.plan import FleetPlan, HostPlan, PlanTotals
 from ..plan.change import Change
-from ..plan.fleet import FleetPlan, HostPlan, PlanTotals
 from .output import plural, shown
 
 if TYPE_CHECKING:

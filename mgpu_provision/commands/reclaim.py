@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .. import protocol
 from ..fleet.pool import run_fleet
 from ..fleet.session import AgentSession
-from ..reclaim import HostReclaim, HostResult, agent_args, collect, exit_code, reclaim_on
+from ..jobs.reclaim import HostReclaim, HostResult, agent_args, collect, exit_code, reclaim_on
 from . import options
 from .output import make_console, shown
 

@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from ..spec.models import RigFile
+from ..rig.models import RigFile
 
 SCHEMA_ID = "https://mgpu-provision.dev/schemas/rig.schema.json"
 

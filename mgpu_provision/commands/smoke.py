@@ -1,6 +1,6 @@
 """`mgpu-provision smoke RIG`: prove with a real multi-node DDP run that the fleet can train together.
 
-Every selected node starts its part through its installed launcher at once (`mgpu_provision/smoke.py`);
+Every selected node starts its part through its installed launcher at once (`mgpu_provision/jobs/smoke.py`);
 this module only wires the options, shows progress while the run lasts, and prints per node pass/fail,
 where each rank ran (backend, device), the world size and the all_reduce bandwidth table, or `--json`.
 Diagnoses, rank errors, GPU names and notices quote the nodes: they are printed through `output.shown`.
@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ..smoke import GroupReport, SmokeReport, run_smoke
+from ..jobs.smoke import GroupReport, SmokeReport, run_smoke
 from . import options
 from .output import plain_table, plural, shown
 

@@ -11,7 +11,7 @@ import argparse
 import json
 
 from ..errors import SpecError
-from ..spec import load_rig
+from ..rig import load_rig
 from .output import visible
 
 

@@ -36,8 +36,8 @@ class AgentBundle:
 def agent_files() -> dict[str, bytes]:
     """Archive name -> content of every file the agent needs on a node."""
     files = {f"mgpu_provision/{rel}": (PACKAGE_DIR / rel).read_bytes() for rel in _SHIPPED}
-    for path in sorted((PACKAGE_DIR / "node").glob("*.py")):
-        files[f"mgpu_provision/node/{path.name}"] = path.read_bytes()
+    for path in sorted((PACKAGE_DIR / "node").rglob("*.py")):
+        files[f"mgpu_provision/{path.relative_to(PACKAGE_DIR).as_posix()}"] = path.read_bytes()
     files["pynvml.py"] = _pynvml_source()
     files["__main__.py"] = _MAIN
     return files

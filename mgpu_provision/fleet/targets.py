@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import fabric
 
-    from ..spec.models import Host
-    from ..spec.rig import LoadedRig
+    from ..rig.models import Host
+    from ..rig.rig import LoadedRig
 
 DEFAULT_PYTHON = "python3"
 

@@ -20,46 +20,46 @@ from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from .. import __version__
 from ..protocol import BadRequest, check_request
-from .backend import Backend
-from .errors import AgentFailure
-from .nvidia import select_backend, simulation_target
+from .core.errors import AgentFailure
+from .nvidia.backend import Backend
+from .nvidia.select import select_backend, simulation_target
 
 BackendFactory = Callable[[], Backend]
 VerbOutcome = Tuple[Any, Optional[Callable[[], None]]]
 
 
 def _facts(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
-    from .collect import collect
+    from .verbs.facts import collect
 
     return collect(args, backend()), None
 
 
 def _apply(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
-    from .apply import apply
+    from .verbs.apply import apply
 
     return apply(args, backend()), None
 
 
 def _reboot(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
-    from .apply import reboot
+    from .verbs.apply import reboot
 
     return reboot(args, backend())
 
 
 def _reclaim(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
-    from .reclaim import run
+    from .verbs.reclaim import run
 
     return run(args, backend()), None
 
 
 def _smoke(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
-    from .smoke import run
+    from .verbs.smoke import run
 
     return run(args, simulated=backend().simulated), None
 
 
 def _smoke_cleanup(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
-    from .smoke import cleanup
+    from .verbs.smoke import cleanup
 
     return cleanup(args), None
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..facts import Facts
-from ..node.topology import TopoMatrix
-from ..spec.models import Host, Rig
+from ..node.nvidia.topology import TopoMatrix
+from ..rig.models import Host, Rig
 
 Action = Literal["create", "update", "delete", "verify-failed", "manual"]
 # The playbook step a Change belongs to (`--tags`, `--skip-tags`): what kind of work carrying it out is.

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import protocol
 from ..facts import Facts
-from ..spec.models import Host
+from ..rig.models import Host
 from .change import PHASES, Change, HostContext
 from .resources import (
     boot_unit,
@@ -32,7 +32,7 @@ from .resources import topology as links
 from .resources import torch as torch_probe
 
 if TYPE_CHECKING:
-    from ..spec import LoadedRig
+    from ..rig import LoadedRig
 
 XORG_CONF = "/etc/X11/xorg.conf"
 

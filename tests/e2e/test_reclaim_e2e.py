@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from mgpu_provision.cli import main
-from mgpu_provision.node.procs import read_proc
+from mgpu_provision.node.host.procs import read_proc
 from tests.hosts import TWINS_DIR, HostFactory, TestHost
 
 pytestmark = pytest.mark.e2e

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision.errors import SpecError
-from mgpu_provision.spec import load_rig
+from mgpu_provision.rig import load_rig
 from tests.reliability.conftest import Trial
 
 

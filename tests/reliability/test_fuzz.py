@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from mgpu_provision.errors import SpecError
 from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.node import __main__ as agent_main
-from mgpu_provision.node.topology import TopologyParseError, parse_topology
-from mgpu_provision.spec import load_rig
+from mgpu_provision.node.nvidia.topology import TopologyParseError, parse_topology
+from mgpu_provision.rig import load_rig
 from tests.hosts import load_twin
 from tests.reliability.conftest import Trial
 from tests.reliability.fuzzing import (

@@ -20,8 +20,8 @@ import yaml
 from pydantic import BaseModel
 
 from mgpu_provision.errors import SpecError
-from mgpu_provision.spec import load_rig
-from mgpu_provision.spec.models import RigFile
+from mgpu_provision.rig import load_rig
+from mgpu_provision.rig.models import RigFile
 from tests.factories import pair_rig_file as rig_file
 from tests.factories import rtx3090_twin as twin
 from tests.hosts import HostFactory, TestHost
@@ -126,7 +126,7 @@ def _strings_in(annotation: Any, path: str) -> Iterator[str]:
 
 def test_every_string_field_of_the_rig_file_is_tried(trial: Trial) -> None:
     trial.area, trial.tried = "injection", "coverage: every string field of the rig-file models is in FIELDS"
-    trial.expect = "no field of spec/models.py left out"
+    trial.expect = "no field of rig/models.py left out"
     found = set(string_fields(RigFile))
     trial.figures["string fields"] = len(found)
     assert found - set(FIELDS) == set(), "add these rig-file string fields to FIELDS"

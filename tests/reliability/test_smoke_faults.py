@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mgpu_provision.node.smoke import MARKER_ENV
+from mgpu_provision.node.verbs.smoke import MARKER_ENV
 from tests import smoke_helpers as helpers
 from tests.hosts import HostFactory, TestHost
 from tests.reliability.conftest import Trial

@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from mgpu_provision.node.__main__ import handle
-from mgpu_provision.node.apply import BACKUP_SUFFIX, write_file
-from mgpu_provision.node.driver import install, version_key
-from mgpu_provision.node.errors import AgentFailure
-from mgpu_provision.node.runfile import fetch as fetch_runfile
+from mgpu_provision.node.core.errors import AgentFailure
+from mgpu_provision.node.packages.driver import install, version_key
+from mgpu_provision.node.packages.runfile import fetch as fetch_runfile
+from mgpu_provision.node.verbs.apply import BACKUP_SUFFIX, write_file
 from mgpu_provision.protocol import GPU_SETTINGS_UNIT as UNIT
 from tests.factories import facts_from_twin
 
@@ -136,7 +136,7 @@ def test_a_second_apply_waits_then_refuses_naming_the_holder(tmp_path: Path, twi
     lock = tmp_path / "locks" / "apply.lock"
     holder_code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from mgpu_provision.node.atomic import HostLock;"
+        "from mgpu_provision.node.core.atomic import HostLock;"
         "lock = HostLock(sys.argv[2], 1).__enter__(); print('held', flush=True); sys.stdin.read()"
     )
     holder = subprocess.Popen(
@@ -355,7 +355,7 @@ def test_apply_is_atomic_under_sigkill(tmp_path: Path) -> None:
     old, new = "old\n" * 50_000, "new\n" * 50_000
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from mgpu_provision.node.apply import write_file;"
+        "from mgpu_provision.node.verbs.apply import write_file;"
         "import itertools;"
         "[write_file(sys.argv[2], c * 50_000, 0o644) for c in itertools.cycle(['old\\n', 'new\\n'])]"
     )

@@ -64,9 +64,9 @@ def test_bundle_holds_the_node_modules_and_pynvml_only(pyz: Path) -> None:
         "mgpu_provision/__init__.py",
         "mgpu_provision/protocol.py",
         "mgpu_provision/node/__main__.py",
-        "mgpu_provision/node/miniyaml.py",
-        "mgpu_provision/node/topology.py",
-        "mgpu_provision/node/smoke_program.py",
+        "mgpu_provision/node/nvidia/miniyaml.py",
+        "mgpu_provision/node/nvidia/topology.py",
+        "mgpu_provision/node/verbs/smoke_program.py",
     ):
         assert required in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
@@ -151,10 +151,10 @@ def test_facts_imports_only_what_it_needs() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True
     )
     loaded = set(json.loads(done.stdout))
-    assert "mgpu_provision.node.collect" in loaded
+    assert "mgpu_provision.node.verbs.facts" in loaded
     assert not loaded & {
-        "mgpu_provision.node.apply",
-        "mgpu_provision.node.nvml_real",
-        "mgpu_provision.node.smoke",
+        "mgpu_provision.node.verbs.apply",
+        "mgpu_provision.node.nvidia.nvml_real",
+        "mgpu_provision.node.verbs.smoke",
         "mgpu_provision.fleet.bundle",
     }

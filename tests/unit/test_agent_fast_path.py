@@ -56,7 +56,7 @@ def test_first_run_unpacks_and_later_runs_use_the_folder_with_bytecode(home: Pat
     assert not list(folder.rglob("*.pyc"))  # the first run was the zipapp's: nothing compiled there
     second = run_command(home)
     assert second.returncode == 0, second.stderr
-    assert list((folder / "mgpu_provision" / "node" / "__pycache__").glob("collect.*.pyc"))
+    assert list((folder / "mgpu_provision" / "node" / "verbs" / "__pycache__").glob("facts.*.pyc"))
     assert json.loads(second.stdout)["result"]["gpus"] == json.loads(first.stdout)["result"]["gpus"]
     assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name, f"{folder.name}.pyz"]
 
@@ -117,7 +117,7 @@ def test_unusable_bundle_cache_still_builds(tmp_path: Path) -> None:
 
 def test_sources_key_follows_content_and_names() -> None:
     files = agent_files()
-    topology = "mgpu_provision/node/topology.py"
+    topology = "mgpu_provision/node/nvidia/topology.py"
     changed = dict(files, **{topology: files[topology] + b"\n"})
     renamed = {("x/" + k if k == "pynvml.py" else k): v for k, v in files.items()}
     assert len({_sources_key(files), _sources_key(changed), _sources_key(renamed)}) == 3

@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mgpu_provision.node.miniyaml import MiniYamlError, loads
+from mgpu_provision.node.nvidia.miniyaml import MiniYamlError, loads
 
 TWINS = sorted((Path(__file__).resolve().parents[2] / "examples" / "twins").glob("*.yaml"))
 

@@ -10,8 +10,8 @@ import pynvml
 import pytest
 
 from mgpu_provision.facts import DriverInfo, Gpu, GpuPair, HostHealth
-from mgpu_provision.node.collect import nvidia_facts
-from mgpu_provision.node.nvml_real import RealBackend
+from mgpu_provision.node.nvidia.nvml_real import RealBackend
+from mgpu_provision.node.verbs.facts import nvidia_facts
 
 BUS = [b"00000000:01:00.0", b"00000000:21:00.0", b"00000000:41:00.0"]
 
@@ -199,7 +199,7 @@ def test_init_failures_become_driver_facts(
 
 
 def test_loaded_module_version_is_read_from_proc() -> None:
-    from mgpu_provision.node.system import parse_nvrm_version
+    from mgpu_provision.node.core.system import parse_nvrm_version
 
     line = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.90.07  Fri May 31 09:35:42 UTC 2024\n"
     assert parse_nvrm_version(line) == "550.90.07"
@@ -223,7 +223,7 @@ class PreR510Nvml(ScriptedNvml):
 
 
 def test_running_processes_fall_back_to_v2_on_drivers_before_r510(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mgpu_provision.node import reclaim
+    from mgpu_provision.node.verbs import reclaim
 
     raw = real_facts(monkeypatch, PreR510Nvml(), driver="470.256.02")
     assert raw["processes"] == [{"pid": 2**22 + 1, "gpu": 2, "used_mib": None, "alive": False}]
@@ -252,7 +252,7 @@ def test_a_lost_gpu_is_reported_and_the_others_are_read(monkeypatch: pytest.Monk
     assert raw["lost_gpus"] == [{"index": 1, "pci_bus_id": "00000000:21:00.0", "error": "GPU is lost"}]
     assert [(p["a"], p["b"]) for p in raw["pairs"]] == [(0, 2)]
     assert raw["processes"] == [{"pid": 2**22 + 1, "gpu": 2, "used_mib": None, "alive": False}]
-    from mgpu_provision.node import reclaim
+    from mgpu_provision.node.verbs import reclaim
 
     result = reclaim.run({"policy": "orphans", "dry_run": True}, RealBackend())
     assert result == {"processes": [], "freed_mib": 0}

@@ -15,8 +15,14 @@ import pytest
 from rich.console import Console
 
 from mgpu_provision import cli
-from mgpu_provision.converge import apply
-from mgpu_provision.converge.apply import (
+from mgpu_provision.errors import AgentError, ConnectionFailed
+from mgpu_provision.facts import Facts
+from mgpu_provision.fleet import pool
+from mgpu_provision.fleet import session as fleet
+from mgpu_provision.fleet.options import FleetOptions
+from mgpu_provision.fleet.targets import HostTarget, targets_for
+from mgpu_provision.jobs import apply
+from mgpu_provision.jobs.apply import (
     ApplySettings,
     HostRecap,
     finish,
@@ -25,16 +31,10 @@ from mgpu_provision.converge.apply import (
     rollout,
     unconfirmed,
 )
-from mgpu_provision.converge.playbooks import STEPS
-from mgpu_provision.converge.rollout import Serial
-from mgpu_provision.errors import AgentError, ConnectionFailed
-from mgpu_provision.facts import Facts
-from mgpu_provision.fleet import pool
-from mgpu_provision.fleet import session as fleet
-from mgpu_provision.fleet.options import FleetOptions
-from mgpu_provision.fleet.targets import HostTarget, targets_for
+from mgpu_provision.jobs.playbooks import STEPS
+from mgpu_provision.jobs.rollout import Serial
 from mgpu_provision.plan.change import Change
-from mgpu_provision.spec import LoadedRig, load_rig
+from mgpu_provision.rig import LoadedRig, load_rig
 
 RIG = """\
 version: 1

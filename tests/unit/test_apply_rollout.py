@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mgpu_provision.converge.rollout import (
+from mgpu_provision.jobs.rollout import (
     RolloutError,
     Serial,
     batches,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision.plan.resources import boot_unit
-from mgpu_provision.spec import LoadedRig, load_rig
+from mgpu_provision.rig import LoadedRig, load_rig
 from tests.hosts import skip_or_fail
 
 RIG = """\

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mgpu_provision.spec.cards import card_class, missing_connector
+from mgpu_provision.rig.cards import card_class, missing_connector
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from mgpu_provision.commands.demo import write_demo
-from mgpu_provision.spec import load_rig
+from mgpu_provision.rig import load_rig
 
 CLI = [sys.executable, "-m", "mgpu_provision"]
 

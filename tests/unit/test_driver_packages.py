@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.node import apt, dnf, driver, runfile, services, sources, system
-from mgpu_provision.node.errors import AgentFailure
-from mgpu_provision.node.packages import Command
+from mgpu_provision.node.core import system
+from mgpu_provision.node.core.errors import AgentFailure
+from mgpu_provision.node.packages import apt, dnf, driver, runfile, services, sources
+from mgpu_provision.node.packages.common import Command
 
 MADISON = {
     "nvidia-smi": [

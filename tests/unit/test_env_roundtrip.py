@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.node import envpath
+from mgpu_provision.node.host import envpath
 from mgpu_provision.plan.resources import envfiles
 from mgpu_provision.plan.resources.envfiles import SYSTEMD_DEFAULT_PATH, desired_files
-from mgpu_provision.spec import LoadedRig, load_rig
+from mgpu_provision.rig import LoadedRig, load_rig
 from tests import factories
 from tests.hosts import skip_or_fail
 from tests.systemd_envfile import read_environment_file

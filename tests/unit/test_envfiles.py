@@ -20,8 +20,8 @@ from mgpu_provision.plan.resources.envfiles import (
     diff_file,
     diff_files,
 )
-from mgpu_provision.spec import LoadedRig, load_rig
-from mgpu_provision.spec.rules import DERIVED_ENV
+from mgpu_provision.rig import LoadedRig, load_rig
+from mgpu_provision.rig.rules import DERIVED_ENV
 from tests import factories
 
 RIG = """\
@@ -208,7 +208,7 @@ def test_async_error_handling_is_named_as_the_nodes_torch_reads_it(
 
 
 def test_path_prepend_may_name_no_variable_the_tool_derives(tmp_path: Path) -> None:
-    # spec/rules.py keeps its own list of derived names (spec/ cannot import plan/); it must cover them all
+    # rig/rules.py keeps its own list of derived names (rig/ cannot import plan/); it must cover them all
     loaded = load(tmp_path, **{"NCCL_DEBUG: WARN, NCCL_IB_DISABLE: \"0\"": ""})
     rig = loaded.rig_of(loaded.host("gpu-a"))
     names = set()

@@ -18,7 +18,7 @@ from mgpu_provision.fleet.pool import run_fleet
 from mgpu_provision.fleet.session import AGENT_MISSING, agent_command, cache_folder, parse_response
 from mgpu_provision.fleet.ssh import connect_error_message, known_hosts_name, make_connection
 from mgpu_provision.fleet.targets import targets_for
-from mgpu_provision.spec import load_rig
+from mgpu_provision.rig import load_rig
 from tests.factories import local_target, ssh_target
 from tests.hosts import fake_agent
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mgpu_provision"
-SHIPPED = [*sorted((PACKAGE / "node").glob("*.py")), PACKAGE / "protocol.py", PACKAGE / "__init__.py"]
+SHIPPED = [*sorted((PACKAGE / "node").rglob("*.py")), PACKAGE / "protocol.py", PACKAGE / "__init__.py"]
 ALLOWED_PACKAGE_MODULES = {"mgpu_provision", "mgpu_provision.protocol"}
 
 
@@ -31,7 +31,7 @@ def imported_modules(source: str, package: list[str]) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_shipped_module_parses_as_python_3_8(path: Path) -> None:
     ast.parse(path.read_text(), filename=str(path), feature_version=(3, 8))
 
@@ -49,7 +49,7 @@ def outside_imports(source: str, package: list[str]) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_shipped_module_imports_only_the_standard_library_and_node_code(path: Path) -> None:
     package = ["mgpu_provision", *path.relative_to(PACKAGE).parent.parts]
     assert outside_imports(path.read_text(), package) == [], path.name

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mgpu_provision.facts import CpuInfo, NetInterface
-from mgpu_provision.node import hostenv
+from mgpu_provision.node.host import hostenv
 
 
 def test_interfaces_are_up_by_their_iff_up_flag(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.node import kernel
+from mgpu_provision.node.nvidia import kernel
 
 LOG = """\
 [    5.120000] nvidia: loading out-of-tree module taints kernel.

@@ -23,14 +23,14 @@ from mgpu_provision.commands.apply import show_recap
 from mgpu_provision.commands.output import host_table, make_console
 from mgpu_provision.commands.plan_view import render_plan
 from mgpu_provision.commands.smoke import render_human as render_smoke
-from mgpu_provision.converge.apply import ApplyResult, HostRecap
 from mgpu_provision.errors import ProvisionError
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet.pool import HostOutcome
+from mgpu_provision.jobs.apply import ApplyResult, HostRecap
+from mgpu_provision.jobs.plan import FleetPlan, HostPlan
+from mgpu_provision.jobs.reclaim import HostReclaim, ReclaimedProcess
+from mgpu_provision.jobs.smoke import GroupReport, NodeReport, SmokeReport
 from mgpu_provision.plan.change import Change
-from mgpu_provision.plan.fleet import FleetPlan, HostPlan
-from mgpu_provision.reclaim import HostReclaim, ReclaimedProcess
-from mgpu_provision.smoke import GroupReport, NodeReport, SmokeReport
 from tests import factories
 
 # A title change, a bell, a colour and a screen clear: what a terminal would obey if sent raw.

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from mgpu_provision.plan.host import plan_host
-from mgpu_provision.spec import load_rig
+from mgpu_provision.rig import load_rig
 from tests.factories import TOPOLOGIES, case_facts
 
 CASES_DIR = Path(__file__).parent / "plan_cases"

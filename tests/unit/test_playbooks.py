@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.converge.playbooks import (
+from mgpu_provision.jobs.playbooks import (
     PlaybookError,
     carried_out,
     in_step_order,

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.node import procs, reclaim
-from mgpu_provision.node.errors import AgentFailure
-from mgpu_provision.node.procs import ProcInfo
-from mgpu_provision.node.reclaim import Classification
+from mgpu_provision.node.core.errors import AgentFailure
+from mgpu_provision.node.host import procs
+from mgpu_provision.node.host.procs import ProcInfo
+from mgpu_provision.node.verbs import reclaim
+from mgpu_provision.node.verbs.reclaim import Classification
 from mgpu_provision.protocol import BadRequest, check_args
 from tests.factories import INIT, SHELL, proc
 

@@ -11,9 +11,10 @@ from typing import NamedTuple
 
 import pytest
 
-from mgpu_provision.node import procs, reclaim
-from mgpu_provision.node.procs import ProcInfo
-from mgpu_provision.node.reclaim import OWN_GROUP, Classification
+from mgpu_provision.node.host import procs
+from mgpu_provision.node.host.procs import ProcInfo
+from mgpu_provision.node.verbs import reclaim
+from mgpu_provision.node.verbs.reclaim import OWN_GROUP, Classification
 from tests.factories import INIT, SHELL, job, proc, session
 
 RUN = "3f2a9c"

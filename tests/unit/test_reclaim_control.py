@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from mgpu_provision import reclaim
 from mgpu_provision.cli import main
 from mgpu_provision.commands import reclaim as view
 from mgpu_provision.errors import AgentError
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet.pool import HostOutcome
+from mgpu_provision.jobs import reclaim
+from mgpu_provision.jobs.reclaim import HostReclaim, ReclaimedProcess
 from mgpu_provision.protocol import facts_request
-from mgpu_provision.reclaim import HostReclaim, ReclaimedProcess
-from mgpu_provision.spec.models import Reclaim
+from mgpu_provision.rig.models import Reclaim
 from tests import factories
 
 

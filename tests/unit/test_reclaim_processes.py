@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.node import procs, reclaim
-from mgpu_provision.node.backend import NvmlUnavailable
-from mgpu_provision.node.errors import AgentFailure
-from mgpu_provision.node.procs import ProcInfo
+from mgpu_provision.node.core.errors import AgentFailure
+from mgpu_provision.node.host import procs
+from mgpu_provision.node.host.procs import ProcInfo
+from mgpu_provision.node.nvidia.backend import NvmlUnavailable
+from mgpu_provision.node.verbs import reclaim
 
 MIB = 1024 * 1024
 IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"

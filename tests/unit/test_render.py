@@ -9,8 +9,8 @@ import pytest
 
 from mgpu_provision.commands.output import host_table, make_console
 from mgpu_provision.commands.plan_view import host_ranges, plan_json, render_plan, summary_line, totals_line
+from mgpu_provision.jobs.plan import FleetPlan, HostPlan
 from mgpu_provision.plan.change import Change
-from mgpu_provision.plan.fleet import FleetPlan, HostPlan
 
 DRIVER = Change(
     "driver",

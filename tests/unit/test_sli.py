@@ -11,10 +11,10 @@ import pytest
 from mgpu_provision import protocol
 from mgpu_provision.errors import ProvisionError
 from mgpu_provision.facts import Facts
-from mgpu_provision.node import files as node_files
+from mgpu_provision.node.host import files as node_files
 from mgpu_provision.plan.change import HostContext
 from mgpu_provision.plan.resources import envfiles, sli
-from mgpu_provision.spec import LoadedRig, load_rig
+from mgpu_provision.rig import LoadedRig, load_rig
 
 XORG = "/etc/X11/xorg.conf.d/20-mgpu-provision.conf"
 RIG = """\

@@ -15,13 +15,13 @@ import pytest
 import yaml
 
 from mgpu_provision import cli
-from mgpu_provision import smoke as control
 from mgpu_provision.errors import ProvisionError
 from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.pool import HostOutcome
 from mgpu_provision.fleet.targets import HostTarget
+from mgpu_provision.jobs import smoke as control
 from mgpu_provision.plan.resources.envfiles import desired_files
-from mgpu_provision.spec import load_rig
+from mgpu_provision.rig import load_rig
 from tests import factories
 from tests.hosts import desired_files_on
 from tests.smoke_helpers import PASS_TIMEOUT_S, free_port, processes_of_run

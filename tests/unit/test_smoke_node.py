@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from mgpu_provision.node import files
-from mgpu_provision.node import smoke as node
-from mgpu_provision.node.errors import AgentFailure
+from mgpu_provision.node.core.errors import AgentFailure
+from mgpu_provision.node.host import files
+from mgpu_provision.node.verbs import smoke as node
 from mgpu_provision.protocol import BadRequest, check_args
 from tests.smoke_helpers import FAIL_TIMEOUT_S, free_port, listening, node_args, processes_of_run, run_id
 
@@ -302,9 +302,9 @@ def test_program_source_is_read_from_the_zipapp(tmp_path: Path) -> None:
     pyz = tmp_path / "agent.pyz"
     pyz.write_bytes(build_agent().data)
     with zipfile.ZipFile(pyz) as archive:
-        expected = archive.read("mgpu_provision/node/smoke_program.py")
+        expected = archive.read("mgpu_provision/node/verbs/smoke_program.py")
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from mgpu_provision.node import smoke as node; "
+        "import sys; sys.path.insert(0, sys.argv[1]); from mgpu_provision.node.verbs import smoke as node; "
         "assert 'zip' in type(node.__loader__).__name__.lower(); "
         "sys.stdout.buffer.write(node.program_source())"
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.node import smoke_program as program
+from mgpu_provision.node.verbs import smoke_program as program
 from tests.smoke_helpers import free_port
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from mgpu_provision.errors import ProvisionError, SpecError, SpecProblem
 from mgpu_provision.fleet.targets import targets_for
-from mgpu_provision.spec import LoadedRig, load_rig, select_hosts
+from mgpu_provision.rig import LoadedRig, load_rig, select_hosts
 
 if os.environ.get("CI") != "true":
     pytest.importorskip("ansible", reason="ansible-core (the `ansible` extra) is not installed")

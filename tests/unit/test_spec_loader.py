@@ -14,8 +14,8 @@ from test_spec_rules import problems_of
 
 from mgpu_provision.cli import build_parser, main
 from mgpu_provision.errors import SpecError
-from mgpu_provision.spec import load_rig
-from mgpu_provision.spec.source import MAX_BYTES, MAX_DEPTH
+from mgpu_provision.rig import load_rig
+from mgpu_provision.rig.source import MAX_BYTES, MAX_DEPTH
 
 GOOD = b"""\
 hosts:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision.errors import SpecError, SpecProblem
-from mgpu_provision.spec import load_rig
+from mgpu_provision.rig import load_rig
 
 RIGS = Path(__file__).parent / "rigs"
 HEAD = """\

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision.errors import ProvisionError
-from mgpu_provision.spec import LoadedRig, load_rig, select_hosts
-from mgpu_provision.spec.models import Host
+from mgpu_provision.rig import LoadedRig, load_rig, select_hosts
+from mgpu_provision.rig.models import Host
 
 FLEET = """\
 hosts:

@@ -19,7 +19,7 @@ from mgpu_provision.fleet import bundle
 from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.fleet.session import agent_command
 from mgpu_provision.node.__main__ import unpack_beside
-from mgpu_provision.node.torch_probe import _TORCH_PROBE
+from mgpu_provision.node.host.torch_probe import _TORCH_PROBE
 from tests.factories import FAKE_TORCH
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +107,7 @@ def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> Non
     )
     assert json.loads(done.stdout)["ok"], done.stdout + done.stderr
     loaded = set(re.findall(r"^import time:.*\| +(\S+)$", done.stderr, re.MULTILINE))
-    assert "mgpu_provision.node.collect" in loaded
+    assert "mgpu_provision.node.verbs.facts" in loaded
     node_only_elsewhere = {
         f"mgpu_provision.node.{name}"
         for name in ("apply", "apt", "dnf", "runfile", "atomic", "smoke", "smoke_program", "gpu_settings")
@@ -134,7 +134,7 @@ def test_the_agent_command_caches_bytecode_whatever_the_logins_python_variables(
         )
         assert json.loads(done.stdout)["ok"], done.stdout + done.stderr
     folder = cache / bundle.name.removesuffix(".pyz")
-    assert list((folder / "mgpu_provision" / "node" / "__pycache__").glob("collect.*.pyc"))
+    assert list((folder / "mgpu_provision" / "node" / "verbs" / "__pycache__").glob("facts.*.pyc"))
 
 
 def test_the_torch_probe_answers_from_its_cache_without_json_or_torch(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.node import torch_probe
-from mgpu_provision.node.torch_probe import probe_torch
+from mgpu_provision.node.host import torch_probe
+from mgpu_provision.node.host.torch_probe import probe_torch
 
 # A stand-in torch that counts its imports in the file named by TORCH_IMPORTS.
 FAKE_TORCH = """

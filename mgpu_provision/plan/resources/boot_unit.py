@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 from ... import protocol
 from ...facts import Facts
-from ...spec.models import Host, Rig
+from ...rig.models import Host, Rig
 from ..change import Change, Phase
 from .envfiles import DesiredFile, diff_file, diff_unwanted, node_path, render
 
 if TYPE_CHECKING:
-    from ...spec import LoadedRig
+    from ...rig import LoadedRig
 
 UNIT = protocol.GPU_SETTINGS_UNIT
 PHASE: Phase = "persistence"  # with the NVML steps that set the same values now

@@ -14,8 +14,8 @@ from typing import Any
 
 from ... import protocol
 from ...facts import HostInfo
-from ...node import sources
-from ...spec.models import Driver
+from ...node.packages import sources
+from ...rig.models import Driver
 from ..change import Action, Change, HostContext
 
 

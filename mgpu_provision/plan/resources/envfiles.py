@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 from ... import protocol
 from ...errors import ProvisionError
 from ...facts import Facts, ManagedFile
-from ...node import envpath
-from ...spec.envvalues import value_problem
-from ...spec.models import Host, Rig
+from ...node.host import envpath
+from ...rig.envvalues import value_problem
+from ...rig.models import Host, Rig
 from ..change import Change, Phase, check_failed
 from . import gloo, sli
 from . import torch as torch_names
@@ -30,7 +30,7 @@ from .gloo import GlooInterface
 if TYPE_CHECKING:
     import jinja2
 
-    from ...spec import LoadedRig
+    from ...rig import LoadedRig
 
 # Values systemd and sh both take unquoted; anything else is double-quoted with escapes.
 _BARE_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%+/^-]+")

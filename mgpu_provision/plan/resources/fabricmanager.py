@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ... import protocol
 from ...facts import FabricManager
-from ...spec.models import Driver
+from ...rig.models import Driver
 from ..change import Change, HostContext, check_failed
 from .driver import resolve, satisfies
 

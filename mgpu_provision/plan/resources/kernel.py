@@ -8,7 +8,7 @@ resource says what to install) and the node could look at its kernels.
 
 from __future__ import annotations
 
-from ...node.kernel import kernel_key
+from ...node.nvidia.kernel import kernel_key
 from ..change import Change, HostContext, check_failed
 
 REBUILD = "rebuild it (dkms autoinstall -k {k}, or install the prebuilt module package for that kernel)"

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...errors import ProvisionError
 from ...facts import Facts
-from ...spec.models import Host, Rig
+from ...rig.models import Host, Rig
 from ..change import Change, HostContext, check_failed
 
 SCREEN = "mgpu-provision-screen"

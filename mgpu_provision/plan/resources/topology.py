@@ -18,7 +18,7 @@ almost always the platform (IOMMU translation, ACS on a PCIe switch), so the mes
 from __future__ import annotations
 
 from ...facts import Gpu, NvLink
-from ...node.topology import TopoMatrix, nvlink_count
+from ...node.nvidia.topology import TopoMatrix, nvlink_count
 from ..change import Change, HostContext, check_failed
 
 PCIE_DISTANCE = {"PIX": 1, "PSB": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SOC": 5, "SYS": 5}

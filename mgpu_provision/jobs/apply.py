@@ -1,0 +1,408 @@
+"""apply: bring each box to the rig file: facts, plan, one agent `apply` call, reboot if allowed, facts.
+
+Per host (`converge_host`), everything the plan can carry out goes to the node in ONE agent `apply` call, so
+the agent holds the host's lock for the whole change; a driver that needs a reboot gets one (when the rig and
+the playbook allow it, and never on the machine running this tool), then facts are read again and whatever
+the plan still shows is reported. Across hosts (`rollout`), batches from `--serial` run one after another and
+`--max-fail-percent` stops the later ones. `fleet_plan` is the plan shown for confirmation before anything
+runs, and the one the rollout carries out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from .. import protocol
+from ..errors import ConnectionFailed, ProvisionError
+from ..facts import Facts
+from ..fleet.options import FleetOptions
+from ..fleet.pool import HostOutcome, run_fleet
+from ..fleet.session import AgentSession, open_session, read_facts
+from ..fleet.targets import HostTarget
+from ..plan.change import Change
+from ..plan.host import facts_request, plan_host
+from ..plan.resources.envfiles import node_path
+from ..rig.models import Host
+from .plan import FleetPlan, HostPlan, plan_fleet
+from .playbooks import carried_out, in_step_order
+from .rollout import Serial, batches, too_many_failed
+
+if TYPE_CHECKING:
+    from ..rig import LoadedRig
+
+RecapStatus = Literal["ok", "changed", "failed", "unreachable", "skipped"]
+Progress = Callable[[str], None]
+
+LOCK_FILE = "apply.lock"
+# How long a driver install may take on the node (the agent bounds each package command at 1800 s).
+DRIVER_INSTALL_BOUND_S = 3600.0
+_BOOT_PROBE_TIMEOUT_S = 30.0
+
+
+class PlanChanged(ProvisionError):
+    """The box changed between the confirmed plan and its turn in the rollout."""
+
+
+class RebootTimeout(ProvisionError):
+    """A rebooted box did not come back with a new boot id in time."""
+
+
+@dataclass(frozen=True)
+class ApplySettings:
+    steps: tuple[str, ...]  # the playbook steps selected for this run, in order
+    lock_wait_s: float = 60.0
+    reboot_timeout_s: float = 900.0
+    poll_interval_s: float = 5.0
+
+
+@dataclass
+class HostRecap:
+    """How one host ended: the PLAY RECAP line, plus what was done and what is left."""
+
+    host: str
+    status: RecapStatus
+    done: list[str] = field(default_factory=list)  # "kind: message" of every step that changed something
+    remaining: list[Change] = field(default_factory=list)  # the plan afterwards (reboots included)
+    reboot_required: bool = False
+    rebooted: bool = False
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    recaps: tuple[HostRecap, ...]
+
+    @property
+    def converged(self) -> bool:
+        return all(r.status in ("ok", "changed") and not r.reboot_required for r in self.recaps)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.converged else 2
+
+    def counts(self) -> dict[str, int]:
+        """Hosts per recap status, every status present, plus how many need a reboot."""
+        counts = {
+            status: sum(1 for r in self.recaps if r.status == status) for status in get_args(RecapStatus)
+        }
+        counts["reboot_required"] = sum(1 for r in self.recaps if r.reboot_required)
+        return counts
+
+
+def finish(
+    host: str,
+    changes: list[Change],
+    done: list[str],
+    *,
+    rebooted: bool = False,
+    error: str | None = None,
+    notes: list[str] | None = None,
+    elapsed_s: float = 0.0,
+    unreachable: bool = False,
+) -> HostRecap:
+    """The recap of a host whose plan afterwards is `changes`: a pending reboot is flagged, the rest fails.
+
+    While a new driver waits for its reboot NVML refuses to answer, so failed checks then are not held
+    against the host (they stay listed): "reboot required" is the verdict until the box has rebooted.
+    """
+    reboot_required = any(c.resource == "reboot" for c in changes)
+    left = [
+        c for c in changes if c.resource != "reboot" and not (reboot_required and c.action == "verify-failed")
+    ]
+    if error is None and left:
+        error = f"not converged: {len(left)} change(s) left"
+    status: RecapStatus = "failed" if error else ("changed" if done or rebooted else "ok")
+    if unreachable:
+        status = "unreachable"
+    return HostRecap(
+        host,
+        status,
+        done=done,
+        remaining=changes,
+        reboot_required=reboot_required,
+        rebooted=rebooted,
+        error=error,
+        notes=notes or [],
+        elapsed_s=elapsed_s,
+    )
+
+
+def unconfirmed(changes: list[Change], confirmed: list[Change]) -> list[Change]:
+    """Changes to carry out now that the person did not see in the confirmed plan."""
+    seen = {(c.resource, c.action, c.desired) for c in confirmed}
+    return [c for c in changes if (c.resource, c.action, c.desired) not in seen]
+
+
+def reboot_refusal(
+    target: HostTarget, facts: Facts, local_boot_id: str | None, target_is_local_address: bool
+) -> str | None:
+    """Why `target` must not be rebooted because it is the machine running this tool, or None."""
+    if facts.host.simulated:  # a simulated reboot only changes the twin's overlay, never the machine
+        return None
+    if target.connection == "local":
+        return "it is this machine (connection: local)"
+    if local_boot_id is not None and facts.host.boot_id == local_boot_id:
+        return "it reports the boot id of the machine running mgpu-provision"
+    if target_is_local_address:
+        return f"its address {target.address} is this machine"
+    return None
+
+
+def _local_boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _is_local_address(target: HostTarget) -> bool:
+    if target.jump is not None:  # the address is resolved on the jump host, not here
+        return False
+    try:
+        theirs = {info[4][0] for info in socket.getaddrinfo(target.address, None)}
+        ours = set(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        return False
+    return any(ipaddress.ip_address(str(a)).is_loopback or a in ours for a in theirs)
+
+
+class ReopenableSession:
+    """The agent session of one host, reopened when a reboot drops it."""
+
+    def __init__(self, session: AgentSession, options: FleetOptions) -> None:
+        self.session = session
+        self.options = options
+        self._opened: AgentSession | None = None  # a session this object opened and must close
+
+    @property
+    def target(self) -> HostTarget:
+        return self.session.target
+
+    def call(self, verb: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        return self.session.call(verb, args, timeout)
+
+    def facts(self, request: dict[str, Any], timeout: float | None = None) -> Facts:
+        return read_facts(self.session, request, timeout)
+
+    def reconnect(self) -> None:
+        fresh = open_session(self.target, self.options, self.session.agent)
+        self.close()
+        self.session = self._opened = fresh
+
+    def close(self) -> None:
+        if self._opened is not None:
+            self._opened.close()
+            self._opened = None
+
+    def __enter__(self) -> ReopenableSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _planned(loaded: LoadedRig, host: Host, facts: Facts, steps: tuple[str, ...]) -> list[Change]:
+    return in_step_order(plan_host(loaded, host, facts), steps)
+
+
+def _run_steps(
+    node: ReopenableSession, changes: list[Change], lock: str, settings: ApplySettings, simulated: bool
+) -> tuple[list[str], str | None]:
+    """One agent `apply` call for every non-reboot step: what changed, and the failed step's error if any."""
+    steps = [c.agent_step for c in changes if c.agent_step is not None and c.phase != "reboot"]
+    if not steps:
+        return [], None
+    # The agent may wait lock_wait_s for another apply's lock before its own steps run, and a driver
+    # install (a DKMS build) outlasts any ordinary command: cutting it off would leave apt running unseen.
+    timeout = node.target.command_timeout_s + settings.lock_wait_s
+    if any(step["kind"] == protocol.DRIVER for step in steps):
+        timeout += DRIVER_INSTALL_BOUND_S
+    answer = node.call("apply", protocol.apply_request(lock, settings.lock_wait_s, steps, simulated), timeout)
+    results = answer.get("results", [])
+    done = [f"{r['kind']}: {r['message']}" for r in results if r.get("changed")]
+    failed = next((r for r in results if r.get("error")), None)
+    if failed is None:
+        return done, None
+    # Name the file a failed file step was writing: the agent's OS error does not always carry it.
+    step = steps[failed["index"]] if 0 <= failed["index"] < len(steps) else {}
+    what = f"{failed['kind']} {step['path']}" if "path" in step else failed["kind"]
+    return done, f"step {failed['index'] + 1} ({what}) failed: {failed['error']}"
+
+
+def _reboot_and_wait(
+    node: ReopenableSession, lock: str, settings: ApplySettings, progress: Progress, simulated: bool
+) -> None:
+    name = node.target.name
+    # Under the host lock: a reboot must not land in the middle of another apply's steps.
+    timeout = node.target.command_timeout_s + settings.lock_wait_s
+    request = protocol.reboot_request(lock, settings.lock_wait_s, simulated)
+    old = str(node.call("reboot", request, timeout)["boot_id"])
+    progress(f"{name}: rebooting, waiting up to {settings.reboot_timeout_s:g}s for it to come back")
+    started = time.monotonic()
+    while time.monotonic() - started < settings.reboot_timeout_s:
+        try:
+            if node.facts(protocol.facts_request(), _BOOT_PROBE_TIMEOUT_S).host.boot_id != old:
+                progress(f"{name}: back after {time.monotonic() - started:.0f}s")
+                return
+        except ProvisionError:  # down, or up without sshd yet: open a new connection next time
+            with contextlib.suppress(ProvisionError):
+                node.reconnect()
+        progress(f"{name}: still rebooting ({time.monotonic() - started:.0f}s)")
+        time.sleep(settings.poll_interval_s)
+    raise RebootTimeout(f"{name} did not come back with a new boot id within {settings.reboot_timeout_s:g}s")
+
+
+def converge_host(
+    session: AgentSession,
+    options: FleetOptions,
+    loaded: LoadedRig,
+    host: Host,
+    settings: ApplySettings,
+    confirmed: list[Change],
+    progress: Progress,
+) -> HostRecap:
+    """Facts, plan, apply, (reboot), facts again: the recap says what was done and what is left."""
+    with ReopenableSession(session, options) as node:
+        started = time.monotonic()
+        request = facts_request(loaded, host)
+        lock = node_path(loaded, host, f"{loaded.spec.files.state_dir.rstrip('/')}/{LOCK_FILE}")
+        done: list[str] = []
+        notes: list[str] = []
+        rebooted = False
+        changes: list[Change] = []
+
+        def end(error: str | None = None, unreachable: bool = False) -> HostRecap:
+            elapsed = time.monotonic() - started
+            return finish(
+                host.name,
+                changes,
+                done,
+                rebooted=rebooted,
+                error=error,
+                notes=notes,
+                elapsed_s=elapsed,
+                unreachable=unreachable,
+            )
+
+        try:
+            facts = node.facts(request)
+            changes = _planned(loaded, host, facts, settings.steps)
+            surprise = unconfirmed([c for c in changes if carried_out(c, settings.steps)], confirmed)
+            if surprise:
+                raise PlanChanged(
+                    f"the box changed since the plan was confirmed ({surprise[0].summary}); run apply again"
+                )
+            for _ in range(2):  # a second round only after a reboot, for what the new driver allows
+                todo = [c for c in changes if carried_out(c, settings.steps)]
+                if rebooted:  # never reboot twice: a reboot still wanted afterwards is reported instead
+                    todo = [c for c in todo if c.resource != "reboot"]
+                if not todo:
+                    break
+                applied, error = _run_steps(node, todo, lock, settings, facts.host.simulated)
+                done += applied
+                if error is not None:
+                    changes = _planned(loaded, host, node.facts(request), settings.steps)
+                    return end(error)
+                reboot_now = any(c.agent_step is not None and c.phase == "reboot" for c in todo)
+                if reboot_now:
+                    target = node.target
+                    refusal = reboot_refusal(target, facts, _local_boot_id(), _is_local_address(target))
+                    if refusal is not None:
+                        notes.append(f"not rebooted: {refusal}")
+                        reboot_now = False
+                if reboot_now:
+                    _reboot_and_wait(node, lock, settings, progress, facts.host.simulated)
+                    rebooted = True
+                facts = node.facts(request)
+                changes = _planned(loaded, host, facts, settings.steps)
+                if not rebooted:
+                    break
+        except ConnectionFailed as exc:
+            return end(str(exc), unreachable=True)
+        except ProvisionError as exc:
+            return end(str(exc))
+        return end()
+
+
+def to_carry_out(host: HostPlan, steps: tuple[str, ...]) -> list[Change]:
+    """What a run of `steps` changes on this host (its checks and manual steps are only reported)."""
+    return [c for c in host.changes if carried_out(c, steps)] if host.status == "ok" else []
+
+
+def fleet_plan(
+    loaded: LoadedRig, targets: list[HostTarget], steps: tuple[str, ...], options: FleetOptions
+) -> FleetPlan:
+    """The plan apply shows for confirmation and then carries out: the playbook's steps, in its order."""
+    return plan_fleet(loaded, targets, options, lambda changes: in_step_order(changes, steps))
+
+
+def _recap_of_plan(p: HostPlan) -> HostRecap:
+    if p.status == "ok":
+        return finish(p.host, list(p.changes), [], elapsed_s=p.elapsed_s)
+    return HostRecap(p.host, p.status, error=p.error, elapsed_s=p.elapsed_s)
+
+
+def _recap_of_outcome(name: str, outcome: HostOutcome[HostRecap]) -> HostRecap:
+    if outcome.value is not None:
+        return outcome.value
+    status: RecapStatus = "unreachable" if outcome.status == "unreachable" else "failed"
+    return HostRecap(name, status, error=outcome.error, elapsed_s=outcome.elapsed_s)
+
+
+def rollout(
+    loaded: LoadedRig,
+    targets: list[HostTarget],
+    plan: FleetPlan,
+    settings: ApplySettings,
+    options: FleetOptions,
+    *,
+    serial: Serial | None = None,
+    max_fail_percent: float | None = None,
+    progress: Progress = lambda _: None,
+) -> ApplyResult:
+    """Converge the hosts batch by batch; a batch over `max_fail_percent` failed leaves the rest "skipped".
+
+    Hosts the plan found unreachable or with nothing to carry out are not contacted again: their recap is
+    the plan's, and they count in their batch like the others (an unreachable host is a failed one).
+    """
+    planned = {h.host: h for h in plan.hosts}
+    recaps: dict[str, HostRecap] = {}
+    stop_reason: str | None = None
+    for number, batch in enumerate(batches(targets, serial), start=1):
+        if stop_reason is not None:
+            recaps.update((t.name, HostRecap(t.name, "skipped", error=stop_reason)) for t in batch)
+            continue
+        busy = [t for t in batch if to_carry_out(planned[t.name], settings.steps)]
+        recaps.update((t.name, _recap_of_plan(planned[t.name])) for t in batch if t not in busy)
+        if busy:
+            progress(f"batch {number}: applying on {', '.join(t.name for t in busy)}")
+            outcomes = run_fleet(
+                busy,
+                lambda s: converge_host(
+                    s,
+                    options,
+                    loaded,
+                    loaded.host(s.target.name),
+                    settings,
+                    to_carry_out(planned[s.target.name], settings.steps),
+                    progress,
+                ),
+                options,
+            )
+            recaps.update((name, _recap_of_outcome(name, o)) for name, o in outcomes.items())
+        failed = sum(1 for t in batch if recaps[t.name].status in ("failed", "unreachable"))
+        if too_many_failed(failed, len(batch), max_fail_percent):
+            stop_reason = (
+                f"not touched: {failed} of {len(batch)} host(s) of batch {number} failed "
+                f"(--max-fail-percent {max_fail_percent:g})"
+            )
+    return ApplyResult(tuple(recaps[t.name] for t in targets))

@@ -1,0 +1,1 @@
+"""What every verb of the agent stands on: its failure type, the one runner of commands, crash-safe writes."""

@@ -1,0 +1,268 @@
+"""The simulated NVIDIA layer: NVML answers, driver installs and reboots taken from a twin file.
+
+It behaves like a real box in the ways the control side can observe: NVML refuses to start with the same
+statuses and messages (no driver, module not loaded, version mismatch after an install until a reboot),
+links come and go as the twin's matrix and `nvlink_down` say, and a reboot yields a new boot id.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ...protocol import GPU_SETTINGS_UNIT
+from ..core import system
+from ..core.errors import AgentFailure
+from ..packages.driver import branch_of, version_key
+from .backend import P2P_NVLINK, REMOTE_GPU, REMOTE_SWITCH, Backend, NoSuchLink, NvmlUnavailable, nvml_message
+from .sim_health import SimulatedHealth
+from .topology import nvlink_count
+from .twin import Twin, link_plan
+
+_PCIE_LEVELS = {"PIX": 10, "PSB": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50, "SOC": 50}
+_P2P_OK, _P2P_NOT_SUPPORTED = 0, 5
+_SWITCH_BUSES = 4
+FABRICMANAGER, PERSISTENCED = (
+    "nvidia-fabricmanager",
+    "nvidia-persistenced",
+)  # an HGX baseboard's NVSwitches, for plausible remote bus ids
+
+
+class SimulatedBackend(SimulatedHealth, Backend):
+    simulated = True
+    # The twin's pids are processes as the agent sees them (schemas/twin.schema.json).
+    reports_host_pids = False
+
+    def __init__(self, twin_path: str) -> None:
+        self.twin = Twin(twin_path)
+        self._links = link_plan(self.twin)
+
+    # --- outside NVML ---
+    def loaded_version(self) -> Optional[str]:
+        return self.twin.loaded_version() if self.twin.driver_version() else None
+
+    def installed_version(self) -> Optional[str]:
+        return self.twin.driver_version()
+
+    def fabric_manager(self) -> Optional[Dict[str, Any]]:
+        version = self.twin.fabricmanager_version()
+        if version is None and not self.twin.nvswitch:
+            return None
+        if version is None:
+            return {"version": None, "service": "absent", "enabled": False}
+        unit = self.twin.service(FABRICMANAGER)
+        # Fabric Manager refuses to start unless it matches the loaded driver exactly.
+        service = (
+            "inactive" if not unit["running"] else "active" if version == self.loaded_version() else "failed"
+        )
+        return {"version": version, "service": service, "enabled": unit["enabled"]}
+
+    def persistence_daemon(self) -> Dict[str, Any]:
+        # It comes with the driver's packages, and runs only while the driver's module is loaded.
+        if self.twin.driver_version() is None:
+            return {"service": "absent", "enabled": False}
+        unit = self.twin.service(PERSISTENCED)
+        running = unit["running"] and self.loaded_version() == self.twin.driver_version()
+        return {"service": "active" if running else "inactive", "enabled": unit["enabled"]}
+
+    def kernel_module(self) -> Optional[str]:
+        # Only tracked when the twin says which modules run (driver.kernel_module); an install of the other
+        # flavor switches it at the next boot.
+        if self.loaded_version() is None:
+            return None
+        module = self.twin.state.get("kernel_module", self.twin.driver.get("kernel_module"))
+        return None if module is None else str(module)
+
+    def nouveau_loaded(self) -> bool:
+        return self.twin.nouveau and not self.twin.state.get("nouveau_blacklisted_at_boot")
+
+    def install_fabric_manager(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        version = str(step["version"])
+        changed = self.twin.fabricmanager_version() != version
+        self.twin.state["fabricmanager"] = version
+        started, message = self.switch_service(FABRICMANAGER, True, bool(step.get("start")))
+        return changed or started, f"installed Fabric Manager {version}; {message}" if changed else message
+
+    def set_persistence_daemon(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        if self.twin.driver_version() is None:
+            raise AgentFailure(
+                "persistence", f"{PERSISTENCED} is not installed; it comes with the driver's packages"
+            )
+        return self.switch_service(PERSISTENCED, bool(step.get("enabled", True)), bool(step.get("start")))
+
+    def unit_state(self, unit: str) -> Dict[str, Any]:
+        found = self.twin.service(unit)
+        return {"service": "active" if found["running"] else "inactive", "enabled": found["enabled"]}
+
+    def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
+        before = self.twin.service(unit)
+        after = {"enabled": enable, "running": (before["running"] or start) if enable else False}
+        if after == before:
+            return False, f"{unit} already {'enabled' if enable else 'disabled'}"
+        self.twin.set_service(unit, **after)
+        self.twin.save_state()
+        return True, f"{unit} {'enabled' if enable else 'disabled'}" + (
+            " and started" if start and enable else ""
+        )
+
+    def blacklist_nouveau(self) -> Tuple[bool, str]:
+        if self.twin.state.get("nouveau_blacklisted"):
+            return False, "nouveau already blacklisted"
+        self.twin.state["nouveau_blacklisted"] = True
+        self.twin.save_state()
+        return True, "blacklisted nouveau; reboot to unbind it"
+
+    def distribution(self) -> Optional[Dict[str, object]]:
+        return self.twin.os_release
+
+    def board(self) -> Dict[str, Optional[str]]:
+        if self.twin.board:
+            return {"vendor": self.twin.board.get("vendor"), "model": self.twin.board.get("model")}
+        return system.dmi_board()
+
+    def boot_id(self) -> str:
+        return str(self.twin.state.get("boot_id") or self.twin.boot_id or system.boot_id())
+
+    def install_driver(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        target = self._target_version(step)
+        changed = False
+        messages = []
+        if self.twin.driver_version() != target:
+            self.twin.state["driver_version"] = target
+            changed = True
+            messages.append(f"installed driver {target}")
+        if step.get("fabricmanager") and self.twin.fabricmanager_version() != target:
+            self.twin.state["fabricmanager"] = target
+            changed = True
+            messages.append(f"installed Fabric Manager {target}")
+        if self.twin.driver.get("kernel_module") and step.get("flavor"):
+            module = "open" if str(step["flavor"]).endswith("open") else "proprietary"
+            changed = changed or module != self.kernel_module()
+            self.twin.state["next_kernel_module"] = module
+        if changed:
+            self.twin.save_state()
+        if self.twin.loaded_version() != target:
+            messages.append("reboot required to load it")
+        return changed, "; ".join(messages) or f"driver {target} already installed"
+
+    def _target_version(self, step: Dict[str, Any]) -> str:
+        if step.get("version"):
+            return str(step["version"])
+        branch = branch_of(step)
+        current = self.twin.driver_version()
+        if current and current.split(".")[0] == branch:
+            return current
+        candidates = [v for v in self.twin.available_drivers if v.split(".")[0] == branch]
+        if not candidates:
+            raise AgentFailure(
+                "driver", f"no driver of branch {branch!r} is available (simulated: twin available_drivers)"
+            )
+        return max(candidates, key=version_key)
+
+    def reboot(self) -> Optional[Callable[[], None]]:
+        # A boot loads the installed driver, starts the enabled services and forgets NVML's settings.
+        self.twin.state["loaded"] = self.twin.driver_version()
+        self.twin.state.pop("persistence", None)
+        if "next_kernel_module" in self.twin.state:
+            self.twin.state["kernel_module"] = self.twin.state.pop("next_kernel_module")
+        for unit in (FABRICMANAGER, PERSISTENCED, GPU_SETTINGS_UNIT):
+            self.twin.set_service(unit, running=self.twin.service(unit)["enabled"])
+        if not self.twin.service(GPU_SETTINGS_UNIT)["enabled"]:
+            self.forget_gpu_settings()
+        # else the unit ran at boot and set again what apply had set: the overlay keeps those values
+        if self.twin.state.get("nouveau_blacklisted"):
+            self.twin.state["nouveau_blacklisted_at_boot"] = True
+        import uuid  # only a simulated reboot needs it (and it loads `platform`)
+
+        self.twin.state["boot_id"] = str(uuid.uuid4())
+        self.twin.save_state()
+        return None
+
+    # --- NVML ---
+    def open(self) -> None:
+        installed, loaded = self.twin.driver_version(), self.twin.loaded_version()
+        if installed is None:
+            raise NvmlUnavailable("no-driver", nvml_message("no-driver"))
+        if loaded is None:
+            raise NvmlUnavailable("driver-not-loaded", nvml_message("driver-not-loaded"))
+        if loaded != installed:
+            raise NvmlUnavailable("version-mismatch", nvml_message("version-mismatch"))
+
+    def close(self) -> None:
+        """Nothing to release: the twin was read when the backend was made."""
+
+    def driver_version(self) -> str:
+        return str(self.twin.driver_version())
+
+    def cuda_driver_version(self) -> Optional[int]:
+        cuda = self.twin.driver.get("cuda")
+        if cuda is None:
+            return None
+        major, _, minor = str(cuda).partition(".")
+        return int(major) * 1000 + int(minor or 0) * 10
+
+    def device_count(self) -> int:
+        return len(self.twin.gpus)
+
+    def name(self, gpu: int) -> str:
+        self.alive(gpu)
+        return str(self.twin.gpus[gpu]["name"])
+
+    def uuid(self, gpu: int) -> str:
+        return str(self.twin.gpus[gpu]["uuid"])
+
+    def pci_bus_id(self, gpu: int) -> str:
+        return str(self.twin.gpus[gpu]["pci_bus_id"])
+
+    def memory_total_bytes(self, gpu: int) -> int:
+        return int(self.twin.gpus[gpu]["memory_mib"]) * 1024 * 1024
+
+    def persistence_mode(self, gpu: int) -> Optional[bool]:
+        # The daemon keeps every GPU in persistence mode while it runs; else NVML's legacy setting counts.
+        return self.persistence_daemon()["service"] == "active" or self.twin.persistence(gpu)
+
+    def set_persistence_mode(self, gpu: int, enabled: bool) -> None:
+        self.twin.state.setdefault("persistence", {})[str(gpu)] = enabled
+        self.twin.save_state()
+
+    def pcie_link(self, gpu: int) -> Dict[str, Optional[int]]:
+        pcie = self.twin.gpus[gpu]["pcie"]
+        return {key: pcie.get(key) for key in ("gen", "width", "max_gen", "max_width")}
+
+    def nvlink_active(self, gpu: int, link: int) -> bool:
+        entry = self._links.get((gpu, link))
+        if entry is None:
+            raise NoSuchLink()
+        return entry[1]
+
+    def nvlink_remote_type(self, gpu: int, link: int) -> Optional[int]:
+        remote = self._links[(gpu, link)][0]
+        return REMOTE_SWITCH if remote is None else REMOTE_GPU
+
+    def nvlink_remote_bus_id(self, gpu: int, link: int) -> Optional[str]:
+        remote = self._links[(gpu, link)][0]
+        if remote is None:
+            return f"00000000:{5 + link % _SWITCH_BUSES:02X}:00.0"
+        return self.pci_bus_id(remote)
+
+    def common_ancestor(self, a: int, b: int) -> Optional[int]:
+        matrix = self.twin.topology
+        return None if matrix is None else _PCIE_LEVELS.get(matrix.gpu_cell(a, b))
+
+    def p2p_status(self, a: int, b: int, index: int) -> Optional[int]:
+        if index != P2P_NVLINK:
+            return self.p2p_read_status(a, b)
+        matrix = self.twin.topology
+        linked = matrix is not None and nvlink_count(matrix.gpu_cell(a, b)) > 0
+        return _P2P_OK if linked else _P2P_NOT_SUPPORTED
+
+    def processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
+        return [
+            (int(p["pid"]), int(p["used_mib"]) * 1024 * 1024 if p.get("used_mib") is not None else None)
+            for p in self.twin.processes
+            if int(p.get("gpu", 0)) == gpu
+        ]
+
+    def holds_gpu(self, pid: int) -> Optional[bool]:
+        # There is no /dev/nvidia* here: a process holds the simulated GPU while the twin, as it is now,
+        # lists it.
+        return any(int(p["pid"]) == pid for p in Twin(self.twin.path).processes)

@@ -1,0 +1,30 @@
+"""Which NVIDIA layer answers for this node: the twin's (a simulated node) or the machine's own.
+
+Kept apart from the interface in `backend.py` so that neither back end imports its chooser: each is imported
+only when chosen, and a real node never loads the twin reader (nor a simulated one pynvml).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from ...protocol import SIMULATE_ENV
+from .backend import Backend
+
+
+def simulation_target(request_simulate: Optional[str], login_simulate: Optional[str] = None) -> Optional[str]:
+    """The twin this call simulates: the request's field, else the login shell's variable (passed as an
+    argument, because `sudo` resets the environment), else this process's own environment variable."""
+    return request_simulate or login_simulate or os.environ.get(SIMULATE_ENV) or None
+
+
+def select_backend(twin_path: Optional[str]) -> Backend:
+    """The simulated backend for a twin path, else the real one; each imported only when chosen."""
+    if twin_path:
+        from .nvml_sim import SimulatedBackend
+
+        return SimulatedBackend(twin_path)
+    from .nvml_real import RealBackend
+
+    return RealBackend()

@@ -1,0 +1,66 @@
+"""Running package-manager command lines on a node, and reading what dpkg or rpm says is installed.
+
+Shared by the apt, dnf and runfile paths and by the facts that report installed drivers: one way to run a
+command list (the first failure stops it, with the line that explains it) and one reader per database.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+from ..core import system
+from ..core.errors import AgentFailure
+
+NONINTERACTIVE = {"DEBIAN_FRONTEND": "noninteractive"}
+
+
+class Command(NamedTuple):
+    argv: List[str]
+    check: bool = True  # False: clearing a lock that may not exist yet must not stop the install
+
+
+def run_all(commands: List[Command], what: str = "driver") -> None:
+    """Run the commands in order; the first failing checked one raises AgentFailure with apt's `E:` line."""
+    env = dict(os.environ, **NONINTERACTIVE)
+    for command in commands:
+        result = system.run(command.argv, timeout=1800, env=env)
+        if result.returncode != 0 and command.check:
+            text = result.stderr + "\n" + result.stdout
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            errors = [line for line in lines if line.startswith(("E:", "Error:"))] or lines[-1:]
+            errors = errors or ["no output"]
+            argv = " ".join(command.argv)
+            raise AgentFailure(what, f"`{argv}` failed (exit {result.returncode}): {errors[0]}")
+
+
+def version_key(version: str) -> List[int]:
+    """Order driver versions numerically (550.127.05 is newer than 550.90.07)."""
+    return [int(part) if part.isdigit() else 0 for part in version.split(".")]
+
+
+def upstream(version: str) -> str:
+    """`535.216.03` of `535.216.03-2~bpo12+1` or of `3:575.51-1.el9`: the version NVIDIA gave it."""
+    return version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+def installed_debs(patterns: Tuple[str, ...]) -> Dict[str, Tuple[str, bool]]:
+    """Installed packages whose names match the dpkg patterns: name -> (version, held)."""
+    query = ["dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n", *patterns]
+    found = {}
+    for line in system.run(query, timeout=60).stdout.splitlines():
+        parts = line.split()
+        # dpkg also lists names it merely knows of (no version); ii is installed, hi installed and held.
+        if len(parts) == 3 and parts[2][1:2] == "i":
+            found[parts[0].split(":")[0]] = (parts[1], parts[2][0] == "h")
+    return found
+
+
+def rpm_provider(capability: str) -> Optional[Tuple[str, str]]:
+    """(name, version) of the installed RPM providing a capability, None when none does or rpm is absent."""
+    result = system.run(["rpm", "-q", "--whatprovides", capability, "--qf", "%{NAME} %{VERSION}\n"], 30)
+    for line in result.stdout.splitlines() if result.returncode == 0 else []:
+        parts = line.split()
+        if len(parts) == 2:
+            return parts[0], parts[1]
+    return None

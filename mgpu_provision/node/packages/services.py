@@ -1,0 +1,120 @@
+"""The two NVIDIA services apply manages on a real node, Fabric Manager and the persistence daemon, and the
+state and switch of any unit (also the boot unit apply writes for compute mode and power limit).
+
+NVIDIA's packages install their systemd units but do not enable Fabric Manager's; persistence mode set
+through NVML is lost at every boot, while nvidia-persistenced (enabled) sets it at every boot. A service
+is only started when the driver it talks to is loaded: before the reboot that loads a new driver it would
+fail, so it is enabled and left to start at boot.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..core import system
+from ..core.errors import AgentFailure
+from . import apt, driver, sources
+from .common import Command, installed_debs, rpm_provider, run_all, upstream
+
+FABRICMANAGER = "nvidia-fabricmanager"
+PERSISTENCED = "nvidia-persistenced"
+
+
+def state(unit: str) -> Dict[str, Any]:
+    """`{"service": active|inactive|failed|absent|unknown, "enabled": bool|None}` from systemd."""
+    result = system.run(["systemctl", "is-active", unit], timeout=20)
+    if result.returncode == 127:
+        return {"service": "unknown", "enabled": None}
+    service = result.stdout.strip()
+    if service not in ("active", "failed"):
+        # A unit that does not exist reads "inactive" on some systemd versions: ask whether it is installed.
+        listed = system.run(["systemctl", "list-unit-files", unit + ".service", "--no-legend"], timeout=20)
+        service = "inactive" if listed.stdout.strip() else "absent"
+    enabled = system.run(["systemctl", "is-enabled", unit], timeout=20).stdout.strip()
+    return {"service": service, "enabled": enabled in ("enabled", "enabled-runtime", "static")}
+
+
+def switch(unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
+    """Enable (and start, when the driver is loaded) or disable and stop a unit; say what changed."""
+    before = state(unit)
+    commands: List[Command] = []
+    if enable and not before["enabled"]:
+        commands.append(Command(["systemctl", "enable", unit]))
+    if enable and start and before["service"] != "active":
+        commands.append(Command(["systemctl", "restart", unit]))
+    if not enable and before["enabled"]:
+        commands.append(Command(["systemctl", "disable", unit]))
+    if not enable and before["service"] == "active":
+        commands.append(Command(["systemctl", "stop", unit]))
+    if not commands:
+        return False, f"{unit} already {'enabled' if enable else 'disabled'}"
+    run_all(commands, "service")
+    done = {"enable": "enabled", "restart": "started", "disable": "disabled", "stop": "stopped"}
+    verbs = " and ".join(done[c.argv[1]] for c in commands)
+    return True, f"{unit} {verbs}"
+
+
+def install_fabric_manager(step: Dict[str, Any]) -> Tuple[bool, str]:
+    """Fabric Manager and NSCQ at exactly the driver's version, held, the service enabled (and started)."""
+    version, branch = str(step["version"]), str(step["version"]).split(".")[0]
+    source = str(step.get("source") or "ubuntu")
+    names = sources.fabricmanager_packages(source, branch, str(step.get("method") or "apt"))
+    if step.get("method") == "dnf":
+        installed = rpm_provider("nvidia-fabricmanager")
+        changed = installed is None or installed[1] != version
+        if changed:
+            run_all(
+                [
+                    Command(["dnf", "-y", "install", "--allowerasing", *[f"{n}-{version}" for n in names]]),
+                    Command(["dnf", "-y", "versionlock", "add", f"*nvidia*{version}*"]),
+                ],
+                "fabricmanager",
+            )
+        message = f"installed Fabric Manager {version}" if changed else f"Fabric Manager {version} installed"
+    else:
+        fm = dict(step, packages=names, fabricmanager=False)
+        flavor = str(step.get("flavor") or "default")
+        changed, message = apt.install(fm, source, branch, flavor, "Fabric Manager")
+    started, service = switch(FABRICMANAGER, True, bool(step.get("start")))
+    return changed or started, f"{message}; {service}"
+
+
+def persistence_daemon(step: Dict[str, Any]) -> Tuple[bool, str]:
+    """Install (where it is a package of its own), enable and start nvidia-persistenced, or turn it off."""
+    enable = bool(step.get("enabled", True))
+    installed = False
+    if enable and state(PERSISTENCED)["service"] == "absent":
+        package = step.get("package")
+        if not package:
+            raise AgentFailure(
+                "persistence", f"{PERSISTENCED} is not installed; it comes with the driver's packages"
+            )
+        manager = ["dnf", "-y", "install"] if step.get("method") == "dnf" else apt.INSTALL
+        run_all([Command([*manager, str(package)])], "persistence")
+        installed = True
+        _hold_what_it_pulled_in()
+    changed, message = switch(PERSISTENCED, enable, bool(step.get("start")))
+    return changed or installed, (f"installed {step.get('package')}; " if installed else "") + message
+
+
+def _hold_what_it_pulled_in() -> None:
+    """Libraries the daemon brought at the driver's version (libnvidia-cfg1) join the held set, where the
+    driver is held (the apt pin is there): else the next plan would find them loose."""
+    version = driver.installed_version()
+    if version and system.read_text(apt.PREFERENCES) is not None:
+        loose = driver.unheld_packages(version)
+        if loose:
+            run_all([Command(["apt-mark", "hold", *loose])], "persistence")
+
+
+def fabric_manager_version() -> Optional[str]:
+    """Upstream version of the installed Fabric Manager (dpkg or rpm), None when absent.
+
+    RPMs name it `nvidia-fabric-manager` and Provide `nvidia-fabricmanager`: asked by what it provides.
+    """
+    debs = installed_debs(("nvidia-fabricmanager*",))
+    for name in sorted(debs):
+        if not name.startswith("nvidia-fabricmanager-dev"):
+            return upstream(debs[name][0])
+    found = rpm_provider("nvidia-fabricmanager")
+    return found[1] if found else None

@@ -1,0 +1,178 @@
+"""The `apply` and `reboot` verbs: carry out a host's planned steps in order, under the host lock.
+
+Steps are data from the control side's plan (their kinds are defined in `protocol.py`). Each reports
+whether it changed anything, so a second apply of the same plan reports (and writes) nothing; the first
+failure stops the rest, which are reported as skipped, because later steps may depend on earlier ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ... import protocol
+from ..core.atomic import HostLock, atomic_write
+from ..core.errors import AgentFailure
+from ..nvidia.backend import Backend, NvmlUnavailable
+from . import gpu_settings
+
+BACKUP_SUFFIX = ".mgpu-provision.bak"
+DEFAULT_LOCK_WAIT_S = 10.0
+
+StepResult = Tuple[bool, str]
+
+
+def same_node(args: Dict[str, Any], backend: Backend) -> None:
+    """Refuse to change a node that is not what its facts said: a rehearsal on a simulated node must never
+    reach the real machine (e.g. when sudo dropped the variable that points the agent at its twin)."""
+    expected = args.get("simulated")
+    if expected is not None and expected != backend.simulated:
+        said, now = ("simulated", "a real machine") if expected else ("a real machine", "simulated")
+        raise AgentFailure(
+            "refused",
+            f"this node answered as {said} when it was planned and answers as {now} now: nothing was "
+            "changed (check that MGPU_PROVISION_SIMULATE reaches the agent, also under sudo)",
+        )
+
+
+def apply(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
+    same_node(args, backend)
+    lock = args["lock"]
+    steps = args.get("steps") or []
+    results: List[Dict[str, Any]] = []
+    with HostLock(str(lock), float(args.get("lock_wait_s", DEFAULT_LOCK_WAIT_S))):
+        failed = False
+        for index, step in enumerate(steps):
+            kind = step.get("kind") if isinstance(step, dict) else None
+            entry: Dict[str, Any] = {"index": index, "kind": kind, "changed": False, "error": None}
+            if failed:
+                entry.update(message="skipped: an earlier step failed", skipped=True)
+            else:
+                try:
+                    changed, message = run_step(step, backend)
+                    entry.update(changed=changed, message=message)
+                except AgentFailure as exc:
+                    entry.update(message=f"{kind} step failed", error=exc.message)
+                    failed = True
+                except OSError as exc:
+                    entry.update(message=f"{kind} step failed", error=f"{exc.filename or ''}: {exc.strerror}")
+                    failed = True
+                except Exception as exc:  # e.g. an NVML error: reported on the step, the lock is released
+                    entry.update(message=f"{kind} step failed", error=f"{type(exc).__name__}: {exc}")
+                    failed = True
+            results.append(entry)
+    return {"results": results}
+
+
+def run_step(step: Any, backend: Backend) -> StepResult:
+    kinds: Dict[str, Callable[[Dict[str, Any], Backend], StepResult]] = {
+        protocol.FILE: file_step,
+        protocol.DRIVER: lambda s, b: b.install_driver(s),
+        protocol.FABRICMANAGER: lambda s, b: b.install_fabric_manager(s),
+        protocol.PERSISTENCED: lambda s, b: b.set_persistence_daemon(s),
+        protocol.SERVICE: lambda s, b: b.switch_service(
+            str(s.get("unit")), bool(s.get("enable")), bool(s.get("start"))
+        ),
+        protocol.NOUVEAU: lambda s, b: b.blacklist_nouveau(),
+        protocol.PERSISTENCE: set_persistence,
+        protocol.COMPUTE_MODE: gpu_settings.set_compute_mode,
+        protocol.POWER_LIMIT: gpu_settings.set_power_limit,
+        protocol.REMOVE: lambda s, b: remove_file(str(s["path"])),
+    }
+    if not isinstance(step, dict) or step.get("kind") not in kinds:
+        raise AgentFailure("bad-request", f"unknown step {step!r}; kinds are {', '.join(sorted(kinds))}")
+    if step["kind"] in (protocol.FILE, protocol.REMOVE) and not step.get("path"):
+        raise AgentFailure("bad-request", "a {} step needs `path`".format(step["kind"]))
+    return kinds[step["kind"]](step, backend)
+
+
+def file_step(step: Dict[str, Any], _backend: Backend) -> StepResult:
+    return write_file(str(step["path"]), str(step.get("content", "")), parse_mode(step.get("mode")))
+
+
+def parse_mode(mode: Optional[str]) -> int:
+    text = str(mode or "0644")
+    try:
+        value = int(text, 8)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 0o7777:
+        raise AgentFailure("bad-request", f"file mode {text!r} is not an octal permission like 0644")
+    return value
+
+
+def write_file(path: str, content: str, mode: int) -> StepResult:
+    """Make `path` hold `content` with `mode`; an equal file is not touched (its mtime stays)."""
+    data = content.encode("utf-8")
+    try:
+        with open(path, "rb") as handle:
+            old: Optional[bytes] = handle.read()
+            old_mode = stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
+    except FileNotFoundError:
+        old, old_mode = None, 0
+    if old == data:
+        if old_mode == mode:
+            return False, f"{path} is up to date"
+        os.chmod(path, mode)
+        return True, f"{path}: mode {old_mode:04o} -> {mode:04o}"
+    if old is not None:
+        atomic_write(path + BACKUP_SUFFIX, old, old_mode)
+    atomic_write(path, data, mode)
+    digest = hashlib.sha256(data).hexdigest()[:12]
+    return True, f"{'updated' if old is not None else 'created'} {path} (sha256 {digest}…)"
+
+
+def remove_file(path: str) -> StepResult:
+    """Make `path` absent; its last content stays beside it as the backup a write would have kept."""
+    try:
+        with open(path, "rb") as handle:
+            old = handle.read()
+            old_mode = stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
+    except FileNotFoundError:
+        return False, f"{path} is already absent"
+    atomic_write(path + BACKUP_SUFFIX, old, old_mode)
+    os.unlink(path)
+    return True, f"removed {path} (backup {path + BACKUP_SUFFIX})"
+
+
+def set_persistence(step: Dict[str, Any], backend: Backend) -> StepResult:
+    enabled = bool(step.get("enabled", True))
+    try:
+        backend.open()
+    except NvmlUnavailable as exc:
+        raise AgentFailure("nvml", f"cannot set persistence mode: {exc.message}") from None
+    try:
+        gpus = step.get("gpus") or list(range(backend.device_count()))
+        changed = [gpu for gpu in gpus if backend.persistence_mode(int(gpu)) is not enabled]
+        for gpu in changed:
+            backend.set_persistence_mode(int(gpu), enabled)
+    finally:
+        backend.close()
+    word = "enabled" if enabled else "disabled"
+    if not changed:
+        return False, f"persistence mode already {word} on GPU {_list(gpus)}"
+    return True, f"persistence mode {word} on GPU {_list(changed)}"
+
+
+def _list(gpus: List[Any]) -> str:
+    return ",".join(str(g) for g in gpus)
+
+
+def reboot(args: Dict[str, Any], backend: Backend) -> Tuple[Dict[str, Any], Optional[Callable[[], None]]]:
+    """Reboot; the reply carries the old boot id so the control side can wait for a new one.
+
+    With `lock`, the reboot waits for the host lock like an apply does, so it never lands in the middle of
+    another apply's steps; the lock is then held until this process ends with the reboot.
+    """
+    same_node(args, backend)
+    lock = (
+        HostLock(str(args["lock"]), float(args.get("lock_wait_s", DEFAULT_LOCK_WAIT_S)))
+        if args.get("lock")
+        else None
+    )
+    if lock is not None:
+        lock.__enter__()
+    old = backend.boot_id()
+    return {"boot_id": old}, backend.reboot()

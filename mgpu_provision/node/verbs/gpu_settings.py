@@ -1,0 +1,84 @@
+"""The `compute-mode` and `power-limit` apply steps: NVML settings of each GPU, set where they differ.
+
+Both are lost when the driver unloads (every reboot): the boot unit apply writes beside these steps
+(plan/resources/boot_unit.py) sets them again at boot; without it a later plan shows them again and apply
+sets them again. A GPU already right is not touched, so a second apply reports no change.
+
+Shipped to nodes: standard library only, Python 3.8.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ..core.errors import AgentFailure
+from ..nvidia.backend import COMPUTE_MODE_CODES, Backend, NvmlUnavailable
+
+StepResult = Tuple[bool, str]
+
+
+def set_compute_mode(step: Dict[str, Any], backend: Backend) -> StepResult:
+    name = step.get("mode")
+    if name not in COMPUTE_MODE_CODES:
+        known = ", ".join(COMPUTE_MODE_CODES)
+        raise AgentFailure("bad-request", f"compute mode {name!r} is not one of {known}")
+    code = COMPUTE_MODE_CODES[name]
+    changed, gpus = _converge(
+        backend, step, "compute mode", lambda gpu: code, backend.compute_mode, backend.set_compute_mode
+    )
+    return _result(f"compute mode {name}", changed, gpus)
+
+
+def set_power_limit(step: Dict[str, Any], backend: Backend) -> StepResult:
+    watts = step.get("watts")
+    if watts is not None and (not isinstance(watts, int) or isinstance(watts, bool) or watts < 1):
+        raise AgentFailure("bad-request", f"power limit {watts!r} is not a whole number of watts")
+
+    def limits(gpu: int) -> Tuple[int, int]:
+        found = backend.power_limits_mw(gpu)
+        if found is None:
+            raise AgentFailure("nvml", f"GPU {gpu} reports no power limit (NVML: not supported)")
+        return found
+
+    changed, gpus = _converge(
+        backend,
+        step,
+        "power limit",
+        lambda gpu: watts * 1000 if watts is not None else limits(gpu)[1],
+        lambda gpu: limits(gpu)[0],
+        backend.set_power_limit_mw,
+    )
+    return _result("power limit " + (f"{watts} W" if watts is not None else "default"), changed, gpus)
+
+
+def _converge(
+    backend: Backend,
+    step: Dict[str, Any],
+    what: str,
+    wanted: Callable[[int], Any],
+    current: Callable[[int], Optional[Any]],
+    write: Callable[[int, Any], None],
+) -> Tuple[List[int], List[int]]:
+    """(GPUs changed, GPUs asked for): each GPU whose `current` differs from `wanted` gets `write`."""
+    try:
+        backend.open()
+    except NvmlUnavailable as exc:
+        raise AgentFailure("nvml", f"cannot set the {what}: {exc.message}") from None
+    try:
+        gpus = [int(g) for g in step.get("gpus") or range(backend.device_count())]
+        changed = []
+        for gpu in gpus:
+            target = wanted(gpu)
+            if current(gpu) != target:
+                write(gpu, target)
+                changed.append(gpu)
+    finally:
+        backend.close()
+    return changed, gpus
+
+
+def _result(setting: str, changed: List[int], gpus: List[int]) -> StepResult:
+    listed = ",".join(str(g) for g in (changed or gpus))
+    if changed:
+        return True, f"{setting} set on GPU {listed}"
+    return False, f"{setting} already on GPU {listed}"

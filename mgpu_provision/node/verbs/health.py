@@ -1,0 +1,132 @@
+"""The `health` part of facts: ECC, memory repair, NVLink errors, clock events, power, compute and MIG modes
+and fabric state per GPU, the Xids logged since boot, and the kernel module's readiness.
+
+Every value is what NVML (or the kernel) answers, or None where the GPU or driver cannot say: None means
+"not checked". Each value nobody could read is named once in `not_checked`, with the GPUs it concerns, so a
+consumer GPU without ECC gives one line instead of a failure per GPU.
+
+Shipped to nodes: standard library only, Python 3.8.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ..host.pci import same_slot
+from ..nvidia.backend import (
+    AGGREGATE_ECC,
+    CLOCK_EVENTS,
+    COMPUTE_MODES,
+    FABRIC_STATES,
+    NVLINK_CRC_DATA,
+    NVLINK_CRC_FLIT,
+    NVLINK_RECOVERY,
+    NVLINK_REPLAY,
+    VOLATILE_ECC,
+    Backend,
+)
+
+Gpu = Dict[str, Any]
+
+
+class NotChecked:
+    """Values nobody could read, each with the GPUs it concerns, said once per value."""
+
+    def __init__(self) -> None:
+        self.gpus: Dict[str, List[int]] = {}
+        self.host: List[str] = []
+
+    def read(self, value: str, index: int, call: Callable[[], Any]) -> Any:
+        answer = call()
+        if answer is None:
+            self.gpus.setdefault(value, []).append(index)
+        return answer
+
+    def lines(self) -> List[str]:
+        per_gpu = [
+            "{}: not supported on GPU {}".format(value, ", ".join(str(i) for i in gpus))
+            for value, gpus in self.gpus.items()
+        ]
+        return per_gpu + self.host
+
+
+def health_facts(backend: Backend, gpus: List[Gpu], lost: List[Gpu]) -> Dict[str, Any]:
+    """Health of the GPUs NVML could read (with their NVLinks as facts found them) and of the host."""
+    skipped = NotChecked()
+    source, events = backend.xid_events()
+    if source is None:
+        skipped.host.append("xid: no kernel log could be read (journalctl, /dev/kmsg, dmesg)")
+    kernel = backend.kernel_readiness()
+    if kernel is None:
+        skipped.host.append("kernel: not read (no /lib/modules, or a twin without `kernel`)")
+    known = [(g["index"], g["pci_bus_id"]) for g in gpus + lost if g.get("pci_bus_id")]
+    return {
+        "gpus": [gpu_health(backend, gpu, skipped) for gpu in gpus],
+        "xid": [
+            {"gpu": _gpu_at(address, known), "pci_bus_id": address, "code": code} for address, code in events
+        ],
+        "xid_source": source,
+        "kernel": kernel,
+        "not_checked": skipped.lines(),
+    }
+
+
+def _gpu_at(address: str, known: List[Tuple[int, str]]) -> Optional[int]:
+    return next((index for index, bus in known if same_slot(address, bus)), None)
+
+
+def gpu_health(backend: Backend, gpu: Gpu, skipped: NotChecked) -> Dict[str, Any]:
+    index = gpu["index"]
+    ecc = skipped.read("ecc", index, lambda: backend.ecc_mode(index))
+    pages = backend.retired_pages(index)
+    rows = backend.remapped_rows(index)
+    if pages is None and rows is None:
+        skipped.gpus.setdefault("memory repair", []).append(index)
+    reasons = skipped.read("clock event reasons", index, lambda: backend.clock_event_reasons(index))
+    power = skipped.read("power limit", index, lambda: backend.power_limits_mw(index))
+    power_range = backend.power_limit_range_mw(index) if power is not None else None
+    mode = skipped.read("compute mode", index, lambda: backend.compute_mode(index))
+    mig = backend.mig_mode(index)  # NotSupported on every GPU without MIG: not worth a line
+    fabric = backend.fabric_info(index)  # likewise on every GPU outside an NVSwitch fabric
+    return {
+        "index": index,
+        "ecc_mode": None if ecc is None else ecc[0],
+        "ecc_pending_mode": None if ecc is None else ecc[1],
+        "ecc_volatile_uncorrectable": backend.ecc_uncorrectable(index, VOLATILE_ECC) if ecc else None,
+        "ecc_aggregate_uncorrectable": backend.ecc_uncorrectable(index, AGGREGATE_ECC) if ecc else None,
+        "retired_pages_pending": None if pages is None else pages[0],
+        "retired_pages": None if pages is None else pages[1],
+        "remapped_rows_uncorrectable": None if rows is None else rows[0],
+        "remapped_rows_pending": None if rows is None else rows[1],
+        "remapped_rows_failure": None if rows is None else rows[2],
+        "nvlink_errors": nvlink_errors(backend, gpu, skipped),
+        "throttle": None if reasons is None else [name for bit, name in CLOCK_EVENTS if reasons & bit],
+        "power_limit_w": None if power is None else round(power[0] / 1000),
+        "default_power_limit_w": None if power is None else round(power[1] / 1000),
+        "power_limit_range_w": None if power_range is None else [round(mw / 1000) for mw in power_range],
+        "compute_mode": None if mode is None else COMPUTE_MODES.get(mode, "unknown"),
+        "mig": None if mig is None else mig[0],
+        "mig_pending": None if mig is None else mig[1],
+        "fabric_state": None if fabric is None else FABRIC_STATES.get(fabric[0], "unknown"),
+        "fabric_status": None if fabric is None else fabric[1],
+    }
+
+
+def nvlink_errors(backend: Backend, gpu: Gpu, skipped: NotChecked) -> List[Dict[str, int]]:
+    """Error counters of the GPU's active links; a link whose counters NVML cannot read is left out (and the
+    GPU named once in `not_checked`)."""
+    found = []
+    for link in gpu["nvlinks"]:
+        if not link["active"]:
+            continue
+        read = [
+            backend.nvlink_error_counter(gpu["index"], link["link"], counter)
+            for counter in (NVLINK_CRC_FLIT, NVLINK_CRC_DATA, NVLINK_REPLAY, NVLINK_RECOVERY)
+        ]
+        if any(count is None for count in read):
+            if gpu["index"] not in skipped.gpus.get("nvlink errors", []):
+                skipped.gpus.setdefault("nvlink errors", []).append(gpu["index"])
+            continue
+        flit, data, replay, recovery = (int(count or 0) for count in read)
+        found.append({"link": link["link"], "crc": flit + data, "replay": replay, "recovery": recovery})
+    return found

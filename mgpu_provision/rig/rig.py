@@ -1,0 +1,137 @@
+"""The loaded rig file: a valid `RigFile` and the questions every command asks of it.
+
+`LoadedRig` is what every command works from once `load_rig` has accepted a file: the hosts and their rig
+types, paths resolved against the rig file's folder, the DDP groups and their rendezvous, the GPUs CUDA may
+see. A host's `Rendezvous` is derived here once per DDP group; apply writes it into the host's launcher and
+smoke runs that launcher, so the two can never disagree about ranks, sizes or the rendezvous id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from ..errors import ProvisionError
+from ..node.nvidia.topology import TopoMatrix
+from .files import resolve_path
+from .models import Host, Rig, RigFile
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """How one host joins its DDP group: torchrun's rendezvous settings and the host's place in the group."""
+
+    master: str  # the master host's name: the group's id
+    members: tuple[str, ...]  # node rank order: the master first, the others in file order
+    master_addr: str
+    port: int
+    node_rank: int
+    nproc_per_node: int  # the same on every member: spec rules keep a DDP group within one rig
+    backend: str  # nccl or gloo
+    rdzv_backend: str  # static or c10d
+    rdzv_id: str
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.members)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.master_addr}:{self.port}"
+
+
+@dataclass(frozen=True)
+class LoadedRig:
+    """A valid rig file and the questions every command asks of it."""
+
+    path: Path
+    base_dir: Path
+    spec: RigFile
+    topologies: Mapping[str, TopoMatrix] = field(default_factory=dict)  # rig name -> its topology_file
+
+    def host(self, name: str) -> Host:
+        for host in self.spec.hosts:
+            if host.name == name:
+                return host
+        raise ProvisionError(f"{self.path}: no host named '{name}'")
+
+    def rig_of(self, host: Host) -> Rig:
+        return self.spec.rigs[host.rig]
+
+    def resolve(self, p: str) -> Path:
+        return resolve_path(self.base_dir, p)
+
+    def ddp_group(self, host: Host) -> list[Host]:
+        """The hosts that train together with `host`: those whose rig names the same DDP master.
+
+        The master comes first (rank 0), the others in file order. A host of a rig without `ddp` is alone.
+        """
+        ddp = self.rig_of(host).ddp
+        if ddp is None:
+            return [host]
+        members = [
+            other
+            for other in self.spec.hosts
+            if (other_ddp := self.rig_of(other).ddp) is not None and other_ddp.master == ddp.master
+        ]
+        return sorted(members, key=lambda other: other.name != ddp.master)
+
+    @cached_property
+    def _rendezvous_by_master(self) -> dict[str, Rendezvous]:
+        """Each DDP group's rendezvous (node rank 0), computed once for every use of this rig file."""
+        groups: dict[str, Rendezvous] = {}
+        for host in self.spec.hosts:
+            ddp = self.rig_of(host).ddp
+            if ddp is None or ddp.master in groups:
+                continue
+            master = self.host(ddp.master)
+            groups[ddp.master] = Rendezvous(
+                master=master.name,
+                members=tuple(member.name for member in self.ddp_group(master)),
+                master_addr=master.target,
+                port=ddp.port,
+                node_rank=0,
+                nproc_per_node=self.rig_of(master).nproc_per_node,
+                backend=ddp.backend,
+                rdzv_backend=ddp.rdzv_backend,
+                rdzv_id=ddp.rdzv_id or f"mgpu-{master.name}",
+            )
+        return groups
+
+    def rendezvous(self, host: Host) -> Rendezvous | None:
+        """`host`'s rendezvous in its DDP group; None for a host whose rig has no `ddp`."""
+        ddp = self.rig_of(host).ddp
+        if ddp is None:
+            return None
+        group = self._rendezvous_by_master[ddp.master]
+        return dataclasses.replace(group, node_rank=group.members.index(host.name))
+
+    def visible_indices(self, host: Host, gpu_uuids: Sequence[str] | None = None) -> list[int] | None:
+        """NVML indices CUDA may see on `host`; None means all.
+
+        UUID entries (or unique prefixes) are mapped to indices through `gpu_uuids`, the host's GPU UUIDs in
+        index order as its facts report them; a UUID that cannot be mapped is an error.
+        """
+        devices = self.rig_of(host).visible_devices
+        if devices is None:
+            return None
+        indices = []
+        for device in devices:
+            if isinstance(device, int):
+                indices.append(device)
+                continue
+            gpu_uuid = device.split("/")[0].removeprefix("MIG-")  # MIG-<GPU uuid>/gi/ci lives on that GPU
+            matches = [i for i, uuid in enumerate(gpu_uuids or ()) if uuid.startswith(gpu_uuid)]
+            if len(matches) != 1:
+                raise ProvisionError(
+                    f"{host.name}: visible device {device} matches no single GPU of the host"
+                )
+            indices.append(matches[0])
+        return indices

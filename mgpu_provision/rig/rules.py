@@ -1,0 +1,647 @@
+"""Cross-field rules of the rig file: what no single field can check on its own.
+
+The models check each value alone; a rig file can still be wrong as a whole (a host naming a rig that does
+not exist, a visible device beyond the GPU count, an SLI mode that drivers dropped years ago). Each rule here
+is its own small pure function with its own message, so that each can be tested with one bad file. A rule
+returns findings located by their path in the document; the loader turns paths into file:line:column.
+
+Rules also run on a partially valid file (the loader leaves out hosts, rigs and sections that failed the
+schema), so that a file's schema errors and rule errors are reported together. Rules therefore check
+references against every name the file declares (`declared_hosts`, `declared_rigs`), valid or not.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..node.nvidia.topology import TopoMatrix
+from ..node.packages import sources
+from .cards import card_class, missing_connector
+from .envvalues import path_entry_problem, value_problem
+from .files import resolve_path
+from .models import SLI_MODES, Driver, Host, Rig, RigFile
+
+Loc = tuple[str | int, ...]
+
+# Variables the tool writes itself from other fields; setting them in `env` would fight those fields.
+MANAGED_ENV = {
+    "CUDA_VISIBLE_DEVICES": "visible_devices",
+    "CUDA_DEVICE_ORDER": "visible_devices (the tool always writes PCI_BUS_ID)",
+}
+# Variables bash holds read-only: the profile.d script could not set them in a bash login shell, and the
+# launcher (`set -eu`) would stop where /bin/sh is bash.
+SHELL_READONLY = frozenset({"BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID"})
+# Every variable the env files may set from other fields (`env` may override the others): none of them is
+# a search path, so `path_prepend` may name none of them.
+DERIVED_ENV = frozenset(
+    {
+        *MANAGED_ENV,
+        "NCCL_ASYNC_ERROR_HANDLING",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "OMP_NUM_THREADS",
+    }
+)
+NVLINK_KINDS = ("nvlink-bridge", "nvlink", "nvswitch")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule violation: where in the document (a path of keys and indices) and what is wrong."""
+
+    loc: Loc
+    message: str
+    at_key: bool = False  # point at the key itself (a bad name) rather than at its value
+
+
+@dataclass(frozen=True)
+class RuleInput:
+    """What the rules see: the (possibly partial) spec and the names the file declares."""
+
+    spec: RigFile
+    # Where each entry of spec.hosts was written: ("hosts", i), or ("rig_groups", group) for inventory hosts.
+    host_index: tuple[Loc, ...]
+    declared_hosts: frozenset[str]
+    declared_rigs: frozenset[str]
+    base_dir: Path
+    topologies: Mapping[str, TopoMatrix | str]  # rig name -> its parsed topology_file, or why it is unusable
+    hosts_known: bool = True  # False: the inventory named could not be read, so hosts may be missing
+
+    def hosts(self) -> Iterator[tuple[Loc, Host]]:
+        yield from zip(self.host_index, self.spec.hosts, strict=True)
+
+    def written_hosts(self) -> Iterator[tuple[Loc, Host]]:
+        """The hosts of `hosts:` (not the inventory's)."""
+        return ((loc, host) for loc, host in self.hosts() if loc[0] == "hosts")
+
+    def rigs(self) -> Iterator[tuple[Loc, Rig]]:
+        for name, rig in self.spec.rigs.items():
+            yield ("rigs", name), rig
+
+
+Rule = Callable[[RuleInput], Iterable[Finding]]
+
+
+def fleet_has_hosts(inp: RuleInput) -> Iterator[Finding]:
+    if not inp.spec.hosts and inp.spec.inventory is None and inp.hosts_known:
+        yield Finding(
+            ("hosts",),
+            "the fleet has no hosts: list them under `hosts:`, or read them from an Ansible `inventory:`",
+        )
+
+
+def host_rig_exists(inp: RuleInput) -> Iterator[Finding]:
+    known = ", ".join(sorted(inp.declared_rigs)) or "none"
+    for loc, host in inp.written_hosts():
+        if host.rig not in inp.declared_rigs:
+            yield Finding((*loc, "rig"), f"rig '{host.rig}' is not defined under `rigs` (defined: {known})")
+    for group, rig in inp.spec.rig_groups.items():
+        if rig not in inp.declared_rigs:
+            yield Finding(
+                ("rig_groups", group), f"rig '{rig}' is not defined under `rigs` (defined: {known})"
+            )
+
+
+def inventory_has_rig_groups(inp: RuleInput) -> Iterator[Finding]:
+    if inp.spec.inventory is not None and not inp.spec.rig_groups:
+        yield Finding(
+            ("inventory",),
+            "an inventory needs `rig_groups`: map its groups to rig types, e.g. rig_groups: {gpu_3090: pair}",
+        )
+    if inp.spec.rig_groups and inp.spec.inventory is None and inp.hosts_known:
+        yield Finding(
+            ("rig_groups",),
+            "rig_groups maps groups of an Ansible inventory: name it in `inventory:`",
+            at_key=True,
+        )
+
+
+def host_names_unique(inp: RuleInput) -> Iterator[Finding]:
+    first: dict[str, Loc] = {}
+    for loc, host in inp.written_hosts():
+        if host.name in first:
+            yield Finding(
+                (*loc, "name"), f"host name '{host.name}' is already used by hosts[{first[host.name][1]}]"
+            )
+        else:
+            first[host.name] = loc
+
+
+def group_members_exist(inp: RuleInput) -> Iterator[Finding]:
+    if not inp.hosts_known:
+        return
+    for group, members in inp.spec.groups.items():
+        for index, member in enumerate(members):
+            if member not in inp.declared_hosts:
+                yield Finding(("groups", group, index), f"group member '{member}' is not a host of the fleet")
+
+
+def group_names_distinct_from_hosts(inp: RuleInput) -> Iterator[Finding]:
+    for group in inp.spec.groups:
+        if group in inp.declared_hosts:
+            yield Finding(
+                ("groups", group),
+                f"group '{group}' has the name of a host, so --limit {group} would be ambiguous",
+                at_key=True,
+            )
+
+
+def ddp_master_in_fleet(inp: RuleInput) -> Iterator[Finding]:
+    if not inp.hosts_known:
+        return
+    for loc, rig in inp.rigs():
+        if rig.ddp is not None and rig.ddp.master not in inp.declared_hosts:
+            yield Finding(
+                (*loc, "ddp", "master"), f"ddp master '{rig.ddp.master}' is not a host of the fleet"
+            )
+
+
+def ddp_master_uses_rig(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.ddp is None:
+            continue
+        rig_name = loc[1]
+        for _, host in inp.hosts():
+            if host.name == rig.ddp.master and host.rig != rig_name:
+                yield Finding(
+                    (*loc, "ddp", "master"),
+                    f"ddp master '{host.name}' is a '{host.rig}' host; the master of rig '{rig_name}' "
+                    "must be one of its own hosts",
+                )
+                break
+
+
+def ddp_master_has_address(inp: RuleInput) -> Iterator[Finding]:
+    # The other nodes dial the master for the rendezvous: a name that only this machine's ~/.ssh/config
+    # knows (the fallback when `address` is absent) would reach them as an unresolvable MASTER_ADDR.
+    for loc, rig in inp.rigs():
+        if rig.ddp is None:
+            continue
+        rig_name = loc[1]
+        members = [host for _, host in inp.hosts() if host.rig == rig_name]
+        master = next((host for host in members if host.name == rig.ddp.master), None)
+        if len(members) > 1 and master is not None and master.address is None:
+            yield Finding(
+                (*loc, "ddp", "master"),
+                f"ddp master '{master.name}' has no `address`: the other nodes of rig '{rig_name}' reach the "
+                "rendezvous there, so give it the IP or DNS name they resolve (an ~/.ssh/config alias "
+                "is not enough)",
+            )
+
+
+def visible_devices_valid(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        seen: set[int | str] = set()
+        for index, device in enumerate(rig.visible_devices or []):
+            where = (*loc, "visible_devices", index)
+            if device in seen:
+                yield Finding(where, f"visible device {device} is listed twice")
+            seen.add(device)
+            if isinstance(device, int) and not 0 <= device < rig.gpus.count:
+                yield Finding(
+                    where,
+                    f"visible device {device} does not exist: the rig has {rig.gpus.count} GPU(s), "
+                    f"indices 0-{rig.gpus.count - 1}",
+                )
+
+
+def batch_size_covers_gpus(inp: RuleInput) -> Iterator[Finding]:
+    batch = inp.spec.smoke.batch_size
+    for loc, rig in inp.rigs():
+        gpus = rig.visible_count
+        if batch < gpus:
+            yield Finding(
+                ("smoke", "batch_size"),
+                f"batch size {batch} is smaller than the {gpus} GPUs per node of rig '{loc[1]}'; "
+                "every GPU needs at least one sample",
+            )
+
+
+def nproc_within_visible(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.ddp is not None and rig.ddp.nproc_per_node is not None:
+            gpus = rig.visible_count
+            if rig.ddp.nproc_per_node > gpus:
+                yield Finding(
+                    (*loc, "ddp", "nproc_per_node"),
+                    f"nproc_per_node {rig.ddp.nproc_per_node} is more than the {gpus} visible GPU(s) "
+                    "per node",
+                )
+
+
+def sli_mode_supported(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.sli is not None and rig.sli.mode not in SLI_MODES:
+            yield Finding(
+                (*loc, "sli", "mode"),
+                f"SLI mode '{rig.sli.mode}' is not supported: NVIDIA drivers since 455 accept only Off and "
+                "Mosaic (On, Auto, AFR, SFR, AA and AFRofAA were removed); BaseMosaic spans displays on "
+                "GeForce",
+            )
+
+
+def _sli_enabled(rig: Rig) -> bool:
+    return rig.sli is not None and rig.sli.mode != "Off"
+
+
+def sli_needs_two_gpus(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if _sli_enabled(rig) and rig.gpus.count < 2:
+            yield Finding((*loc, "sli", "mode"), "SLI needs at least 2 GPUs of one model; this rig has 1")
+
+
+def sli_needs_bridge(inp: RuleInput) -> Iterator[Finding]:
+    # Base Mosaic needs no bridge (NVIDIA X driver README); SLI Mosaic does.
+    for loc, rig in inp.rigs():
+        if rig.sli is not None and rig.sli.mode == "Mosaic" and rig.bridge.kind == "none":
+            yield Finding((*loc, "sli", "mode"), "SLI needs a bridge: set bridge.kind (e.g. nvlink-bridge)")
+
+
+def sli_mosaic_needs_professional_cards(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.sli is not None and rig.sli.mode == "Mosaic" and card_class(rig.gpus.model) == "geforce":
+            yield Finding(
+                (*loc, "sli", "mode"),
+                f"SLI Mosaic needs professional cards (Quadro, RTX A-series, RTX Ada); {rig.gpus.model} is a "
+                "GeForce card, whose driver ignores it: use mode BaseMosaic (Base Mosaic spans the displays "
+                "without SLI rendering)",
+            )
+
+
+def card_has_bridge_connector(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        family = missing_connector(rig.gpus.model)
+        if family is None:
+            continue
+        why = f"{rig.gpus.model} has no NVLink/SLI connector ({family})"
+        if rig.bridge.kind in NVLINK_KINDS:
+            yield Finding((*loc, "bridge", "kind"), f"{why}: bridge kind {rig.bridge.kind} is impossible")
+        if rig.sli is not None and _sli_enabled(rig):
+            yield Finding((*loc, "sli", "mode"), f"{why}: SLI mode {rig.sli.mode} is impossible")
+
+
+def bridge_pairs_in_range(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        for index, pair in enumerate(rig.bridge.pairs):
+            for side, gpu in enumerate(pair):
+                if not 0 <= gpu < rig.gpus.count:
+                    yield Finding(
+                        (*loc, "bridge", "pairs", index, side),
+                        f"GPU {gpu} does not exist: the rig has {rig.gpus.count} GPU(s), "
+                        f"indices 0-{rig.gpus.count - 1}",
+                    )
+
+
+def bridge_pairs_distinct(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        seen: set[frozenset[int]] = set()
+        for index, (a, b) in enumerate(rig.bridge.pairs):
+            where = (*loc, "bridge", "pairs", index)
+            if a == b:
+                yield Finding(where, f"GPU {a} cannot be bridged to itself")
+            elif frozenset((a, b)) in seen:
+                yield Finding(where, f"pair [{a}, {b}] is listed twice")
+            seen.add(frozenset((a, b)))
+
+
+def bridge_links_given(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.bridge.kind in NVLINK_KINDS and rig.bridge.links is None:
+            yield Finding(
+                (*loc, "bridge"),
+                f"bridge kind {rig.bridge.kind} needs `links`: the active NVLinks expected per "
+                + ("GPU (to the switches)" if rig.bridge.kind == "nvswitch" else "bridged pair"),
+            )
+
+
+def bridge_pairs_given(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        bridge = rig.bridge
+        if bridge.kind in ("nvlink-bridge", "nvlink") and not bridge.pairs and bridge.topology_file is None:
+            yield Finding(
+                (*loc, "bridge"),
+                f"bridge kind {bridge.kind} needs `pairs` (which GPUs are joined) or a `topology_file`",
+            )
+
+
+def nvswitch_has_no_pairs(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.bridge.kind == "nvswitch" and rig.bridge.pairs:
+            yield Finding(
+                (*loc, "bridge", "pairs"),
+                "nvswitch bridges take no `pairs`: every NVLink ends at a switch, not at another GPU",
+            )
+
+
+def no_bridge_has_no_links(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.bridge.kind == "none":
+            for key in ("pairs", "links"):
+                if getattr(rig.bridge, key):
+                    yield Finding(
+                        (*loc, "bridge", key),
+                        f"`{key}` needs an NVLink bridge kind; bridge.kind is none (PCIe only)",
+                    )
+
+
+def driver_version_or_branch(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None:
+            continue
+        if driver.version is None and driver.branch is None:
+            yield Finding(
+                (*loc, "driver"), 'driver needs `version` (e.g. "550.54.15") or `branch` (e.g. "550")'
+            )
+        elif driver.version is not None and driver.branch is not None:
+            yield Finding((*loc, "driver", "branch"), "give either `version` or `branch`, not both")
+
+
+def reclaim_patterns_match_policy(inp: RuleInput) -> Iterator[Finding]:
+    reclaim = inp.spec.reclaim
+    if reclaim.patterns and reclaim.policy != "orphans+patterns":
+        yield Finding(
+            ("reclaim", "patterns"),
+            f"patterns are only used with policy orphans+patterns, but the policy is {reclaim.policy}",
+        )
+    if reclaim.policy == "orphans+patterns" and not reclaim.patterns:
+        yield Finding(
+            ("reclaim", "patterns"), "policy orphans+patterns needs `patterns` (command-line regexes)"
+        )
+
+
+def runfile_complete(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None:
+            continue
+        if driver.method == "runfile":
+            missing = [key for key in ("runfile_url", "runfile_sha256") if getattr(driver, key) is None]
+            if missing:
+                yield Finding(
+                    (*loc, "driver", "method"),
+                    f"method runfile needs {' and '.join(missing)}: the installer is checked before it runs",
+                )
+            if driver.branch is not None:
+                yield Finding(
+                    (*loc, "driver", "branch"), "method runfile installs one exact `version`, not a branch"
+                )
+        else:
+            for key in ("runfile_url", "runfile_sha256"):
+                if getattr(driver, key) is not None:
+                    yield Finding(
+                        (*loc, "driver", key),
+                        f"`{key}` is only used with method runfile (method is {driver.method or 'apt/dnf'})",
+                    )
+
+
+# How each package source is installed; the CUDA repository serves both families.
+SOURCE_METHODS = {"ubuntu": ("apt",), "debian": ("apt",), "rhel": ("dnf",), "cuda": ("apt", "dnf")}
+
+
+def driver_source_fits(inp: RuleInput) -> Iterator[Finding]:
+    """A flavor, Fabric Manager or method the chosen source lacks is refused here, not at install time."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None:
+            continue
+        at = (*loc, "driver")
+        if driver.flavor == "open" and sources.pre_turing(rig.gpus.model):
+            yield Finding(
+                (*at, "flavor"),
+                f"open kernel modules need Turing or newer; {rig.gpus.model} needs flavor default "
+                "(proprietary)",
+            )
+        if driver.method == "runfile":
+            yield from _runfile_fits(at, driver)
+            continue
+        if driver.packages is not None and driver.method == "dnf":
+            yield Finding(
+                (*at, "packages"), "`packages` is for apt sources; dnf installs the module stream's set"
+            )
+        if driver.source is None:
+            continue
+        flavors = sources.FLAVORS[driver.source]
+        if driver.flavor is not None and driver.flavor not in flavors:
+            yield Finding(
+                (*at, "flavor"),
+                f"the {driver.source} source has no {driver.flavor} flavor (it has {', '.join(flavors)})",
+            )
+        if driver.fabricmanager and not sources.HAS_FABRICMANAGER[driver.source]:
+            yield Finding(
+                (*at, "fabricmanager"),
+                f"the {driver.source} source has no Fabric Manager package; use source cuda "
+                "(NVIDIA's repository)",
+            )
+        methods = SOURCE_METHODS[driver.source]
+        if driver.method is not None and driver.method not in methods:
+            yield Finding(
+                (*at, "method"),
+                f"the {driver.source} source is installed with {' or '.join(methods)}, not {driver.method}",
+            )
+
+
+def _runfile_fits(at: Loc, driver: Driver) -> Iterator[Finding]:
+    for key in ("source", "packages"):
+        if getattr(driver, key) is not None:
+            yield Finding(
+                (*at, key), f"`{key}` is for package installs; method runfile runs NVIDIA's installer"
+            )
+    if driver.flavor in ("server", "server-open"):
+        yield Finding(
+            (*at, "flavor"),
+            f"flavor {driver.flavor} is an Ubuntu package build; a runfile has default or open",
+        )
+    if driver.fabricmanager:
+        yield Finding(
+            (*at, "fabricmanager"),
+            "Fabric Manager has no runfile path here: install the driver with method apt or dnf",
+        )
+
+
+def fabricmanager_needs_nvswitch(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.driver is not None and rig.driver.fabricmanager and rig.bridge.kind != "nvswitch":
+            yield Finding(
+                (*loc, "driver", "fabricmanager"),
+                f"Fabric Manager only runs NVSwitch boxes; bridge.kind is {rig.bridge.kind}",
+            )
+
+
+def _read_only(loc: Loc, name: str) -> Iterator[Finding]:
+    if name in SHELL_READONLY:
+        yield Finding(
+            (*loc, name),
+            f"{name} is read-only in bash: the profile.d script cannot set it, and the launcher would stop "
+            "where /bin/sh is bash",
+            at_key=True,
+        )
+
+
+def _env_findings(loc: Loc, env: dict[str, str]) -> Iterator[Finding]:
+    for name, value in env.items():
+        yield from _read_only(loc, name)
+        if name in MANAGED_ENV:
+            yield Finding(
+                (*loc, name),
+                f"{name} is written by the tool from {MANAGED_ENV[name]}; set it there",
+                at_key=True,
+            )
+        problem = value_problem(value)
+        if problem is not None:
+            yield Finding((*loc, name), f"value of {name} {problem}")
+        elif re.search(rf"\$(?:{name}|{{{name}}})(?![A-Za-z0-9_])", value):
+            # Values are data, so `PATH: /x:$PATH` would hand every process on the node a PATH holding the
+            # text `$PATH` (and drop /usr/bin): the one literal `$` that is never meant.
+            yield Finding(
+                (*loc, name),
+                f"value of {name} refers to ${name}, but values are written as data, not expanded: the node "
+                f"would get the text ${name}; to put folders in front of {name} use "
+                f"path_prepend: {{{name}: [/folder]}}",
+            )
+
+
+def env_safe(inp: RuleInput) -> Iterator[Finding]:
+    yield from _env_findings(("env",), inp.spec.env)
+    for loc, rig in inp.rigs():
+        yield from _env_findings((*loc, "env"), rig.env)
+
+
+def _path_prepend_findings(loc: Loc, prepends: dict[str, list[str]]) -> Iterator[Finding]:
+    for name, entries in prepends.items():
+        yield from _read_only(loc, name)
+        if name in DERIVED_ENV:
+            yield Finding(
+                (*loc, name),
+                f"{name} is written by the tool, not a search path: path_prepend is for variables such as "
+                "PATH and LD_LIBRARY_PATH",
+                at_key=True,
+            )
+        seen: set[str] = set()
+        for index, entry in enumerate(entries):
+            problem = path_entry_problem(entry)
+            if problem is None and entry in seen:
+                problem = f"entry {entry!r} is listed twice"
+            seen.add(entry)
+            if problem is not None:
+                yield Finding((*loc, name, index), f"{name}: {problem}")
+
+
+def path_prepend_safe(inp: RuleInput) -> Iterator[Finding]:
+    yield from _path_prepend_findings(("path_prepend",), inp.spec.path_prepend)
+    for loc, rig in inp.rigs():
+        yield from _path_prepend_findings((*loc, "path_prepend"), rig.path_prepend)
+
+
+def _both_message(name: str, env_at: str, prepend_at: str) -> str:
+    return (
+        f"{name} is set by {env_at} and prepended to by {prepend_at}: a variable is either a value (env) "
+        "or entries put in front of its current value (path_prepend), not both"
+    )
+
+
+def env_or_path_prepend(inp: RuleInput) -> Iterator[Finding]:
+    # The fleet's pair is reported once; a rig is checked for what it adds to the merge (rig over fleet).
+    # An empty list prepends nothing: a rig may drop the fleet's list that way and set the variable in env.
+    fleet_env = inp.spec.env
+    fleet_prepend = {name: entries for name, entries in inp.spec.path_prepend.items() if entries}
+    for name in sorted(fleet_env.keys() & fleet_prepend.keys()):
+        yield Finding(("path_prepend", name), _both_message(name, "env", "path_prepend"), at_key=True)
+    for loc, rig in inp.rigs():
+        where = ".".join(str(part) for part in loc)
+        env = {**dict.fromkeys(fleet_env, "env"), **dict.fromkeys(rig.env, f"{where}.env")}
+        prepend = {
+            **dict.fromkeys(fleet_prepend, "path_prepend"),
+            **dict.fromkeys(rig.path_prepend, f"{where}.path_prepend"),
+        }
+        prepend = {name: at for name, at in prepend.items() if rig.path_prepend.get(name, True)}
+        for name in sorted(env.keys() & prepend.keys()):
+            if name in rig.path_prepend:
+                yield Finding(
+                    (*loc, "path_prepend", name), _both_message(name, env[name], prepend[name]), at_key=True
+                )
+            elif name in rig.env:
+                yield Finding((*loc, "env", name), _both_message(name, env[name], prepend[name]), at_key=True)
+
+
+def topology_file_matches(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        found = inp.topologies.get(str(loc[1]))
+        if found is None:
+            continue
+        where = (*loc, "bridge", "topology_file")
+        if isinstance(found, str):
+            yield Finding(where, found)
+        elif found.gpu_count != rig.gpus.count:
+            path = resolve_path(inp.base_dir, str(rig.bridge.topology_file))
+            yield Finding(where, f"{path} shows {found.gpu_count} GPU(s) but gpus.count is {rig.gpus.count}")
+
+
+def ssh_files_absolute(inp: RuleInput) -> Iterator[Finding]:
+    ssh_hosts = [host.name for _, host in inp.hosts() if host.connection == "ssh"]
+    if not ssh_hosts:
+        return
+    for key, value in inp.spec.files:
+        if isinstance(value, str) and not value.startswith("/"):
+            yield Finding(
+                ("files", key),
+                f"'{value}' must be an absolute path (start with /): it is a path on ssh hosts "
+                f"such as {ssh_hosts[0]}; only local hosts may use relative paths",
+            )
+
+
+def files_without_dot_dot(inp: RuleInput) -> Iterator[Finding]:
+    # The tool writes these paths as root: `/etc/profile.d/../../tmp/x` lands outside the folder it names.
+    for key, value in inp.spec.files:
+        if isinstance(value, str) and ".." in value.split("/"):
+            yield Finding(
+                ("files", key),
+                f"'{value}' contains '..': name the managed file's folder directly, without climbing out",
+            )
+
+
+RULES: tuple[Rule, ...] = (
+    fleet_has_hosts,
+    host_rig_exists,
+    inventory_has_rig_groups,
+    host_names_unique,
+    group_members_exist,
+    group_names_distinct_from_hosts,
+    ddp_master_in_fleet,
+    ddp_master_uses_rig,
+    ddp_master_has_address,
+    visible_devices_valid,
+    batch_size_covers_gpus,
+    nproc_within_visible,
+    sli_mode_supported,
+    sli_needs_two_gpus,
+    sli_needs_bridge,
+    sli_mosaic_needs_professional_cards,
+    card_has_bridge_connector,
+    bridge_pairs_in_range,
+    bridge_pairs_distinct,
+    bridge_links_given,
+    bridge_pairs_given,
+    nvswitch_has_no_pairs,
+    no_bridge_has_no_links,
+    driver_version_or_branch,
+    runfile_complete,
+    driver_source_fits,
+    reclaim_patterns_match_policy,
+    fabricmanager_needs_nvswitch,
+    env_safe,
+    path_prepend_safe,
+    env_or_path_prepend,
+    topology_file_matches,
+    ssh_files_absolute,
+    files_without_dot_dot,
+)
+
+
+def check_rules(inp: RuleInput) -> list[Finding]:
+    """Every finding of every rule, in rule order."""
+    return [finding for rule in RULES for finding in rule(inp)]
