@@ -312,7 +312,6 @@ def test_topology_file_is_relative_to_the_twin(tmp_path: Path) -> None:
     assert facts.cell(3, 4) == "PHB"
 
 
-
 @pytest.mark.parametrize(
     ("release", "pretty"),
     [
@@ -339,7 +338,7 @@ def test_a_simulated_nodes_distribution_comes_from_the_twin_alone(
     assert host.os == pretty  # never this machine's own PRETTY_NAME next to the twin's ID
 
 
-def test_a_real_nodes_distribution_is_its_own_os_release(tmp_path: Path) -> None:
+def test_a_real_nodes_distribution_is_its_own_os_release() -> None:
     host = facts_from_twin(None).host
     text = Path("/etc/os-release").read_text()
     assert host.os_id is not None and f"ID={host.os_id}" in text.replace('"', "")
