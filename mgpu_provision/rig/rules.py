@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..node.nvidia.topology import TopoMatrix
-from ..node.packages import sources
+from ..node.packages import families, sources
 from .cards import card_class, missing_connector
 from .envvalues import path_entry_problem, value_problem
 from .files import resolve_path
@@ -441,8 +441,11 @@ def runfile_complete(inp: RuleInput) -> Iterator[Finding]:
                     )
 
 
-# How each package source is installed; the CUDA repository serves both families.
-SOURCE_METHODS = {"ubuntu": ("apt",), "debian": ("apt",), "rhel": ("dnf",), "cuda": ("apt", "dnf")}
+# How each package source is installed; the CUDA repository serves every family (node/packages/families.py).
+SOURCE_METHODS = {
+    source: tuple(method for method, served in families.METHOD_SOURCES.items() if source in served)
+    for source in sources.SOURCES
+}
 
 
 def driver_source_fits(inp: RuleInput) -> Iterator[Finding]:
@@ -461,9 +464,9 @@ def driver_source_fits(inp: RuleInput) -> Iterator[Finding]:
         if driver.method == "runfile":
             yield from _runfile_fits(at, driver)
             continue
-        if driver.packages is not None and driver.method == "dnf":
+        if driver.packages is not None and driver.method not in (None, "apt"):
             yield Finding(
-                (*at, "packages"), "`packages` is for apt sources; dnf installs the module stream's set"
+                (*at, "packages"), f"`packages` is for apt sources; {driver.method} installs NVIDIA's set"
             )
         if driver.source is None:
             continue

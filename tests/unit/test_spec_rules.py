@@ -263,7 +263,17 @@ CASES = {
     "driver-source-method": (
         rig(GPUS.strip(), 'driver: {version: "550.54.15", source: rhel, method: apt}  # <-'),
         "rigs.pair.driver.method",
-        "the rhel source is installed with dnf, not apt",
+        "the rhel source is installed with dnf or yum, not apt",
+    ),
+    "driver-source-method-zypper": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", source: ubuntu, method: zypper}  # <-'),
+        "rigs.pair.driver.method",
+        "the ubuntu source is installed with apt, not zypper",
+    ),
+    "driver-packages-are-apt-only-not-zypper": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", method: zypper, packages: [nvidia-smi]}  # <-'),
+        "rigs.pair.driver.packages",
+        "`packages` is for apt sources; zypper installs NVIDIA's set",
     ),
     "driver-packages-are-apt-only": (
         rig(GPUS.strip(), 'driver: {version: "550.54.15", method: dnf, packages: [nvidia-driver]}  # <-'),
