@@ -75,6 +75,17 @@ def resolve_version(
     return target
 
 
+def listed_versions(output: str, name: str) -> List[str]:
+    """Versions of `name` in `dnf list --showduplicates` / `yum list --showduplicates` output, installed and
+    available (`nvidia-driver.x86_64   3:550.54.15-1.el9   cuda-rhel9-x86_64`), in the listed order."""
+    found: List[str] = []
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0].rsplit(".", 1)[0] == name and parts[1] not in found:
+            found.append(parts[1])
+    return found
+
+
 def installed_debs(patterns: Tuple[str, ...]) -> Dict[str, Tuple[str, bool]]:
     """Installed packages whose names match the dpkg patterns: name -> (version, held)."""
     query = ["dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n", *patterns]
