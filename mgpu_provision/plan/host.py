@@ -17,18 +17,14 @@ from ..rig.models import Host
 from .change import PHASES, Change, HostContext
 from .resources import (
     boot_unit,
+    checks,
     driver,
     envfiles,
     fabricmanager,
     gpu_settings,
-    gpus,
-    health,
-    kernel,
-    pcie,
     persistence,
     sli,
 )
-from .resources import topology as links
 from .resources import torch as torch_probe
 
 if TYPE_CHECKING:
@@ -38,12 +34,12 @@ XORG_CONF = "/etc/X11/xorg.conf"
 
 # Checks before changes: a person reads what is wrong with the box before what apply would do about it.
 DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
-    gpus.diff,
-    links.diff,
-    pcie.diff,
+    checks.gpus,
+    checks.topology,
+    checks.pcie,
     fabricmanager.diff,
-    health.diff,
-    kernel.diff,
+    checks.health,
+    checks.kernel,
     torch_probe.diff,
     driver.diff,
     persistence.diff,

@@ -1,5 +1,7 @@
 """What ships to nodes stays shippable: Python 3.8 syntax, the standard library, nothing of the control side.
 
+Shipped: `node/`, `protocol.py` and the judge (`judge/`), which the node imports and which imports no node.
+
 The agent runs on whatever `python3` a GPU box has, with nothing installed: a control-side import (pydantic,
 Fabric, another package module) or newer syntax in node/ would break every node at once, so it is checked here
 rather than found on a fleet.
@@ -14,7 +16,13 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mgpu_provision"
-SHIPPED = [*sorted((PACKAGE / "node").rglob("*.py")), PACKAGE / "protocol.py", PACKAGE / "__init__.py"]
+JUDGE = sorted((PACKAGE / "judge").rglob("*.py"))
+SHIPPED = [
+    *sorted((PACKAGE / "node").rglob("*.py")),
+    *JUDGE,
+    PACKAGE / "protocol.py",
+    PACKAGE / "__init__.py",
+]
 ALLOWED_PACKAGE_MODULES = {"mgpu_provision", "mgpu_provision.protocol"}
 
 
@@ -37,13 +45,13 @@ def test_shipped_module_parses_as_python_3_8(path: Path) -> None:
 
 
 def outside_imports(source: str, package: list[str]) -> list[str]:
-    """The imports a shipped module may not make: neither stdlib nor node code nor the protocol."""
+    """The imports a shipped module may not make: neither stdlib nor node code, the protocol or the judge."""
     return [
         name
         for name in imported_modules(source, package)
         if name.split(".")[0] not in sys.stdlib_module_names
         and name not in ALLOWED_PACKAGE_MODULES
-        and not name.startswith("mgpu_provision.node")
+        and not name.startswith(("mgpu_provision.node", "mgpu_provision.judge"))
         and name not in ("pynvml", "torch", "torch.distributed")  # shipped beside it / imported inside ranks
         and not name.startswith("torch.")
     ]
@@ -58,3 +66,17 @@ def test_shipped_module_imports_only_the_standard_library_and_node_code(path: Pa
 def test_control_side_and_third_party_imports_are_caught() -> None:
     source = "from ..spec import models\nfrom .. import protocol\nimport yaml\nfrom . import procs\n"
     assert outside_imports(source, ["mgpu_provision", "node"]) == ["mgpu_provision.spec", "yaml"]
+
+
+@pytest.mark.parametrize("path", JUDGE, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_judge_imports_only_the_standard_library_and_itself(path: Path) -> None:
+    # The node imports the judge: a judge importing node code would make the two one circle.
+    package = ["mgpu_provision", *path.relative_to(PACKAGE).parent.parts]
+    names = imported_modules(path.read_text(), package)
+    assert [
+        n
+        for n in names
+        if n.split(".")[0] not in sys.stdlib_module_names
+        and n != "mgpu_provision.judge"
+        and not n.startswith("mgpu_provision.judge.")
+    ] == [], path.name
