@@ -60,4 +60,3 @@ def _converge(ctx: HostContext, want: Driver, driver: str) -> list[Change]:
     step = protocol.service_step(UNIT, True, start)
     summary = f"the {UNIT} service: {state} → {wanted}"
     return [Change("fabricmanager", "update", summary, state, wanted, agent_step=step, phase="driver")]
-
