@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from .. import protocol
 from ..facts import Facts
+from ..judge.records import Expectation
 from ..rig.models import Host
+from . import expectation
 from .change import PHASES, Change, HostContext
 from .resources import (
     boot_unit,
@@ -67,6 +69,13 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         else [],
         units=[boot_unit.UNIT] if unit else [],
     )
+
+
+def expectation_of(loaded: LoadedRig, host: Host, facts: Facts) -> Expectation:
+    """What a node holds itself to once apply has run: the rig's expectation with the managed files (and
+    their digests) apply writes to this host."""
+    desired = envfiles.desired_files(loaded, host, facts)
+    return expectation.build(loaded, host, {want.path: want.sha256 for want in desired})
 
 
 def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:

@@ -16,7 +16,8 @@ from mgpu_provision.judge import driver, files, health, inventory, topology
 from mgpu_provision.judge.records import Expectation, Finding, expectation_from_json, expectation_to_json
 from mgpu_provision.judge.verdict import judge_node
 from mgpu_provision.plan import expectation
-from mgpu_provision.plan.host import plan_host
+from mgpu_provision.plan.host import expectation_of, plan_host
+from mgpu_provision.plan.resources.envfiles import desired_files
 from mgpu_provision.rig import load_rig
 from mgpu_provision.rig.models import Health
 from tests.factories import TOPOLOGIES, bus_id, case_facts, facts, gpu
@@ -189,6 +190,25 @@ def test_expectation_round_trips_through_json(tmp_path: Path) -> None:
     assert want.topology is not None and want.topology[0][0] == "X"
     text = json.dumps(expectation_to_json(want))
     assert expectation_from_json(json.loads(text)) == want
+
+
+def test_the_expectation_after_apply_holds_the_digests_of_the_files_apply_writes(tmp_path: Path) -> None:
+    case = load_case(Path(__file__).parent / "plan_cases" / "bridge-loose-link.yaml")
+    case["rig"]["files"] = {
+        "profile_d": str(tmp_path / "profile.sh"),
+        "environment_file": None,
+        "launcher": None,
+    }
+    case["rig"]["hosts"][0]["connection"] = "local"  # relative and local paths are the local hosts' only
+    loaded, host = _load(case, tmp_path)
+    box_facts = case_facts(case)
+    want = expectation_of(loaded, host, box_facts)
+    written = {f.path: f.sha256 for f in desired_files(loaded, host, box_facts)}
+    assert want.files == written and list(written) == [str(tmp_path / "profile.sh")]
+    # Before apply the node has no such file: the judge says so, as plan says "create".
+    assert [(f.check, f.kind) for f in files.files(json.loads(box_facts.model_dump_json()), want)] == [
+        (f"file:{tmp_path / 'profile.sh'}", "missing")
+    ]
 
 
 @pytest.mark.parametrize(
