@@ -43,8 +43,8 @@ def driver(facts: Dict[str, Any], expect: Expectation) -> List[Finding]:
         summary = f"driver {installed or 'none'} is installed, the rig pins {desired}"
         return [Finding("driver", summary, installed, desired, kind="not-installed")]
     if info.get("reboot_required") or loaded != installed:
-        summary = f"driver {installed} is installed but {loaded or 'none'} is loaded: reboot to load it"
-        return [Finding("driver", summary, loaded, installed, kind="not-loaded")]
+        message = f"driver {installed} is installed but {loaded or 'none'} is loaded"
+        return [Finding("driver", message, loaded, installed, kind="not-loaded", advice="reboot to load it")]
     return []
 
 

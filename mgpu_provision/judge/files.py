@@ -19,11 +19,14 @@ def files(facts: Dict[str, Any], expect: Expectation) -> List[Finding]:
     for path, sha256 in sorted(expect.files.items()):
         have = reported.get(path)
         if have is None or not have.get("exists"):
+            message = f"{path} is missing"
             findings.append(
-                Finding(f"file:{path}", f"{path} is missing: run apply", None, sha256, kind="missing")
+                Finding(f"file:{path}", message, None, sha256, kind="missing", advice="run apply")
             )
         elif not same_digest(have.get("sha256"), sha256):
             current = have.get("sha256")
-            summary = f"{path} is not what apply wrote (sha256 {(current or '?')[:12]}): run apply"
-            findings.append(Finding(f"file:{path}", summary, current, sha256, kind="changed"))
+            message = f"{path} is not what apply wrote (sha256 {(current or '?')[:12]})"
+            findings.append(
+                Finding(f"file:{path}", message, current, sha256, kind="changed", advice="run apply")
+            )
     return findings

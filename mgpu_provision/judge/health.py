@@ -38,6 +38,7 @@ FAILING_THROTTLE = {
     "hw_thermal": "HW thermal slowdown",
     "hw_power_brake": "HW power brake",
 }
+RESTART_FABRIC = "restart nvidia-fabricmanager, then reset the GPUs or reboot"
 REBUILD = "rebuild it (dkms autoinstall -k {k}, or install the prebuilt module package for that kernel)"
 
 Facts = Dict[str, Any]
@@ -69,8 +70,8 @@ def xid(events: Any, critical: Set[int]) -> List[Finding]:
         meaning, advice = XID_ADVICE.get(code, GENERIC_XID)
         who = f"GPU {gpu}" if gpu is not None else f"the GPU at {address} (no longer listed by NVML)"
         count = "" if times == 1 else f" ({times} times)"
-        summary = f"{who} logged Xid {code} since boot{count} ({meaning}): {advice}"
-        findings.append(Finding("xid", summary, f"Xid {code}", "no critical Xid", gpu))
+        message = f"{who} logged Xid {code} since boot{count} ({meaning})"
+        findings.append(Finding("xid", message, f"Xid {code}", "no critical Xid", gpu, advice=advice))
     return findings
 
 
@@ -80,18 +81,14 @@ def _ecc(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
     state = {True: "on", False: "off"}
     if want is not None and mode is not None and mode is not want:
         pending = " (a change is pending: reboot to apply it)" if gpu.get("ecc_pending_mode") is want else ""
-        summary = (
-            f"ECC is {state[mode]} on GPU {index}, the rig expects {state[want]}{pending}: "
-            f"nvidia-smi -i {index} -e {int(want)}, then reboot"
-        )
-        findings.append(Finding("ecc", summary, state[mode], state[want], index))
+        message = f"ECC is {state[mode]} on GPU {index}, the rig expects {state[want]}{pending}"
+        advice = f"nvidia-smi -i {index} -e {int(want)}, then reboot"
+        findings.append(Finding("ecc", message, state[mode], state[want], index, advice=advice))
     errors = gpu.get("ecc_volatile_uncorrectable")
     if errors:
-        summary = (
-            f"GPU {index} has {errors} uncorrectable ECC error(s) since the "
-            "driver loaded: drain it and reset it or reboot; replace it if they come back"
-        )
-        findings.append(Finding("ecc", summary, str(errors), "0", index))
+        message = f"GPU {index} has {errors} uncorrectable ECC error(s) since the driver loaded"
+        advice = "drain it and reset it or reboot; replace it if they come back"
+        findings.append(Finding("ecc", message, str(errors), "0", index, advice=advice))
     return findings
 
 
@@ -99,13 +96,15 @@ def _memory_repair(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
     index = gpu["index"]
     reset = f"reset required: reset GPU {index} (nvidia-smi -r -i {index}) or reboot"
     if gpu.get("remapped_rows_failure"):
-        summary = f"row remapping failed on GPU {index}: its memory cannot be repaired, replace the GPU"
-        return [Finding("memory-repair", summary, "remap failed", "no failure", index)]
+        message, advice = (
+            f"row remapping failed on GPU {index}",
+            "its memory cannot be repaired, replace the GPU",
+        )
+        return [Finding("memory-repair", message, "remap failed", "no failure", index, advice=advice)]
     for key, what in (("remapped_rows_pending", "remapped rows"), ("retired_pages_pending", "retired pages")):
         if gpu.get(key):
-            return [
-                Finding("memory-repair", f"GPU {index} has {what} pending: {reset}", "pending", "none", index)
-            ]
+            message = f"GPU {index} has {what} pending"
+            return [Finding("memory-repair", message, "pending", "none", index, advice=reset)]
     return []
 
 
@@ -116,11 +115,12 @@ def _nvlink_errors(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
         counts = (("CRC", link["crc"]), ("replay", link["replay"]), ("recovery", link["recovery"]))
         over = [f"{count} {name}" for name, count in counts if count > limit]
         if over:
-            summary = (
-                f"GPU {index} link {link['link']}: {', '.join(over)} errors (more than {limit}): "
-                "reseat or replace the bridge or cable, then reset the GPU"
+            message = f"GPU {index} link {link['link']}: {', '.join(over)} errors (more than {limit})"
+            advice = "reseat or replace the bridge or cable, then reset the GPU"
+            finding = Finding(
+                "nvlink-errors", message, ", ".join(over), f"at most {limit}", index, advice=advice
             )
-            findings.append(Finding("nvlink-errors", summary, ", ".join(over), f"at most {limit}", index))
+            findings.append(finding)
     return findings
 
 
@@ -129,11 +129,11 @@ def _throttle(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
     if not active:
         return []
     index = gpu["index"]
-    summary = (
-        f"GPU {index} is in {', '.join(active)}: check its cooling (fans, airflow, inlet temperature) "
-        "and power (PSU, cables, power brake signal)"
+    advice = (
+        "check its cooling (fans, airflow, inlet temperature) and power (PSU, cables, power brake signal)"
     )
-    return [Finding("throttle", summary, ", ".join(active), "no hardware slowdown", index)]
+    message = f"GPU {index} is in {', '.join(active)}"
+    return [Finding("throttle", message, ", ".join(active), "no hardware slowdown", index, advice=advice)]
 
 
 def _fabric(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
@@ -141,17 +141,15 @@ def _fabric(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
     if expect.bridge_kind != "nvswitch" or state in (None, "not_supported"):
         return []  # only NVSwitch rigs of Hopper and later register with a fabric
     if state != "completed":
-        summary = (
-            f"GPU {index} fabric registration is {state}: check that nvidia-fabricmanager is "
-            "running and its log; CUDA cannot use the GPU until it completes"
+        advice = (
+            "check that nvidia-fabricmanager is running and its log; "
+            "CUDA cannot use the GPU until it completes"
         )
-        return [Finding("fabric", summary, state, "completed", index)]
+        message = f"GPU {index} fabric registration is {state}"
+        return [Finding("fabric", message, state, "completed", index, advice=advice)]
     if status not in (None, "success"):
-        summary = (
-            f"GPU {index} fabric registration failed ({status}): restart "
-            "nvidia-fabricmanager, then reset the GPUs or reboot"
-        )
-        return [Finding("fabric", summary, status, "success", index)]
+        message, advice = f"GPU {index} fabric registration failed ({status})", RESTART_FABRIC
+        return [Finding("fabric", message, status, "success", index, advice=advice)]
     return []
 
 
@@ -188,21 +186,21 @@ def kernel(facts: Facts, expect: Expectation) -> List[Finding]:
     running, installed = found["running"], found.get("installed") or []
     built = set(found.get("nvidia_module_for") or ())
     if running not in built:
-        summary = f"the NVIDIA module is not built for the running kernel {running}: " + REBUILD.format(
-            k=running
-        )
-        findings.append(Finding("kernel", summary, "not built", "built"))
+        message = f"the NVIDIA module is not built for the running kernel {running}"
+        findings.append(Finding("kernel", message, "not built", "built", advice=REBUILD.format(k=running)))
     newest = max(installed, key=kernel_key) if installed else None
     if newest is not None and newest != running and newest not in built:
-        summary = (
-            f"the NVIDIA module is not built for kernel {newest}, the newest installed: the next reboot "
-            f"would come up without a GPU driver; {REBUILD.format(k=newest)}, or hold the kernel"
+        message = f"the NVIDIA module is not built for kernel {newest}, the newest installed"
+        advice = (
+            "the next reboot would come up without a GPU driver; "
+            f"{REBUILD.format(k=newest)}, or hold the kernel"
         )
-        findings.append(Finding("kernel", summary, f"{newest}: not built", f"{newest}: built"))
+        findings.append(Finding("kernel", message, f"{newest}: not built", f"{newest}: built", advice=advice))
     if found.get("secure_boot") and found.get("module_signed") is False:
-        summary = (
-            "Secure Boot is on and the NVIDIA module is unsigned, so the kernel refuses it: sign it with an "
-            "enrolled MOK key (DKMS does when mokutil has its key), or use the distribution's signed modules"
+        message = "Secure Boot is on and the NVIDIA module is unsigned, so the kernel refuses it"
+        advice = (
+            "sign it with an enrolled MOK key (DKMS does when mokutil has its key), or use the "
+            "distribution's signed modules"
         )
-        findings.append(Finding("kernel", summary, "unsigned", "signed"))
+        findings.append(Finding("kernel", message, "unsigned", "signed", advice=advice))
     return findings

@@ -45,11 +45,13 @@ def inventory(facts: Facts, expect: Expectation) -> List[Finding]:
 def _lost(gpu: Dict[str, Any]) -> Finding:
     index, address = gpu["index"], gpu.get("pci_bus_id")
     at = f" ({address})" if address else ""
-    summary = (
-        f"GPU {index}{at} is lost (NVML: {gpu['error']}): reset it (nvidia-smi -r -i {index}) or "
-        "reboot; if it happens again, check its power and seating, then replace it"
+    advice = (
+        f"reset it (nvidia-smi -r -i {index}) or reboot; if it happens again, check its power and seating, "
+        "then replace it"
     )
-    return Finding("gpus", summary, "lost", "present", index)
+    return Finding(
+        "gpus", f"GPU {index}{at} is lost (NVML: {gpu['error']})", "lost", "present", index, advice=advice
+    )
 
 
 def pcie(facts: Facts, expect: Expectation) -> List[Finding]:

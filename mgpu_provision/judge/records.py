@@ -18,12 +18,18 @@ class Finding(NamedTuple):
     "not-installed" or "not-loaded"); otherwise it is "failed"."""
 
     check: str
-    summary: str  # what is wrong, and what a person should do about it
+    message: str  # what is wrong (short enough for a drain reason)
     current: Optional[str] = None
     desired: Optional[str] = None
     gpu: Optional[int] = None  # the GPU's index, where the finding is about one GPU
     kind: str = "failed"
     uuid: Optional[str] = None  # filled in by verdict.judge_node from the facts' GPU list
+    advice: Optional[str] = None  # what a person should do; None where the message says all there is
+
+    @property
+    def summary(self) -> str:
+        """The message and its advice, as plan prints them."""
+        return f"{self.message}: {self.advice}" if self.advice else self.message
 
 
 class Expectation(NamedTuple):

@@ -49,7 +49,8 @@ def test_xids_are_grouped_by_gpu_and_code_and_only_critical_ones_count() -> None
     ]
     found = health.health(box(health={"xid": events}), PAIR)
     assert [(f.gpu, f.current) for f in found] == [(0, "Xid 79"), (None, "Xid 48")]
-    assert "(2 times) (GPU has fallen off the bus)" in found[0].summary
+    assert found[0].message == "GPU 0 logged Xid 79 since boot (2 times) (GPU has fallen off the bus)"
+    assert found[0].summary == f"{found[0].message}: {health.XID_ADVICE[79][1]}"
     assert found[1].summary.startswith("the GPU at 0000:41:00 (no longer listed by NVML)")
     assert health.health(box(health={"xid": events}), PAIR._replace(health_skip=("xid",))) == []
 
@@ -79,6 +80,7 @@ def test_per_gpu_health_judges_what_was_read_and_nothing_else() -> None:
     ]
     assert "a change is pending: reboot to apply it" in found[0].summary
     assert [f.gpu for f in found] == [0, 0, 1, 1, 2]
+    assert all(f.advice and f.summary == f"{f.message}: {f.advice}" for f in found)  # each says what to do
 
 
 def test_fabric_registration_is_judged_on_nvswitch_rigs_only() -> None:
@@ -302,7 +304,7 @@ def test_the_judge_runs_from_the_zipapp_on_a_stdlib_only_python(tmp_path: Path) 
         "from mgpu_provision.judge.records import expectation_from_json;"
         "from mgpu_provision.judge.verdict import judge_node;"
         "facts = json.load(open(sys.argv[2])); want = expectation_from_json(json.load(open(sys.argv[3])));"
-        "print(json.dumps([f._asdict() for f in judge_node(facts, want)]));"
+        "print(json.dumps([[f.check, f.summary, f.advice] for f in judge_node(facts, want)]));"
         "assert not [m for m in sys.modules if m.startswith('mgpu_provision.node')]"
     )
     done = subprocess.run(
@@ -323,7 +325,7 @@ def test_the_judge_runs_from_the_zipapp_on_a_stdlib_only_python(tmp_path: Path) 
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    on_node = [(f["check"], f["summary"]) for f in json.loads(done.stdout)]
+    on_node = [(check, summary) for check, summary, _ in json.loads(done.stdout)]
     plan_said = [
         (c.resource, c.summary)
         for c in plan_host(loaded, host, facts(**{k: v for k, v in raw.items() if k != "agent_version"}))
