@@ -68,15 +68,24 @@ def test_control_side_and_third_party_imports_are_caught() -> None:
     assert outside_imports(source, ["mgpu_provision", "node"]) == ["mgpu_provision.spec", "yaml"]
 
 
+def judge_outside_imports(source: str, package: list[str]) -> list[str]:
+    """The imports a judge module may not make: anything but the stdlib, the judge and the protocol (a leaf).
+    The node imports the judge, so a judge importing node code would make the two one circle."""
+    return [
+        name
+        for name in imported_modules(source, package)
+        if name.split(".")[0] not in sys.stdlib_module_names
+        and name not in ("mgpu_provision", "mgpu_provision.judge", "mgpu_provision.protocol")
+        and not name.startswith("mgpu_provision.judge.")
+    ]
+
+
 @pytest.mark.parametrize("path", JUDGE, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_judge_imports_only_the_standard_library_and_itself(path: Path) -> None:
-    # The node imports the judge: a judge importing node code would make the two one circle.
+def test_judge_imports_only_the_standard_library_itself_and_the_protocol(path: Path) -> None:
     package = ["mgpu_provision", *path.relative_to(PACKAGE).parent.parts]
-    names = imported_modules(path.read_text(), package)
-    assert [
-        n
-        for n in names
-        if n.split(".")[0] not in sys.stdlib_module_names
-        and n != "mgpu_provision.judge"
-        and not n.startswith("mgpu_provision.judge.")
-    ] == [], path.name
+    assert judge_outside_imports(path.read_text(), package) == [], path.name
+
+
+def test_a_judge_importing_node_code_is_caught() -> None:
+    source = "from ..node.nvidia import topology\nfrom .. import protocol\nfrom .records import Finding\n"
+    assert judge_outside_imports(source, ["mgpu_provision", "judge"]) == ["mgpu_provision.node.nvidia"]
