@@ -46,8 +46,17 @@ def for_rig(
 
 def captured_cells(matrix: TopoMatrix) -> tuple[tuple[str, ...], ...]:
     """The GPU-to-GPU cells of a captured matrix ("X" on the diagonal), NIC columns left out."""
-    count = matrix.gpu_count
-    return tuple(tuple(matrix.gpu_cell(i, j) for j in range(count)) for i in range(count))
+    labels = [f"GPU{i}" for i in range(matrix.gpu_count)]
+    column = {label: matrix.devices.index(label) for label in labels}
+    # Columns looked up once, not per cell as TopoMatrix.cell does: every host's plan asks for all cells.
+    # A row cut from the copy is still read from the other GPU's row, by TopoMatrix.cell.
+    rows = {label: matrix.rows.get(label) for label in labels}
+
+    def cell(a: str, b: str) -> str:
+        row = rows[a]
+        return row.cells[column[b]] if row is not None else matrix.cell(a, b)
+
+    return tuple(tuple(cell(a, b) for b in labels) for a in labels)
 
 
 def build(loaded: LoadedRig, host: Host, files: Mapping[str, str] | None = None) -> Expectation:

@@ -15,6 +15,7 @@ from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.judge import driver, files, health, inventory, topology
 from mgpu_provision.judge.records import Expectation, Finding, expectation_from_json, expectation_to_json
 from mgpu_provision.judge.verdict import judge_node
+from mgpu_provision.node.nvidia.topology import parse_topology
 from mgpu_provision.plan import expectation
 from mgpu_provision.plan.host import expectation_of, plan_host
 from mgpu_provision.plan.resources.envfiles import desired_files
@@ -211,6 +212,14 @@ def test_the_expectation_after_apply_holds_the_digests_of_the_files_apply_writes
     assert [(f.check, f.kind) for f in files.files(json.loads(box_facts.model_dump_json()), want)] == [
         (f"file:{tmp_path / 'profile.sh'}", "missing")
     ]
+
+
+@pytest.mark.parametrize("path", sorted(TOPOLOGIES.glob("*.txt")), ids=lambda p: p.stem)
+def test_the_captured_cells_are_the_matrixs(path: Path) -> None:
+    matrix = parse_topology(path.read_text())
+    cells = expectation.captured_cells(matrix)
+    count = matrix.gpu_count
+    assert cells == tuple(tuple(matrix.gpu_cell(i, j) for j in range(count)) for i in range(count))
 
 
 @pytest.mark.parametrize(
