@@ -44,16 +44,22 @@ def test_shipped_module_parses_as_python_3_8(path: Path) -> None:
     ast.parse(path.read_text(), filename=str(path), feature_version=(3, 8))
 
 
-def outside_imports(source: str, package: list[str]) -> list[str]:
-    """The imports a shipped module may not make: neither stdlib nor node code, the protocol or the judge."""
+# What shipped code may import besides the stdlib: shipped modules (by prefix), pynvml (shipped beside it) and
+# torch (imported inside smoke's ranks). The judge, which the node imports, may import only itself and the
+# protocol (a leaf): a judge importing node code would make the two one circle.
+NODE_MAY_IMPORT = ("mgpu_provision.node", "mgpu_provision.judge", "pynvml", "torch")
+JUDGE_MAY_IMPORT = ("mgpu_provision.judge",)
+
+
+def outside_imports(source: str, package: list[str], allowed: tuple[str, ...] = NODE_MAY_IMPORT) -> list[str]:
+    """The imports a shipped module may not make: neither stdlib, the package marker, the protocol nor one
+    of `allowed` (a module or a module inside it)."""
     return [
         name
         for name in imported_modules(source, package)
         if name.split(".")[0] not in sys.stdlib_module_names
         and name not in ALLOWED_PACKAGE_MODULES
-        and not name.startswith(("mgpu_provision.node", "mgpu_provision.judge"))
-        and name not in ("pynvml", "torch", "torch.distributed")  # shipped beside it / imported inside ranks
-        and not name.startswith("torch.")
+        and not any(name == prefix or name.startswith(prefix + ".") for prefix in allowed)
     ]
 
 
@@ -68,24 +74,13 @@ def test_control_side_and_third_party_imports_are_caught() -> None:
     assert outside_imports(source, ["mgpu_provision", "node"]) == ["mgpu_provision.spec", "yaml"]
 
 
-def judge_outside_imports(source: str, package: list[str]) -> list[str]:
-    """The imports a judge module may not make: anything but the stdlib, the judge and the protocol (a leaf).
-    The node imports the judge, so a judge importing node code would make the two one circle."""
-    return [
-        name
-        for name in imported_modules(source, package)
-        if name.split(".")[0] not in sys.stdlib_module_names
-        and name not in ("mgpu_provision", "mgpu_provision.judge", "mgpu_provision.protocol")
-        and not name.startswith("mgpu_provision.judge.")
-    ]
-
-
 @pytest.mark.parametrize("path", JUDGE, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_judge_imports_only_the_standard_library_itself_and_the_protocol(path: Path) -> None:
     package = ["mgpu_provision", *path.relative_to(PACKAGE).parent.parts]
-    assert judge_outside_imports(path.read_text(), package) == [], path.name
+    assert outside_imports(path.read_text(), package, JUDGE_MAY_IMPORT) == [], path.name
 
 
 def test_a_judge_importing_node_code_is_caught() -> None:
     source = "from ..node.nvidia import topology\nfrom .. import protocol\nfrom .records import Finding\n"
-    assert judge_outside_imports(source, ["mgpu_provision", "judge"]) == ["mgpu_provision.node.nvidia"]
+    caught = outside_imports(source, ["mgpu_provision", "judge"], JUDGE_MAY_IMPORT)
+    assert caught == ["mgpu_provision.node.nvidia"]
