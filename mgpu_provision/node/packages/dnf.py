@@ -17,15 +17,15 @@ from .common import Command
 VERSIONLOCK_PLUGIN = "python3-dnf-plugin-versionlock"
 
 
-def commands(step: Dict[str, Any], branch: str, flavor: str) -> List[Command]:
-    version = step.get("version")
-    open_modules = flavor == "open"
-    fm = sources.fabricmanager_packages("rhel", branch, "dnf") if step.get("fabricmanager") else []
+def commands(step: Dict[str, Any]) -> List[Command]:
+    branch, version = step["branch"], step["version"]
+    open_modules = step["flavor"] == "open"
+    fm = sources.fabricmanager_packages("rhel", branch, "dnf") if step["fabricmanager"] else []
     result = [
         Command(["dnf", "-y", "install", VERSIONLOCK_PLUGIN]),
         Command(["dnf", "-y", "versionlock", "delete", "*nvidia*"], check=False),  # none there is fine
     ]
-    modules = step.get("modules", True)
+    modules = step["modules"]
     if modules:
         stream = f"{branch}-open" if open_modules else f"{branch}-dkms"
         result += [
@@ -41,6 +41,6 @@ def commands(step: Dict[str, Any], branch: str, flavor: str) -> List[Command]:
             result.append(Command(["dnf", "-y", "versionlock", "add", f"*nvidia*{branch}*"]))
         main = "nvidia-open" if open_modules else "cuda-drivers"
         result.append(Command(["dnf", "-y", "install", "--allowerasing", main, *fm]))
-    if step.get("hold") and (version or modules):
+    if step["hold"] and (version or modules):
         result.append(Command(["dnf", "-y", "versionlock", "add", f"*nvidia*{version or branch}*"]))
     return result
