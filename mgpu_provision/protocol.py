@@ -11,7 +11,7 @@ described in docs/ARCHITECTURE.md ("The agent protocol").
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 INSTALLED_FILE_KEYS = ("role", "path", "content", "mode")
 # The systemd unit apply writes to set compute mode and power limit at every boot (NVML forgets both when the
@@ -501,6 +501,69 @@ def reclaim_request(
         "dry_run": dry_run,
         "user": user,
     }
+
+
+# The smoke verb's DataParallel process: a torch import and one step on the node's GPUs (node side), and what
+# the control side's call waits beyond the DDP deadline for it (jobs/smoke.py).
+DATA_PARALLEL_TIMEOUT_S = 60.0
+
+
+def smoke_request(
+    node: str,
+    python: str,
+    nnodes: int,
+    node_rank: int,
+    nproc_per_node: int,
+    master_addr: str,
+    master_port: int,
+    backend: str,
+    rdzv_backend: str,
+    rdzv_id: str,
+    run_id: str,
+    timeout_s: float,
+    batch_size: int,
+    launcher: Optional[str],
+    sizes_mib: Sequence[float] = (),
+) -> Dict[str, Any]:
+    """One node's part of a smoke run, before the node's facts add `env`, `path_prepend` and `files`.
+    `launcher`: the installed launcher to run (None: torchrun from `python`); `sizes_mib` empty: the node
+    picks sizes that suit the backend its ranks run."""
+    args: Dict[str, Any] = {
+        "node": node,
+        "python": python,
+        "nnodes": nnodes,
+        "node_rank": node_rank,
+        "nproc_per_node": nproc_per_node,
+        "master_addr": master_addr,
+        "master_port": master_port,
+        "backend": backend,
+        "rdzv_backend": rdzv_backend,
+        "rdzv_id": rdzv_id,
+        "run_id": run_id,
+        "timeout_s": timeout_s,
+        "batch_size": batch_size,
+        "launcher": launcher,
+    }
+    if sizes_mib:
+        args["sizes_mib"] = list(sizes_mib)
+    return args
+
+
+def torchrun_options(rdzv_backend: str) -> List[Tuple[str, str]]:
+    """torchrun's options for one node's part of a DDP group, the one spelling of that command line: each a
+    flag and its value as a template over the rendezvous settings (`{nnodes}`, `{master_addr}`, ...), which
+    the launcher (templates/mgpu-torchrun.j2: its shell variables) and smoke without a launcher (the
+    values) fill in."""
+    options = [("--nnodes", "{nnodes}"), ("--nproc-per-node", "{nproc_per_node}")]
+    if rdzv_backend == "static":
+        options += [
+            ("--node-rank", "{node_rank}"),
+            ("--master-addr", "{master_addr}"),
+            ("--master-port", "{master_port}"),
+        ]
+    else:  # elastic: torchrun assigns the node ranks
+        options += [("--rdzv-backend", "{rdzv_backend}"), ("--rdzv-endpoint", "{master_addr}:{master_port}")]
+    return [*options, ("--rdzv-id", "{rdzv_id}")]
 
 
 def smoke_cleanup_request(run_id: str, node_rank: int) -> Dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from mgpu_provision import protocol
 from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.host import files
 from mgpu_provision.node.verbs import smoke as node
@@ -90,10 +91,9 @@ def test_static_command_passes_node_rank_master_and_rendezvous_timeout() -> None
     command = node.torchrun_command(request(timeout_s=30), "/t/p.py", "/t/c.json")
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     text = " ".join(command)
-    assert "--nnodes 2 --nproc-per-node 2 --rdzv-id r1" in text
     assert (
-        "--node-rank 0 --master-addr 127.0.0.1 --master-port 29500 --max_restarts 0 --rdzv_conf timeout=7"
-        in text
+        "--nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 29500 "
+        "--rdzv-id r1 --max_restarts 0 --rdzv_conf timeout=7" in text
     )
     assert command[-2:] == ["/t/p.py", "/t/c.json"]
 
@@ -690,7 +690,7 @@ def test_a_data_parallel_process_that_hangs_fails_the_node_and_is_ended(
     cuda_node: tuple[dict[str, Any], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     args, record = cuda_node
-    monkeypatch.setattr(node, "DATA_PARALLEL_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(protocol, "DATA_PARALLEL_TIMEOUT_S", 1.0)
     monkeypatch.setenv("FAKE_DP", "hang")
     result = node.run(args)
     assert (result["ok"], result["kind"]) == (False, "check-failed"), result
