@@ -482,3 +482,29 @@ def test_remove_step_deletes_the_file_and_keeps_a_backup(tmp_path: Path) -> None
     assert Path(f"{target}{BACKUP_SUFFIX}").read_text() == 'Section "Screen"\nEndSection\n'
     (again,) = apply_steps(tmp_path, [{"kind": "remove", "path": str(target)}])
     assert not again["changed"] and again["message"] == f"{target} is already absent"
+
+
+def test_every_builder_makes_a_step_the_door_takes_as_it_is() -> None:
+    """The builders and STEP_FIELDS are two statements of each kind: every field a builder writes is
+    declared, of its declared type, and nothing is left for the door to fill in."""
+    apt = protocol.AptSet(["nvidia-driver-550-server"], [], ["*nvidia*-550"])
+    runfile = protocol.driver_step(
+        "runfile", None, "open", "570", "570.86.16", False, False,
+        runfile="/r", sha256="0" * 64, kernel_module_type="open",
+    )  # fmt: skip
+    built = [
+        protocol.file_step("/etc/x", "x\n", "0644"),
+        protocol.remove_step("/etc/x"),
+        protocol.driver_step("apt", "ubuntu", "server", "550", "550.54.15", True, True, apt_set=apt),
+        runfile,
+        protocol.fabricmanager_step("550.54.15", "cuda", "dnf", protocol.NO_APT_SET, True, False),
+        protocol.persistenced_step(True, True, "nvidia-persistenced", "dnf"),
+        protocol.service_step(UNIT, True, False),
+        protocol.nouveau_step(),
+        protocol.persistence_step([0, 1], True),
+        protocol.compute_mode_step([1], "exclusive_process"),
+        protocol.power_limit_step([0], None),
+    ]
+    assert sorted({step["kind"] for step in built}) == sorted(protocol.STEP_KINDS)
+    for index, step in enumerate(built):
+        assert protocol.check_step(index, step) == step

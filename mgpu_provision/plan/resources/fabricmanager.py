@@ -18,7 +18,7 @@ from ...rig.models import Driver
 from ..change import Change, HostContext, check_failed
 from .driver import apt_set, resolve, satisfies
 
-UNIT = "nvidia-fabricmanager"
+UNIT = protocol.FABRICMANAGER_UNIT
 
 
 def diff(ctx: HostContext) -> list[Change]:

@@ -15,7 +15,7 @@ from ...node.packages import sources
 from ..change import Change, HostContext, Phase
 from .driver import resolve
 
-UNIT = "nvidia-persistenced"
+UNIT = protocol.PERSISTENCED_UNIT
 _WORD = {True: "on", False: "off"}
 
 
