@@ -15,7 +15,7 @@ import fnmatch
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...protocol import branch_of
+from ...protocol import PackageSet, branch_of
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
@@ -58,7 +58,7 @@ def matching(names: List[str], patterns: List[str]) -> List[str]:
     return sorted({n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)})
 
 
-def install_commands(pkgset: sources.PackageSet, held_now: List[str]) -> List[Command]:
+def install_commands(pkgset: PackageSet, held_now: List[str]) -> List[Command]:
     """Lift the set's holds, then install the pinning package (where the source has one), then the set."""
     commands = []
     release = matching(held_now, pkgset.hold + list(sources.APT_PIN_NAMES))
@@ -74,7 +74,7 @@ def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
     """Install the step's package set (as the plan resolved it) at one version and hold it; `what` names it
     in the messages."""
     source, branch, hold = step["source"], step["branch"], step["hold"]
-    pkgset = sources.PackageSet(step["pinning"], step["packages"], step["hold_patterns"])
+    pkgset = PackageSet(step["pinning"], step["packages"], step["hold_patterns"])
     run_all([Command(["apt-get", "update", "-q"])])  # stale lists say "not available"
     target = resolve_version(pkgset.install, step["version"], branch)
     pin = preferences(pkgset.install, target)
@@ -95,7 +95,7 @@ def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
 
 
 def _in_place(
-    installed: Dict[str, Tuple[str, bool]], pkgset: sources.PackageSet, target: str, hold: bool
+    installed: Dict[str, Tuple[str, bool]], pkgset: PackageSet, target: str, hold: bool
 ) -> bool:
     at_version = all(upstream(installed.get(p, ("", False))[0]) == upstream(target) for p in pkgset.install)
     unheld = [n for n in matching(list(installed), pkgset.hold) if not installed[n][1]]

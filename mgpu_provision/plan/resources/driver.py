@@ -163,12 +163,14 @@ def _install(
     else:
         assert source.name is not None and source.flavor is not None  # resolve() says a problem otherwise
         summary = f"{summary} ({source.label})"
-        packages = protocol.NO_APT_SET
         if source.method == "apt":
-            packages = apt_set(source.name, branch, source.flavor, want.fabricmanager, want.packages)
+            packages = sources.apt_set(source.name, branch, source.flavor, want.fabricmanager, want.packages)
+        else:  # dnf: one transaction, nothing to pin first or hold by pattern (versionlock does)
+            names = sources.dnf_packages(branch, source.flavor, want.version is not None, want.fabricmanager)
+            packages = protocol.PackageSet([], names, [])
         step = protocol.driver_step(
             source.method, source.name, source.flavor, branch, want.version, want.hold, want.fabricmanager,
-            apt_set=packages, modules=source.method != "dnf" or _has_module_streams(ctx.facts.host),
+            packages=packages, modules=source.method != "dnf" or _has_module_streams(ctx.facts.host),
         )  # fmt: skip
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
 
@@ -177,14 +179,6 @@ def _has_module_streams(host: HostInfo) -> bool:
     """RHEL 8/9 and their rebuilds serve NVIDIA's driver as dnf module streams; RHEL 10 and Fedora do not."""
     major = protocol.branch_of(host.os_version_id or "0")
     return host.os_id != "fedora" and major.isdigit() and int(major) < 10
-
-
-def apt_set(
-    source: str, branch: str, flavor: str, fabricmanager: bool, packages: list[str] | None = None
-) -> protocol.AptSet:
-    """The package set apt installs from `source`, as the step carries it."""
-    found = sources.apt_set(source, branch, flavor, fabricmanager, packages)
-    return protocol.AptSet(found.install, found.pinning, found.hold)
 
 
 def _reboot(want: Driver, version: str, loaded: str | None, installed: str | None = None) -> Change:

@@ -16,7 +16,7 @@ from ...judge import driver as judge
 from ...node.packages import sources
 from ...rig.models import Driver
 from ..change import Change, HostContext, failed_checks
-from .driver import apt_set, resolve, satisfies
+from .driver import resolve, satisfies
 
 UNIT = protocol.FABRICMANAGER_UNIT
 
@@ -61,10 +61,10 @@ def _converge(ctx: HostContext, want: Driver, driver: str) -> list[Change]:
     return [Change("fabricmanager", "update", summary, state, wanted, agent_step=step, phase="driver")]
 
 
-def package_set(source: str, method: str, version: str) -> protocol.AptSet:
+def package_set(source: str, method: str, version: str) -> protocol.PackageSet:
     """Fabric Manager and NSCQ at the driver's branch: apt's set from `source`, or dnf's names."""
     branch = protocol.branch_of(version)
     names = sources.fabricmanager_packages(source, branch, method)
     if method == "dnf":
-        return protocol.AptSet(names, [], [])
-    return apt_set(source, branch, "default", False, names)
+        return protocol.PackageSet([], names, [])
+    return sources.apt_set(source, branch, "default", False, names)
