@@ -232,7 +232,7 @@ def test_run_smoke_starts_all_hosts_at_once_and_cleans_up_failed_ones(tmp_path: 
             requests.append((verb, target.name, args))
             if verb == "smoke-cleanup":
                 assert timeout == control.CLEANUP_TIMEOUT_S
-                return {"ended": []}
+                return {"marker": f"{args['run_id']}/{args['node_rank']}", "leftover_pids": []}
             together.wait()
             if target.name == "gpu-c":
                 raise ProvisionError("agent smoke did not finish")
