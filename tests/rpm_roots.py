@@ -50,6 +50,7 @@ STAND_INS = {
     "nvidia-driver-G06-kmp-default": "",
     "nvidia-open-driver-G06-signed-kmp-default": "",
 }
+REPOSITORY_PORT = 8080
 HOST_TOOLS = {"rpmbuild": "rpm", "createrepo_c": "createrepo-c"}
 
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
-from ...protocol import PackageSet, branch_of
+from ...protocol import PackageSet
 from ..core import system
 from ..core.atomic import atomic_write
-from ..core.errors import AgentFailure
 from . import sources
-from .common import Command, installed_debs, run_all, upstream, version_key
+from .common import Command, installed_debs, resolve_version, run_all, upstream
 
 PREFERENCES = "/etc/apt/preferences.d/mgpu-provision-nvidia"
 INSTALL = ["apt-get", "install", "-y", "--no-install-recommends", "--allow-downgrades"]
@@ -34,14 +33,6 @@ def madison_versions(madison: str) -> List[str]:
         if len(parts) >= 3 and parts[1] and parts[1] not in found:
             found.append(parts[1])
     return found
-
-
-def pick_version(available: List[str], version: Optional[str], branch: str) -> Optional[str]:
-    """The full version to pin: the exact upstream version asked for, else the newest of the branch."""
-    if version:
-        return next((v for v in available if upstream(v) == version), None)
-    of_branch = [v for v in available if branch_of(upstream(v)) == branch]
-    return max(of_branch, key=lambda v: version_key(upstream(v))) if of_branch else None
 
 
 def preferences(packages: List[str], version: str) -> str:
@@ -76,7 +67,7 @@ def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
     source, branch, hold = step["source"], step["branch"], step["hold"]
     pkgset = PackageSet(step["pinning"], step["packages"], step["hold_patterns"])
     run_all([Command(["apt-get", "update", "-q"])])  # stale lists say "not available"
-    target = resolve_version(pkgset.install, step["version"], branch)
+    target = resolve_version(pkgset.install, _offered, step["version"], branch, "the apt sources")
     pin = preferences(pkgset.install, target)
     before = installed_debs(sources.APT_PIN_NAMES)
     if _in_place(before, pkgset, target, hold) and system.read_text(PREFERENCES) == (pin if hold else None):
@@ -102,20 +93,5 @@ def _in_place(
     return at_version and not (hold and unheld)
 
 
-def resolve_version(packages: List[str], version: Optional[str], branch: str) -> str:
-    """The full version to pin, checked against what the sources offer for every package of the set."""
-    target: Optional[str] = None
-    for package in packages:
-        available = madison_versions(system.run(["apt-cache", "madison", package], timeout=120).stdout)
-        found = pick_version(available, upstream(target) if target else version, branch)
-        if found is None:
-            offered = ", ".join(sorted({upstream(v) for v in available}, key=version_key)) or "none"
-            raise AgentFailure(
-                "driver",
-                f"{package} {version or 'of branch ' + branch} is not available from the apt sources "
-                f"(they offer: {offered}); nothing was changed",
-            )
-        target = target or found
-    if target is None:
-        raise AgentFailure("driver", "the driver step names no package to install")
-    return target
+def _offered(package: str) -> List[str]:
+    return madison_versions(system.run(["apt-cache", "madison", package], timeout=120).stdout)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
+from ...protocol import branch_of
 from ..core import system
 from ..core.errors import AgentFailure
 
@@ -48,7 +49,7 @@ def pick_version(available: List[str], version: Optional[str], branch: str) -> O
     """The full version to install: the exact upstream version asked for, else the newest of the branch."""
     if version:
         return next((v for v in available if upstream(v) == version), None)
-    of_branch = [v for v in available if upstream(v).split(".")[0] == branch]
+    of_branch = [v for v in available if branch_of(upstream(v)) == branch]
     return max(of_branch, key=lambda v: version_key(upstream(v))) if of_branch else None
 
 

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...protocol import FABRICMANAGER_UNIT
 from ..core import system
 from ..core.errors import AgentFailure
-from . import apt, driver
+from . import apt, dnf, driver, zypper
 from .common import Command, installed_debs, rpm_provider, run_all, upstream
 
 
@@ -55,19 +55,21 @@ def switch(unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
 def install_fabric_manager(step: Dict[str, Any]) -> Tuple[bool, str]:
     """Fabric Manager and NSCQ (the step's packages) at exactly the driver's version, held, the service
     enabled (and started)."""
-    version, unit, names = step["version"], step["unit"], step["packages"]
-    if step["method"] == "dnf":
-        installed = rpm_provider(FABRICMANAGER_UNIT)
+    version, unit, names, tool = step["version"], step["unit"], step["packages"], step["method"]
+    if tool in ("dnf", "yum"):
+        installed = rpm_provider(FABRICMANAGER_UNIT)  # by what it provides (the RPM is nvidia-fabric-manager)
         changed = installed is None or installed[1] != version
         if changed:
             run_all(
                 [
-                    Command(["dnf", "-y", "install", "--allowerasing", *[f"{n}-{version}" for n in names]]),
-                    Command(["dnf", "-y", "versionlock", "add", f"*nvidia*{version}*"]),
+                    Command([*dnf.install_argv(tool), *[f"{n}-{version}" for n in names]]),
+                    Command([tool, "-y", "versionlock", "add", f"*nvidia*{version}*"]),
                 ],
                 "fabricmanager",
             )
         message = f"installed Fabric Manager {version}" if changed else f"Fabric Manager {version} installed"
+    elif tool == "zypper":
+        changed, message = zypper.install(step, "Fabric Manager")
     else:
         changed, message = apt.install(step, "Fabric Manager")
     started, service = switch(unit, True, step["start"])
@@ -81,7 +83,8 @@ def persistence_daemon(step: Dict[str, Any]) -> Tuple[bool, str]:
     if enable and state(unit)["service"] == "absent":
         if not package:
             raise AgentFailure("persistence", f"{unit} is not installed; it comes with the driver's packages")
-        manager = ["dnf", "-y", "install"] if step["method"] == "dnf" else apt.INSTALL
+        manager = {"zypper": [*zypper.ZYPPER, "install"], "apt": apt.INSTALL}.get(step["method"])
+        manager = manager or [step["method"], "-y", "install"]  # dnf, yum
         run_all([Command([*manager, package])], "persistence")
         installed = True
         _hold_what_it_pulled_in()

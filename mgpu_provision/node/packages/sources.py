@@ -31,7 +31,6 @@ _BRANCH_HOLD = ("*nvidia*-{b}", "*nvidia*-{b}-*", "cuda-drivers-{b}")
 _UNVERSIONED_HOLD = ("*nvidia*", "libcuda*", "cuda-drivers*", "libnvsdm*")
 # The apt preferences stanza pins every package of these names offered at the wanted upstream version.
 APT_PIN_NAMES = ("*nvidia*", "libcuda*", "cuda-drivers*", "libnvsdm*")
-RHEL_LIKE = ("rhel", "rocky", "almalinux", "ol", "centos", "fedora", "amzn")
 # Debian (contrib) and NVIDIA's RPM repository ship the daemon on its own; Ubuntu's driver packages carry it.
 PERSISTENCED_PACKAGE = "nvidia-persistenced"
 DEBIAN_COMPUTE = ("nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp")
@@ -59,27 +58,6 @@ def runfile_module_type(flavor: Optional[str], model: str, branch: str) -> str:
     if flavor == "default" or pre_turing(model) or int(branch) < OPEN_DEFAULT_FROM:
         return "proprietary"
     return "open"
-
-
-def default_source(os_id: Optional[str], os_like: List[str]) -> Optional[str]:
-    """The source a node's /etc/os-release suggests, None when the distribution is not one of ours."""
-    ids = [os_id or "", *os_like]
-    if "ubuntu" in ids:
-        return "ubuntu"
-    if "debian" in ids:
-        return "debian"
-    if any(i in RHEL_LIKE for i in ids):
-        return "rhel"
-    return None
-
-
-def method_of(source: str, os_id: Optional[str], os_like: List[str]) -> str:
-    """apt or dnf: the CUDA repository exists for both families; the other sources belong to one."""
-    if source == "rhel":
-        return "dnf"
-    if source == "cuda" and default_source(os_id, os_like) == "rhel":
-        return "dnf"
-    return "apt"
 
 
 def apt_set(
@@ -126,10 +104,11 @@ def dnf_packages(branch: str, flavor: str, exact: bool, fabricmanager: bool) -> 
 def fabricmanager_packages(source: str, branch: str, method: str = "apt") -> List[str]:
     """Fabric Manager and NSCQ (the NVSwitch library it loads), always at the driver's exact version.
 
-    RPMs call it `nvidia-fabric-manager` (which Provides `nvidia-fabricmanager`); debs carry the branch.
+    RPMs (dnf, yum, zypper) call it `nvidia-fabric-manager` (which Provides `nvidia-fabricmanager`); debs
+    carry the branch.
     """
     b = int(branch)
-    if method == "dnf":
+    if method != "apt":
         return ["nvidia-fabric-manager", "libnvidia-nscq-{}".format(b)]
     if source == "cuda" and b >= UNVERSIONED_FROM:
         return ["nvidia-fabricmanager", "libnvidia-nscq"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Any, Dict, List, Tuple
 
+from ...protocol import PackageSet
 from ..core import system
 from . import sources
 from .common import Command, installed_rpms, resolve_version, run_all, upstream
@@ -24,7 +25,7 @@ ZYPPER = ["zypper", "--non-interactive", "--no-gpg-checks"]
 LOCK_PATTERNS = ("*nvidia*", "cuda-drivers*", "libnvidia*", "libcuda*")
 
 
-def package_set(branch: str, flavor: str, fabricmanager: bool) -> sources.PackageSet:
+def package_set(branch: str, flavor: str, fabricmanager: bool) -> PackageSet:
     """What zypper installs for a branch and flavor: the metapackage, the G06 pieces, Fabric Manager."""
     b = int(branch)
     unversioned = b >= sources.UNVERSIONED_FROM
@@ -35,7 +36,7 @@ def package_set(branch: str, flavor: str, fabricmanager: bool) -> sources.Packag
     if fabricmanager:
         install += sources.fabricmanager_packages("cuda", branch, "dnf")  # RPM names, as on RHEL
     pinning = [f"nvidia-driver-pinning-{b}"] if unversioned else []
-    return sources.PackageSet(pinning, install, list(pinning) + install)
+    return PackageSet(pinning, install, list(pinning) + install)
 
 
 def search_versions(output: str, name: str) -> List[str]:

@@ -62,9 +62,10 @@ def _converge(ctx: HostContext, want: Driver, driver: str) -> list[Change]:
 
 
 def package_set(source: str, method: str, version: str) -> protocol.PackageSet:
-    """Fabric Manager and NSCQ at the driver's branch: apt's set from `source`, or dnf's names."""
+    """Fabric Manager and NSCQ at the driver's branch: apt's set from `source`, or the RPM names (zypper
+    locks each of them; dnf and yum lock by version)."""
     branch = protocol.branch_of(version)
     names = sources.fabricmanager_packages(source, branch, method)
-    if method == "dnf":
-        return protocol.PackageSet([], names, [])
+    if method != "apt":
+        return protocol.PackageSet([], names, names if method == "zypper" else [])
     return sources.apt_set(source, branch, "default", False, names)
