@@ -1,8 +1,9 @@
 """`mgpu-provision reclaim RIG`: find and end processes that hold GPU memory after killed jobs, fleet-wide.
 
 A dry run by default: it shows, per node, every process holding GPU memory and what the rig's reclaim policy
-would do with it. `--yes` ends the selected ones (SIGTERM, SIGKILL after the grace period) and verifies with
-fresh facts that their memory is free. Exit 0: nothing to do or all ended; 2: something left, refused or
+would do with it (a table that fits the terminal; one line per process when piped). `--yes` ends the selected
+ones, or exactly those `--pid` names (SIGTERM, SIGKILL after the grace period), and verifies with fresh facts
+that their memory is free. Exit 0: nothing to do or all ended; 2: something left, refused or
 failed, or a host unreachable; 1: an error. Command lines, owners and reasons are the node's words (any
 user names their processes): the views print them through `output.shown`. rich is imported by the views
 only: `--json` never loads it.
@@ -238,17 +239,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Find and end processes that still hold GPU memory after their job died.\n\n"
             "Lists every process holding GPU memory on the chosen hosts, with its owner, whether it is left\n"
             "over from a job that is gone or part of a live one, and what the rig's reclaim policy (never,\n"
-            "orphans, orphans+patterns) does with it. Left over means: the leaders of its process group and\n"
-            "session have both exited, or torchrun started it and is gone; a process leading its own\n"
-            "process group (nohup, setsid, a container's main process) is a live job and is kept.\n"
-            "Without --yes nothing is ended; with it each process is checked to still hold /dev/nvidia*\n"
-            "right before each\n"
-            "signal. Exit 0 when there is nothing to do or everything selected was ended, 2 when something\n"
-            "is left, refused or failed or a host is unreachable, 1 on errors."
+            "orphans, orphans+patterns) does with it. Left over means: a worker of Python's\n"
+            "multiprocessing, a DataLoader worker or a torchelastic worker (torchrun, accelerate launch,\n"
+            "deepspeed) whose parent is gone, or a member of a process group whose leader is such a\n"
+            "leftover. A process whose group leader is gone but that is no such worker (a job a script put\n"
+            "in the background) is kept: --pid ends exactly the named process.\n"
+            "Without --yes nothing is ended; with it each process is checked to have the same start time\n"
+            "and still hold /dev/nvidia* right before each signal. Exit 0 when there is nothing to do or\n"
+            "everything selected was ended, 2 when something is left, refused or failed, a --pid holds no\n"
+            "GPU memory or a host is unreachable, 1 on errors."
         ),
         epilog="examples:\n  mgpu-provision reclaim rig.yaml            # dry run: what would be ended\n"
         "  mgpu-provision reclaim rig.yaml --yes --limit gpu-b\n"
-        "  mgpu-provision reclaim rig.yaml --user alice   # only alice's processes",
+        "  mgpu-provision reclaim rig.yaml --user alice   # only alice's processes\n"
+        "  mgpu-provision reclaim rig.yaml --limit gpu-b --pid 4242 -y   # exactly pid 4242 on gpu-b",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     options.add_fleet_arguments(parser)

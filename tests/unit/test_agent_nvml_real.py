@@ -247,7 +247,8 @@ def test_running_processes_fall_back_to_v2_on_drivers_before_r510(monkeypatch: p
     raw = real_facts(monkeypatch, PreR510Nvml(), driver="470.256.02")
     assert raw["processes"] == HOLDERS
     result = reclaim.run({"policy": "orphans", "dry_run": True}, RealBackend())
-    assert result == {"processes": [], "freed_mib": 0, "not_holders": []}  # the holder's pid is not alive: nothing to end
+    # The holder's pid is not alive: nothing to end.
+    assert result == {"processes": [], "freed_mib": 0, "not_holders": []}
 
 
 class LostGpuNvml(ScriptedNvml):

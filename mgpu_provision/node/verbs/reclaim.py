@@ -1,10 +1,11 @@
 """Node side of `reclaim`: find processes holding GPU memory after a killed job and end those policy allows.
 
 A job killed with Ctrl-C or by a scheduler often leaves workers behind that still hold GPU memory. This module
-lists every GPU memory holder with what a person needs to judge it (owner, command, start time, parent),
-decides from /proc alone whether it is left over from a job that is gone or part of a live one, and ends the
-ones the policy selects through `procs.end_processes`, each only while it still holds the GPU. Ending a live
-job is the one mistake it must not make: when in doubt a process is kept.
+lists every GPU memory holder (MPS clients with their server) with what a person needs to judge it (owner,
+command, start time, parent), decides from /proc alone whether it is left over from a job that is gone or
+part of a live one, and ends the ones the policy selects (or exactly the pids named) through
+`procs.end_processes`, each only while it still holds the GPU. Ending a live job is the one mistake it must
+not make: when in doubt a process is kept, and its reason says how to end exactly it.
 
 Everything that decides is a pure function over `ProcInfo` snapshots (testable on fake data); reading /proc
 and sending signals is `procs.py`'s. It runs inside the agent zipapp: Python 3.8, standard library only.
