@@ -241,6 +241,18 @@ class PreR510Nvml(ScriptedNvml):
         return super().nvmlDeviceGetMPSComputeRunningProcesses(handle)
 
 
+class NoMpsCallNvml(PreR510Nvml):
+    """A driver older than the MPS call itself: neither symbol exists."""
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: int) -> list[Any]:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+def test_a_driver_without_the_mps_call_lists_no_mps_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = real_facts(monkeypatch, NoMpsCallNvml(), driver="418.226.00")
+    assert raw["processes"] == HOLDERS[1:]
+
+
 def test_running_processes_fall_back_to_v2_on_drivers_before_r510(monkeypatch: pytest.MonkeyPatch) -> None:
     from mgpu_provision.node.verbs import reclaim
 

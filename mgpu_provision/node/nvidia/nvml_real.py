@@ -227,10 +227,11 @@ class RealBackend(RealHealth, Backend):
         return self._running(gpu, "nvmlDeviceGetComputeRunningProcesses")
 
     def mps_processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
+        nvml = self._nvml
         try:
             return self._running(gpu, "nvmlDeviceGetMPSComputeRunningProcesses")
-        except self._nvml.NVMLError_NotSupported:
-            return []  # a GPU or driver without MPS: no clients to list
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+            return []  # a GPU or driver without MPS, or a driver older than the call: no clients to list
 
     def _running(self, gpu: int, call: str) -> List[Tuple[int, Optional[int]]]:
         nvml, handle = self._nvml, self._handle(gpu)
