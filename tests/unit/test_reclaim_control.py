@@ -122,27 +122,19 @@ def test_a_reused_pid_or_a_dead_entry_in_facts_is_not_the_ended_process() -> Non
     assert reclaim.still_held(ended, facts_with({"pid": 10, "gpu": 0}))
 
 
-class FakeSession:
-    where = "gpu-a"
-
-    def __init__(self, answers: dict[str, dict[str, Any]]) -> None:
-        self.answers = answers
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-
-    def call(self, verb: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        self.calls.append((verb, args))
-        return self.answers[verb]
+def fake_session(answers: dict[str, dict[str, Any]]) -> factories.FakeSession:
+    return factories.FakeSession(factories.ssh_target(), lambda verb, args, timeout: answers[verb])
 
 
 def test_facts_are_asked_again_only_when_something_was_ended() -> None:
-    dry = FakeSession({"reclaim": {"processes": [row(10, "would-end")], "freed_mib": 0}})
-    assert reclaim.reclaim_on(dry, {"dry_run": True}).processes[0].action == "would-end"  # type: ignore[arg-type]
+    dry = fake_session({"reclaim": {"processes": [row(10, "would-end")], "freed_mib": 0}})
+    assert reclaim.reclaim_on(dry, {"dry_run": True}).processes[0].action == "would-end"
     assert [verb for verb, _ in dry.calls] == ["reclaim"]
 
-    done = FakeSession(
+    done = fake_session(
         {"reclaim": {"processes": [row(10, "ended")], "freed_mib": 1000}, "facts": facts_with().model_dump()}
     )
-    assert reclaim.reclaim_on(done, {"dry_run": False}).freed_mib == 1000  # type: ignore[arg-type]
+    assert reclaim.reclaim_on(done, {"dry_run": False}).freed_mib == 1000
     assert done.calls == [("reclaim", {"dry_run": False}), ("facts", facts_request())]
 
 

@@ -13,6 +13,7 @@ import re
 import subprocess
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ... import protocol
 from ..core import system
 from ..host import procs
 from ..packages import driver, runfile, services
@@ -63,13 +64,13 @@ class RealBackend(RealHealth, Backend):
 
     def fabric_manager(self) -> Optional[Dict[str, Any]]:
         version = services.fabric_manager_version()
-        state = services.state(services.FABRICMANAGER)
+        state = services.state(protocol.FABRICMANAGER_UNIT)
         if version is None and state["service"] == "absent":
             return None
         return {"version": version, **state}
 
     def persistence_daemon(self) -> Dict[str, Any]:
-        return services.state(services.PERSISTENCED)
+        return services.state(protocol.PERSISTENCED_UNIT)
 
     def unheld_driver_packages(self, version: str) -> List[str]:
         return driver.unheld_packages(version)
