@@ -64,6 +64,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     parser.add_argument(
+        "--allow-control-machine",
+        action="store_true",
+        help="install a driver on, or reboot, a host that is the machine running mgpu-provision (refused "
+        "by default: a rig file that reaches this machine without simulate: is usually a mistake)",
+    )
+    parser.add_argument(
         "--lock-wait",
         type=_seconds,
         default=60.0,
@@ -100,7 +106,12 @@ def run(args: argparse.Namespace) -> int:
     serial = parse_serial(args.serial) if args.serial else None
     max_fail = parse_max_fail_percent(args.max_fail_percent) if args.max_fail_percent is not None else None
     fleet = options.prepare(args)
-    settings = ApplySettings(steps, lock_wait_s=args.lock_wait, reboot_timeout_s=args.reboot_timeout)
+    settings = ApplySettings(
+        steps,
+        lock_wait_s=args.lock_wait,
+        reboot_timeout_s=args.reboot_timeout,
+        allow_control_machine=args.allow_control_machine,
+    )
     # soft_wrap: diffs and paths stay one line each, whatever the terminal width.
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     out = err if args.json else Console(highlight=False, soft_wrap=True)
@@ -129,9 +140,9 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     if args.json:
-        print(json.dumps(as_json(playbook.name, steps, result), indent=2, sort_keys=True))
+        print(json.dumps(as_json(playbook.name, steps, result, plan), indent=2, sort_keys=True))
     else:
-        show_recap(out, result)
+        show_recap(out, result, plan)
     return result.exit_code
 
 
@@ -153,7 +164,13 @@ def show_plan(console: Console, plan: FleetPlan, steps: tuple[str, ...], new_con
     render_plan(plan, console, new_content)
 
 
-def show_recap(console: Console, result: ApplyResult) -> None:
+def node_kind(simulated: bool | None) -> str:
+    """The RECAP's `node` cell: whether a twin file stood in for the host's NVIDIA layer."""
+    return {True: "simulated", False: "real", None: ""}[simulated]
+
+
+def show_recap(console: Console, result: ApplyResult, plan: FleetPlan) -> None:
+    planned = {h.host: h for h in plan.hosts}
     for recap in result.recaps:
         lines = [f"done: {line}" for line in recap.done] + recap.notes
         if lines or recap.remaining:
@@ -165,6 +182,7 @@ def show_recap(console: Console, result: ApplyResult) -> None:
                 console.print(text, soft_wrap=True)
     rows = {
         r.host: {
+            "node": node_kind(planned[r.host].simulated),
             "status": r.status,
             "done": len(r.done),
             "left": len([c for c in r.remaining if c.resource != "reboot"]),
@@ -175,7 +193,7 @@ def show_recap(console: Console, result: ApplyResult) -> None:
         for r in result.recaps
     }
     console.print(Text("RECAP", style="bold"))
-    console.print(host_table(rows, ("status", "done", "left", "reboot", "time", "error")))
+    console.print(host_table(rows, ("node", "status", "done", "left", "reboot", "time", "error")))
     counts = result.counts()
     needs = counts.pop("reboot_required")
     listed = ", ".join(f"{status} {n}" for status, n in counts.items())
@@ -183,9 +201,12 @@ def show_recap(console: Console, result: ApplyResult) -> None:
     console.print(f"{verdict}: {listed}" + (f", reboot required on {needs}" if needs else ""), soft_wrap=True)
 
 
-def as_json(playbook: str, steps: tuple[str, ...], result: ApplyResult) -> dict[str, Any]:
+def as_json(playbook: str, steps: tuple[str, ...], result: ApplyResult, plan: FleetPlan) -> dict[str, Any]:
+    planned = {h.host: h for h in plan.hosts}
     hosts = {
         r.host: {
+            "simulated": planned[r.host].simulated,
+            "control_machine": planned[r.host].control_machine,
             "status": r.status,
             "done": r.done,
             "remaining": [change_json(c) for c in r.remaining],

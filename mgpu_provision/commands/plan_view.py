@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..jobs.plan import FleetPlan, HostPlan, PlanTotals
+from ..jobs.plan import FleetPlan, HostPlan, PlanTotals, held_names, held_on_control_machine
 from ..plan.change import Change
 from .output import plural, shown
 
@@ -141,10 +141,32 @@ def render_plan(plan: FleetPlan, console: Console, new_content: bool = False) ->
     from rich.text import Text
 
     lines = host_lines(plan.hosts[0], new_content) if len(plan.hosts) == 1 else fleet_lines(plan, new_content)
-    for line in lines:
+    for line in lines + kind_lines(plan):
         console.print(line, soft_wrap=True)  # long paths and diff lines stay whole when piped
     style = "green" if plan.converged else "bold"
     console.print(Text(summary_line(plan), style=style), soft_wrap=True)
+
+
+def kind_lines(plan: FleetPlan) -> list[Text]:
+    """Which hosts are simulated (a twin file stands in for their NVIDIA layer) and which are real, and a
+    warning for the machine running this tool, where apply holds back a driver install and a reboot."""
+    lines = []
+    for kind, value, style in (("simulated", True, "yellow"), ("real", False, "bold")):
+        names = [h.host for h in plan.hosts if h.simulated is value]
+        if names:
+            lines.append(shown((f"{kind}: ", style), host_ranges(names)))
+    for host in plan.hosts:
+        held = held_on_control_machine(list(host.changes))
+        if host.control_machine and held:
+            lines.append(
+                shown(
+                    ("  ! ", "red"),
+                    (host.host, "bold cyan"),
+                    f" is the machine running mgpu-provision ({host.control_machine}): apply will not "
+                    f"carry out {held_names(held)} there without --allow-control-machine",
+                )
+            )
+    return lines
 
 
 def _key(change: Change) -> tuple[object, ...]:
@@ -199,7 +221,13 @@ def plan_json(plan: FleetPlan) -> dict[str, Any]:
     return {
         "format_version": PLAN_JSON_VERSION,
         "hosts": {
-            h.host: {"status": h.status, "error": h.error, "changes": [change_json(c) for c in h.changes]}
+            h.host: {
+                "status": h.status,
+                "error": h.error,
+                "simulated": h.simulated,
+                "control_machine": h.control_machine,
+                "changes": [change_json(c) for c in h.changes],
+            }
             for h in plan.hosts
         },
         "totals": {
