@@ -95,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Point stdout at /dev/null so the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as exc:  # a file of this machine the options did not name (they are checked on parsing)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {visible(where + (exc.strerror or str(exc)))}", file=sys.stderr)
+        return 1
     return code
 
 

@@ -20,6 +20,7 @@ from rich.rule import Rule
 
 from ..errors import ProvisionError
 from ..rig.models import schema_comment
+from . import paths
 from .output import shown
 
 DEMO_TWIN = "twin-rtx3090-nvlink.yaml"
@@ -80,7 +81,10 @@ def write_demo(sandbox: Path, python: str) -> Path:
     sandbox = sandbox.resolve()
     if any(ch.isspace() for ch in str(sandbox)):
         raise ProvisionError(f"the demo folder {sandbox} contains spaces; choose another with --dir")
-    sandbox.mkdir(parents=True, exist_ok=True)
+    try:
+        sandbox.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. under /proc, which no one can write
+        raise ProvisionError(f"--dir {sandbox}: cannot make the demo folder ({exc.strerror})") from exc
     twin = resources.files("mgpu_provision.demo").joinpath(DEMO_TWIN).read_text(encoding="utf-8")
     (sandbox / DEMO_TWIN).write_text(twin, encoding="utf-8")
     rig = sandbox / "demo-rig.yaml"
@@ -117,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     python = args.python or sys.executable
     check_torch(python)
-    rig = write_demo(Path(args.dir), python)
+    rig = write_demo(args.dir, python)
     console.print(shown("Demo rig written to ", (str(rig), "bold")))  # --dir may hold brackets
     for title, argv, expected in STEPS:
         console.print(Rule(title))
@@ -144,6 +148,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  mgpu-provision demo\n  mgpu-provision demo --dir /tmp/mgpu-demo",
     )
-    parser.add_argument("--dir", default="mgpu-demo", help="sandbox folder (default ./mgpu-demo)")
-    parser.add_argument("--python", help="python with torch for the smoke test (default: this one)")
+    parser.add_argument(
+        "--dir", type=paths.work_folder, default="mgpu-demo", help="sandbox folder (default ./mgpu-demo)"
+    )
+    parser.add_argument(
+        "--python", type=paths.program, help="python with torch for the smoke test (default: this one)"
+    )
     parser.set_defaults(func=run)

@@ -16,6 +16,7 @@ from ..fleet.options import MAX_FORKS, FleetOptions
 from ..fleet.targets import HostTarget, targets_for
 from ..rig import LoadedRig, load_rig, select_hosts
 from ..rig.models import Host
+from . import paths
 
 
 def _positive_int(text: str) -> int:
@@ -53,9 +54,14 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         help="trust and record host keys not yet in known_hosts (a CHANGED key is always refused)",
     )
     parser.add_argument(
-        "--known-hosts", type=Path, metavar="FILE", help="known_hosts file (default: ~/.ssh/known_hosts)"
+        "--known-hosts",
+        type=paths.kept_file,
+        metavar="FILE",
+        help="known_hosts file (default: ~/.ssh/known_hosts)",
     )
-    parser.add_argument("--ssh-config", type=Path, metavar="FILE", help="ssh config (default: ~/.ssh/config)")
+    parser.add_argument(
+        "--ssh-config", type=paths.input_file, metavar="FILE", help="ssh config (default: ~/.ssh/config)"
+    )
     parser.add_argument(
         "--timeout",
         type=_positive_seconds,
