@@ -32,14 +32,19 @@ def _readable(path: Path) -> None:
         raise argparse.ArgumentTypeError(f"{path}: cannot read it ({exc.strerror})") from exc
 
 
+def _present(path: Path, noun: str) -> None:
+    """Refuse a `path` that is missing or a folder where a `noun` (file, program) is wanted."""
+    mode = _kind(path)
+    if mode is None:
+        raise argparse.ArgumentTypeError(f"{path}: no such {noun}")
+    if stat.S_ISDIR(mode):
+        raise argparse.ArgumentTypeError(f"{path}: is a folder, not a {noun}")
+
+
 def input_file(text: str) -> Path:
     """A file the command reads: it must exist, be a file and be readable."""
     path = Path(text).expanduser()
-    mode = _kind(path)
-    if mode is None:
-        raise argparse.ArgumentTypeError(f"{path}: no such file")
-    if stat.S_ISDIR(mode):
-        raise argparse.ArgumentTypeError(f"{path}: is a folder, not a file")
+    _present(path, "file")
     _readable(path)
     return path
 
@@ -89,11 +94,7 @@ def program(text: str) -> str:
     if os.sep not in text:
         return text
     path = Path(text).expanduser()
-    mode = _kind(path)
-    if mode is None:
-        raise argparse.ArgumentTypeError(f"{path}: no such program")
-    if stat.S_ISDIR(mode):
-        raise argparse.ArgumentTypeError(f"{path}: is a folder, not a program")
+    _present(path, "program")
     if not os.access(path, os.X_OK):
         raise argparse.ArgumentTypeError(f"{path}: not executable")
     return str(path)
