@@ -108,8 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProvisionError as exc:
         print(f"error: {visible(str(exc))}", file=sys.stderr)  # messages may quote a node's output
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # a command that stopped something says what (smoke's SmokeInterrupted)
+        print(f"interrupted: {visible(str(exc))}" if str(exc) else "interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `mgpu-provision plan rig.yaml | head`: the reader left; say nothing more, as other Unix tools do.

@@ -69,11 +69,20 @@ def _run_one(
 def run_fleet(
     targets: list[HostTarget], fn: Callable[[AgentSession], T], options: FleetOptions
 ) -> dict[str, HostOutcome[T]]:
-    """Run `fn` once per host, at most `forks` at a time; outcomes keyed by host name in target order."""
+    """Run `fn` once per host, at most `forks` at a time; outcomes keyed by host name in target order.
+
+    On Ctrl-C the caller gets the KeyboardInterrupt at once: hosts not started are dropped, and the calls
+    in flight are not waited for (a smoke call lasts its whole run; `jobs/smoke.py` ends them itself)."""
     if not targets:
         return {}
     agent = options.agent or _default_agent()
     forks = max(1, min(options.forks or len(targets), MAX_FORKS, len(targets)))
-    with ThreadPoolExecutor(max_workers=forks, thread_name_prefix="mgpu-fleet") as pool:
+    pool = ThreadPoolExecutor(max_workers=forks, thread_name_prefix="mgpu-fleet")
+    try:
         futures = {t.name: pool.submit(_run_one, t, fn, options, agent) for t in targets}
-        return {name: future.result() for name, future in futures.items()}
+        outcomes = {name: future.result() for name, future in futures.items()}
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return outcomes
