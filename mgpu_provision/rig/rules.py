@@ -604,6 +604,38 @@ def files_without_dot_dot(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def identity_files_exist(inp: RuleInput) -> Iterator[Finding]:
+    """A key file that is not there fails every login later with a bare "No such file or directory"."""
+    named: list[tuple[Loc, str]] = [
+        (loc, host.identity_file) for loc, host in inp.written_hosts() if host.identity_file
+    ]
+    if inp.spec.defaults.identity_file:
+        named.append((("defaults",), inp.spec.defaults.identity_file))
+    for loc, value in named:
+        path = resolve_path(inp.base_dir, value)
+        if not path.is_file():
+            what = "is a folder" if path.is_dir() else "does not exist"
+            yield Finding((*loc, "identity_file"), f"the SSH key {path} {what}")
+
+
+def local_hosts_apart(inp: RuleInput) -> Iterator[Finding]:
+    """Two hosts on this machine (`connection: local`) write the same managed files (`files:` is one for
+    the fleet) and the same twin overlay: each apply would undo the other's, forever."""
+    first: tuple[Loc, Host] | None = None
+    for loc, host in inp.written_hosts():
+        if host.connection != "local":
+            continue
+        if first is None:
+            first = (loc, host)
+            continue
+        yield Finding(
+            (*loc, "connection"),
+            f"'{host.name}' and '{first[1].name}' both run on this machine (connection: local) and would "
+            "write the same managed files (files:) over each other; rehearse several nodes with one rig "
+            "file per local host, or with SSH hosts (README, \"Rehearsing a fleet\")",
+        )
+
+
 RULES: tuple[Rule, ...] = (
     fleet_has_hosts,
     host_rig_exists,
@@ -639,6 +671,8 @@ RULES: tuple[Rule, ...] = (
     topology_file_matches,
     ssh_files_absolute,
     files_without_dot_dot,
+    identity_files_exist,
+    local_hosts_apart,
 )
 
 

@@ -185,6 +185,33 @@ def test_wrong_key_is_an_authentication_failure(test_hosts: HostFactory, tmp_pat
     assert (outcome.error or "").startswith(f"authentication failed on gpu-a ({host.address}:2222) as root")
 
 
+def test_a_missing_key_file_is_named(test_hosts: HostFactory, tmp_path: Path) -> None:
+    host = test_hosts.start("gpu-a")
+    missing = tmp_path / "id_gone"
+    chosen = [target(host, test_hosts, identity_file=str(missing))]
+    outcome = run_fleet(chosen, call("facts"), options(test_hosts, fake_agent()))["gpu-a"]
+    assert outcome.status == "unreachable"
+    assert outcome.error == (
+        f"cannot log in to gpu-a ({host.address}:2222): its SSH key {missing} does not exist (identity_file)"
+    )
+
+
+def test_no_key_at_all_says_so_and_how_to_give_one(
+    test_hosts: HostFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = test_hosts.start("gpu-a")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh keys
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)  # no ssh-agent
+    outcome = run_fleet(
+        [target(host, test_hosts, identity_file=None)], call("facts"), options(test_hosts, fake_agent())
+    )["gpu-a"]
+    assert outcome.status == "unreachable"
+    assert (outcome.error or "").startswith(
+        f"cannot log in to gpu-a ({host.address}:2222) as root: no SSH key to offer (no identity_file"
+    ), outcome.error
+    assert "ssh-add" in (outcome.error or "")
+
+
 @pytest.mark.parametrize(
     ("verb", "args", "message"),
     [

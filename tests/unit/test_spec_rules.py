@@ -431,6 +431,19 @@ CASES = {
         "'bin/mgpu-torchrun' must be an absolute path (start with /): it is a path on ssh hosts "
         "such as gpu-a",
     ),
+    "identity-files-exist": (
+        "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, identity_file: keys/id_gone}  # <-\n"
+        "rigs:\n  pair:\n" + GPUS,
+        "hosts[0].identity_file",
+        "keys/id_gone does not exist",
+    ),
+    "local-hosts-apart": (
+        "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, connection: local}\n"
+        "  - {name: gpu-b, rig: pair, connection: local}  # <-\nrigs:\n  pair:\n" + GPUS,
+        "hosts[1].connection",
+        "'gpu-b' and 'gpu-a' both run on this machine (connection: local) and would write the same "
+        "managed files",
+    ),
 }
 
 
