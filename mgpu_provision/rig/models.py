@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import Strict as StrictMode
 
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
 SAFE_TOKEN = r"^[A-Za-z0-9_.,:=@%+/^-]*$"
@@ -64,9 +65,10 @@ def path_in_rig(path: Path, rig_folder: Path) -> str:
 
 
 class Strict(BaseModel):
-    """Base of every rig-file model: unknown keys are errors, values are not coerced silently."""
+    """Base of every rig-file model: unknown keys are errors, values are not coerced silently (strict:
+    `port: "29500"` is a string where a number belongs, as the JSON Schema says too)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Connection(Strict):
@@ -140,7 +142,8 @@ class Bridge(Strict):
             "nvswitch (HGX/DGX: every link ends at a switch)"
         ),
     )
-    pairs: list[tuple[int, int]] = Field(
+    # A YAML pair is a list: the tuple may come from one (StrictMode(False)); its indices may not be strings.
+    pairs: list[Annotated[tuple[StrictInt, StrictInt], StrictMode(False)]] = Field(
         default_factory=list, description="GPU index pairs joined by NVLink (bridge or mesh)"
     )
     links: int | None = Field(
@@ -185,7 +188,7 @@ class Driver(Strict):
         "never", description='allowed: reboot to load a new driver; never: report "reboot required"'
     )
     fabricmanager: bool = Field(False, description="install Fabric Manager at exactly the driver's version")
-    runfile_url: str | None = Field(None, pattern=r"^(https://|/)[^\s'\"`$;]+$", description="runfile source")
+    runfile_url: str | None = Field(None, pattern="^(https://|/)[^\\s'\"`$;]+$", description="runfile source")
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
 
 
