@@ -94,7 +94,8 @@ def test_demo_without_torch_runs_validate_plan_apply_and_says_how_to_add_smoke(t
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for line in ("Plan: 4 to change, on 1 of 1 host", "No changes. 1 host matches the rig file.", "Demo done"):
+    steps = ("Plan: 4 to change, on 1 of 1 host", "No changes. 1 host matches the rig file.", "Demo done")
+    for line in steps:
         assert line in done.stdout
     assert "smoke: a real DDP run" not in done.stdout
     hint = (
