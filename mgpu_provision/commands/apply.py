@@ -22,8 +22,8 @@ from ..jobs.plan import FleetPlan
 from ..jobs.playbooks import load_playbook, select_steps
 from ..jobs.rollout import parse_max_fail_percent, parse_serial
 from . import options
-from .output import host_table, shown
-from .plan_view import add_diff_option, change_json, change_lines, render_plan
+from .output import host_table, make_console, shown
+from .plan_view import add_diff_option, change_json, change_lines, host_ranges, render_plan
 
 MAX_WAIT_S = 3600
 
@@ -39,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Converge the fleet to the rig file, a batch of hosts at a time.\n\n"
             "Shows the plan and asks first (unless --yes; without a terminal it needs --yes). Each host is\n"
-            "changed in one locked call with atomic file writes, then read again for the recap. Exit 0 when\n"
+            "changed in one locked call with atomic file writes, then read again for the recap. A failed\n"
+            "check (!) stops none of that host's changes: the others are carried out, the check is reported\n"
+            "and the host ends failed. Exit 0 when\n"
             "every host converged, 2 when one failed, was unreachable, was skipped or needs a reboot,\n"
             "1 on errors."
         ),
@@ -113,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
         allow_control_machine=args.allow_control_machine,
     )
     # soft_wrap: diffs and paths stay one line each, whatever the terminal width.
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    out = err if args.json else Console(highlight=False, soft_wrap=True)
+    err = make_console(sys.stderr, soft_wrap=True)
+    out = err if args.json else make_console(soft_wrap=True)
 
     plan = fleet_plan(fleet.loaded, fleet.targets, steps, fleet.options)
     busy = [h for h in plan.hosts if to_carry_out(h, steps)]
@@ -191,9 +193,13 @@ def show_recap(console: Console, result: ApplyResult, plan: FleetPlan) -> None:
             "error": r.error,
         }
         for r in result.recaps
+        if not (result.stopped and r.status == "skipped")  # one line below says which were not touched
     }
     console.print(Text("RECAP", style="bold"))
     console.print(host_table(rows, ("node", "status", "done", "left", "reboot", "time", "error")))
+    if result.stopped:
+        untouched = host_ranges([r.host for r in result.recaps if r.status == "skipped"])
+        console.print(shown((result.stopped, "red"), f"; not touched: {untouched}"), soft_wrap=True)
     counts = result.counts()
     needs = counts.pop("reboot_required")
     listed = ", ".join(f"{status} {n}" for status, n in counts.items())

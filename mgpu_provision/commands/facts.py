@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING, Any
 
 from ..facts import Facts, Gpu, PcieLink
@@ -137,9 +136,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(as_json(outcomes), indent=2))
     else:
-        # Piped output has no terminal width; rich's 80-column default would cut GPU names.
-        width = None if sys.stdout.isatty() else 160
-        render(outcomes, make_console(width=width))
+        render(outcomes, make_console())
     return 0 if all(o.status == "ok" for o in outcomes.values()) else 2
 
 

@@ -46,11 +46,20 @@ def shown(*parts: str | tuple[str, str], style: str = "") -> Text:
     )
 
 
-def make_console(file: TextIO | None = None, width: int | None = None) -> Console:
-    """A console for command output: no guessing of highlights in host names or versions."""
+# Where output is not a terminal (a log, a pipe, CI), rich would lay tables out for 80 columns and fold
+# cells mid-word (`would-e` / `nd`). Tables are as wide as their content, so a wide page costs nothing.
+NOT_A_TERMINAL_WIDTH = 1000
+
+
+def make_console(file: TextIO | None = None, width: int | None = None, soft_wrap: bool = False) -> Console:
+    """A console for command output: no guessing of highlights in host names or versions; off a terminal,
+    lines as long as they are (NOT_A_TERMINAL_WIDTH) instead of wrapped at 80 columns."""
     from rich.console import Console
 
-    return Console(file=file or sys.stdout, highlight=False, width=width)
+    out = file or sys.stdout
+    if width is None and not out.isatty():
+        width = NOT_A_TERMINAL_WIDTH
+    return Console(file=out, highlight=False, width=width, soft_wrap=soft_wrap)
 
 
 def plural(count: int, one: str, many: str | None = None) -> str:

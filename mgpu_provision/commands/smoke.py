@@ -20,7 +20,7 @@ from rich.console import Console
 
 from ..jobs.smoke import GroupReport, SmokeReport, run_smoke
 from . import options
-from .output import plain_table, plural, shown
+from .output import make_console, plain_table, plural, shown
 
 
 def verdict(ok: object) -> tuple[str, str]:
@@ -103,7 +103,7 @@ def render_human(report: SmokeReport, console: Console) -> None:
 
 def run(args: argparse.Namespace) -> int:
     fleet = options.prepare(args)
-    console = Console(file=sys.stderr if args.json else sys.stdout)
+    console = make_console(sys.stderr if args.json else sys.stdout)
     done: list[str] = []
     lock = threading.Lock()
     total = len(fleet.targets)

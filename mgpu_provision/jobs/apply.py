@@ -80,6 +80,7 @@ class HostRecap:
 @dataclass(frozen=True)
 class ApplyResult:
     recaps: tuple[HostRecap, ...]
+    stopped: str | None = None  # why the later batches were not run (--max-fail-percent), if they were not
 
     @property
     def converged(self) -> bool:
@@ -119,7 +120,7 @@ def finish(
         c for c in changes if c.resource != "reboot" and not (reboot_required and c.action == "verify-failed")
     ]
     if error is None and left:
-        error = f"not converged: {len(left)} change(s) left"
+        error = left_words(left)
     status: RecapStatus = "failed" if error else ("changed" if done or rebooted else "ok")
     if unreachable:
         status = "unreachable"
@@ -133,6 +134,19 @@ def finish(
         error=error,
         notes=notes or [],
         elapsed_s=elapsed_s,
+    )
+
+
+def left_words(left: list[Change]) -> str:
+    """`1 check failed: topology; 2 changes left: driver, persistence`: what keeps a host from converging,
+    failed checks (which apply cannot fix, and which stop none of the host's other changes) first."""
+    checks = [c.resource for c in left if c.action == "verify-failed"]
+    changes = [c.resource for c in left if c.action != "verify-failed"]
+    words = (("check failed", "checks failed"), ("change left", "changes left"))
+    return "; ".join(
+        f"{len(names)} {one if len(names) == 1 else many}: {', '.join(dict.fromkeys(names))}"
+        for names, (one, many) in zip((checks, changes), words, strict=True)
+        if names
     )
 
 
@@ -342,6 +356,7 @@ def rollout(
     planned = {h.host: h for h in plan.hosts}
     recaps: dict[str, HostRecap] = {}
     stop_reason: str | None = None
+    stopped: str | None = None
     for number, batch in enumerate(batches(targets, serial), start=1):
         if stop_reason is not None:
             recaps.update((t.name, HostRecap(t.name, "skipped", error=stop_reason)) for t in batch)
@@ -366,8 +381,8 @@ def rollout(
             recaps.update((name, _recap_of_outcome(name, o)) for name, o in outcomes.items())
         failed = sum(1 for t in batch if recaps[t.name].status in ("failed", "unreachable"))
         if too_many_failed(failed, len(batch), max_fail_percent):
-            stop_reason = (
-                f"not touched: {failed} of {len(batch)} host(s) of batch {number} failed "
-                f"(--max-fail-percent {max_fail_percent:g})"
-            )
-    return ApplyResult(tuple(recaps[t.name] for t in targets))
+            limit = f"--max-fail-percent {max_fail_percent:g}"
+            stop_reason = f"not touched: {failed} of {len(batch)} host(s) of batch {number} failed ({limit})"
+            stopped = f"stopped after batch {number} ({failed} of {len(batch)} host(s) failed, {limit})"
+    skipped = any(r.status == "skipped" for r in recaps.values())
+    return ApplyResult(tuple(recaps[t.name] for t in targets), stopped if skipped else None)

@@ -620,7 +620,11 @@ def identity_files_exist(inp: RuleInput) -> Iterator[Finding]:
 
 def local_hosts_apart(inp: RuleInput) -> Iterator[Finding]:
     """Two hosts on this machine (`connection: local`) write the same managed files (`files:` is one for
-    the fleet) and the same twin overlay: each apply would undo the other's, forever."""
+    the fleet): each apply would undo the other's, forever. A rig that writes no env file (all null) is
+    safe to read and plan that way."""
+    files = inp.spec.files
+    if files.profile_d is None and files.environment_file is None and files.launcher is None:
+        return
     first: tuple[Loc, Host] | None = None
     for loc, host in inp.written_hosts():
         if host.connection != "local":

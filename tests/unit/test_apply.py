@@ -366,7 +366,9 @@ def test_finish_judges_what_is_left() -> None:
     reboot_only = finish("h", [change("reboot", "manual")], ["driver: installed"])
     assert (reboot_only.status, reboot_only.reboot_required) == ("changed", True)
     left = finish("h", [change("gpus", "verify-failed")], [])
-    assert (left.status, left.error) == ("failed", "not converged: 1 change(s) left")
+    assert (left.status, left.error) == ("failed", "1 check failed: gpus")
+    both = finish("h", [change("topology", "verify-failed"), change("driver"), change("file:/a")], [])
+    assert both.error == "1 check failed: topology; 2 changes left: driver, file:/a"
     assert finish("h", [], [], error="boom", unreachable=True).status == "unreachable"
 
 
@@ -516,3 +518,26 @@ def test_wait_options_are_checked(option: str, value: str, capsys: pytest.Captur
     with pytest.raises(SystemExit):
         cli.main(["apply", "rig.yaml", option, value])
     assert f"argument {option}: give a number of seconds from 0 to 3600" in capsys.readouterr().err
+
+
+def test_the_recap_names_a_stop_once_and_never_wraps_in_a_log(
+    tmp_path: Path, boxes: dict[str, Box], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    boxes.update({"gpu-a": Box(persistence=False), "gpu-b": Box(persistence=False), "gpu-c": Box()})
+    boxes["gpu-a"].fail_kind = "persistence"
+    load(tmp_path)
+    monkeypatch.setattr(pool, "_default_agent", lambda: object())
+    argv = ["apply", str(tmp_path / "rig.yaml"), "--yes", "--serial", "1", "--max-fail-percent", "0"]
+    assert cli.main(argv) == 2
+    out = capsys.readouterr().out  # not a terminal, as a log or a pipe
+    lines = out.splitlines()
+    stop = "stopped after batch 1 (1 of 1 host(s) failed, --max-fail-percent 0); not touched: gpu-b, gpu-c"
+    assert stop in lines
+    rows = [line for line in lines if "│" in line]  # the table's rows
+    assert len(rows) == 1 and rows[0].rstrip().endswith("step 4 (persistence) failed: persistence broke"), out
+
+
+def test_a_failed_check_reads_as_a_check_not_as_a_change(tmp_path: Path, boxes: dict[str, Box]) -> None:
+    boxes.update({"gpu-a": Box(gpus=1), "gpu-b": Box(), "gpu-c": Box()})
+    recap = by_host(run(load(tmp_path)))["gpu-a"]
+    assert recap.status == "failed" and recap.error == "1 check failed: gpus"

@@ -152,7 +152,13 @@ def test_json_schema_keys_are_stable() -> None:
         "failed": 0,
     }
     assert list(doc["hosts"]) == ["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e", "gpu-f", "gpu-g", "gpu-h"]
-    assert doc["hosts"]["gpu-c"] == {"status": "unreachable", "error": "connection refused", "changes": []}
+    assert doc["hosts"]["gpu-c"] == {
+        "status": "unreachable",
+        "error": "connection refused",
+        "simulated": None,  # never read
+        "control_machine": None,
+        "changes": [],
+    }
     driver = doc["hosts"]["gpu-a"]["changes"][0]
     assert driver == {
         "resource": "driver",
