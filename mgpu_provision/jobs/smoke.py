@@ -113,6 +113,16 @@ class SmokeReport:
         }
 
 
+def with_ddp(loaded: LoadedRig, hosts: list[Host]) -> tuple[list[Host], list[str]]:
+    """The hosts whose rig has a `ddp` section, and a notice naming the others (smoke runs DDP groups, so
+    it leaves them out); when none has one, all of them, for `plan_smoke` to refuse."""
+    chosen = [h for h in hosts if loaded.rig_of(h).ddp is not None]
+    left = [h.name for h in hosts if loaded.rig_of(h).ddp is None]
+    if not chosen or not left:
+        return hosts, []
+    return chosen, [f"skipped {', '.join(left)}: no `ddp` section in their rig (smoke runs DDP groups only)"]
+
+
 def plan_smoke(loaded: LoadedRig, hosts: list[Host], run_id: str) -> list[NodePart]:
     """Each selected host's part, group by group (master first); errors name what to fix."""
     without = [h.name for h in hosts if loaded.rig_of(h).ddp is None]
@@ -308,6 +318,7 @@ def run_smoke(
 ) -> SmokeReport:
     """Run the smoke on every selected host at once; hosts whose call failed get a cleanup call after."""
     run_id = f"mgpu-smoke-{uuid.uuid4().hex[:12]}"
+    hosts, skipped = with_ddp(loaded, hosts)
     parts = plan_smoke(loaded, hosts, run_id)
     if len(parts) > MAX_FORKS:
         raise ProvisionError(f"smoke starts every node at once; {len(parts)} hosts exceed {MAX_FORKS}")
@@ -356,7 +367,8 @@ def run_smoke(
     failed = [t for t in chosen if outcomes[t.name].status != "ok"]
     if failed:
         clean_up(failed)
-    return build_report(run_id, parts, outcomes, loaded.spec.smoke.busbw_floor_gbps)
+    report = build_report(run_id, parts, outcomes, loaded.spec.smoke.busbw_floor_gbps)
+    return dataclasses.replace(report, notices=[*skipped, *report.notices])
 
 
 def interrupted_line(run_id: str, cleaned: Mapping[str, HostOutcome[dict[str, Any]]]) -> str:
