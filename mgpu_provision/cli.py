@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from . import __version__
-from .commands.output import visible
-from .errors import ProvisionError
+from .commands.output import print_json, visible
+from .errors import ProvisionError, SpecError
 
 # Order here is the order in `--help`.
 COMMANDS = ("validate", "schema", "facts", "plan", "apply", "smoke", "reclaim", "init", "demo")
@@ -107,6 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except ProvisionError as exc:
         print(f"error: {visible(str(exc))}", file=sys.stderr)  # messages may quote a node's output
+        if getattr(args, "json", False):  # `... --json | jq .exit_code` reads 1, not nothing
+            problems = [p.as_dict() for p in exc.problems] if isinstance(exc, SpecError) else []
+            print_json(1, {}, error=str(exc), problems=problems)
         return 1
     except KeyboardInterrupt as exc:  # a command that stopped something says what (smoke's SmokeInterrupted)
         print(f"interrupted: {visible(str(exc))}" if str(exc) else "interrupted", file=sys.stderr)

@@ -9,7 +9,6 @@ Progress lines, notes and errors quote the nodes: they are printed through `outp
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -22,7 +21,7 @@ from ..jobs.plan import FleetPlan
 from ..jobs.playbooks import load_playbook, select_steps
 from ..jobs.rollout import parse_max_fail_percent, parse_serial
 from . import options
-from .output import host_table, make_console, shown
+from .output import host_table, make_console, print_json, shown
 from .plan_view import add_diff_option, change_json, change_lines, host_ranges, render_plan
 
 MAX_WAIT_S = 3600
@@ -142,9 +141,8 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     if args.json:
-        print(json.dumps(as_json(playbook.name, steps, result, plan), indent=2, sort_keys=True))
-    else:
-        show_recap(out, result, plan)
+        return print_json(result.exit_code, **as_json(playbook.name, steps, result, plan))
+    show_recap(out, result, plan)
     return result.exit_code
 
 
@@ -230,4 +228,5 @@ def as_json(playbook: str, steps: tuple[str, ...], result: ApplyResult, plan: Fl
         "hosts": hosts,
         "recap": result.counts(),
         "converged": result.converged,
+        "stopped": result.stopped,
     }

@@ -10,7 +10,6 @@ inside their functions, so that `--json` never loads it.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import TYPE_CHECKING, Any
 
 from ..facts import Facts, Gpu, PcieLink
@@ -18,7 +17,7 @@ from ..fleet.pool import HostOutcome
 from ..jobs.plan import gather_facts
 from ..node.nvidia.topology import format_topology, gpu_matrix
 from . import options
-from .output import make_console, shown
+from .output import make_console, print_json, shown
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -133,11 +132,11 @@ def render(outcomes: dict[str, HostOutcome[Facts]], console: Console) -> None:
 def run(args: argparse.Namespace) -> int:
     fleet = options.prepare(args)
     outcomes = gather_facts(fleet.loaded, fleet.targets, fleet.options)
+    code = 0 if all(o.status == "ok" for o in outcomes.values()) else 2
     if args.json:
-        print(json.dumps(as_json(outcomes), indent=2))
-    else:
-        render(outcomes, make_console())
-    return 0 if all(o.status == "ok" for o in outcomes.values()) else 2
+        return print_json(code, **as_json(outcomes))
+    render(outcomes, make_console())
+    return code
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

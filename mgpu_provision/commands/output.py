@@ -13,6 +13,7 @@ rich is imported inside the functions that draw, so that `--json` runs never loa
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -60,6 +61,18 @@ def make_console(file: TextIO | None = None, width: int | None = None, soft_wrap
     if width is None and not out.isatty():
         width = NOT_A_TERMINAL_WIDTH
     return Console(file=out, highlight=False, width=width, soft_wrap=soft_wrap)
+
+
+# The version of the document every `--json` prints (docs/json.md); keys are only ever added.
+JSON_FORMAT_VERSION = 1
+
+
+def print_json(exit_code: int, hosts: Mapping[str, object], **rest: object) -> int:
+    """Print a command's `--json` document: the shared envelope (format_version, exit_code, hosts), then
+    the command's own keys (docs/json.md). Returns `exit_code`, for the command to return."""
+    document = {"format_version": JSON_FORMAT_VERSION, "exit_code": exit_code, "hosts": hosts, **rest}
+    print(json.dumps(document, indent=2))
+    return exit_code
 
 
 def plural(count: int, one: str, many: str | None = None) -> str:

@@ -20,7 +20,7 @@ from ..fleet.pool import run_fleet
 from ..fleet.session import AgentSession
 from ..jobs.reclaim import HostReclaim, HostResult, agent_args, collect, exit_code, reclaim_on
 from . import options
-from .output import make_console, shown
+from .output import JSON_FORMAT_VERSION, make_console, shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 def as_json(hosts: list[HostReclaim], dry_run: bool, user: str | None = None) -> dict[str, Any]:
     """Stable keys for scripts: per host status, error, processes and freed MiB; the total; the exit code."""
     return {
+        "format_version": JSON_FORMAT_VERSION,  # the envelope every --json shares (docs/json.md)
         "dry_run": dry_run,
         "user": user,
         "hosts": {

@@ -619,24 +619,25 @@ def identity_files_exist(inp: RuleInput) -> Iterator[Finding]:
 
 
 def local_hosts_apart(inp: RuleInput) -> Iterator[Finding]:
-    """Two hosts on this machine (`connection: local`) write the same managed files (`files:` is one for
-    the fleet): each apply would undo the other's, forever. A rig that writes no env file (all null) is
-    safe to read and plan that way."""
+    """Two simulated hosts on this machine (`connection: local`, a rehearsal of a fleet) write the same
+    managed files (`files:` is one for the fleet): each apply would undo the other's, forever, while each
+    twin says its box converged. A rig that writes no env file (all null) is safe to read and plan that
+    way, and real local hosts are this one machine under several names (smoke tests use that)."""
     files = inp.spec.files
     if files.profile_d is None and files.environment_file is None and files.launcher is None:
         return
     first: tuple[Loc, Host] | None = None
     for loc, host in inp.written_hosts():
-        if host.connection != "local":
+        if host.connection != "local" or host.simulate is None:
             continue
         if first is None:
             first = (loc, host)
             continue
         yield Finding(
             (*loc, "connection"),
-            f"'{host.name}' and '{first[1].name}' both run on this machine (connection: local) and would "
-            "write the same managed files (files:) over each other; rehearse several nodes with one rig "
-            "file per local host, or with SSH hosts (README, \"Rehearsing a fleet\")",
+            f"'{host.name}' and '{first[1].name}' are simulated on this machine (connection: local) and "
+            "would write the same managed files (files:) over each other; rehearse several nodes with one "
+            "rig file per local host, or with SSH hosts (README, \"Rehearsing a fleet\")",
         )
 
 

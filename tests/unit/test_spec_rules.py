@@ -438,10 +438,10 @@ CASES = {
         "keys/id_gone does not exist",
     ),
     "local-hosts-apart": (
-        "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, connection: local}\n"
-        "  - {name: gpu-b, rig: pair, connection: local}  # <-\nrigs:\n  pair:\n" + GPUS,
+        "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, connection: local, simulate: a.yaml}\n"
+        "  - {name: gpu-b, rig: pair, connection: local, simulate: b.yaml}  # <-\nrigs:\n  pair:\n" + GPUS,
         "hosts[1].connection",
-        "'gpu-b' and 'gpu-a' both run on this machine (connection: local) and would write the same "
+        "'gpu-b' and 'gpu-a' are simulated on this machine (connection: local) and would write the same "
         "managed files",
     ),
 }
