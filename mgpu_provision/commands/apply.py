@@ -19,12 +19,15 @@ from ..errors import ProvisionError
 from ..jobs.apply import ApplyResult, ApplySettings, fleet_plan, rollout, to_carry_out
 from ..jobs.plan import FleetPlan
 from ..jobs.playbooks import load_playbook, select_steps
-from ..jobs.rollout import parse_max_fail_percent, parse_serial
+from ..jobs.rollout import Serial, parse_max_fail_percent, parse_serial
 from . import options
 from .output import host_table, make_console, print_json, shown
 from .plan_view import add_diff_option, change_json, change_lines, host_ranges, render_plan
 
 MAX_WAIT_S = 3600
+# Without --serial, a rollout that reboots goes one host at a time: a driver that breaks boot must not take
+# every box down at once (the default of Ansible's rolling updates, `serial`, for the same reason).
+REBOOT_SERIAL = Serial(1, False)
 
 
 class NotConfirmed(ProvisionError):
@@ -59,7 +62,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--tags", metavar="A,B", help="run only the playbook steps with one of these tags")
     parser.add_argument("--skip-tags", metavar="A,B", help="leave out the playbook steps with these tags")
-    parser.add_argument("--serial", metavar="N|N%", help="hosts per batch (default: all at once)")
+    parser.add_argument(
+        "--serial",
+        metavar="N|N%",
+        help="hosts per batch (default: all at once, or one at a time when a reboot is planned)",
+    )
     parser.add_argument(
         "--max-fail-percent", metavar="P", help="stop the later batches when more than P%% of a batch fails"
     )
@@ -119,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
 
     plan = fleet_plan(fleet.loaded, fleet.targets, steps, fleet.options)
     busy = [h for h in plan.hosts if to_carry_out(h, steps)]
+    if serial is None and reboots(plan, steps):
+        serial = REBOOT_SERIAL
+        err.print(shown("note: a reboot is planned, so one host at a time (--serial 1; --serial N chooses)"))
     if busy:
         show_plan(out, plan, steps, args.diff)
         confirm(args.yes, len(busy), err)
@@ -144,6 +154,11 @@ def run(args: argparse.Namespace) -> int:
         return print_json(result.exit_code, **as_json(playbook.name, steps, result, plan))
     show_recap(out, result, plan)
     return result.exit_code
+
+
+def reboots(plan: FleetPlan, steps: tuple[str, ...]) -> bool:
+    """Whether apply would reboot a host of `plan` (its `reboot: allowed` and the playbook's reboot step)."""
+    return any(c.resource == "reboot" for h in plan.hosts for c in to_carry_out(h, steps))
 
 
 def confirm(yes: bool, hosts: int, console: Console) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -71,6 +72,13 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         self._known_hosts.record(hostname, key)
+        # OpenSSH's words (sshconnect.c), so a trusted key is never recorded silently.
+        kind = key.get_name().removeprefix("ssh-").split("-")[0].upper()
+        print(
+            f"Warning: Permanently added '{hostname}' ({kind}) to the list of known hosts "
+            f"({self._known_hosts.path}).",
+            file=sys.stderr,
+        )
 
 
 def _known_hosts_path(conn: fabric.Connection, options: FleetOptions) -> Path:

@@ -541,3 +541,19 @@ def test_a_failed_check_reads_as_a_check_not_as_a_change(tmp_path: Path, boxes: 
     boxes.update({"gpu-a": Box(gpus=1), "gpu-b": Box(), "gpu-c": Box()})
     recap = by_host(run(load(tmp_path)))["gpu-a"]
     assert recap.status == "failed" and recap.error == "1 check failed: gpus"
+
+
+def test_a_rollout_that_reboots_goes_one_host_at_a_time_by_default(
+    tmp_path: Path, boxes: dict[str, Box], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    boxes.update({"gpu-a": drifted(), "gpu-b": drifted(), "gpu-c": Box()})
+    load(tmp_path)
+    monkeypatch.setattr(pool, "_default_agent", lambda: object())
+    assert cli.main(["apply", str(tmp_path / "rig.yaml"), "--yes"]) == 0
+    err = capsys.readouterr().err
+    assert "note: a reboot is planned, so one host at a time (--serial 1; --serial N chooses)" in err
+    assert "batch 1: applying on gpu-a" in err and "batch 2: applying on gpu-b" in err
+    # Without a reboot, all at once as before.
+    boxes.update({"gpu-a": Box(persistence=False), "gpu-b": Box(persistence=False)})
+    assert cli.main(["apply", str(tmp_path / "rig.yaml"), "--yes"]) == 0
+    assert "batch 1: applying on gpu-a, gpu-b" in capsys.readouterr().err
