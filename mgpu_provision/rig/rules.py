@@ -309,12 +309,15 @@ def bridge_pairs_distinct(inp: RuleInput) -> Iterator[Finding]:
 
 
 def bridge_links_given(inp: RuleInput) -> Iterator[Finding]:
+    # A captured matrix gives the links of every pair itself (its NV# cells), as the README offers.
     for loc, rig in inp.rigs():
-        if rig.bridge.kind in NVLINK_KINDS and rig.bridge.links is None:
+        bridge = rig.bridge
+        if bridge.kind in NVLINK_KINDS and bridge.links is None and bridge.topology_file is None:
             yield Finding(
                 (*loc, "bridge"),
-                f"bridge kind {rig.bridge.kind} needs `links`: the active NVLinks expected per "
-                + ("GPU (to the switches)" if rig.bridge.kind == "nvswitch" else "bridged pair"),
+                f"bridge kind {bridge.kind} needs `links` (the active NVLinks expected per "
+                + ("GPU, to the switches" if bridge.kind == "nvswitch" else "bridged pair")
+                + ") or a `topology_file` (a capture of `nvidia-smi topo -m` that shows them)",
             )
 
 
