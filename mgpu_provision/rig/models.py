@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from pydantic import Strict as StrictMode
 
 from ..judge.health import CRITICAL_XIDS
+from .cards import placeholder
 
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
 SAFE_TOKEN = r"^[A-Za-z0-9_.,:=@%+/^-]*$"
@@ -128,6 +129,17 @@ class Gpus(Strict):
         pattern=r"^[A-Za-z0-9 ._()/+-]+$",
         description='exact NVML name, e.g. "NVIDIA GeForce RTX 3090"',
     )
+
+    @field_validator("model")
+    @classmethod
+    def _not_a_placeholder(cls, value: str) -> str:
+        # Checked with the schema, not as a rule: a rig with other errors reports it at once too.
+        if placeholder(value):
+            raise ValueError(
+                f"'{value}' is a placeholder: write the GPU's exact NVML name, as "
+                "`nvidia-smi --query-gpu=name --format=csv,noheader` prints it"
+            )
+        return value
     count: StrictInt = Field(ge=1, le=64, description="number of GPUs every box of this rig has")
     min_pcie_gen: int | None = Field(None, ge=1, le=7, description="lowest PCIe generation (judged by max)")
     min_pcie_width: int | None = Field(None, ge=1, le=32, description="narrowest PCIe link width, e.g. 16")

@@ -12,6 +12,7 @@ references against every name the file declares (`declared_hosts`, `declared_rig
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from ..node.nvidia.topology import TopoMatrix
 from ..node.packages import sources
-from .cards import card_class, missing_connector
+from .cards import card_class, missing_connector, nvml_name_for
 from .envvalues import path_entry_problem, value_problem
 from .files import resolve_path
 from .models import SLI_MODES, Driver, Host, Rig, RigFile
@@ -137,7 +138,10 @@ def group_members_exist(inp: RuleInput) -> Iterator[Finding]:
     for group, members in inp.spec.groups.items():
         for index, member in enumerate(members):
             if member not in inp.declared_hosts:
-                yield Finding(("groups", group, index), f"group member '{member}' is not a host of the fleet")
+                hint = did_you_mean(member, inp.declared_hosts)
+                yield Finding(
+                    ("groups", group, index), f"group member '{member}' is not a host of the fleet{hint}"
+                )
 
 
 def group_names_distinct_from_hosts(inp: RuleInput) -> Iterator[Finding]:
@@ -150,13 +154,32 @@ def group_names_distinct_from_hosts(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`; did you mean 'lab-1'?` for a close name (difflib, as the CLI's commands), or ''."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.75)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
 def ddp_master_in_fleet(inp: RuleInput) -> Iterator[Finding]:
     if not inp.hosts_known:
         return
     for loc, rig in inp.rigs():
         if rig.ddp is not None and rig.ddp.master not in inp.declared_hosts:
+            hint = did_you_mean(rig.ddp.master, inp.declared_hosts)
             yield Finding(
-                (*loc, "ddp", "master"), f"ddp master '{rig.ddp.master}' is not a host of the fleet"
+                (*loc, "ddp", "master"), f"ddp master '{rig.ddp.master}' is not a host of the fleet{hint}"
+            )
+
+
+def gpu_model_is_a_name(inp: RuleInput) -> Iterator[Finding]:
+    """The model is matched against NVML's name exactly: a shorthand never matches (a placeholder is
+    refused by the model itself)."""
+    for loc, rig in inp.rigs():
+        model = rig.gpus.model
+        if (name := nvml_name_for(model)) is not None:
+            yield Finding(
+                (*loc, "gpus", "model"),
+                f"'{model}' is not an NVML name (plan compares it exactly); did you mean '{name}'?",
             )
 
 
@@ -652,6 +675,7 @@ RULES: tuple[Rule, ...] = (
     group_members_exist,
     group_names_distinct_from_hosts,
     ddp_master_in_fleet,
+    gpu_model_is_a_name,
     ddp_master_uses_rig,
     ddp_master_has_address,
     visible_devices_valid,
