@@ -170,23 +170,43 @@ def kind_lines(plan: FleetPlan) -> list[Text]:
 
 
 def _key(change: Change) -> tuple[object, ...]:
-    return (change.resource, change.action, change.summary, change.reboot, change.diff)
+    """What a person reads of a change: its line. Two new env files that differ only in the header comment
+    naming their host read alike, so they are one line (their diffs, with --diff, each distinct one once)."""
+    return (change.resource, change.action, change.summary, change.reboot)
+
+
+# The distinct diffs of one shared change: each with a change that has it and the hosts it is for.
+Variants = dict[str | None, tuple[Change, list[str]]]
+
+
+def _diffs(variants: Variants) -> list[Text]:
+    """The diff lines of a shared change: the one diff, or each distinct one under the hosts it is for."""
+    if len(variants) == 1:
+        (change, _), = variants.values()
+        return change_lines(change, new_content=True)[1:]
+    lines: list[Text] = []
+    for change, hosts in variants.values():
+        lines.append(shown((f"    on {host_ranges(hosts)}:", "dim")))
+        lines += change_lines(change, new_content=True)[1:]
+    return lines
 
 
 def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:
     """Each change that two or more hosts share once, with their names; then each host with what is its
     own (or why it could not be read); then the hosts with nothing to do."""
-    shared: dict[tuple[object, ...], tuple[Change, list[str]]] = {}
+    shared: dict[tuple[object, ...], tuple[Change, list[str], Variants]] = {}
     for host in plan.hosts:
         for change in host.changes:
-            shared.setdefault(_key(change), (change, []))[1].append(host.host)
+            _, hosts, variants = shared.setdefault(_key(change), (change, [], {}))
+            hosts.append(host.host)
+            variants.setdefault(change.diff, (change, []))[1].append(host.host)
     lines: list[Text] = []
-    for change, hosts in shared.values():
+    for change, hosts, variants in shared.values():
         if len(hosts) < 2:
             continue
-        head, *diff = change_lines(change, new_content=True)
+        head = change_lines(change, new_content=True)[0]
         head.append(f"  on {plural(len(hosts), 'host', 'hosts')}: {host_ranges(hosts)}", style="dim")
-        lines += [head, *(diff if diffs else [])]
+        lines += [head, *(_diffs(variants) if diffs else [])]
     idle = []
     for host in plan.hosts:
         own = [c for c in host.changes if len(shared[_key(c)][1]) == 1]
