@@ -137,7 +137,8 @@ def test_the_first_plan_of_a_new_fleet_groups_files_whose_header_names_the_host(
 
     def new_env(host: str) -> Change:
         diff = f"--- /dev/null\n+++ {path}\n+# managed by mgpu-provision for {host}\n+A=1\n"
-        return Change(f"file:{path}", "create", "new file, 2 lines, mode 0644", None, None, diff=diff, phase="env")
+        summary = "new file, 2 lines, mode 0644"
+        return Change(f"file:{path}", "create", summary, None, None, diff=diff, phase="env")
 
     hosts = [HostPlan(f"gpu-{n:02d}", "ok", (new_env(f"gpu-{n:02d}"),)) for n in range(1, 19)]
     lines = rendered(fleet(*hosts)).splitlines()
