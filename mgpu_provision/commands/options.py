@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,14 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         "--ssh-config", type=paths.input_file, metavar="FILE", help="ssh config (default: ~/.ssh/config)"
     )
     parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log each host's SSH steps with times on stderr (connect, banner, key exchange, login, agent); "
+        "-vv for every detail",
+    )
+    parser.add_argument(
         "--timeout",
         type=_positive_seconds,
         metavar="SECONDS",
@@ -92,8 +102,20 @@ def fleet_options(args: argparse.Namespace) -> FleetOptions:
     )
 
 
+def verbose(level: int) -> None:
+    """`-v`: this tool's and Paramiko's log records with the time of each, to see which SSH step is slow."""
+    if level:
+        logging.basicConfig(
+            level=logging.INFO if level == 1 else logging.DEBUG,
+            format="%(asctime)s.%(msecs)03d %(name)s: %(message)s",
+            datefmt="%H:%M:%S",
+            stream=sys.stderr,
+        )
+
+
 def prepare(args: argparse.Namespace) -> FleetRun:
     """Load and check the rig (SpecError on problems), apply --limit, build targets and options."""
+    verbose(args.verbose)
     loaded = load_rig(args.rig)
     hosts = select_hosts(loaded, args.limit)
     targets = targets_for(loaded, hosts)

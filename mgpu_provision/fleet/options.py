@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -97,5 +98,7 @@ class FleetOptions:
     ssh_config: Path | None = None
     agent: AgentPayload | None = None
     shared_ssh: SharedSsh | None = field(default=None, repr=False, compare=False)
+    # Told each host's name as its job ends (from the worker thread): the commands' "still waiting for".
+    on_host_done: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
 

@@ -7,6 +7,7 @@ never stops or hides the others.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,8 @@ from .session import AgentSession
 from .targets import HostTarget
 
 T = TypeVar("T")
+# `-v` shows these (and Paramiko's own steps: banner, key exchange, authentication) with timestamps.
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,12 +51,16 @@ def _run_one(
     def outcome(
         status: Literal["ok", "failed", "unreachable"], value: T | None, error: str | None
     ) -> HostOutcome[T]:
+        if options.on_host_done is not None:
+            options.on_host_done(target.name)
         return HostOutcome(status, value, error, time.monotonic() - started)
 
+    log.info("%s: connecting", target.name)
     try:
         opened = session.open_session(target, options, agent)
     except ConnectionFailed as exc:
         return outcome("unreachable", None, str(exc))
+    log.info("%s: connected and logged in after %.2fs", target.name, time.monotonic() - started)
     try:
         return outcome("ok", fn(opened), None)
     except ConnectionFailed as exc:
@@ -64,6 +71,7 @@ def _run_one(
         return outcome("failed", None, f"{type(exc).__name__}: {exc}")
     finally:
         opened.close()
+        log.info("%s: done after %.2fs", target.name, time.monotonic() - started)
 
 
 def run_fleet(
