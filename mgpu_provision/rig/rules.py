@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..node.nvidia.topology import TopoMatrix
 from ..node.packages import sources
-from .cards import card_class, missing_connector
+from .cards import card_class, missing_connector, missing_nvlink, module_type, open_modules_only
 from .envvalues import path_entry_problem, value_problem
 from .files import resolve_path
 from .models import SLI_MODES, Driver, Host, Rig, RigFile
@@ -284,6 +284,17 @@ def card_has_bridge_connector(inp: RuleInput) -> Iterator[Finding]:
             yield Finding((*loc, "sli", "mode"), f"{why}: SLI mode {rig.sli.mode} is impossible")
 
 
+def card_has_nvlink_connector(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        family = missing_nvlink(rig.gpus.model)
+        if family is not None and rig.bridge.kind in NVLINK_KINDS:
+            yield Finding(
+                (*loc, "bridge", "kind"),
+                f"{rig.gpus.model} has no NVLink connector ({family}): bridge kind {rig.bridge.kind} is "
+                "impossible; use kind none (PCIe)",
+            )
+
+
 def bridge_pairs_in_range(inp: RuleInput) -> Iterator[Finding]:
     for loc, rig in inp.rigs():
         for index, pair in enumerate(rig.bridge.pairs):
@@ -442,6 +453,33 @@ def driver_source_fits(inp: RuleInput) -> Iterator[Finding]:
             yield Finding(
                 (*at, "method"),
                 f"the {driver.source} source is installed with {' or '.join(methods)}, not {driver.method}",
+            )
+
+
+def kernel_modules_fit_architecture(inp: RuleInput) -> Iterator[Finding]:
+    """Blackwell and Grace GPUs come up without a usable GPU (RmInitAdapter failed) on the proprietary
+    modules: refused here, whether the rig asks for them or its branch defaults to them."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        family = open_modules_only(rig.gpus.model)
+        if driver is None or family is None:
+            continue
+        branch = str(driver.branch or str(driver.version or "").split(".")[0])
+        if not branch.isdigit():
+            continue  # driver_version_or_branch says what is missing
+        if module_type(driver.flavor, rig.gpus.model, branch) == "open":
+            continue
+        why = (
+            f"{rig.gpus.model} ({family}) runs only the open kernel modules; NVIDIA does not support the "
+            "proprietary ones there and the GPU does not initialize"
+        )
+        if driver.flavor is not None:
+            yield Finding((*loc, "driver", "flavor"), f"{why}: flavor {driver.flavor} is proprietary")
+        else:
+            yield Finding(
+                (*loc, "driver"),
+                f"{why}: branch {branch} installs them by default (open from {sources.OPEN_DEFAULT_FROM}); "
+                f"use branch {sources.OPEN_DEFAULT_FROM} or later, or set flavor open",
             )
 
 
@@ -622,6 +660,7 @@ RULES: tuple[Rule, ...] = (
     sli_needs_bridge,
     sli_mosaic_needs_professional_cards,
     card_has_bridge_connector,
+    card_has_nvlink_connector,
     bridge_pairs_in_range,
     bridge_pairs_distinct,
     bridge_links_given,
@@ -631,6 +670,7 @@ RULES: tuple[Rule, ...] = (
     driver_version_or_branch,
     runfile_complete,
     driver_source_fits,
+    kernel_modules_fit_architecture,
     reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,
     env_safe,
