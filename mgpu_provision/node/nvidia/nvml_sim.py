@@ -78,7 +78,10 @@ class SimulatedBackend(SimulatedHealth, Backend):
     def install_fabric_manager(self, step: Dict[str, Any]) -> Tuple[bool, str]:
         version = str(step["version"])
         changed = self.twin.fabricmanager_version() != version
-        self.twin.state["fabricmanager"] = version
+        if changed:
+            # Saved here: switch_service saves only when the unit changes, and it was often enabled already.
+            self.twin.state["fabricmanager"] = version
+            self.twin.save_state()
         started, message = self.switch_service(FABRICMANAGER, True, bool(step.get("start")))
         return changed or started, f"installed Fabric Manager {version}; {message}" if changed else message
 
