@@ -233,8 +233,12 @@ class KernelReadiness(Fact):
     running: str
     installed: list[str] = Field(default_factory=list, description="kernels with an image in /boot")
     nvidia_module_for: list[str] = Field(default_factory=list, description="kernels with an nvidia.ko")
+    next_boot: str | None = Field(None, description="the bootloader's default kernel; None: the newest")
     secure_boot: bool | None = None
     module_signed: bool | None = Field(None, description="judged only with Secure Boot on")
+    module_key_enrolled: bool | None = Field(
+        None, description="the module's signing key is trusted (enrolled); judged only with Secure Boot on"
+    )
 
 
 class HostHealth(Fact):

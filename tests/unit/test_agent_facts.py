@@ -454,7 +454,8 @@ gpus:
   - name: "NVIDIA A100-SXM4-80GB"
     memory_mib: 81920
 kernel: {running: "6.8.0-45-generic", installed: ["6.8.0-45-generic", "6.8.0-47-generic"],
-         nvidia_module_for: ["6.8.0-45-generic"], secure_boot: false, module_signed: true}
+         nvidia_module_for: ["6.8.0-45-generic"], secure_boot: false, module_signed: true,
+         module_key_enrolled: true, next_boot: "6.8.0-45-generic"}
 """
 
 

@@ -28,6 +28,9 @@ class RealHealth:
     def _optional(self, call: Callable[[], Any]) -> Any:
         raise NotImplementedError  # RealBackend's: None where NVML cannot answer
 
+    def installed_version(self) -> Optional[str]:
+        raise NotImplementedError  # RealBackend's
+
     def _first(self, gpu: int, names: Tuple[str, ...], *args: Any) -> Any:
         """The first of `names` (newest first) this libnvidia-ml has, called on the GPU; None if none has."""
         nvml, handle = self._nvml, self._handle(gpu)
@@ -44,7 +47,8 @@ class RealHealth:
         return kernel.read_xids()
 
     def kernel_readiness(self) -> Optional[Dict[str, Any]]:
-        return kernel.readiness()
+        # A module of another driver version does not count as built (it fails to load).
+        return kernel.readiness(driver_version=self.installed_version())
 
     def ecc_mode(self, gpu: int) -> Optional[Tuple[bool, bool]]:
         modes = self._optional(lambda: self._nvml.nvmlDeviceGetEccMode(self._handle(gpu)))
