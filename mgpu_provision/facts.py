@@ -83,6 +83,13 @@ class LostGpu(Fact):
     error: str = Field(description='NVML\'s words, e.g. "GPU is lost"')
 
 
+class GpuFabric(Fact):
+    """Where the NVLink fabric placed a GPU: GPUs of one NVLink domain share cluster UUID and clique id."""
+
+    clique_id: int
+    cluster_uuid: str
+
+
 class Gpu(Fact):
     index: int
     name: str
@@ -92,6 +99,7 @@ class Gpu(Fact):
     persistence_mode: bool | None = None
     pcie: PcieLink = PcieLink()
     nvlinks: list[NvLink] = Field(default_factory=list)
+    fabric: GpuFabric | None = Field(None, description="NVLink fabric registration; None outside one")
 
 
 P2PStatus = Literal["OK", "CNS", "GNS", "TNS", "DR", "NS", "U"]

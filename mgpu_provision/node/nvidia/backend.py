@@ -264,3 +264,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def fabric_info(self, gpu: int) -> Optional[Tuple[int, str]]:
         """(FABRIC_STATES key, "success" or NVML's words for the registration's result)."""
+
+    @abc.abstractmethod
+    def fabric_clique(self, gpu: int) -> Optional[Tuple[int, str]]:
+        """(clique id, cluster UUID) of a GPU registered with an NVLink fabric; None elsewhere. GPUs of one
+        NVLink domain (a GB200 NVL72 rack) share the cluster UUID and clique id."""

@@ -11,6 +11,7 @@ Shipped to nodes: standard library only (plus the bundled pynvml), Python 3.8.
 from __future__ import annotations
 
 import ctypes
+import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import kernel
@@ -120,6 +121,20 @@ class RealHealth:
         return None if modes is None else (modes[0] == on, modes[1] == on)
 
     def fabric_info(self, gpu: int) -> Optional[Tuple[int, str]]:
+        info = self._fabric(gpu)
+        if info is None:
+            return None
+        status = int(info.status)
+        return int(info.state), "success" if status == 0 else str(self._nvml.NVMLError(status))
+
+    def fabric_clique(self, gpu: int) -> Optional[Tuple[int, str]]:
+        """The clique id and cluster UUID the fabric gave the GPU, once its registration completed."""
+        info = self._fabric(gpu)
+        if info is None or int(info.state) != self._nvml.NVML_GPU_FABRIC_STATE_COMPLETED:
+            return None
+        return int(info.cliqueId), str(uuid.UUID(bytes=bytes(bytearray(info.clusterUuid))))
+
+    def _fabric(self, gpu: int) -> Any:
         """Hopper and later on NVSwitch systems; `...InfoV` since R550, the first version since R530."""
         nvml = self._nvml
         for name, struct in (
@@ -129,6 +144,5 @@ class RealHealth:
             info = getattr(nvml, struct)()  # the V struct's constructor sets its version field
             if self._first(gpu, (name,), ctypes.byref(info)) is None:
                 continue  # not in this driver (or not supported: then the older call says so too)
-            status = int(info.status)
-            return int(info.state), "success" if status == 0 else str(nvml.NVMLError(status))
+            return info
         return None

@@ -48,7 +48,7 @@ def _mapping_of(fields: Dict[str, Rule]) -> Rule:
 ECC = {"mode": FLAG, "volatile_uncorrectable": COUNT, "aggregate_uncorrectable": COUNT}
 RETIRED = {"pending": FLAG, "count": COUNT}
 REMAPPED = {"pending": FLAG, "failure": FLAG, "uncorrectable": COUNT}
-FABRIC = {"state": _choice(FABRIC_STATE_NAMES), "status": TEXT}
+FABRIC = {"state": _choice(FABRIC_STATE_NAMES), "status": TEXT, "clique_id": COUNT, "cluster_uuid": TEXT}
 LINK_ERRORS = {"link": COUNT, "crc": COUNT, "replay": COUNT, "recovery": COUNT}
 NESTED = {"ecc": ECC, "retired_pages": RETIRED, "remapped_rows": REMAPPED, "fabric": FABRIC}
 HEALTH: Dict[str, Rule] = {

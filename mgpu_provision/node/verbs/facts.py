@@ -149,7 +149,13 @@ def gpu_facts(backend: Backend, index: int) -> Dict[str, Any]:
         "persistence_mode": backend.persistence_mode(index),
         "pcie": backend.pcie_link(index),
         "nvlinks": nvlink_facts(backend, index),
+        "fabric": _fabric(backend, index),
     }
+
+
+def _fabric(backend: Backend, index: int) -> Optional[Dict[str, Any]]:
+    clique = backend.fabric_clique(index)
+    return None if clique is None else {"clique_id": clique[0], "cluster_uuid": clique[1]}
 
 
 def nvlink_facts(backend: Backend, index: int) -> List[Dict[str, Any]]:
