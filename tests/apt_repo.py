@@ -35,6 +35,7 @@ class SignedRepo:
     folder: Path
     keyring: Path
     fingerprint: str
+    armored: str = ""  # the public key as `driver.repo.key` carries it (ASCII armor)
     address: str = ""
     port: int = 0
     server: subprocess.Popen[bytes] | None = None
@@ -113,7 +114,8 @@ def build(folder: Path, debs: list[Path], gnupg_home: Path, name: str = "mgpu te
     )
     keyring = folder.parent / f"{folder.name}.gpg"
     keyring.write_bytes(_gpg(gnupg_home, "--export", fingerprint))
-    return SignedRepo(folder, keyring, fingerprint)
+    armored = _gpg(gnupg_home, "--armor", "--export", fingerprint).decode()
+    return SignedRepo(folder, keyring, fingerprint, armored)
 
 
 def make_key(gnupg_home: Path, name: str) -> str:
