@@ -483,6 +483,29 @@ def kernel_modules_fit_architecture(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+PGP_ARMOR = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
+
+
+def driver_repo_usable(inp: RuleInput) -> Iterator[Finding]:
+    """A mirror is apt's here (a deb822 source); its key file must be there and be a public key."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None or driver.repo is None:
+            continue
+        at = (*loc, "driver", "repo")
+        if driver.method in ("dnf", "runfile") or driver.source == "rhel":
+            method = driver.method or "dnf"
+            yield Finding(at, f"driver.repo is an apt mirror; this rig installs with {method}")
+        path = resolve_path(inp.base_dir, driver.repo.key)
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as exc:
+            yield Finding((*at, "key"), f"cannot read the mirror's key {path}: {exc.strerror}")
+            continue
+        if PGP_ARMOR not in text:
+            yield Finding((*at, "key"), f"{path} is not an ASCII-armored public key ({PGP_ARMOR} ...)")
+
+
 def _runfile_fits(at: Loc, driver: Driver) -> Iterator[Finding]:
     for key in ("source", "packages"):
         if getattr(driver, key) is not None:
@@ -671,6 +694,7 @@ RULES: tuple[Rule, ...] = (
     runfile_complete,
     driver_source_fits,
     kernel_modules_fit_architecture,
+    driver_repo_usable,
     reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,
     env_safe,

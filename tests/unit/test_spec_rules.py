@@ -186,6 +186,24 @@ CASES = {
         "proprietary ones there and the GPU does not initialize: branch 550 installs them by default (open "
         "from 560)",
     ),
+    "driver-repo-key-readable": (
+        rig(
+            GPUS.strip(),
+            'driver: {version: "535.216.03", source: debian,',
+            "         repo: {url: http://mirror.lab/nvidia/, key: absent.asc}}  # <-",
+        ),
+        "rigs.pair.driver.repo.key",
+        "cannot read the mirror's key",
+    ),
+    "driver-repo-is-apt": (
+        rig(
+            GPUS.strip(),
+            'driver: {version: "550.54.15", source: rhel, method: dnf,',
+            "         repo: {url: http://mirror.lab/nvidia/, key: absent.asc}}  # <-",
+        ),
+        "rigs.pair.driver.repo",
+        "driver.repo is an apt mirror; this rig installs with dnf",
+    ),
     "bridge-pairs-in-range": (
         rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[0, 3]], links: 4}  # <-"),
         "rigs.pair.bridge.pairs[0][1]",
