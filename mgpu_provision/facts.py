@@ -140,6 +140,18 @@ class FabricManager(Fact):
 class PersistenceDaemon(Fact):
     service: ServiceState = Field("unknown", description="nvidia-persistenced's state; absent: not installed")
     enabled: bool | None = Field(None, description="it starts at boot and puts every GPU in persistence mode")
+    exec_start: str | None = Field(
+        None, description="the unit's effective ExecStart (drop-ins merged); None: not read"
+    )
+
+
+class Imex(Fact):
+    """nvidia-imex, the daemon of multi-node NVLink (GB200 NVL72 compute trays)."""
+
+    version: str | None = Field(None, description="installed package version, None when not installed")
+    service: ServiceState = "unknown"
+    enabled: bool | None = None
+    channels: int | None = Field(None, description="IMEX channel devices; None: not read")
 
 
 class Unit(Fact):
@@ -282,6 +294,7 @@ class Facts(Fact):
     board: Board = Board()
     fabricmanager: FabricManager | None = None
     persistenced: PersistenceDaemon | None = None
+    imex: Imex | None = Field(None, description="None: not installed and not looked for")
     units: dict[str, Unit] = Field(default_factory=dict, description="the units the request named, by name")
     sli: SliConfig = SliConfig()
     xorg_layouts: list[XorgLayout] = Field(default_factory=list)

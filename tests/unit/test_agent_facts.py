@@ -490,3 +490,22 @@ def test_the_blackwell_twins_read_as_their_boxes() -> None:
     assert tray.fabricmanager is not None and tray.fabricmanager.version is None
     fabrics = {(g.fabric.clique_id, g.fabric.cluster_uuid) for g in tray.gpus if g.fabric is not None}
     assert fabrics == {(7, "5e1c9a52-7f3d-4a8b-9c0e-2d6f8b1a4c37")}
+
+
+def test_imex_facts_of_a_tray(tmp_path: Path) -> None:
+    twin = tmp_path / "tray.yaml"
+    twin.write_text((TWINS / "gb200-tray.yaml").read_text())
+    assert facts_from_twin(twin).imex is None  # not installed yet
+    twin.write_text(twin.read_text() + 'imex: "580.95.05"\n')
+    twin.write_text(
+        twin.read_text().replace(
+            "nvidia-imex: {enabled: false, running: false}", "nvidia-imex: {enabled: true, running: true}"
+        )
+    )
+    imex = facts_from_twin(twin).imex
+    assert imex is not None and (imex.version, imex.service, imex.enabled, imex.channels) == (
+        "580.95.05",
+        "active",
+        True,
+        1,
+    )

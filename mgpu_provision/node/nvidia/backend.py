@@ -89,6 +89,10 @@ class Backend(abc.ABC):
     def persistence_daemon(self) -> Dict[str, Any]:
         """`{"service", "enabled"}` of nvidia-persistenced (service "absent" when not installed)."""
 
+    @abc.abstractmethod
+    def imex(self) -> Optional[Dict[str, Any]]:
+        """`{"version", "service", "enabled", "channels"}` of nvidia-imex, None when it is not installed."""
+
     def unheld_driver_packages(self, version: str) -> List[str]:
         """Packages of the installed driver set that the package manager does not hold; none by default."""
         return []

@@ -21,6 +21,7 @@ from .twin import Twin, link_plan
 _PCIE_LEVELS = {"PIX": 10, "PSB": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50, "SOC": 50}
 _P2P_OK, _P2P_NOT_SUPPORTED = 0, 5
 _SWITCH_BUSES = 4
+IMEX = "nvidia-imex"
 FABRICMANAGER, PERSISTENCED = (
     "nvidia-fabricmanager",
     "nvidia-persistenced",
@@ -49,12 +50,7 @@ class SimulatedBackend(SimulatedHealth, Backend):
             return None
         if version is None:
             return {"version": None, "service": "absent", "enabled": False}
-        unit = self.twin.service(FABRICMANAGER)
-        # Fabric Manager refuses to start unless it matches the loaded driver exactly.
-        service = (
-            "inactive" if not unit["running"] else "active" if version == self.loaded_version() else "failed"
-        )
-        return {"version": version, "service": service, "enabled": unit["enabled"]}
+        return self._versioned_daemon(FABRICMANAGER, version)
 
     def persistence_daemon(self) -> Dict[str, Any]:
         # It comes with the driver's packages, and runs only while the driver's module is loaded.
@@ -63,6 +59,20 @@ class SimulatedBackend(SimulatedHealth, Backend):
         unit = self.twin.service(PERSISTENCED)
         running = unit["running"] and self.loaded_version() == self.twin.driver_version()
         return {"service": "active" if running else "inactive", "enabled": unit["enabled"]}
+
+    def imex(self) -> Optional[Dict[str, Any]]:
+        # The twin's `imex:` is the installed package's version (schemas/twin.schema.json).
+        version = self.twin.state.get("imex", self.twin.imex)
+        if version is None:
+            return None
+        return dict(self._versioned_daemon(IMEX, version), channels=self.twin.imex_channels)
+
+    def _versioned_daemon(self, unit_name: str, version: str) -> Dict[str, Any]:
+        # Fabric Manager and IMEX refuse to start unless they match the loaded driver exactly.
+        unit = self.twin.service(unit_name)
+        matches = version == self.loaded_version()
+        service = "inactive" if not unit["running"] else "active" if matches else "failed"
+        return {"version": version, "service": service, "enabled": unit["enabled"]}
 
     def kernel_module(self) -> Optional[str]:
         # Only tracked when the twin says which modules run (driver.kernel_module); an install of the other

@@ -44,6 +44,7 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "board": backend.board(),
         "fabricmanager": backend.fabric_manager(),
         "persistenced": backend.persistence_daemon(),
+        "imex": backend.imex(),
         "units": {str(unit): backend.unit_state(str(unit)) for unit in args.get("units") or ()},
         "sli": files.read_sli(args.get("xorg_paths") or []),
         "xorg_layouts": files.server_layouts(args.get("xorg_layout_paths") or []),
