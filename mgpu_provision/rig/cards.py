@@ -79,6 +79,18 @@ def open_modules_only(model: str) -> str | None:
     return _family(_OPEN_ONLY, model)
 
 
+def fabric_manager_elsewhere(model: str) -> bool:
+    """Grace Blackwell compute trays (GB200, GB300 NVL72): their NVLinks end at the rack's switch trays, which
+    run Fabric Manager; the tray itself runs none (it runs nvidia-imex for multi-node NVLink)."""
+    return open_modules_only(model) == "Grace Blackwell"
+
+
+def nvlink5_hgx(model: str) -> bool:
+    """HGX B200/B300 baseboards: NVLink5 NVSwitches, which need NVLink Subnet Manager beside Fabric
+    Manager."""
+    return open_modules_only(model) == "Blackwell" and bool(re.search(r"\bB[123]00\b", model))
+
+
 def module_type(flavor: str | None, model: str, branch: str) -> str:
     """open or proprietary: what a flavor installs, and for no flavor NVIDIA's default for the branch on
     this GPU (open from 560 on Turing and later)."""

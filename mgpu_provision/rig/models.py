@@ -197,6 +197,11 @@ class Driver(Strict):
         "never", description='allowed: reboot to load a new driver; never: report "reboot required"'
     )
     fabricmanager: bool = Field(False, description="install Fabric Manager at exactly the driver's version")
+    imex: bool = Field(
+        False,
+        description="multi-node NVLink (GB200/GB300 NVL72 compute trays): nvidia-imex at the driver's "
+        "version, its unit enabled and running, an IMEX channel",
+    )
     runfile_url: str | None = Field(None, pattern=r"^(https://|/)[^\s'\"`$;]+$", description="runfile source")
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     repo: DriverRepo | None = Field(

@@ -18,8 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..node.nvidia.topology import TopoMatrix
-from ..node.packages import sources
-from .cards import card_class, missing_connector, missing_nvlink, module_type, open_modules_only
+from ..node.packages import names, sources
+from .cards import (
+    card_class,
+    fabric_manager_elsewhere,
+    missing_connector,
+    missing_nvlink,
+    module_type,
+    open_modules_only,
+)
 from .envvalues import path_entry_problem, value_problem
 from .files import resolve_path
 from .models import SLI_MODES, Driver, Host, Rig, RigFile
@@ -524,6 +531,33 @@ def _runfile_fits(at: Loc, driver: Driver) -> Iterator[Finding]:
         )
 
 
+def imex_fits(inp: RuleInput) -> Iterator[Finding]:
+    """nvidia-imex is NVIDIA's (CUDA and RHEL repositories, from branch 550); Fabric Manager never runs on a
+    Grace Blackwell compute tray."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None:
+            continue
+        if driver.fabricmanager and fabric_manager_elsewhere(rig.gpus.model):
+            yield Finding(
+                (*loc, "driver", "fabricmanager"),
+                f"{rig.gpus.model} compute trays run no Fabric Manager (the rack's NVLink switch trays do): "
+                "set fabricmanager false, and imex true for multi-node NVLink",
+            )
+        if not driver.imex:
+            continue
+        branch = str(driver.branch or str(driver.version or "").split(".")[0])
+        if driver.source in ("ubuntu", "debian") or driver.method == "runfile":
+            where = f"the {driver.source} source" if driver.method != "runfile" else "method runfile"
+            yield Finding(
+                (*loc, "driver", "imex"), f"{where} has no nvidia-imex package; use source cuda (NVIDIA's)"
+            )
+        elif branch.isdigit() and names.component("cuda", "apt", int(branch), "imex") is None:
+            yield Finding(
+                (*loc, "driver", "imex"), f"nvidia-imex exists from branch 550; this rig has {branch}"
+            )
+
+
 def fabricmanager_needs_nvswitch(inp: RuleInput) -> Iterator[Finding]:
     for loc, rig in inp.rigs():
         if rig.driver is not None and rig.driver.fabricmanager and rig.bridge.kind != "nvswitch":
@@ -697,6 +731,7 @@ RULES: tuple[Rule, ...] = (
     driver_repo_usable,
     reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,
+    imex_fits,
     env_safe,
     path_prepend_safe,
     env_or_path_prepend,

@@ -95,3 +95,14 @@ def test_module_type_by_flavor_branch_and_architecture(
     flavor: str | None, model: str, branch: str, module: str
 ) -> None:
     assert module_type(flavor, model, branch) == module
+
+
+def test_fabric_manager_and_nvlink5_by_board() -> None:
+    from mgpu_provision.rig.cards import fabric_manager_elsewhere, nvlink5_hgx
+
+    assert fabric_manager_elsewhere("NVIDIA GB200") and fabric_manager_elsewhere("NVIDIA GB300")
+    assert not fabric_manager_elsewhere("NVIDIA B200")
+    assert not fabric_manager_elsewhere("NVIDIA H100 80GB HBM3")
+    assert nvlink5_hgx("NVIDIA B200") and nvlink5_hgx("NVIDIA B300 SXM6 AC")
+    assert not nvlink5_hgx("NVIDIA GB200") and not nvlink5_hgx("NVIDIA GeForce RTX 5090")
+    assert not nvlink5_hgx("NVIDIA H100 80GB HBM3")

@@ -204,6 +204,23 @@ CASES = {
         "rigs.pair.driver.repo",
         "driver.repo is an apt mirror; this rig installs with dnf",
     ),
+    "no-fabric-manager-on-a-gb200-tray": (
+        rig(
+            'gpus: {model: "NVIDIA GB200", count: 4}',
+            "bridge: {kind: nvswitch, links: 18}",
+            'driver: {branch: "580", source: cuda, fabricmanager: true}  # <-',
+        ),
+        "rigs.pair.driver.fabricmanager",
+        "NVIDIA GB200 compute trays run no Fabric Manager (the rack's NVLink switch trays do)",
+    ),
+    "imex-is-nvidias": (
+        rig(
+            'gpus: {model: "NVIDIA GB200", count: 4}',
+            'driver: {branch: "580", source: ubuntu, imex: true}  # <-',
+        ),
+        "rigs.pair.driver.imex",
+        "the ubuntu source has no nvidia-imex package; use source cuda",
+    ),
     "bridge-pairs-in-range": (
         rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[0, 3]], links: 4}  # <-"),
         "rigs.pair.bridge.pairs[0][1]",
