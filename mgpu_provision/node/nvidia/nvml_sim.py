@@ -21,6 +21,7 @@ from .twin import Twin, link_plan
 _PCIE_LEVELS = {"PIX": 10, "PSB": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50, "SOC": 50}
 _P2P_OK, _P2P_NOT_SUPPORTED = 0, 5
 _SWITCH_BUSES = 4
+IMEX = "nvidia-imex"
 
 
 class SimulatedBackend(SimulatedHealth, Backend):
@@ -45,12 +46,7 @@ class SimulatedBackend(SimulatedHealth, Backend):
             return None
         if version is None:
             return {"version": None, "service": "absent", "enabled": False}
-        unit = self.twin.service(FABRICMANAGER_UNIT)
-        # Fabric Manager refuses to start unless it matches the loaded driver exactly.
-        service = (
-            "inactive" if not unit["running"] else "active" if version == self.loaded_version() else "failed"
-        )
-        return {"version": version, "service": service, "enabled": unit["enabled"]}
+        return self._versioned_daemon(FABRICMANAGER_UNIT, version)
 
     def persistence_daemon(self) -> Dict[str, Any]:
         # It comes with the driver's packages, and runs only while the driver's module is loaded.
@@ -59,6 +55,20 @@ class SimulatedBackend(SimulatedHealth, Backend):
         unit = self.twin.service(PERSISTENCED_UNIT)
         running = unit["running"] and self.loaded_version() == self.twin.driver_version()
         return {"service": "active" if running else "inactive", "enabled": unit["enabled"]}
+
+    def imex(self) -> Optional[Dict[str, Any]]:
+        # The twin's `imex:` is the installed package's version (schemas/twin.schema.json).
+        version = self.twin.state.get("imex", self.twin.imex)
+        if version is None:
+            return None
+        return dict(self._versioned_daemon(IMEX, version), channels=self.twin.imex_channels)
+
+    def _versioned_daemon(self, unit_name: str, version: str) -> Dict[str, Any]:
+        # Fabric Manager and IMEX refuse to start unless they match the loaded driver exactly.
+        unit = self.twin.service(unit_name)
+        matches = version == self.loaded_version()
+        service = "inactive" if not unit["running"] else "active" if matches else "failed"
+        return {"version": version, "service": service, "enabled": unit["enabled"]}
 
     def kernel_module(self) -> Optional[str]:
         # Only tracked when the twin says which modules run (driver.kernel_module); an install of the other
@@ -74,7 +84,10 @@ class SimulatedBackend(SimulatedHealth, Backend):
     def install_fabric_manager(self, step: Dict[str, Any]) -> Tuple[bool, str]:
         version = str(step["version"])
         changed = self.twin.fabricmanager_version() != version
-        self.twin.state["fabricmanager"] = version
+        if changed:
+            # Saved here: switch_service saves only when the unit changes, and it was often enabled already.
+            self.twin.state["fabricmanager"] = version
+            self.twin.save_state()
         started, message = self.switch_service(step["unit"], True, step["start"])
         return changed or started, f"installed Fabric Manager {version}; {message}" if changed else message
 

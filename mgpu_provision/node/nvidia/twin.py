@@ -35,6 +35,8 @@ class Twin:
         self.board: Optional[Dict[str, Any]] = data.get("board")
         self.nvswitch = bool(data.get("nvswitch", False))
         self.fabricmanager: Optional[str] = data.get("fabricmanager")
+        self.imex: Optional[str] = data.get("imex")
+        self.imex_channels = int(data.get("imex_channels", 1 if self.imex else 0))
         self.boot_id: Optional[str] = data.get("boot_id")
         self.nouveau = bool(data.get("nouveau", False))
         self.services: Dict[str, Any] = _mapping(data.get("services") or {}, "services")

@@ -30,16 +30,25 @@ def diff(ctx: HostContext) -> list[Change]:
         )
         changes.append(check_failed("kernel", summary, "not built", "built"))
     newest = max(kernel.installed, key=kernel_key) if kernel.installed else None
-    if newest is not None and newest != kernel.running and newest not in built:
+    following = kernel.next_boot or newest  # the bootloader's default, else GRUB's first: the newest
+    if following is not None and following != kernel.running and following not in built:
+        which = "the bootloader's default" if kernel.next_boot else "the newest installed"
         summary = (
-            f"the NVIDIA module is not built for kernel {newest}, the newest installed: the next reboot "
-            f"would come up without a GPU driver; {REBUILD.format(k=newest)}, or hold the kernel"
+            f"the NVIDIA module is not built for kernel {following}, {which}: the next reboot "
+            f"would come up without a GPU driver; {REBUILD.format(k=following)}, or hold the kernel"
         )
-        changes.append(check_failed("kernel", summary, f"{newest}: not built", f"{newest}: built"))
+        changes.append(check_failed("kernel", summary, f"{following}: not built", f"{following}: built"))
     if kernel.secure_boot and kernel.module_signed is False:
         summary = (
             "Secure Boot is on and the NVIDIA module is unsigned, so the kernel refuses it: sign it with an "
             "enrolled MOK key (DKMS does when mokutil has its key), or use the distribution's signed modules"
         )
         changes.append(check_failed("kernel", summary, "unsigned", "signed"))
+    elif kernel.secure_boot and kernel.module_key_enrolled is False:
+        summary = (
+            "Secure Boot is on and the NVIDIA module is signed with a key that is not enrolled, so the "
+            "kernel refuses it: enroll the key (mokutil --import, then confirm at the next boot) or use the "
+            "distribution's signed prebuilt modules"
+        )
+        changes.append(check_failed("kernel", summary, "key not enrolled", "key enrolled"))
     return changes
