@@ -15,7 +15,7 @@ import pytest
 from mgpu_provision import protocol
 from mgpu_provision.node.core import system
 from mgpu_provision.node.core.errors import AgentFailure
-from mgpu_provision.node.packages import apt, dnf, driver, runfile, services, sources
+from mgpu_provision.node.packages import apt, dnf, driver, names, runfile, services, sources
 from mgpu_provision.node.packages.common import Command
 from mgpu_provision.plan.resources.driver import apt_set
 from mgpu_provision.plan.resources.fabricmanager import package_set
@@ -163,8 +163,8 @@ def test_a_branch_pins_its_newest_version_and_no_hold_leaves_no_pin(
         ("cuda", "550", "default", ["cuda-drivers-550"], "nvidia-kernel-source-550"),
         ("cuda", "575", "open", ["nvidia-open-575"], "libnvidia-extra-575"),
         ("cuda", "590", "default", ["cuda-drivers"], "libnvidia-compute"),
-        ("debian", "535", "default", [*sources.DEBIAN_COMPUTE, "nvidia-kernel-dkms"], "nvidia-alternative"),
-        ("debian", "535", "open", [*sources.DEBIAN_COMPUTE, "nvidia-open-kernel-dkms"], "libcuda1"),
+        ("debian", "535", "default", [*names.DEBIAN_COMPUTE, "nvidia-kernel-dkms"], "nvidia-alternative"),
+        ("debian", "535", "open", [*names.DEBIAN_COMPUTE, "nvidia-open-kernel-dkms"], "libcuda1"),
     ],
 )
 def test_each_source_names_its_packages_and_holds_the_whole_set(

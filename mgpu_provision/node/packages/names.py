@@ -35,6 +35,8 @@ FIRST_BRANCH = {"fabricmanager": 0, "nscq": 0, "nvsdm": 570, "imex": 550}
 NVLINK5_PACKAGES = ("nvlsm", "infiniband-diags")  # unversioned: NVLink Subnet Manager and its tools
 NVLINK5_FROM = 550
 # Kernel-specific packages of Ubuntu's prebuilt modules: held, the next kernel could not get its module.
+# Debian's non-free compute set (no branch in the names; the kernel module package is added by flavor).
+DEBIAN_COMPUTE = ("nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp")
 NEVER_HOLD = ("linux-modules-nvidia-*", "linux-objects-nvidia-*", "linux-signatures-nvidia-*")
 
 
@@ -82,7 +84,7 @@ def driver_set(source: str, branch: int, flavor: str) -> Tuple[List[str], List[s
         return [], ["{}-{}".format(name, branch)]
     if source == "debian":
         module = "nvidia-open-kernel-dkms" if flavor == "open" else "nvidia-kernel-dkms"
-        return [], ["nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp", module]
+        return [], [*DEBIAN_COMPUTE, module]
     raise ValueError("source {!r} is not installed with apt".format(source))
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ... import protocol
 from ...facts import HostInfo
 from ...node.packages import sources
+from ...rig.cards import nvlink5_hgx, open_modules_only
 from ...rig.models import Driver
 from ..change import Action, Change, HostContext
 
@@ -32,7 +33,9 @@ class Source:
         return f"{self.name} packages" if self.name else "runfile"
 
 
-def resolve(want: Driver, host: HostInfo) -> Source:
+def resolve(want: Driver, host: HostInfo, model: str) -> Source:
+    """Source, method and flavor for this host; a rig without `flavor` gets NVIDIA's default module type
+    for its branch on `model` (the rig's GPU): open from 560 on Turing and later."""
     if want.method == "runfile":
         return Source(None, "runfile", want.flavor)
     # Facts without os-release (older agents) read as Ubuntu, the first source this tool supported.
@@ -46,7 +49,7 @@ def resolve(want: Driver, host: HostInfo) -> Source:
             f"no known driver source for {host.os}: set driver.source",
         )
     method = want.method or sources.method_of(name, os_id, host.os_like)
-    flavor = want.flavor or sources.DEFAULT_FLAVOR[name]
+    flavor = want.flavor or sources.default_flavor(name, model, branch_of_rig(want))
     problem = None
     if flavor not in sources.FLAVORS[name]:
         problem = f"the {name} source has no {flavor} flavor (it has {', '.join(sources.FLAVORS[name])})"
@@ -113,12 +116,20 @@ def _clear_nouveau(want: Driver, desired: str) -> list[Change]:
     return [blacklist, reboot]
 
 
+def branch_of_rig(want: Driver) -> str:
+    """The branch the rig asks for (validate makes sure it names a version or a branch)."""
+    return protocol.branch_of(want.version) if want.version else str(want.branch or "0")
+
+
 def _flavor_mismatch(ctx: HostContext, want: Driver) -> str | None:
-    """The module type running when it is not the one the rig's flavor asks for, else None."""
+    """The module type running when it is not the one the rig's flavor asks for, else None. Without a
+    flavor either type is accepted, except on GPUs that run only the open modules (Blackwell, Grace)."""
     running = ctx.facts.driver.kernel_module
-    if running is None or ctx.host.os != "linux" or (want.flavor is None and want.method != "runfile"):
+    if running is None or ctx.host.os != "linux":
         return None
-    flavor = resolve(want, ctx.facts.host).flavor or ""
+    if want.flavor is None and want.method != "runfile" and not open_modules_only(ctx.rig.gpus.model):
+        return None
+    flavor = resolve(want, ctx.facts.host, ctx.rig.gpus.model).flavor or ""
     if want.method == "runfile":
         wanted = sources.runfile_module_type(
             want.flavor, ctx.rig.gpus.model, protocol.branch_of(ctx.facts.driver.installed or "0")
@@ -151,7 +162,7 @@ def _install(
     if ctx.host.os != "linux":
         summary = f"{summary} (by hand on {ctx.host.os})"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
-    source = resolve(want, ctx.facts.host)
+    source = resolve(want, ctx.facts.host, ctx.rig.gpus.model)
     if source.problem:
         summary = f"{summary}: {source.problem}"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
@@ -168,7 +179,10 @@ def _install(
         summary = f"{summary} ({source.label})"
         packages = protocol.NO_APT_SET
         if source.method == "apt":
-            packages = apt_set(source.name, branch, source.flavor, want.fabricmanager, want.packages)
+            packages = apt_set(
+                source.name, branch, source.flavor, want.fabricmanager, want.packages,
+                debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5_hgx(ctx.rig.gpus.model),
+            )  # fmt: skip
         step = protocol.driver_step(
             source.method, source.name, source.flavor, branch, want.version, want.hold, want.fabricmanager,
             apt_set=packages, modules=source.method != "dnf" or _has_module_streams(ctx.facts.host),
@@ -176,17 +190,32 @@ def _install(
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
 
 
+def debian_family(host: HostInfo) -> bool:
+    """A Debian node (not Ubuntu): NVIDIA's repository for it names the driver's libraries without the
+    branch."""
+    return sources.default_source(host.os_id, host.os_like) == "debian"
+
+
 def _has_module_streams(host: HostInfo) -> bool:
-    """RHEL 8/9 and their rebuilds serve NVIDIA's driver as dnf module streams; RHEL 10 and Fedora do not."""
+    """RHEL 8/9 and their rebuilds serve NVIDIA's driver as dnf module streams, and so does Amazon Linux 2023
+    (NVIDIA's installation guide lists it with them); RHEL 10 and Fedora do not."""
     major = protocol.branch_of(host.os_version_id or "0")
+    if host.os_id == "amzn":
+        return major == "2023"
     return host.os_id != "fedora" and major.isdigit() and int(major) < 10
 
 
 def apt_set(
-    source: str, branch: str, flavor: str, fabricmanager: bool, packages: list[str] | None = None
+    source: str,
+    branch: str,
+    flavor: str,
+    fabricmanager: bool,
+    packages: list[str] | None = None,
+    debian_family: bool = False,
+    nvlink5: bool = False,
 ) -> protocol.AptSet:
     """The package set apt installs from `source`, as the step carries it."""
-    found = sources.apt_set(source, branch, flavor, fabricmanager, packages)
+    found = sources.apt_set(source, branch, flavor, fabricmanager, packages, debian_family, nvlink5)
     return protocol.AptSet(found.install, found.pinning, found.hold)
 
 

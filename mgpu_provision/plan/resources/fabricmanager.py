@@ -14,9 +14,10 @@ from __future__ import annotations
 from ... import protocol
 from ...facts import FabricManager
 from ...node.packages import sources
+from ...rig.cards import fabric_manager_elsewhere, nvlink5_hgx
 from ...rig.models import Driver
 from ..change import Change, HostContext, check_failed
-from .driver import apt_set, resolve, satisfies
+from .driver import apt_set, debian_family, resolve, satisfies
 
 UNIT = protocol.FABRICMANAGER_UNIT
 
@@ -26,6 +27,8 @@ def diff(ctx: HostContext) -> list[Change]:
     want = rig.driver
     if not (rig.bridge.kind == "nvswitch" or (want is not None and want.fabricmanager)):
         return []
+    if fabric_manager_elsewhere(rig.gpus.model):
+        return []  # a GB200/GB300 compute tray: the rack's NVLink switch trays run Fabric Manager
     driver = facts.driver.installed or facts.driver.version
     if want is not None and want.fabricmanager and ctx.host.os == "linux":
         if driver is None or not satisfies(driver, want):
@@ -39,12 +42,14 @@ def _converge(ctx: HostContext, want: Driver, driver: str) -> list[Change]:
     version = fm.version if fm else None
     start = ctx.facts.driver.loaded == driver
     if version != driver:
-        source = resolve(want, ctx.facts.host)
+        source = resolve(want, ctx.facts.host, ctx.rig.gpus.model)
         if source.name is None or source.problem:
             why = source.problem or "no package source"
             summary = f"Fabric Manager {version or 'missing'} → {driver}: {why}"
             return [Change("fabricmanager", "manual", summary, version, driver, phase="driver")]
-        packages = package_set(source.name, source.method, driver)
+        packages = package_set(
+            source.name, source.method, driver, nvlink5_hgx(ctx.rig.gpus.model), debian_family(ctx.facts.host)
+        )
         step = protocol.fabricmanager_step(driver, source.name, source.method, packages, want.hold, start)
         if version is None:
             summary = f"install Fabric Manager {driver} (the driver's version)"
@@ -61,13 +66,16 @@ def _converge(ctx: HostContext, want: Driver, driver: str) -> list[Change]:
     return [Change("fabricmanager", "update", summary, state, wanted, agent_step=step, phase="driver")]
 
 
-def package_set(source: str, method: str, version: str) -> protocol.AptSet:
-    """Fabric Manager and NSCQ at the driver's branch: apt's set from `source`, or dnf's names."""
+def package_set(
+    source: str, method: str, version: str, nvlink5: bool = False, debian: bool = False
+) -> protocol.AptSet:
+    """Fabric Manager and NSCQ at the driver's branch (with NVSDM, NVLink Subnet Manager and its tools on
+    NVLink5 boards): apt's set from `source`, or dnf's names."""
     branch = protocol.branch_of(version)
-    names = sources.fabricmanager_packages(source, branch, method)
+    names = sources.fabricmanager_packages(source, branch, method, nvlink5)
     if method == "dnf":
         return protocol.AptSet(names, [], [])
-    return apt_set(source, branch, "default", False, names)
+    return apt_set(source, branch, "default", False, names, debian_family=debian)
 
 
 def _checks(fm: FabricManager | None, driver: str | None) -> list[Change]:

@@ -59,7 +59,7 @@ def _package(ctx: HostContext) -> tuple[str | None, str | None]:
     want = ctx.rig.driver
     if want is None or want.method == "runfile":
         return None, None  # the runfile installs the daemon with the driver
-    source = resolve(want, ctx.facts.host)
+    source = resolve(want, ctx.facts.host, ctx.rig.gpus.model)
     if source.name is None or source.name == "ubuntu":
         return None, None
     return sources.PERSISTENCED_PACKAGE, source.method
