@@ -1,22 +1,33 @@
 """Persistence that lasts, on real systemd: Debian's nvidia-persistenced unit runs the daemon without
-`--persistence-mode`; the agent's drop-in makes it the unit's effective ExecStart, and it still is after a
-reboot. What systemd holds is tested, not what the daemon does: there is no GPU here, so it may fail to start.
+`--persistence-mode`. The agent's own `apply` verb, given the plan's persistenced step, writes the drop-in
+that makes it the unit's effective ExecStart and enables the unit; after a reboot both still hold. What
+systemd holds is tested, not what the daemon does: there is no GPU here, so it may fail to start.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from mgpu_provision import protocol
 from tests.systemd_host import SystemdHost
 
 REPO = Path(__file__).resolve().parents[2]
-AGENT = "PYTHONPATH=/opt/mgpu python3 -c"
+READ = "from mgpu_provision.node.packages import persistenced as p; print(p.effective_exec_start())"
 
 
 def agent(host: SystemdHost, code: str) -> str:
-    done = host.run(f"{AGENT} {code!r}")
+    done = host.run(f"PYTHONPATH=/opt/mgpu python3 -c {code!r}")
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
+
+
+def apply(host: SystemdHost, step: dict[str, object]) -> dict[str, object]:
+    request = json.dumps({"args": {"lock": "/run/mgpu-apply.lock", "lock_wait_s": 5, "steps": [step]}})
+    done = host.run(f"PYTHONPATH=/opt/mgpu python3 -m mgpu_provision.node apply <<'END'\n{request}\nEND")
+    assert done.returncode == 0, done.stderr
+    reply: dict[str, object] = json.loads(done.stdout)
+    return reply
 
 
 def test_the_drop_in_is_the_effective_exec_start_and_survives_a_reboot(booted_host: SystemdHost) -> None:
@@ -24,17 +35,19 @@ def test_the_drop_in_is_the_effective_exec_start_and_survives_a_reboot(booted_ho
     install = host.run("apt-get install -y -q --no-install-recommends nvidia-persistenced 2>&1", timeout=300)
     assert install.returncode == 0, install.stdout
     host.copy_in(REPO / "mgpu_provision", "/opt/mgpu")
-    read = "from mgpu_provision.node.packages import persistenced as p; print(p.effective_exec_start())"
-    before = agent(host, read)
-    assert before == "/usr/bin/nvidia-persistenced --user nvpd"  # Debian's unit: no persistence mode asked
+    assert agent(host, READ) == "/usr/bin/nvidia-persistenced --user nvpd"  # Debian's unit: no mode asked
 
-    ensure = "from mgpu_provision.node.packages import persistenced as p; print(p.ensure_persistence_mode())"
-    assert "drop-in" in agent(host, ensure)
-    assert "--persistence-mode" in host.systemctl("show", "-p", "ExecStart", "--value", "nvidia-persistenced")
-    assert agent(host, ensure).startswith("(False, ")  # a second apply writes nothing
+    step = protocol.persistenced_step(True, False)  # no driver loaded here: enabled, started at boot
+    reply = apply(host, step)
+    assert reply["ok"], reply
+    (result,) = reply["result"]["results"]  # type: ignore[index]
+    assert result["changed"] and "drop-in" in result["message"], result
+    shown = host.systemctl("show", "-p", "ExecStart", "--value", "nvidia-persistenced")
+    assert "--persistence-mode" in shown, shown  # the running manager merged it (daemon-reload)
+    assert host.systemctl("is-enabled", "nvidia-persistenced") == "enabled"
+    again = apply(host, step)
+    assert again["result"]["results"][0]["changed"] is False, again  # type: ignore[index]
 
-    host.systemctl("enable", "nvidia-persistenced")
     assert host.reboot() in ("running", "degraded")  # degraded: the daemon finds no GPU here
-    after = agent(host, read)
-    assert after == "/usr/bin/nvidia-persistenced --user nvpd --persistence-mode"
+    assert agent(host, READ) == "/usr/bin/nvidia-persistenced --user nvpd --persistence-mode"
     assert host.systemctl("is-enabled", "nvidia-persistenced") == "enabled"

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ...protocol import FABRICMANAGER_UNIT, GPU_SETTINGS_UNIT, PERSISTENCED_UNIT, branch_of
 from ..core import system
 from ..core.errors import AgentFailure
+from ..packages import persistenced
 from ..packages.driver import version_key
 from .backend import P2P_NVLINK, REMOTE_GPU, REMOTE_SWITCH, Backend, NoSuchLink, NvmlUnavailable, nvml_message
 from .sim_health import SimulatedHealth
@@ -54,7 +55,9 @@ class SimulatedBackend(SimulatedHealth, Backend):
             return {"service": "absent", "enabled": False}
         unit = self.twin.service(PERSISTENCED_UNIT)
         running = unit["running"] and self.loaded_version() == self.twin.driver_version()
-        return {"service": "active" if running else "inactive", "enabled": unit["enabled"]}
+        service = "active" if running else "inactive"
+        command = self.twin.exec_start(PERSISTENCED_UNIT)
+        return {"service": service, "enabled": unit["enabled"], "exec_start": command}
 
     def imex(self) -> Optional[Dict[str, Any]]:
         # The twin's `imex:` is the installed package's version (schemas/twin.schema.json).
@@ -96,7 +99,14 @@ class SimulatedBackend(SimulatedHealth, Backend):
             raise AgentFailure(
                 "persistence", f"{PERSISTENCED_UNIT} is not installed; it comes with the driver's packages"
             )
-        return self.switch_service(step["unit"], step["enabled"], step["start"])
+        command = self.twin.exec_start(PERSISTENCED_UNIT)
+        dropped = step["enabled"] and command is not None and not persistenced.persistence_on(command)
+        if dropped and command is not None:  # as the real agent's drop-in does
+            override = persistenced.exec_start_of([persistenced.drop_in(command)])
+            self.twin.set_exec_start(PERSISTENCED_UNIT, override or command)
+            self.twin.save_state()
+        changed, message = self.switch_service(step["unit"], step["enabled"], step["start"])
+        return changed or dropped, (f"drop-in with {persistenced.ON}; " if dropped else "") + message
 
     def unit_state(self, unit: str) -> Dict[str, Any]:
         found = self.twin.service(unit)

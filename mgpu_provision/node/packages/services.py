@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...protocol import FABRICMANAGER_UNIT
 from ..core import system
 from ..core.errors import AgentFailure
-from . import apt, driver
+from . import apt, driver, persistenced
 from .common import Command, installed_debs, rpm_provider, run_all, upstream
 
 
@@ -85,8 +85,12 @@ def persistence_daemon(step: Dict[str, Any]) -> Tuple[bool, str]:
         run_all([Command([*manager, package])], "persistence")
         installed = True
         _hold_what_it_pulled_in()
+    dropped, why = persistenced.ensure_persistence_mode() if enable else (False, "")
+    if dropped and step["start"] and state(unit)["service"] == "active":
+        run_all([Command(["systemctl", "restart", unit])], "persistence")  # the new command line
     changed, message = switch(unit, enable, step["start"])
-    return changed or installed, (f"installed {package}; " if installed else "") + message
+    message = f"{why}; {message}" if dropped else message
+    return changed or installed or dropped, (f"installed {package}; " if installed else "") + message
 
 
 def _hold_what_it_pulled_in() -> None:
