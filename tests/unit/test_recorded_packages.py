@@ -85,6 +85,7 @@ def test_install_of_a_transitional_branch_is_refused_before_anything_changes(
     monkeypatch.setattr(system, "run", run)
     step = {
         "source": "ubuntu",
+        "flavor": "server",
         "branch": "565",
         "version": None,
         "packages": ["nvidia-headless-565-server"],
@@ -96,3 +97,62 @@ def test_install_of_a_transitional_branch_is_refused_before_anything_changes(
         apt.install(step, "driver")
     assert not [c for c in calls if c[:2] == ["apt-get", "install"] or c[0] == "apt-mark"]
     assert not (tmp_path / "pin").exists()
+
+
+def ubuntu_box(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, modules_madison: str) -> list[list[str]]:
+    """An Ubuntu 24.04 box running 6.8.0-85-generic whose archive answers from the recorded madison."""
+    monkeypatch.setattr(apt, "PREFERENCES", str(tmp_path / "pin"))
+    monkeypatch.setattr(apt, "running_kernel", lambda: "6.8.0-85-generic")
+    calls: list[list[str]] = []
+    driver = "580.95.05-0ubuntu0.24.04.2"
+
+    def run(argv: list[str], timeout: float = 0, env: object = None) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        out = ""
+        if argv[:2] == ["apt-cache", "madison"] and argv[2].startswith("linux-modules-"):
+            out = modules_madison
+        elif argv[:2] == ["apt-cache", "madison"]:
+            out = f"{argv[2]} | {driver} | http://archive.ubuntu.com/ubuntu noble-updates/restricted amd64\n"
+        elif argv[0] == "dpkg-query" and any(c[:2] == ["apt-get", "install"] for c in calls):
+            out = f"libnvidia-compute-580-server {driver} ii \n"
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(system, "run", run)
+    return calls
+
+
+UBUNTU_580 = {
+    "source": "ubuntu",
+    "flavor": "server-open",
+    "branch": "580",
+    "version": None,
+    "packages": ["nvidia-driver-580-server-open"],
+    "pinning": [],
+    "hold_patterns": ["*nvidia*-580", "*nvidia*-580-*"],
+    "hold": False,
+}
+
+
+def test_ubuntu_installs_the_signed_prebuilt_modules_when_the_archive_has_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Defect 4: the server metapackage hard-depends on DKMS; ubuntu-drivers takes the prebuilt modules."""
+    calls = ubuntu_box(monkeypatch, tmp_path, recorded("ubuntu-noble-madison-linux-modules-nvidia-580.txt"))
+    changed, message = apt.install(dict(UBUNTU_580), "driver")
+    assert changed and "signed prebuilt modules for 6.8.0-85-generic" in message, message
+    (install,) = [c for c in calls if c[:2] == ["apt-get", "install"]]
+    assert install[len(apt.INSTALL) :] == [
+        "nvidia-headless-no-dkms-580-server-open",
+        "nvidia-utils-580-server",
+        "linux-modules-nvidia-580-server-open-generic",
+    ]
+
+
+def test_ubuntu_falls_back_to_dkms_without_prebuilt_modules(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = ubuntu_box(monkeypatch, tmp_path, "")
+    changed, message = apt.install(dict(UBUNTU_580), "driver")
+    assert changed and "DKMS: no prebuilt modules for 6.8.0-85-generic" in message, message
+    (install,) = [c for c in calls if c[:2] == ["apt-get", "install"]]
+    assert install[len(apt.INSTALL) :] == ["nvidia-driver-580-server-open"]

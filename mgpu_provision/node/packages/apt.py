@@ -114,11 +114,13 @@ def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
     """Install the step's package set (as the plan resolved it) at one version and hold it; `what` names it
     in the messages."""
     source, branch, hold = step["source"], step["branch"], step["hold"]
-    pkgset = sources.PackageSet(step["pinning"], step["packages"], step["hold_patterns"])
     run_all([Command(["apt-get", "update", "-q"])])  # stale lists say "not available"
-    target = resolve_version(pkgset.install, step["version"], branch)
+    packages, modules = ubuntu_modules(step) if what == "driver" else (step["packages"], "")
+    pkgset = sources.PackageSet(step["pinning"], packages, step["hold_patterns"])
+    versioned = holdable(pkgset.install)  # the kernel's module packages carry the kernel's version
+    target = resolve_version(versioned, step["version"], branch)
     refuse_transitional(pkgset.install[0], target, branch)
-    pin = preferences(pkgset.install, target)
+    pin = preferences(versioned, target)
     before = installed_debs(sources.APT_PIN_NAMES)
     if _in_place(before, pkgset, target, hold) and system.read_text(PREFERENCES) == (pin if hold else None):
         return False, f"{what} {upstream(target)} already installed ({target})"
@@ -134,7 +136,34 @@ def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
         os.remove(PREFERENCES)  # no hold asked for: later upgrades may move the driver
         kept = "not held"
     reboot = "; reboot to load it" if what == "driver" else ""
-    return True, f"installed {what} {upstream(target)} ({target}) from {source}, {kept}{reboot}"
+    return True, f"installed {what} {upstream(target)} ({target}) from {source}{modules}, {kept}{reboot}"
+
+
+def running_kernel() -> str:
+    return os.uname().release
+
+
+def ubuntu_modules(step: Dict[str, Any]) -> Tuple[List[str], str]:
+    """(packages, how the modules come) for Ubuntu's server builds: Canonical's signed prebuilt modules for
+    the running kernel's flavour when the archive has them (ubuntu-drivers' choice, and the one that loads
+    under Secure Boot without a MOK), else the source's own set, which builds them with DKMS."""
+    packages: List[str] = list(step["packages"])
+    flavor = step["flavor"] or ""
+    if step["source"] != "ubuntu" or not flavor.startswith("server"):
+        return packages, ""
+    branch = int(step["branch"])
+    if packages != names.driver_set("ubuntu", branch, flavor)[1]:
+        return packages, ""  # the rig's own `packages`, or Fabric Manager's
+    kernel = running_kernel()
+    flavour = names.kernel_flavour(kernel)
+    if flavour is None:
+        return packages, f" (DKMS: {kernel} is not an Ubuntu kernel)"
+    prebuilt = names.ubuntu_prebuilt(branch, flavor, flavour)
+    abi = prebuilt[-1][: -len(flavour)] + kernel
+    madison = system.run(["apt-cache", "madison", prebuilt[-1], abi], timeout=120).stdout
+    if not ubuntu_prebuilt_available(madison, branch, flavor, kernel):
+        return packages, f" (DKMS: no prebuilt modules for {kernel})"
+    return prebuilt, f" (signed prebuilt modules for {kernel})"
 
 
 def refuse_transitional(package: str, target: str, branch: str) -> None:
@@ -164,7 +193,9 @@ def check_installed_branch(branch: str) -> None:
 def _in_place(
     installed: Dict[str, Tuple[str, bool]], pkgset: sources.PackageSet, target: str, hold: bool
 ) -> bool:
-    at_version = all(upstream(installed.get(p, ("", False))[0]) == upstream(target) for p in pkgset.install)
+    present = all(p in installed for p in pkgset.install)
+    versioned = holdable(pkgset.install)  # the kernel's module packages carry the kernel's version
+    at_version = present and all(upstream(installed[p][0]) == upstream(target) for p in versioned)
     unheld = [n for n in holdable(matching(list(installed), pkgset.hold)) if not installed[n][1]]
     return at_version and not (hold and unheld)
 
