@@ -145,6 +145,13 @@ class PersistenceDaemon(Fact):
     )
 
 
+class DriverMirror(Fact):
+    """The driver's set simulated against `driver.repo` alone (apt-get -s in private folders)."""
+
+    missing: list[str] = Field(default_factory=list, description="packages the mirror lacks")
+    error: str | None = Field(None, description="why the mirror could not be read or trusted")
+
+
 class Imex(Fact):
     """nvidia-imex, the daemon of multi-node NVLink (GB200 NVL72 compute trays)."""
 
@@ -295,6 +302,7 @@ class Facts(Fact):
     fabricmanager: FabricManager | None = None
     persistenced: PersistenceDaemon | None = None
     imex: Imex | None = Field(None, description="None: not installed and not looked for")
+    driver_mirror: DriverMirror | None = Field(None, description="None: no driver.repo, or not checked")
     units: dict[str, Unit] = Field(default_factory=dict, description="the units the request named, by name")
     sli: SliConfig = SliConfig()
     xorg_layouts: list[XorgLayout] = Field(default_factory=list)

@@ -24,6 +24,7 @@ from .resources import (
     gpus,
     health,
     kernel,
+    mirror,
     pcie,
     persistence,
     sli,
@@ -44,6 +45,7 @@ DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
     fabricmanager.diff,
     health.diff,
     kernel.diff,
+    mirror.diff,
     torch_probe.diff,
     driver.diff,
     persistence.diff,
@@ -70,6 +72,8 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         if sli.desired_mode(host, loaded.rig_of(host))
         else [],
         units=[boot_unit.UNIT] if unit else [],
+        driver_repo=mirror.repo_of(loaded, host),
+        driver_packages=mirror.packages_of(loaded, host),
     )
 
 
@@ -83,6 +87,7 @@ def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
         facts=facts,
         visible_count=rig.gpus.count if visible is None else len(visible),
         expected_topology=loaded.topologies.get(host.rig),
+        driver_repo=mirror.repo_of(loaded, host),
     )
     changes = [change for diff in DIFFS for change in diff(ctx)]
     changes += envfiles.env_checks(loaded, host, facts)

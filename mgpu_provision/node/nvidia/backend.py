@@ -93,6 +93,11 @@ class Backend(abc.ABC):
     def imex(self) -> Optional[Dict[str, Any]]:
         """`{"version", "service", "enabled", "channels"}` of nvidia-imex, None when it is not installed."""
 
+    def check_mirror(self, repo: Dict[str, str], packages: List[str]) -> Optional[Dict[str, Any]]:
+        """`{"missing", "error"}`: whether `packages` resolve from the driver's mirror alone; None where
+        there is no package manager to ask (a simulated node)."""
+        return None
+
     def unheld_driver_packages(self, version: str) -> List[str]:
         """Packages of the installed driver set that the package manager does not hold; none by default."""
         return []

@@ -15,8 +15,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ... import protocol
 from ..core import system
+from ..core.errors import AgentFailure
 from ..host import procs
-from ..packages import driver, imex, persistenced, runfile, services
+from ..packages import driver, imex, mirror, persistenced, runfile, services
 from .backend import Backend, GpuLost, NoSuchLink, NvmlUnavailable, nvml_message
 from .nvml_health import RealHealth
 
@@ -74,6 +75,12 @@ class RealBackend(RealHealth, Backend):
         if state["service"] in ("absent", "unknown"):
             return state
         return dict(state, exec_start=persistenced.effective_exec_start())
+
+    def check_mirror(self, repo: Dict[str, str], packages: List[str]) -> Optional[Dict[str, Any]]:
+        try:
+            return {"missing": mirror.check(repo, packages), "error": None}
+        except AgentFailure as exc:
+            return {"missing": [], "error": exc.message}
 
     def imex(self) -> Optional[Dict[str, Any]]:
         return imex.facts(services.state(imex.UNIT))

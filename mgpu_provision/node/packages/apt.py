@@ -20,7 +20,7 @@ from ...protocol import branch_of
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
-from . import names, sources
+from . import mirror, names, sources
 from .common import Command, installed_debs, run_all, upstream, version_key
 from .driver import installed_version
 
@@ -114,6 +114,8 @@ def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
     """Install the step's package set (as the plan resolved it) at one version and hold it; `what` names it
     in the messages."""
     source, branch, hold = step["source"], step["branch"], step["hold"]
+    if step.get("repo"):
+        use_mirror(step["repo"], step["packages"])
     run_all([Command(["apt-get", "update", "-q"])])  # stale lists say "not available"
     packages, modules = ubuntu_modules(step) if what == "driver" else (step["packages"], "")
     pkgset = sources.PackageSet(step["pinning"], packages, step["hold_patterns"])
@@ -137,6 +139,18 @@ def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
         kept = "not held"
     reboot = "; reboot to load it" if what == "driver" else ""
     return True, f"installed {what} {upstream(target)} ({target}) from {source}{modules}, {kept}{reboot}"
+
+
+def use_mirror(repo: Dict[str, str], packages: List[str]) -> None:
+    """Check that the set resolves from the mirror alone (before anything changes), then configure it."""
+    missing = mirror.check(repo, packages)
+    if missing:
+        raise AgentFailure(
+            "driver",
+            f"mirror {repo['url']} lacks {', '.join(missing)} (needed by {', '.join(packages)}); nothing "
+            "was changed",
+        )
+    mirror.configure(repo)
 
 
 def running_kernel() -> str:

@@ -45,6 +45,9 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "fabricmanager": backend.fabric_manager(),
         "persistenced": backend.persistence_daemon(),
         "imex": backend.imex(),
+        "driver_mirror": backend.check_mirror(args["driver_repo"], args.get("driver_packages") or [])
+        if args.get("driver_repo")
+        else None,
         "units": {str(unit): backend.unit_state(str(unit)) for unit in args.get("units") or ()},
         "sli": files.read_sli(args.get("xorg_paths") or []),
         "xorg_layouts": files.server_layouts(args.get("xorg_layout_paths") or []),

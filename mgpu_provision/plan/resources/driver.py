@@ -186,6 +186,7 @@ def _install(
         step = protocol.driver_step(
             source.method, source.name, source.flavor, branch, want.version, want.hold, want.fabricmanager,
             apt_set=packages, modules=source.method != "dnf" or _has_module_streams(ctx.facts.host),
+            repo=ctx.driver_repo if source.method == "apt" else None,
         )  # fmt: skip
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
 
