@@ -452,7 +452,7 @@ def driver_step(
 
 
 def fabricmanager_step(
-    version: str, source: str, method: str, apt_set: AptSet, hold: bool, start: bool
+    version: str, source: str, method: str, apt_set: AptSet, hold: bool, start: bool, unit: str = ""
 ) -> Dict[str, Any]:
     """Fabric Manager and NSCQ (`apt_set.packages`; dnf installs the same names at `version`) at exactly
     `version`, held when `hold`, its unit enabled; started when `start`."""
@@ -462,7 +462,7 @@ def fabricmanager_step(
         "branch": branch_of(version),
         "source": source,
         "method": method,
-        "unit": FABRICMANAGER_UNIT,
+        "unit": unit or FABRICMANAGER_UNIT,  # nvidia-imex: the same install, at the driver's version
         "hold": hold,
         "start": start,
         "packages": list(apt_set.packages),

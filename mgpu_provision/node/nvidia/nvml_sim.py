@@ -62,7 +62,7 @@ class SimulatedBackend(SimulatedHealth, Backend):
     def imex(self) -> Optional[Dict[str, Any]]:
         # The twin's `imex:` is the installed package's version (schemas/twin.schema.json).
         version = self.twin.state.get("imex", self.twin.imex)
-        if version is None:
+        if version is None:  # not installed
             return None
         return dict(self._versioned_daemon(IMEX, version), channels=self.twin.imex_channels)
 
@@ -85,14 +85,16 @@ class SimulatedBackend(SimulatedHealth, Backend):
         return self.twin.nouveau and not self.twin.state.get("nouveau_blacklisted_at_boot")
 
     def install_fabric_manager(self, step: Dict[str, Any]) -> Tuple[bool, str]:
-        version = str(step["version"])
-        changed = self.twin.fabricmanager_version() != version
+        version, unit = str(step["version"]), step["unit"]
+        key, what = ("imex", unit) if unit == IMEX else ("fabricmanager", "Fabric Manager")
+        imex = self.twin.state.get("imex", self.twin.imex)
+        changed = (imex if key == "imex" else self.twin.fabricmanager_version()) != version
         if changed:
             # Saved here: switch_service saves only when the unit changes, and it was often enabled already.
-            self.twin.state["fabricmanager"] = version
+            self.twin.state[key] = version
             self.twin.save_state()
-        started, message = self.switch_service(step["unit"], True, step["start"])
-        return changed or started, f"installed Fabric Manager {version}; {message}" if changed else message
+        started, message = self.switch_service(unit, True, step["start"])
+        return changed or started, f"installed {what} {version}; {message}" if changed else message
 
     def set_persistence_daemon(self, step: Dict[str, Any]) -> Tuple[bool, str]:
         if self.twin.driver_version() is None:

@@ -36,7 +36,7 @@ class Twin:
         self.nvswitch = bool(data.get("nvswitch", False))
         self.fabricmanager: Optional[str] = data.get("fabricmanager")
         self.imex: Optional[str] = data.get("imex")
-        self.imex_channels = int(data.get("imex_channels", 1 if self.imex else 0))
+        self.imex_channels = int(data.get("imex_channels", 1))
         self.boot_id: Optional[str] = data.get("boot_id")
         self.nouveau = bool(data.get("nouveau", False))
         self.services: Dict[str, Any] = _mapping(data.get("services") or {}, "services")
