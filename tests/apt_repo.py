@@ -30,12 +30,12 @@ ARCHIVES = Path("var/cache/apt/archives")
 
 @dataclass
 class SignedRepo:
-    """A built repository: its folder, the public keyring that trusts it and the key's fingerprint."""
+    """A built repository: its folder, the key's fingerprint and its armored public half (what
+    `driver.repo.key` names, and what apt takes as an `.asc` keyring)."""
 
     folder: Path
-    keyring: Path
     fingerprint: str
-    armored: str = ""  # the public key as `driver.repo.key` carries it (ASCII armor)
+    armored: str
     address: str = ""
     port: int = 0
     server: subprocess.Popen[bytes] | None = None
@@ -112,10 +112,8 @@ def build(folder: Path, debs: list[Path], gnupg_home: Path, name: str = "mgpu te
         str(folder / "InRelease"),
         str(folder / "Release"),
     )
-    keyring = folder.parent / f"{folder.name}.gpg"
-    keyring.write_bytes(_gpg(gnupg_home, "--export", fingerprint))
     armored = _gpg(gnupg_home, "--armor", "--export", fingerprint).decode()
-    return SignedRepo(folder, keyring, fingerprint, armored)
+    return SignedRepo(folder, fingerprint, armored)
 
 
 def make_key(gnupg_home: Path, name: str) -> str:
@@ -139,6 +137,23 @@ def _free_port(address: str) -> int:
         probe.bind((address, 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+def nvidia_mirror(folder: Path, address: str, leave_out: tuple[str, ...] = ()) -> SignedRepo:
+    """NVIDIA's 535.216.03 set and its closure from the cached root (less `leave_out`), signed and served."""
+    debs = [
+        deb
+        for deb in root_debs(debian_root.ensure_root())
+        if "535.261" not in deb.name and deb.name.split("_")[0] not in leave_out
+    ]
+    repo = build(folder / "mirror", debs, folder / "gnupg", name=f"mgpu test {folder.name}")
+    repo.serve(address)
+    return repo
+
+
+def stranger_key(folder: Path) -> str:
+    """Another throwaway key's armored public half: a mirror is not signed with it."""
+    return _gpg(folder, "--armor", "--export", make_key(folder, "someone else")).decode()
 
 
 def available() -> str | None:

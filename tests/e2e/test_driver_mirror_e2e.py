@@ -6,43 +6,18 @@ nothing."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mgpu_provision import cli
-from tests import apt_repo, debian_root, hosts
+from tests import apt_repo
 from tests.hosts import HostFactory, TestHost
 
 OLD = "535.216.03"
 DEB = "535.216.03-2~bpo12+1"
-
-
-@pytest.fixture
-def served() -> Iterator[list[apt_repo.SignedRepo]]:
-    reason = apt_repo.available()
-    if reason:
-        hosts.skip_or_fail(reason)
-    made: list[apt_repo.SignedRepo] = []
-    yield made
-    for repo in made:
-        repo.stop()
-
-
-def mirror(
-    folder: Path, served: list[apt_repo.SignedRepo], leave_out: tuple[str, ...] = ()
-) -> apt_repo.SignedRepo:
-    debs = [
-        deb
-        for deb in apt_repo.root_debs(debian_root.ensure_root())
-        if "535.261" not in deb.name and deb.name.split("_")[0] not in leave_out
-    ]
-    repo = apt_repo.build(folder / "mirror", debs, folder / "gnupg")
-    repo.serve(hosts.loopback_address(80))
-    served.append(repo)
-    return repo
 
 
 def write_rig(factory: HostFactory, path: Path, host: TestHost, repo: apt_repo.SignedRepo, key: str) -> None:
@@ -76,7 +51,7 @@ def failed_checks(plan: dict[str, Any], host: TestHost) -> list[str]:
 def test_the_driver_installs_from_the_mirror_alone_and_a_bad_mirror_is_named_in_plan(
     debian_host: TestHost,
     test_hosts: HostFactory,
-    served: list[apt_repo.SignedRepo],
+    mirrors: Callable[..., apt_repo.SignedRepo],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -86,15 +61,13 @@ def test_the_driver_installs_from_the_mirror_alone_and_a_bad_mirror_is_named_in_
     rig = tmp_path / "rig.yaml"
     common = [str(rig), "--known-hosts", str(test_hosts.known_hosts)]
 
-    partial = mirror(tmp_path / "partial", served, leave_out=("pciutils",))
+    partial = mirrors("partial", leave_out=("pciutils",))
     write_rig(test_hosts, rig, host, partial, partial.armored)
     code, plan = cli_json(capsys, "plan", *common)
     assert any("lacks pciutils" in s for s in failed_checks(plan, host)), plan
 
-    full = mirror(tmp_path / "full", served)
-    stranger = tmp_path / "stranger"
-    other = apt_repo.make_key(stranger, "someone else")
-    write_rig(test_hosts, rig, host, full, apt_repo._gpg(stranger, "--armor", "--export", other).decode())
+    full = mirrors("full")
+    write_rig(test_hosts, rig, host, full, apt_repo.stranger_key(tmp_path / "stranger"))
     code, plan = cli_json(capsys, "plan", *common)
     assert any(full.fingerprint[-16:] in s for s in failed_checks(plan, host)), plan
     code, result = cli_json(capsys, "apply", *common, "--yes")

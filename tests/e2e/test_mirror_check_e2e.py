@@ -5,41 +5,16 @@ it, a mirror signed with another key names the key; the box's own apt configurat
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-from tests import apt_repo, debian_root, hosts
+from tests import apt_repo
 from tests.hosts import TestHost
+
+Mirrors = Callable[..., apt_repo.SignedRepo]
 
 REPO = Path(__file__).resolve().parents[2]
 SET = ["nvidia-smi=535.216.03-2~bpo12+1", "libnvidia-ml1=535.216.03-2~bpo12+1"]
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[list[apt_repo.SignedRepo]]:
-    reason = apt_repo.available()
-    if reason:
-        hosts.skip_or_fail(reason)
-    made: list[apt_repo.SignedRepo] = []
-    yield made
-    for repo in made:
-        repo.stop()
-
-
-def mirror(
-    tmp_path: Path, served: list[apt_repo.SignedRepo], leave_out: tuple[str, ...] = ()
-) -> apt_repo.SignedRepo:
-    debs = [
-        deb
-        for deb in apt_repo.root_debs(debian_root.ensure_root())
-        if "535.261" not in deb.name and deb.name.split("_")[0] not in leave_out
-    ]
-    repo = apt_repo.build(tmp_path / "mirror", debs, tmp_path / "gnupg")
-    repo.serve(hosts.loopback_address(80))
-    served.append(repo)
-    return repo
 
 
 CHECK = """\
@@ -69,29 +44,25 @@ def check(host: TestHost, repo: dict[str, str], tmp_path: Path) -> tuple[list[st
 
 
 def test_the_set_resolves_from_the_mirror_alone_and_the_box_is_untouched(
-    debian_host: TestHost, served: list[apt_repo.SignedRepo], tmp_path: Path
+    debian_host: TestHost, mirrors: Mirrors, tmp_path: Path
 ) -> None:
-    repo = mirror(tmp_path, served)
+    repo = mirrors("full")
     before = debian_host.run_in_root("ls /etc/apt/sources.list.d /var/lib/apt/lists | sort").stdout
     assert check(debian_host, {"url": repo.url, "key": repo.armored}, tmp_path) == ([], "")
     assert debian_host.run_in_root("ls /etc/apt/sources.list.d /var/lib/apt/lists | sort").stdout == before
 
 
 def test_a_mirror_missing_a_dependency_is_named(
-    debian_host: TestHost, served: list[apt_repo.SignedRepo], tmp_path: Path
+    debian_host: TestHost, mirrors: Mirrors, tmp_path: Path
 ) -> None:
-    repo = mirror(tmp_path, served, leave_out=("pciutils", "nvidia-installer-cleanup"))
+    repo = mirrors("partial", leave_out=("pciutils", "nvidia-installer-cleanup"))
     missing, _ = check(debian_host, {"url": repo.url, "key": repo.armored}, tmp_path)
     assert missing is not None and set(missing) >= {"pciutils"}, missing
 
 
-def test_a_wrong_key_is_named(
-    debian_host: TestHost, served: list[apt_repo.SignedRepo], tmp_path: Path
-) -> None:
-    repo = mirror(tmp_path, served)
-    stranger = tmp_path / "stranger"
-    other = apt_repo.make_key(stranger, "someone else")
-    key = apt_repo._gpg(stranger, "--armor", "--export", other).decode()
+def test_a_wrong_key_is_named(debian_host: TestHost, mirrors: Mirrors, tmp_path: Path) -> None:
+    repo = mirrors("signed")
+    key = apt_repo.stranger_key(tmp_path / "stranger")
     missing, error = check(debian_host, {"url": repo.url, "key": key}, tmp_path)
     assert missing is None and "not signed by the key given in driver.repo" in error
     assert repo.fingerprint[-16:] in error, error
