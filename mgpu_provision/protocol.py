@@ -291,8 +291,8 @@ def with_default(arg: Arg, default: Any) -> Arg:
     return arg._replace(required=False, default=default)
 
 
-# The package set apt installs, resolved by the plan (node/packages/sources.py names it per source).
-_APT_SET = {
+# The package set the plan resolved (PackageSet: `packages` are its `install`, `hold_patterns` its `hold`).
+_PACKAGE_SET = {
     "packages": with_default(texts(), []),  # installed at the pinned version
     "pinning": with_default(texts(), []),  # installed first: NVIDIA's branch-locking package
     "hold_patterns": with_default(texts(), []),  # every installed package these match is held
@@ -316,7 +316,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
             "kernel_module_type": with_default(optional_choice("open", "proprietary"), None),
             "repo": with_default(apt_mirror(), None),  # apt: configure this mirror and install from it
         },
-        **_APT_SET,
+        **_PACKAGE_SET,
     ),
     FABRICMANAGER: dict(
         {
@@ -328,7 +328,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
             "hold": with_default(flag(), False),
             "start": with_default(flag(), False),
         },
-        **_APT_SET,
+        **_PACKAGE_SET,
     ),
     PERSISTENCED: {
         "enabled": flag(required=True),
@@ -401,15 +401,16 @@ def power_limit_step(gpus: List[int], watts: Optional[int]) -> Dict[str, Any]:
     return {"kind": POWER_LIMIT, "gpus": list(gpus), "watts": watts}
 
 
-class AptSet(NamedTuple):
-    """What an apt install puts on a node, as the plan resolved it (node/packages/sources.py's PackageSet)."""
+class PackageSet(NamedTuple):
+    """What a driver or Fabric Manager install puts on a node, as the plan resolved it from the source
+    (node/packages/sources.py names the packages of each)."""
 
-    packages: List[str]
-    pinning: List[str]
-    hold_patterns: List[str]
+    pinning: List[str]  # installed first: NVIDIA's branch-locking package (CUDA repository, 590 and later)
+    install: List[str]  # installed at the pinned version
+    hold: List[str]  # fnmatch patterns: every installed package they match is held afterwards (apt)
 
 
-NO_APT_SET = AptSet([], [], [])
+NO_PACKAGES = PackageSet([], [], [])
 
 
 def driver_step(
@@ -421,16 +422,16 @@ def driver_step(
     hold: bool,
     fabricmanager: bool,
     *,
-    apt_set: AptSet = NO_APT_SET,
+    packages: PackageSet = NO_PACKAGES,
     modules: bool = True,
     runfile: Optional[str] = None,
     sha256: Optional[str] = None,
     kernel_module_type: Optional[str] = None,
     repo: Optional[Dict[str, str]] = None,
 ) -> Dict[str, Any]:
-    """Install a driver at `version` (None: the newest of `branch`) with `method` from `source` (None for the
-    runfile); apt installs `apt_set`, dnf follows the branch's module stream where `modules`, the runfile
-    installs `runfile` (checked against `sha256`) with `kernel_module_type` modules."""
+    """Install a driver at `version` (None: the newest of `branch`) with `method` from `source` (None for
+    the runfile): apt or dnf installs `packages`, dnf following the branch's module stream where `modules`;
+    the runfile installs `runfile` (checked against `sha256`) with `kernel_module_type` modules."""
     return {
         "kind": DRIVER,
         "method": method,
@@ -440,9 +441,9 @@ def driver_step(
         "version": version,
         "hold": hold,
         "fabricmanager": fabricmanager,
-        "packages": list(apt_set.packages),
-        "pinning": list(apt_set.pinning),
-        "hold_patterns": list(apt_set.hold_patterns),
+        "packages": list(packages.install),
+        "pinning": list(packages.pinning),
+        "hold_patterns": list(packages.hold),
         "modules": modules,
         "runfile": runfile,
         "sha256": sha256,
@@ -452,22 +453,22 @@ def driver_step(
 
 
 def fabricmanager_step(
-    version: str, source: str, method: str, apt_set: AptSet, hold: bool, start: bool, unit: str = ""
+    version: str, source: str, method: str, packages: PackageSet, hold: bool, start: bool, unit: str = ""
 ) -> Dict[str, Any]:
-    """Fabric Manager and NSCQ (`apt_set.packages`; dnf installs the same names at `version`) at exactly
-    `version`, held when `hold`, its unit enabled; started when `start`."""
+    """Fabric Manager and NSCQ (`packages`) at exactly `version`, held when `hold`, its unit enabled;
+    started when `start`. `unit` nvidia-imex: the same install for IMEX, also at the driver's version."""
     return {
         "kind": FABRICMANAGER,
         "version": version,
         "branch": branch_of(version),
         "source": source,
         "method": method,
-        "unit": unit or FABRICMANAGER_UNIT,  # nvidia-imex: the same install, at the driver's version
+        "unit": unit or FABRICMANAGER_UNIT,
         "hold": hold,
         "start": start,
-        "packages": list(apt_set.packages),
-        "pinning": list(apt_set.pinning),
-        "hold_patterns": list(apt_set.hold_patterns),
+        "packages": list(packages.install),
+        "pinning": list(packages.pinning),
+        "hold_patterns": list(packages.hold),
     }
 
 

@@ -1,4 +1,4 @@
-"""The replies of the `apply`, `reboot` and `smoke` verbs as the control side reads them, checked on arrival.
+"""The replies of `apply`, `reboot`, `smoke` and `smoke-cleanup` as the control side reads them on arrival.
 
 The agent answers plain JSON (node/verbs/apply.py, node/verbs/smoke.py); `fleet.session.read_reply`
 validates it against these models, so a reply this version cannot read is an AgentError that names the
@@ -34,6 +34,13 @@ class ApplyReply(Reply):
 
 class RebootReply(Reply):
     boot_id: str = Field(min_length=1, description="the boot id before the reboot: the wait ends on another")
+
+
+class CleanupReply(Reply):
+    """`smoke-cleanup`: the run's marker on that node, and what survived SIGKILL (normally nothing)."""
+
+    marker: str
+    leftover_pids: list[int]
 
 
 class SmokeReply(Reply):

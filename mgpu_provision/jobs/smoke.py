@@ -21,7 +21,7 @@ from ..errors import ProvisionError
 from ..facts import Facts
 from ..fleet.options import MAX_FORKS, FleetOptions
 from ..fleet.pool import HostOutcome, run_fleet
-from ..fleet.replies import SmokeReply
+from ..fleet.replies import CleanupReply, SmokeReply
 from ..fleet.session import AgentSession, read_facts, read_reply
 from ..fleet.targets import HostTarget
 from ..plan.host import facts_request
@@ -325,10 +325,12 @@ def run_smoke(
         # The node's own deadline ends its processes anyway; this ends them now, even if that call died.
         run_fleet(
             failed,
-            lambda s: s.call(
+            lambda s: read_reply(
+                s,
                 "smoke-cleanup",
                 smoke_cleanup_request(run_id, by_host[s.target.name].node_rank),
-                timeout=CLEANUP_TIMEOUT_S,
+                CleanupReply,
+                CLEANUP_TIMEOUT_S,
             ),
             dataclasses.replace(options, forks=len(failed)),
         )

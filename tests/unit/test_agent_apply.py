@@ -246,7 +246,7 @@ def test_simulated_fabric_manager_behind_is_installed_at_the_driver_version_and_
         False,
     )
     step = protocol.fabricmanager_step(
-        "550.54.15", "ubuntu", "apt", protocol.NO_APT_SET, hold=True, start=True
+        "550.54.15", "ubuntu", "apt", protocol.NO_PACKAGES, hold=True, start=True
     )
     (result,) = apply_steps(tmp_path, [step], twin)
     assert result["changed"] and result["message"].startswith("installed Fabric Manager 550.54.15")
@@ -487,7 +487,7 @@ def test_remove_step_deletes_the_file_and_keeps_a_backup(tmp_path: Path) -> None
 def test_every_builder_makes_a_step_the_door_takes_as_it_is() -> None:
     """The builders and STEP_FIELDS are two statements of each kind: every field a builder writes is
     declared, of its declared type, and nothing is left for the door to fill in."""
-    apt = protocol.AptSet(["nvidia-driver-550-server"], [], ["*nvidia*-550"])
+    apt = protocol.PackageSet([], ["nvidia-driver-550-server"], ["*nvidia*-550"])
     runfile = protocol.driver_step(
         "runfile", None, "open", "570", "570.86.16", False, False,
         runfile="/r", sha256="0" * 64, kernel_module_type="open",
@@ -495,9 +495,9 @@ def test_every_builder_makes_a_step_the_door_takes_as_it_is() -> None:
     built = [
         protocol.file_step("/etc/x", "x\n", "0644"),
         protocol.remove_step("/etc/x"),
-        protocol.driver_step("apt", "ubuntu", "server", "550", "550.54.15", True, True, apt_set=apt),
+        protocol.driver_step("apt", "ubuntu", "server", "550", "550.54.15", True, True, packages=apt),
         runfile,
-        protocol.fabricmanager_step("550.54.15", "cuda", "dnf", protocol.NO_APT_SET, True, False),
+        protocol.fabricmanager_step("550.54.15", "cuda", "dnf", protocol.NO_PACKAGES, True, False),
         protocol.persistenced_step(True, True, "nvidia-persistenced", "dnf"),
         protocol.service_step(UNIT, True, False),
         protocol.nouveau_step(),

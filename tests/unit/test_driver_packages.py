@@ -17,7 +17,6 @@ from mgpu_provision.node.core import system
 from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.packages import apt, dnf, driver, names, runfile, services, sources
 from mgpu_provision.node.packages.common import Command
-from mgpu_provision.plan.resources.driver import apt_set
 from mgpu_provision.plan.resources.fabricmanager import package_set
 
 MADISON = {
@@ -32,7 +31,7 @@ DEBIAN_STEP = protocol.check_step(
     0,
     protocol.driver_step(
         "apt", "debian", "default", "535", "535.216.03", hold=True, fabricmanager=False,
-        apt_set=apt_set("debian", "535", "default", False, ["nvidia-smi", "libnvidia-ml1"]),
+        packages=sources.apt_set("debian", "535", "default", False, ["nvidia-smi", "libnvidia-ml1"]),
     ),
 )  # fmt: skip
 
@@ -182,7 +181,7 @@ def test_fabric_manager_names_per_source_and_the_590_pinning_package() -> None:
         "nvidia-fabricmanager-550",
         "libnvidia-nscq-550",
     ]
-    assert sources.apt_set("cuda", "590", "open", True) == sources.PackageSet(
+    assert sources.apt_set("cuda", "590", "open", True) == protocol.PackageSet(
         ["nvidia-driver-pinning-590"],
         ["nvidia-open", "nvidia-fabricmanager", "libnvidia-nscq"],
         ["*nvidia*", "libcuda*", "cuda-drivers*", "libnvsdm*"],
@@ -204,7 +203,9 @@ def test_unknown_sources_and_flavors_are_refused_naming_what_exists() -> None:
 
 def test_dnf_installs_driver_and_fabric_manager_at_the_version_in_one_transaction() -> None:
     """Defect 3: no newest-of-branch first; the versionlock plugin first; every NVIDIA lock cleared."""
-    step = protocol.driver_step("dnf", "rhel", "default", "550", "550.54.15", hold=True, fabricmanager=True)
+    names = sources.dnf_packages("550", "default", exact=True, fabricmanager=True)
+    packages = protocol.PackageSet([], names, [])
+    step = protocol.driver_step("dnf", "rhel", "default", "550", "550.54.15", True, True, packages=packages)
     assert dnf.commands(step) == [
         Command(["dnf", "-y", "install", "python3-dnf-plugin-versionlock"]),
         Command(["dnf", "-y", "versionlock", "delete", "*nvidia*"], check=False),
@@ -228,8 +229,10 @@ def test_dnf_installs_driver_and_fabric_manager_at_the_version_in_one_transactio
 
 
 def test_dnf_without_module_streams_locks_the_branch_before_installing() -> None:
+    names = sources.dnf_packages("580", "open", exact=False, fabricmanager=False)
+    packages = protocol.PackageSet([], names, [])
     step = protocol.driver_step(
-        "dnf", "rhel", "open", "580", None, hold=True, fabricmanager=False, modules=False
+        "dnf", "rhel", "open", "580", None, True, False, packages=packages, modules=False
     )
     assert [c.argv for c in dnf.commands(step)][2:] == [
         ["dnf", "-y", "versionlock", "add", "*nvidia*580*"],
@@ -428,7 +431,7 @@ def test_nvlink5_fabric_manager_brings_the_subnet_manager_and_loads_ib_umad(
 
     monkeypatch.setattr(system, "run", box)
     fm = package_set("cuda", "apt", "580.95.05", nvlink5=True)
-    assert fm.packages == ["nvidia-fabricmanager", "libnvidia-nscq", "libnvsdm", "nvlsm", "infiniband-diags"]
+    assert fm.install == ["nvidia-fabricmanager", "libnvidia-nscq", "libnvsdm", "nvlsm", "infiniband-diags"]
     step = protocol.fabricmanager_step("580.95.05", "cuda", "apt", fm, hold=False, start=True)
     services.install_fabric_manager(step)
     assert (tmp_path / "modules-load-ib_umad.conf").read_text().endswith("ib_umad\n")

@@ -232,7 +232,7 @@ def test_run_smoke_starts_all_hosts_at_once_and_cleans_up_failed_ones(tmp_path: 
             requests.append((verb, target.name, args))
             if verb == "smoke-cleanup":
                 assert timeout == control.CLEANUP_TIMEOUT_S
-                return {"ended": []}
+                return {"marker": f"{args['run_id']}/{args['node_rank']}", "leftover_pids": []}
             together.wait()
             if target.name == "gpu-c":
                 raise ProvisionError("agent smoke did not finish")
@@ -310,6 +310,7 @@ def install(rig: Path) -> dict[str, Path]:
     return written
 
 
+@pytest.mark.torch
 def test_smoke_command_passes_on_two_local_hosts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     code = cli.main(["smoke", str(local_rig(tmp_path, sys.executable, port)), "--json"])
@@ -326,6 +327,7 @@ def test_smoke_command_passes_on_two_local_hosts(tmp_path: Path, capsys: pytest.
     assert processes_of_run(out["run_id"]) == []
 
 
+@pytest.mark.torch
 def test_smoke_runs_the_installed_launcher_and_refuses_a_stale_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -351,6 +353,7 @@ def test_smoke_runs_the_installed_launcher_and_refuses_a_stale_one(
     )
 
 
+@pytest.mark.torch
 def test_smoke_command_fails_with_exit_2_naming_node_and_interpreter(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,7 +11,6 @@ Shipped to nodes: standard library only (plus the bundled pynvml), Python 3.8.
 from __future__ import annotations
 
 import ctypes
-import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import kernel
@@ -132,6 +131,8 @@ class RealHealth:
         info = self._fabric(gpu)
         if info is None or int(info.state) != self._nvml.NVML_GPU_FABRIC_STATE_COMPLETED:
             return None
+        import uuid  # only a GPU in an NVLink fabric needs it (and it loads `platform`)
+
         return int(info.cliqueId), str(uuid.UUID(bytes=bytes(bytearray(info.clusterUuid))))
 
     def _fabric(self, gpu: int) -> Any:

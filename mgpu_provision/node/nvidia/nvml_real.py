@@ -17,7 +17,7 @@ from ... import protocol
 from ..core import system
 from ..core.errors import AgentFailure
 from ..host import procs
-from ..packages import driver, imex, mirror, persistenced, runfile, services
+from ..packages import driver, imex, persistenced, runfile, services
 from .backend import Backend, GpuLost, NoSuchLink, NvmlUnavailable, nvml_message
 from .nvml_health import RealHealth
 
@@ -77,6 +77,8 @@ class RealBackend(RealHealth, Backend):
         return dict(state, exec_start=persistenced.effective_exec_start())
 
     def check_mirror(self, repo: Dict[str, str], packages: List[str]) -> Optional[Dict[str, Any]]:
+        from ..packages import mirror  # only a rig with driver.repo asks
+
         try:
             return {"missing": mirror.check(repo, packages), "error": None}
         except AgentFailure as exc:

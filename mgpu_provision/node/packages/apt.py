@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...protocol import branch_of
+from ...protocol import PackageSet, branch_of
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
@@ -98,7 +98,7 @@ def ubuntu_prebuilt_available(madison: str, branch: int, flavor: str, kernel: st
     return wanted <= offered
 
 
-def install_commands(pkgset: sources.PackageSet, held_now: List[str]) -> List[Command]:
+def install_commands(pkgset: PackageSet, held_now: List[str]) -> List[Command]:
     """Lift the set's holds, then install the pinning package (where the source has one), then the set."""
     commands = []
     release = matching(held_now, pkgset.hold + list(sources.APT_PIN_NAMES))
@@ -118,7 +118,7 @@ def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
         use_mirror(step["repo"], step["packages"])
     run_all([Command(["apt-get", "update", "-q"])])  # stale lists say "not available"
     packages, modules = ubuntu_modules(step) if what == "driver" else (step["packages"], "")
-    pkgset = sources.PackageSet(step["pinning"], packages, step["hold_patterns"])
+    pkgset = PackageSet(step["pinning"], packages, step["hold_patterns"])
     versioned = holdable(pkgset.install)  # the kernel's module packages carry the kernel's version
     target = resolve_version(versioned, step["version"], branch)
     refuse_transitional(pkgset.install[0], target, branch)
@@ -205,7 +205,7 @@ def check_installed_branch(branch: str) -> None:
 
 
 def _in_place(
-    installed: Dict[str, Tuple[str, bool]], pkgset: sources.PackageSet, target: str, hold: bool
+    installed: Dict[str, Tuple[str, bool]], pkgset: PackageSet, target: str, hold: bool
 ) -> bool:
     present = all(p in installed for p in pkgset.install)
     versioned = holdable(pkgset.install)  # the kernel's module packages carry the kernel's version

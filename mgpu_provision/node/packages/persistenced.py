@@ -15,7 +15,6 @@ import shlex
 from typing import List, Optional, Tuple
 
 from ..core import system
-from ..core.atomic import atomic_write
 
 UNIT = "nvidia-persistenced.service"
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
@@ -102,6 +101,8 @@ def ensure_persistence_mode() -> Tuple[bool, str]:
         return False, "{} has no ExecStart to override".format(UNIT)
     if persistence_on(current):
         return False, "{} runs with {}".format(UNIT, ON)
+    from ..core.atomic import atomic_write  # only a change writes: facts never pays for it
+
     atomic_write(DROP_IN, drop_in(current).encode("utf-8"), 0o644)
     # Without a running manager (a root being prepared) the reload fails; the next boot reads the file.
     system.run(["systemctl", "daemon-reload"], timeout=60)

@@ -8,8 +8,9 @@ here; the agent reads the package names. Shipped to nodes: Python 3.8, standard 
 """
 
 import re
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from ...protocol import PackageSet
 from . import names
 
 SOURCES = ("ubuntu", "cuda", "debian", "rhel")
@@ -67,14 +68,6 @@ def default_flavor(source: str, model: str, branch: str) -> str:
     return "open" if open_modules else "default"
 
 
-class PackageSet(NamedTuple):
-    """What an apt install of one driver puts on a node."""
-
-    pinning: List[str]  # installed first: NVIDIA's branch-locking package (CUDA repository, 590 and later)
-    install: List[str]  # installed at the pinned version
-    hold: List[str]  # fnmatch patterns: every installed package they match is held afterwards
-
-
 def default_source(os_id: Optional[str], os_like: List[str]) -> Optional[str]:
     """The source a node's /etc/os-release suggests, None when the distribution is not one of ours."""
     ids = [os_id or "", *os_like]
@@ -126,3 +119,15 @@ def fabricmanager_packages(source: str, branch: str, method: str = "apt", nvlink
     """Fabric Manager and NSCQ (the NVSwitch library it loads), always at the driver's exact version, and
     on NVLink5 boxes NVSDM and the subnet manager; the names change at 580 (node/packages/names.py)."""
     return names.fabric_set(source, method, int(branch), nvlink5)
+
+
+def dnf_packages(branch: str, flavor: str, exact: bool, fabricmanager: bool) -> List[str]:
+    """What one dnf transaction installs: with an `exact` version the driver's pieces (each pinned at it by
+    the agent), else the metapackage that follows the branch; Fabric Manager and NSCQ with them."""
+    open_modules = flavor == "open"
+    if exact:
+        kmod = "kmod-nvidia-open-dkms" if open_modules else "kmod-nvidia-latest-dkms"
+        wanted = ["nvidia-driver", "nvidia-driver-cuda", kmod]
+    else:
+        wanted = ["nvidia-open" if open_modules else "cuda-drivers"]
+    return wanted + (fabricmanager_packages("rhel", branch, "dnf") if fabricmanager else [])

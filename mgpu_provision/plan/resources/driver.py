@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ... import protocol
 from ...facts import HostInfo
+from ...judge import driver as judge
 from ...node.packages import sources
 from ...rig.cards import nvlink5_hgx, open_modules_only
 from ...rig.models import Driver
@@ -67,7 +68,8 @@ def diff(ctx: HostContext) -> list[Change]:
     info = ctx.facts.driver
     installed = info.installed or info.version
     desired = want.version or f"{want.branch}.x"
-    if not satisfies(installed, want):
+    judged = {finding.kind for finding in judge.driver(ctx.facts_json, ctx.expect)}
+    if "not-installed" in judged:
         if want.method == "runfile" and info.nouveau and ctx.host.os == "linux":
             return _clear_nouveau(want, desired)
         install = _install(ctx, want, installed, desired)
@@ -79,7 +81,7 @@ def diff(ctx: HostContext) -> list[Change]:
         count = f"{len(info.unheld)} package{'s' if len(info.unheld) > 1 else ''}"
         why = f"{count} not held: {', '.join(info.unheld[:4])}{more}"
         install = _install(ctx, want, installed, str(installed), why, verb="hold")
-        if install.action == "manual" or not (info.reboot_required or info.loaded != installed):
+        if install.action == "manual" or "not-loaded" not in judged:
             return [install]
         return [install, _reboot(want, str(installed), loaded=info.loaded, installed=installed)]
     running = _flavor_mismatch(ctx, want)
@@ -88,8 +90,7 @@ def diff(ctx: HostContext) -> list[Change]:
         return (
             [install] if install.action == "manual" else [install, _reboot(want, str(installed), info.loaded)]
         )
-    # Installed with nothing loaded (nouveau bound, a refused reboot) is as pending as another version loaded.
-    if info.reboot_required or info.loaded != installed:
+    if "not-loaded" in judged:
         return [_reboot(want, str(installed), loaded=info.loaded, installed=installed)]
     return []
 
@@ -140,11 +141,7 @@ def _flavor_mismatch(ctx: HostContext, want: Driver) -> str | None:
 
 
 def satisfies(installed: str | None, want: Driver) -> bool:
-    if installed is None:
-        return False
-    if want.version is not None:
-        return installed == want.version
-    return protocol.branch_of(installed) == want.branch
+    return judge.satisfies(installed, want.version, want.branch)
 
 
 def _install(
@@ -177,15 +174,17 @@ def _install(
     else:
         assert source.name is not None and source.flavor is not None  # resolve() says a problem otherwise
         summary = f"{summary} ({source.label})"
-        packages = protocol.NO_APT_SET
         if source.method == "apt":
-            packages = apt_set(
+            packages = sources.apt_set(
                 source.name, branch, source.flavor, want.fabricmanager, want.packages,
                 debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5_hgx(ctx.rig.gpus.model),
             )  # fmt: skip
+        else:  # dnf: one transaction, nothing to pin first or hold by pattern (versionlock does)
+            names = sources.dnf_packages(branch, source.flavor, want.version is not None, want.fabricmanager)
+            packages = protocol.PackageSet([], names, [])
         step = protocol.driver_step(
             source.method, source.name, source.flavor, branch, want.version, want.hold, want.fabricmanager,
-            apt_set=packages, modules=source.method != "dnf" or _has_module_streams(ctx.facts.host),
+            packages=packages, modules=source.method != "dnf" or _has_module_streams(ctx.facts.host),
             repo=ctx.driver_repo if source.method == "apt" else None,
         )  # fmt: skip
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
@@ -204,20 +203,6 @@ def _has_module_streams(host: HostInfo) -> bool:
     if host.os_id == "amzn":
         return major == "2023"
     return host.os_id != "fedora" and major.isdigit() and int(major) < 10
-
-
-def apt_set(
-    source: str,
-    branch: str,
-    flavor: str,
-    fabricmanager: bool,
-    packages: list[str] | None = None,
-    debian_family: bool = False,
-    nvlink5: bool = False,
-) -> protocol.AptSet:
-    """The package set apt installs from `source`, as the step carries it."""
-    found = sources.apt_set(source, branch, flavor, fabricmanager, packages, debian_family, nvlink5)
-    return protocol.AptSet(found.install, found.pinning, found.hold)
 
 
 def _reboot(want: Driver, version: str, loaded: str | None, installed: str | None = None) -> Change:

@@ -10,9 +10,9 @@ is a check for a person (channel 0 is created when the nvidia module loads with 
 from __future__ import annotations
 
 from ... import protocol
-from ...node.packages import names
+from ...node.packages import names, sources
 from ..change import Action, Change, HostContext, check_failed
-from .driver import apt_set, debian_family, resolve, satisfies
+from .driver import debian_family, resolve, satisfies
 
 UNIT = "nvidia-imex"
 
@@ -55,9 +55,10 @@ def _install(ctx: HostContext, version: str | None, driver: str, hold: bool, sta
     if source is None or source.name is None or source.problem or package is None:
         why = (source.problem if source else None) or "no nvidia-imex package in this source: use source cuda"
         return Change("imex", "manual", f"{UNIT} {version or 'missing'} → {driver}: {why}", version, driver)
-    packages = protocol.AptSet([package], [], [])
+    packages = protocol.PackageSet([], [package], [])
     if source.method == "apt":
-        packages = apt_set(source.name, branch, "default", False, [package], debian_family(ctx.facts.host))
+        debian = debian_family(ctx.facts.host)
+        packages = sources.apt_set(source.name, branch, "default", False, [package], debian_family=debian)
     step = protocol.fabricmanager_step(driver, source.name, source.method, packages, hold, start, unit=UNIT)
     action: Action = "create" if version is None else "update"
     summary = (
