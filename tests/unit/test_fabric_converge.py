@@ -8,15 +8,10 @@ the unit was already enabled, apply said "installed Fabric Manager 550.54.15" an
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
-from typing import Any
 
-from mgpu_provision.node.__main__ import handle
-from mgpu_provision.plan.host import plan_host
-from mgpu_provision.rig import load_rig
-from tests.factories import facts_from_twin
+from tests.converge import apply_steps, changes_of
 
 TWINS = Path(__file__).resolve().parents[2] / "examples" / "twins"
 RIG = """\
@@ -32,22 +27,16 @@ files: {profile_d: null, environment_file: null, launcher: null}
 """
 
 
-def fabric_changes(tmp_path: Path, twin: Path) -> list[Any]:
-    loaded = load_rig(tmp_path / "rig.yaml")
-    host = loaded.host("hgx")
-    return [c for c in plan_host(loaded, host, facts_from_twin(twin)) if c.resource == "fabricmanager"]
-
-
 def test_fabric_manager_one_version_behind_converges_with_one_apply(tmp_path: Path) -> None:
     twin = tmp_path / "twin.yaml"
     shutil.copy(TWINS / "h100-hgx.yaml", twin)
     twin.write_text(twin.read_text().replace('fabricmanager: "550.54.15"', 'fabricmanager: "550.54.14"'))
     (tmp_path / "rig.yaml").write_text(RIG)
 
-    (change,) = fabric_changes(tmp_path, twin)
+    rig = tmp_path / "rig.yaml"
+    (change,) = changes_of(rig, "hgx", twin, ("fabricmanager",))
     assert (change.action, change.current, change.desired) == ("update", "550.54.14", "550.54.15")
-    args = {"lock": str(tmp_path / "apply.lock"), "lock_wait_s": 2, "steps": [change.agent_step]}
-    reply, _ = handle("apply", json.dumps({"args": args, "simulate": str(twin)}))
-    assert reply["ok"] and reply["result"]["results"][0]["changed"], reply
+    (result,) = apply_steps(twin, tmp_path / "apply.lock", [change])
+    assert result["changed"], result
 
-    assert fabric_changes(tmp_path, twin) == []
+    assert changes_of(rig, "hgx", twin, ("fabricmanager",)) == []

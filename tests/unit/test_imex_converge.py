@@ -4,14 +4,10 @@ defect 2)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
-from typing import Any
 
-from mgpu_provision.node.__main__ import handle
-from mgpu_provision.plan.host import plan_host
-from mgpu_provision.rig import load_rig
+from tests.converge import apply_steps, changes_of
 from tests.factories import facts_from_twin
 
 TWINS = Path(__file__).resolve().parents[2] / "examples" / "twins"
@@ -28,23 +24,17 @@ files: {profile_d: null, environment_file: null, launcher: null}
 """
 
 
-def changes(tmp_path: Path, twin: Path) -> list[Any]:
-    loaded = load_rig(tmp_path / "rig.yaml")
-    found = plan_host(loaded, loaded.host("tray"), facts_from_twin(twin))
-    return [c for c in found if c.resource in ("imex", "fabricmanager")]
-
-
 def test_imex_converges_on_a_gb200_tray_with_one_apply(tmp_path: Path) -> None:
     twin = tmp_path / "tray.yaml"
     shutil.copy(TWINS / "gb200-tray.yaml", twin)
     (tmp_path / "rig.yaml").write_text(RIG)
 
-    (install,) = changes(tmp_path, twin)
+    rig, resources = tmp_path / "rig.yaml", ("imex", "fabricmanager")
+    (install,) = changes_of(rig, "tray", twin, resources)
     assert (install.resource, install.action, install.desired) == ("imex", "create", "580.95.05")
     assert install.agent_step["packages"] == ["nvidia-imex"] and install.agent_step["unit"] == "nvidia-imex"
-    args = {"lock": str(tmp_path / "apply.lock"), "lock_wait_s": 2, "steps": [install.agent_step]}
-    reply, _ = handle("apply", json.dumps({"args": args, "simulate": str(twin)}))
-    assert reply["ok"] and reply["result"]["results"][0]["changed"], reply
+    (result,) = apply_steps(twin, tmp_path / "apply.lock", [install])
+    assert result["changed"], result
     imex = facts_from_twin(twin).imex
     assert imex is not None and (imex.version, imex.service, imex.enabled) == ("580.95.05", "active", True)
-    assert changes(tmp_path, twin) == []
+    assert changes_of(rig, "tray", twin, resources) == []

@@ -4,14 +4,10 @@ real unit under real systemd: tests/e2e/test_persistenced_systemd_e2e.py)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
-from typing import Any
 
-from mgpu_provision.node.__main__ import handle
-from mgpu_provision.plan.host import plan_host
-from mgpu_provision.rig import load_rig
+from tests.converge import apply_steps, changes_of
 from tests.factories import facts_from_twin
 
 TWINS = Path(__file__).resolve().parents[2] / "examples" / "twins"
@@ -29,12 +25,6 @@ files: {profile_d: null, environment_file: null, launcher: null}
 """
 
 
-def persistence_changes(tmp_path: Path, twin: Path) -> list[Any]:
-    loaded = load_rig(tmp_path / "rig.yaml")
-    changes = plan_host(loaded, loaded.host("hgx"), facts_from_twin(twin))
-    return [c for c in changes if c.resource == "persistence"]
-
-
 def test_a_daemon_without_persistence_mode_gets_the_drop_in_and_converges(tmp_path: Path) -> None:
     twin = tmp_path / "twin.yaml"
     shutil.copy(TWINS / "h100-hgx.yaml", twin)
@@ -44,12 +34,12 @@ def test_a_daemon_without_persistence_mode_gets_the_drop_in_and_converges(tmp_pa
     twin.write_text(twin.read_text() + services)
     (tmp_path / "rig.yaml").write_text(RIG)
 
-    (change,) = persistence_changes(tmp_path, twin)
+    rig = tmp_path / "rig.yaml"
+    (change,) = changes_of(rig, "hgx", twin, ("persistence",))
     assert "lacks --persistence-mode" in change.summary, change.summary
-    args = {"lock": str(tmp_path / "apply.lock"), "lock_wait_s": 2, "steps": [change.agent_step]}
-    reply, _ = handle("apply", json.dumps({"args": args, "simulate": str(twin)}))
-    assert reply["ok"] and reply["result"]["results"][0]["changed"], reply
+    (result,) = apply_steps(twin, tmp_path / "apply.lock", [change])
+    assert result["changed"], result
     daemon = facts_from_twin(twin).persistenced
     assert daemon is not None and daemon.exec_start is not None and "--persistence-mode" in daemon.exec_start
     assert "--no-persistence-mode" not in daemon.exec_start
-    assert persistence_changes(tmp_path, twin) == []
+    assert changes_of(rig, "hgx", twin, ("persistence",)) == []
