@@ -170,6 +170,18 @@ class Bridge(Strict):
     )
 
 
+class DriverRepo(Strict):
+    """An internal apt mirror of the driver's packages (air-gapped or regulated sites)."""
+
+    url: str = Field(pattern=r"^https?://[^\s'\"`$;]+$", description="the mirror's URL (http or https)")
+    key: str = Field(
+        description="file with the mirror's public signing key (ASCII-armored), relative to the rig file; "
+        "apt trusts it for this mirror only"
+    )
+    suite: str = Field("./", pattern=r"^[A-Za-z0-9./_-]+$", description='"./" for a flat repository')
+    components: str | None = Field(None, pattern=r"^[A-Za-z0-9_ -]+$", description='e.g. "main contrib"')
+
+
 class Driver(Strict):
     version: str | None = Field(None, pattern=DRIVER_VERSION, description='exact version, e.g. "550.54.15"')
     branch: str | None = Field(None, pattern=DRIVER_BRANCH, description='a branch, e.g. "550" (any 550.x)')
@@ -187,7 +199,7 @@ class Driver(Strict):
         None,
         description=(
             "kernel module and build: open (open kernel modules), server/server-open (Ubuntu's datacenter "
-            "builds); default: the source's own (server on Ubuntu, proprietary elsewhere)"
+            "builds); proprietary ones are refused on Blackwell and Grace, which run only the open modules"
         ),
     )
     packages: list[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9+.-]{1,99}$")]] | None = Field(
@@ -202,8 +214,16 @@ class Driver(Strict):
         "never", description='allowed: reboot to load a new driver; never: report "reboot required"'
     )
     fabricmanager: bool = Field(False, description="install Fabric Manager at exactly the driver's version")
+    imex: bool = Field(
+        False,
+        description="multi-node NVLink (GB200/GB300 NVL72 compute trays): nvidia-imex at the driver's "
+        "version, its unit enabled and running, an IMEX channel",
+    )
     runfile_url: str | None = Field(None, pattern="^(https://|/)[^\\s'\"`$;]+$", description="runfile source")
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    repo: DriverRepo | None = Field(
+        None, description="apt only: install from this mirror, checked in plan to hold the whole set"
+    )
 
 
 HealthCheck = Literal[
