@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Tuple
 
 from ...protocol import PackageSet
 from ..core import system
-from . import sources
+from . import names, sources
 from .common import Command, installed_rpms, resolve_version, run_all, upstream
 
 ZYPPER = ["zypper", "--non-interactive", "--no-gpg-checks"]
@@ -28,13 +28,13 @@ LOCK_PATTERNS = ("*nvidia*", "cuda-drivers*", "libnvidia*", "libcuda*")
 def package_set(branch: str, flavor: str, fabricmanager: bool) -> PackageSet:
     """What zypper installs for a branch and flavor: the metapackage, the G06 pieces, Fabric Manager."""
     b = int(branch)
-    unversioned = b >= sources.UNVERSIONED_FROM
+    unversioned = b >= names.UNVERSIONED_DRIVER_FROM
     open_modules = flavor == "open"
     main = "nvidia-open" if open_modules else "cuda-drivers"
     kmp = "nvidia-open-driver-G06-signed-kmp-default" if open_modules else "nvidia-driver-G06-kmp-default"
     install = [main if unversioned else f"{main}-{b}", "nvidia-compute-utils-G06", kmp]
     if fabricmanager:
-        install += sources.fabricmanager_packages("cuda", branch, "dnf")  # RPM names, as on RHEL
+        install += sources.fabricmanager_packages("cuda", branch, "zypper")  # RPM names, as on RHEL
     pinning = [f"nvidia-driver-pinning-{b}"] if unversioned else []
     return PackageSet(pinning, install, list(pinning) + install)
 

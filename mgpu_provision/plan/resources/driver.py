@@ -15,6 +15,7 @@ from ... import protocol
 from ...facts import HostInfo
 from ...judge import driver as judge
 from ...node.packages import families, sources, zypper
+from ...rig.cards import nvlink5_hgx, open_modules_only
 from ...rig.models import Driver
 from ..change import Action, Change, HostContext
 
@@ -33,7 +34,9 @@ class Source:
         return f"{self.name} packages" if self.name else "runfile"
 
 
-def resolve(want: Driver, host: HostInfo) -> Source:
+def resolve(want: Driver, host: HostInfo, model: str) -> Source:
+    """Source, method and flavor for this host; a rig without `flavor` gets NVIDIA's default module type
+    for its branch on `model` (the rig's GPU): open from 560 on Turing and later."""
     if want.method == "runfile":
         return Source(None, "runfile", want.flavor)
     family = family_of(host)
@@ -41,7 +44,7 @@ def resolve(want: Driver, host: HostInfo) -> Source:
     method = want.method or family.method or "apt"
     if name is None:
         return Source(None, method, want.flavor, family.problem)
-    flavor = want.flavor or sources.DEFAULT_FLAVOR[name]
+    flavor = want.flavor or sources.default_flavor(name, model, branch_of_rig(want))
     problem = families.method_problem(family, method, name) or _source_problem(want, name, flavor)
     return Source(name, method, flavor, problem)
 
@@ -115,12 +118,20 @@ def _clear_nouveau(want: Driver, desired: str) -> list[Change]:
     return [blacklist, reboot]
 
 
+def branch_of_rig(want: Driver) -> str:
+    """The branch the rig asks for (validate makes sure it names a version or a branch)."""
+    return protocol.branch_of(want.version) if want.version else str(want.branch or "0")
+
+
 def _flavor_mismatch(ctx: HostContext, want: Driver) -> str | None:
-    """The module type running when it is not the one the rig's flavor asks for, else None."""
+    """The module type running when it is not the one the rig's flavor asks for, else None. Without a
+    flavor either type is accepted, except on GPUs that run only the open modules (Blackwell, Grace)."""
     running = ctx.facts.driver.kernel_module
-    if running is None or ctx.host.os != "linux" or (want.flavor is None and want.method != "runfile"):
+    if running is None or ctx.host.os != "linux":
         return None
-    flavor = resolve(want, ctx.facts.host).flavor or ""
+    if want.flavor is None and want.method != "runfile" and not open_modules_only(ctx.rig.gpus.model):
+        return None
+    flavor = resolve(want, ctx.facts.host, ctx.rig.gpus.model).flavor or ""
     if want.method == "runfile":
         wanted = sources.runfile_module_type(
             want.flavor, ctx.rig.gpus.model, protocol.branch_of(ctx.facts.driver.installed or "0")
@@ -149,7 +160,7 @@ def _install(
     if ctx.host.os != "linux":
         summary = f"{summary} (by hand on {ctx.host.os})"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
-    source = resolve(want, ctx.facts.host)
+    source = resolve(want, ctx.facts.host, ctx.rig.gpus.model)
     if source.problem:
         summary = f"{summary}: {source.problem}"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
@@ -165,7 +176,10 @@ def _install(
         assert source.name is not None and source.flavor is not None  # resolve() says a problem otherwise
         summary = f"{summary} ({source.label})"
         if source.method == "apt":
-            packages = sources.apt_set(source.name, branch, source.flavor, want.fabricmanager, want.packages)
+            packages = sources.apt_set(
+                source.name, branch, source.flavor, want.fabricmanager, want.packages,
+                debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5_hgx(ctx.rig.gpus.model),
+            )  # fmt: skip
         elif source.method == "zypper":  # every name at the version in one transaction, each locked
             packages = zypper.package_set(branch, source.flavor, want.fabricmanager)
         else:  # dnf, yum: one transaction, nothing to pin first or hold by pattern (versionlock does)
@@ -174,8 +188,15 @@ def _install(
         step = protocol.driver_step(
             source.method, source.name, source.flavor, branch, want.version, want.hold, want.fabricmanager,
             packages=packages, modules=family_of(ctx.facts.host).modules,
+            repo=ctx.driver_repo if source.method == "apt" else None,
         )  # fmt: skip
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
+
+
+def debian_family(host: HostInfo) -> bool:
+    """A Debian node (not Ubuntu): NVIDIA's repository for it names the driver's libraries without the
+    branch."""
+    return family_of(host).source == "debian"
 
 
 def _reboot(want: Driver, version: str, loaded: str | None, installed: str | None = None) -> Change:
