@@ -173,7 +173,7 @@ class Bridge(Strict):
 class DriverRepo(Strict):
     """An internal apt mirror of the driver's packages (air-gapped or regulated sites)."""
 
-    url: str = Field(pattern=r"^https?://[^\s'\"`$;]+$", description="the mirror's URL (http or https)")
+    url: str = Field(pattern="^https?://[^\\s'\"`$;]+$", description="the mirror's URL (http or https)")
     key: str = Field(
         description="file with the mirror's public signing key (ASCII-armored), relative to the rig file; "
         "apt trusts it for this mirror only"
