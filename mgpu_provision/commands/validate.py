@@ -11,7 +11,7 @@ import argparse
 import json
 
 from ..errors import SpecError
-from ..rig import load_rig
+from ..rig.cache import check_rig
 from .output import visible
 
 
@@ -41,7 +41,7 @@ def _count(n: int, noun: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        loaded = load_rig(args.rig)
+        counts = check_rig(args.rig)
     except SpecError as exc:
         if args.json:
             print(json.dumps({"valid": False, "problems": [p.as_dict() for p in exc.problems]}, indent=2))
@@ -53,6 +53,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"valid": True, "problems": []}, indent=2))
     else:
-        spec = loaded.spec
-        print(f"{args.rig}: valid, {_count(len(spec.hosts), 'host')}, {_count(len(spec.rigs), 'rig')}")
+        print(f"{args.rig}: valid, {_count(counts.hosts, 'host')}, {_count(counts.rigs, 'rig')}")
     return 0

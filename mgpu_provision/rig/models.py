@@ -66,7 +66,7 @@ def path_in_rig(path: Path, rig_folder: Path) -> str:
 class Strict(BaseModel):
     """Base of every rig-file model: unknown keys are errors, values are not coerced silently."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Connection(Strict):
