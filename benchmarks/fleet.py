@@ -37,8 +37,17 @@ from single import agent_cost, startup_figures
 from smoke_clock import parse_clock, start_up
 from testbed import MAX_HOSTS, REPO, SmokeSetup, Testbed, TestbedError
 
-DEFAULT_ANSIBLE = REPO / ".bench-venv" / "bin" / "ansible"
-DEFAULT_PY_SPY = REPO / ".bench-venv" / "bin" / "py-spy"
+# The peers and py-spy live in a virtualenv of their own, outside the checkout (benchmarks/README.md).
+BENCH_VENV = Path(os.environ.get("MGPU_BENCH_VENV", "/var/cache/mgpu-provision-tests/bench-venv"))
+DEFAULT_ANSIBLE = BENCH_VENV / "bin" / "ansible"
+DEFAULT_PYINFRA = BENCH_VENV / "bin" / "pyinfra"
+DEFAULT_PY_SPY = BENCH_VENV / "bin" / "py-spy"
+FABRIC_VERSION = (
+    "import fabric, paramiko; print('Fabric', fabric.__version__, 'Paramiko', paramiko.__version__)"
+)
+BENCH_VENV_SETUP = (
+    f"python3 -m venv {BENCH_VENV} && {BENCH_VENV}/bin/pip install ansible-core 'pyinfra>=3,<4' py-spy"
+)
 RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_SIZES = "1,8,64,128,256"
 DEFAULT_CONTENDERS = "ssh,ssh-64,plan,apply"
@@ -242,6 +251,8 @@ def context(
         "agent": testbed.agent_name,
         "openssh": _version(["ssh", "-V"]),
         "ansible": _version([args.ansible, "--version"]),
+        "pyinfra": _version([args.pyinfra, "--version"]),
+        "fabric": _version([sys.executable, "-c", FABRIC_VERSION]),
         "mgpu_provision": _version([testbed.mgpu_provision, "--version"]),
         "python": platform.python_version(),
     }
@@ -339,14 +350,15 @@ def checked_arguments(args: argparse.Namespace) -> tuple[list[int], list[int], l
     except ValueError as exc:
         raise BenchmarkError(str(exc)) from None
     if args.profile and not os.access(args.py_spy, os.X_OK):
-        raise BenchmarkError(f"no py-spy at {args.py_spy}: .bench-venv/bin/pip install py-spy")
+        raise BenchmarkError(f"no py-spy at {args.py_spy}: {BENCH_VENV_SETUP}")
     if not os.access(GNU_TIME, os.X_OK):
         raise BenchmarkError(f"no GNU time at {GNU_TIME} (it measures each client): apt-get install time")
-    if any(c.name.startswith("ansible") for c in contenders) and not os.access(args.ansible, os.X_OK):
-        raise BenchmarkError(
-            f"no ansible at {args.ansible}: python3 -m venv .bench-venv && .bench-venv/bin/pip install "
-            "ansible-core (or pass --ansible, or leave ansible out of --contenders)"
-        )
+    for peer, command in (("ansible", args.ansible), ("pyinfra", args.pyinfra)):
+        if any(c.name.startswith(peer) for c in contenders) and not os.access(command, os.X_OK):
+            raise BenchmarkError(
+                f"no {peer} at {command}: {BENCH_VENV_SETUP} (or pass --{peer}, or leave {peer} out of "
+                "--contenders)"
+            )
     return sizes, smoke_sizes, contenders
 
 
@@ -375,6 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"hosts {QUICK['hosts']}, repeat {QUICK['repeat']}, smoke on {QUICK['smoke_hosts']} host(s)",
     )
     parser.add_argument("--ansible", default=str(DEFAULT_ANSIBLE), help="the ansible ad-hoc command")
+    parser.add_argument("--pyinfra", default=str(DEFAULT_PYINFRA), help="the pyinfra command")
     parser.add_argument(
         "--smoke-python",
         help="python with torch on the nodes for plan's torch check (default: a venv with a stand-in torch)",
@@ -401,7 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             load_before = os.getloadavg()[0]
             largest = max([*sizes, *smoke_sizes])
-            testbed = Testbed(run, largest, Path(sys.executable).parent, args.ansible, args.smoke_python)
+            testbed = Testbed(
+                run, largest, Path(sys.executable).parent, args.ansible, args.smoke_python, args.pyinfra
+            )
             try:
                 say(f"{len(testbed.hosts)} test hosts up ({time.time() - started:.0f} s)")
                 singles = measure_singles(testbed, args.singles_runs, say)

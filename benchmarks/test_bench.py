@@ -18,11 +18,15 @@ from contenders import (
     AnsibleAdHoc,
     BenchHost,
     Fleet,
+    PlainFabric,
     PlainSsh,
+    PyinfraExec,
     Tool,
     agent_command,
     ansible_files,
     ansible_results,
+    pyinfra_inventory,
+    pyinfra_results,
     select,
 )
 from fleet import DEFAULT_ANSIBLE, BenchmarkError, contenders_for, parse_sizes, rotated
@@ -244,6 +248,57 @@ def test_ansible_run_counts_only_when_every_host_answered(tmp_path: Path) -> Non
     good = 'h002 | CHANGED | rc=0 >>\n{"ok": false, "error": {}}\n'
     assert ansible.problem(fleet_of(tmp_path, ["h002"]), one_process(good)) == (
         'ansible: h002: agent failed: \'{"ok": false, "error": {}}\''
+    )
+
+
+# What `pyinfra INVENTORY exec -y -- CMD` printed to stderr for two hosts (progress lines among the output).
+PYINFRA_OUTPUT = """\
+--> Loading config...
+--> Loading inventory...
+--> Connecting to hosts...
+    [h001] Connected
+    [h002] Connected
+--> Proposed changes:
+[h001]   {"ok": true, "result": {}}
+[h002] \x1b[1m{"ok": false, "error": {}}
+--> Beginning operation run...
+"""
+
+
+def test_pyinfra_output_is_split_per_host_and_counts_only_ok_agent_replies(tmp_path: Path) -> None:
+    assert pyinfra_results(PYINFRA_OUTPUT) == {
+        "h001": '{"ok": true, "result": {}}',
+        "h002": '{"ok": false, "error": {}}',
+    }
+    fleet = fleet_of(tmp_path, ["h001", "h002", "h003"])
+    usage = Usage(1.0, (Finished(0, "", PYINFRA_OUTPUT, 0.1, 1000),))
+    assert (
+        PyinfraExec().problem(fleet, usage) == 'pyinfra: h002: agent failed: \'{"ok": false, "error": {}}\''
+    )
+    only_first = fleet_of(tmp_path, ["h001", "h003"])
+    assert PyinfraExec().problem(only_first, usage) == "pyinfra printed nothing for h003 (exit 0)"
+    assert PyinfraExec().problem(fleet_of(tmp_path, ["h001"]), usage) is None
+
+
+def test_pyinfra_inventory_checks_host_keys_with_the_same_files(tmp_path: Path) -> None:
+    text = pyinfra_inventory(fleet_of(tmp_path, ["h001"])).read_text()
+    assert "'ssh_strict_host_key_checking': 'yes'" in text
+    assert f"'ssh_known_hosts_file': '{tmp_path / 'known_hosts'}'" in text
+    assert "'ssh_hostname': '127.0.0.1', 'ssh_port': 2222" in text
+
+
+def test_fabric_group_counts_only_when_every_host_answered(tmp_path: Path) -> None:
+    fleet = fleet_of(tmp_path, ["h001", "h002"])
+    (argv,) = [spawn.argv for spawn in PlainFabric().spawns(fleet)]
+    assert argv[-3:] == (fleet.agent_command, "127.0.0.1:2222", "127.0.0.2:2222")
+    both = json.dumps({"127.0.0.1:2222": '{"ok": true}', "127.0.0.2:2222": '{"ok": true}'})
+    assert PlainFabric().problem(fleet, one_process(both)) is None
+    one_failed = json.dumps({"127.0.0.1:2222": '{"ok": true}', "127.0.0.2:2222": None})
+    assert (
+        PlainFabric().problem(fleet, one_process(one_failed, 1)) == "fabric printed nothing for h002 (exit 1)"
+    )
+    assert PlainFabric().problem(fleet, one_process("Traceback", 1, "ImportError: fabric")) == (
+        "fabric exited 1: ImportError: fabric"
     )
 
 
