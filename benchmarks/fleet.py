@@ -32,7 +32,7 @@ from pathlib import Path
 from contenders import CONTENDERS, SMOKE, SMOKE_FLOOR, Contender, Fleet, select
 from hotspots import profile_plan
 from measure import GNU_TIME, Usage, run_together
-from report import Sample, Singles, as_json, markdown, summarize
+from report import HALVED, Sample, Singles, as_json, markdown, summarize
 from single import agent_cost, startup_figures
 from smoke_clock import parse_clock, start_up
 from testbed import MAX_HOSTS, REPO, SmokeSetup, Testbed, TestbedError
@@ -185,6 +185,48 @@ def measure_singles(testbed: Testbed, runs: int, say: Callable[[str], None]) -> 
         plan_local_best_wall_s=figures["plan_local_wall_s"].best,
         plan_local_cpu_s=figures["plan_local_cpu_s"].median,
     )
+
+
+def startup_against(baseline: str, runs: int, say: Callable[[str], None]) -> Singles:
+    """startup.py on `baseline` (a git ref of this repository) and the frozen package, alternating in this
+    run: the issue 32 figures that must halve, best of `runs` of each copy."""
+    run = Path(os.environ[RUN_ENV])
+    folder = run / "baseline"
+    folder.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", baseline, "mgpu_provision"], capture_output=True, check=False
+    )
+    if archive.returncode != 0:
+        raise BenchmarkError(f"git archive {baseline}: {archive.stderr.decode(errors='replace').strip()}")
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    code = run / "code"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "startup.py"),
+            "--code",
+            str(folder),
+            str(code),
+            "--repeat",
+            str(runs),
+            "--example",
+            EXAMPLE,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=run,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise BenchmarkError(f"startup.py against {baseline} failed: {done.stderr[-2000:]}")
+    figures = json.loads(done.stdout)
+    old, new = figures[str(folder)], figures[str(code)]
+    pairs = tuple(
+        (name, old[name]["min"], new[name]["min"]) for name in HALVED if name in old and name in new
+    )
+    say("start-up against " + baseline + ": " + ", ".join(f"{n} {o:g} -> {w:g}" for n, o, w in pairs))
+    (run / "startup.json").write_text(done.stdout)
+    return Singles(startup_pairs=pairs, baseline=baseline)
 
 
 def measure(
@@ -399,11 +441,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--py-spy", default=str(DEFAULT_PY_SPY), help="the py-spy command (for --profile)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where fleet.md and fleet.json go")
+    parser.add_argument(
+        "--startup-baseline",
+        metavar="REF",
+        help="also run startup.py on REF's package beside this one (issue 32's halved start-up)",
+    )
     args = parser.parse_args(argv)
     # A user's machine keeps bytecode caches; a session that forbids them would have every client (and
     # the tool above all) recompile its modules on each run and measure that instead.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     started = time.time()
+    startup_json: object = None
     try:
         sizes, smoke_sizes, contenders = checked_arguments(args)
         if RUN_ENV not in os.environ:
@@ -420,6 +468,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 say(f"{len(testbed.hosts)} test hosts up ({time.time() - started:.0f} s)")
                 singles = measure_singles(testbed, args.singles_runs, say)
+                if args.startup_baseline:
+                    against = startup_against(args.startup_baseline, args.singles_runs, say)
+                    singles = dataclasses.replace(
+                        singles, startup_pairs=against.startup_pairs, baseline=against.baseline
+                    )
+                    startup_json = json.loads((run / "startup.json").read_text())
                 samples = measure_smoke(testbed, smoke_sizes, args.repeat, say)
                 samples += measure(testbed, sizes, contenders, args.repeat, say)
                 info = context(args, sizes, smoke_sizes, testbed, load_before, started)
@@ -436,6 +490,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     page = markdown(rows, context_lines(info), singles)
     (args.out / "fleet.md").write_text(page)
     (args.out / "fleet.json").write_text(json.dumps(as_json(samples, rows, info, singles), indent=2) + "\n")
+    if args.startup_baseline:
+        (args.out / "fleet-startup.json").write_text(json.dumps(startup_json, indent=2) + "\n")
     print(page)
     return 0
 

@@ -177,7 +177,7 @@ def test_rounds_rotate_the_order() -> None:
 
 def test_unknown_contender_is_named() -> None:
     with pytest.raises(ValueError, match="unknown contender"):
-        select(["ssh", "pyinfra"])
+        select(["ssh", "salt"])
 
 
 def test_agent_command_is_one_shell_line_that_pipes_the_request() -> None:
@@ -396,7 +396,7 @@ def test_script_refuses_bad_arguments_with_a_message() -> None:
     )
     assert done.returncode == 1
     assert done.stderr.strip() == (
-        "error: unknown contender(s) x; choose from ssh, ssh-64, facts, plan, apply, ansible, ansible-raw"
+        "error: unknown contender(s) x; choose from ssh, ssh-64, facts, plan, apply, ansible, ansible-raw, fabric, pyinfra"
     )
 
 
@@ -536,3 +536,27 @@ def test_benchmark_end_to_end_on_two_hosts(tmp_path: Path) -> None:
     for name in ("ssh", "plan"):
         assert (rows[(2, name)]["logins_per_host"], rows[(2, name)]["commands_per_host"]) == (1.0, 1.0)
     assert "| 2 | plan |" in (tmp_path / "fleet.md").read_text()
+
+
+def test_issue_32_targets_halve_start_up_and_compare_cpu_with_fabric() -> None:
+    rows = summarize(
+        [
+            sample("plan", 64, 3.0, cpu=0.64),
+            sample("fabric", 64, 3.0, cpu=0.50),
+            sample("plan", 128, 6.0, cpu=2.56),
+            sample("fabric", 128, 6.0, cpu=1.0),
+            sample("pyinfra", 64, 5.0),
+            sample("ansible", 64, 9.0),
+        ]
+    )
+    pairs = (("import_commands_plan_ms", 300.0, 140.0), ("plan_local_cpu_s", 0.4, 0.3))
+    found = {v.target: v for v in verdicts(rows, Singles(startup_pairs=pairs, baseline="93d3991"))}
+    imports = next(v for t, v in found.items() if t.startswith("importing what `plan` needs"))
+    assert (imports.met, imports.measured) == (True, "140 ms against 300 ms (0.47x)")
+    assert next(v for t, v in found.items() if t.startswith("a local `plan --json`")).met is False
+    assert next(v for t, v in found.items() if t.startswith("`validate`'s wall")).met is None
+    at_64 = found["plan client CPU per host <= 2x plain Fabric's at 64 hosts"]
+    assert (at_64.met, at_64.measured) == (True, "10.0 ms against 7.8 ms (1.28x)")
+    assert found["plan client CPU per host <= 2x plain Fabric's at 128 hosts"].met is False
+    peers = found["fabric, pyinfra, ansible measured beside the floor and plan at every size"]
+    assert (peers.met, peers.measured) == (False, "missing: pyinfra at 128, ansible at 128")
