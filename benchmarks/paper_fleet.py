@@ -66,9 +66,8 @@ def record_reply(rig: Path) -> str:
     from mgpu_provision.fleet.bundle import build_agent
     from mgpu_provision.fleet.session import agent_command
     from mgpu_provision.plan.host import facts_request
-    from mgpu_provision.rig.loader import load_rig
 
-    loaded = load_rig(rig)
+    loaded, _ = load_past_limits(rig)
     host = loaded.spec.hosts[0]
     bundle = build_agent()
     with tempfile.TemporaryDirectory() as home:

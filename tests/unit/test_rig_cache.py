@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.errors import SpecError
+from mgpu_provision.errors import ProvisionError, SpecError
 from mgpu_provision.rig import cache, loader
 from mgpu_provision.rig.cache import check_rig, load_rig
 
@@ -128,3 +128,14 @@ def test_a_corrupt_or_foreign_entry_is_a_miss(counted: list[Path], rig: Path) ->
     entry.write_bytes(pickle.dumps(("another digest", {}, (9, 9), b"")))
     assert check_rig(rig) == (1, 1)
     assert len(counted) == 3
+
+
+def test_hosts_are_found_by_name_through_one_index(rig: Path) -> None:
+    """Issue 32: plan asks for every host by name; a scan per question was quadratic in the fleet
+    (benchmarks/results/paper-fleet.md at 10,000 hosts)."""
+    loaded = loader.load_rig(rig)
+    assert loaded.host("gpu-a") is loaded.spec.hosts[0]
+    index = vars(loaded)["_hosts_by_name"]  # made once, at the first question
+    assert loaded.host("gpu-a") is index["gpu-a"] and vars(loaded)["_hosts_by_name"] is index
+    with pytest.raises(ProvisionError, match="no host named 'gpu-z'"):
+        loaded.host("gpu-z")

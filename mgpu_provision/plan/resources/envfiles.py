@@ -109,6 +109,7 @@ def _templates() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("mgpu_provision", "templates"),
         bytecode_cache=_compiled_templates(jinja2.__version__),
+        auto_reload=False,  # the package's templates do not change during a run: no stat per render
         undefined=jinja2.StrictUndefined,
         autoescape=False,  # shell and config files, not HTML; values go through the quoting filters instead
         trim_blocks=True,
