@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from ..judge.health import CRITICAL_XIDS
+
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
 SAFE_TOKEN = r"^[A-Za-z0-9_.,:=@%+/^-]*$"
 HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -194,8 +196,6 @@ HealthCheck = Literal[
     "kernel",
 ]
 HEALTH_CHECKS: tuple[str, ...] = get_args(HealthCheck)
-# Xids that mean the GPU needs a person: ECC/memory (48, 63, 64, 92, 94, 95), NVLink (74), off the bus (79).
-CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95)
 
 
 class Health(Strict):

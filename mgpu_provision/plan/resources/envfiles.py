@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ... import protocol
 from ...errors import ProvisionError
 from ...facts import Facts, ManagedFile
+from ...judge.files import same_digest
 from ...node.host import envpath
 from ...rig.cache import control_cache_dir
 from ...rig.envvalues import value_problem
@@ -116,7 +117,7 @@ def _templates() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.filters.update(shell_quote=shell_quote, env_quote=env_quote, flag=torchrun_flag)
+    env.filters.update(shell_quote=shell_quote, env_quote=env_quote)
     return env
 
 
@@ -216,18 +217,17 @@ def _launcher_context(loaded: LoadedRig, host: Host) -> dict[str, Any] | None:
     rendezvous = loaded.rendezvous(host)
     if rendezvous is None:
         return None
-    return {
-        "master_name": rendezvous.master,
-        "master_addr": rendezvous.master_addr,
-        "master_port": rendezvous.port,
-        "nnodes": rendezvous.nnodes,
-        "node_rank": rendezvous.node_rank,
-        "nproc_per_node": rendezvous.nproc_per_node,
-        "backend": rendezvous.backend,
-        "rdzv_backend": rendezvous.rdzv_backend,
-        "rdzv_id": rendezvous.rdzv_id,
-        "python": loaded.spec.smoke.python,
-    }
+    return {"master_name": rendezvous.master, **rendezvous.settings(), "python": loaded.spec.smoke.python}
+
+
+def launcher_options(rdzv_backend: str, underscores: bool) -> list[str]:
+    """torchrun's options in the launcher: each value the launcher's shell variable of that setting."""
+    names = ("nnodes", "nproc_per_node", "node_rank", "master_addr", "master_port", "rdzv_backend", "rdzv_id")
+    shell = {name: f"${name}" for name in names}
+    return [
+        f'{torchrun_flag(flag, underscores)}="{value.format(**shell)}"'
+        for flag, value in protocol.torchrun_options(rdzv_backend)
+    ]
 
 
 @dataclass(frozen=True)
@@ -291,9 +291,9 @@ def desired_files(loaded: LoadedRig, host: Host, facts: Facts) -> list[DesiredFi
         files.append(DesiredFile(paths.environment, render("environment.j2", **common), "0644", "env"))
     launcher = _launcher_context(loaded, host)
     if paths.launcher and launcher is not None:
-        underscores = torch_names.spelling(facts).underscore_flags
+        options = launcher_options(launcher["rdzv_backend"], torch_names.spelling(facts).underscore_flags)
         content = render(
-            "mgpu-torchrun.j2", profile_path=paths.profile, underscores=underscores, **common, **launcher
+            "mgpu-torchrun.j2", profile_path=paths.profile, torchrun=options, **common, **launcher
         )
         files.append(DesiredFile(paths.launcher, content, "0755", "env"))
     x_config = sli.snippet_context(host, rig, facts)
@@ -341,7 +341,10 @@ def diff_file(want: DesiredFile, have: ManagedFile | None) -> Change | None:
             agent_step=step,
             phase=want.phase,
         )
-    same_content = have.content == want.content if have.content is not None else have.sha256 == want.sha256
+    # The content where the node sent it (for the diff), else the digest as a node that judges itself would.
+    same_content = (
+        have.content == want.content if have.content is not None else same_digest(have.sha256, want.sha256)
+    )
     same_mode = have.mode == want.mode
     if same_content and same_mode:
         return None
