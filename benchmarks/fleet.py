@@ -316,8 +316,11 @@ connection: `ssh` is one OpenSSH client per host, all in parallel (curve25519, n
 `facts` and `plan` are `mgpu-provision <verb> --json`, `apply` is `mgpu-provision apply --yes --json` on the
 converged fleet (it reads every host's facts, finds nothing to do and contacts no host again, so its floor
 is the same `ssh` floor); `ansible` (when run) is `ansible all -m shell -f 64` (pipelining on, interpreter
-fixed), `ansible-raw` the same with `-m raw`. Median of {repeat} alternating runs (the order rotates each
-round), after one warm-up each below {warm_up} hosts (from {warm_up} on, converging warmed hosts and client).
+fixed), `ansible-raw` the same with `-m raw`; `fabric` is plain Fabric's `ThreadingGroup.run` of the command
+(one thread and Paramiko connection per host: the floor of a tool on that library), `pyinfra` is `pyinfra
+INVENTORY exec -y --parallel 64 --` (pyinfra 3, its own venv); both check host keys against the same file.
+Median of {repeat} alternating runs (the order rotates each round), after one warm-up each below {warm_up}
+hosts (from {warm_up} on, converging warmed hosts and client).
 Client CPU and peak RSS come from GNU time around each client process (with its reaped children; for `ssh`,
 CPU summed over the per-host clients and RSS of the largest). Logins and SSH commands per host are counted
 in the hosts' sshd logs (LogLevel VERBOSE). The hosts' agents and sshds run on the same CPUs as the
