@@ -20,6 +20,7 @@ import importlib.util
 import os
 import pickle
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 # Bump when what an entry holds changes shape.
 _FORMAT = 1
+_KEEP_S = 30 * 24 * 3600
 _PACKAGE = Path(__file__).resolve().parent.parent
 # The code whose output is cached: the rig package (models, loader, rules, messages) and what a loaded rig
 # holds from elsewhere (parsed topologies, the error type).
@@ -119,7 +121,19 @@ def _entry(entry: Path, rig_digest: str) -> tuple[Counts, bytes] | None:
     return Counts(*counts), blob
 
 
+def _forget_old(folder: Path) -> None:
+    """Entries not written for `_KEEP_S` go: every rig file a machine ever loaded (test runs load
+    thousands) would otherwise stay; an old one still in use only costs one load afresh."""
+    limit = time.time() - _KEEP_S
+    with contextlib.suppress(OSError):
+        for old in folder.glob("*.pickle"):
+            with contextlib.suppress(OSError):
+                if old.stat().st_mtime < limit:
+                    old.unlink()
+
+
 def _store(entry: Path, rig_digest: str, loaded: LoadedRig) -> None:
+    _forget_old(entry.parent)
     partial = entry.with_name(f".{entry.name}.{uuid.uuid4().hex}.partial")
     counts = (len(loaded.spec.hosts), len(loaded.spec.rigs))
     try:

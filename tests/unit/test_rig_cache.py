@@ -139,3 +139,18 @@ def test_hosts_are_found_by_name_through_one_index(rig: Path) -> None:
     assert loaded.host("gpu-a") is index["gpu-a"] and vars(loaded)["_hosts_by_name"] is index
     with pytest.raises(ProvisionError, match="no host named 'gpu-z'"):
         loaded.host("gpu-z")
+
+
+def test_entries_not_written_for_a_month_are_removed_at_the_next_store(
+    counted: list[Path], rig: Path
+) -> None:
+    folder = Path(os.environ["XDG_CACHE_HOME"]) / "mgpu-provision" / "rigs"
+    folder.mkdir(parents=True)
+    stale, recent = folder / "stale.pickle", folder / "recent.pickle"
+    for path in (stale, recent):
+        path.write_bytes(b"")
+    month = 31 * 24 * 3600
+    os.utime(stale, (stale.stat().st_atime - month, stale.stat().st_mtime - month))
+    load_rig(rig)
+    assert not stale.exists() and recent.exists()
+    assert len(list(folder.glob("*.pickle"))) == 2  # the recent one and the new entry
