@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .rig import LoadedRig
 
 # Bump when what an entry holds changes shape.
-_FORMAT = 1
+_FORMAT = 2
 _KEEP_S = 30 * 24 * 3600
 _PACKAGE = Path(__file__).resolve().parent.parent
 # The code whose output is cached: the rig package (models, loader, rules, messages) and what a loaded rig
@@ -39,11 +39,15 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 _CODE = (_PACKAGE / "errors.py", _PACKAGE / "node" / "nvidia" / "topology.py")
 
 
-class Counts(NamedTuple):
+class Checked(NamedTuple):
     """What `validate` says of a valid rig file: known without unpickling (and so without pydantic)."""
 
-    hosts: int
+    host_rigs: tuple[tuple[str, str], ...]  # each host's name and rig type, in file order
     rigs: int
+
+
+def _checked(loaded: LoadedRig) -> Checked:
+    return Checked(tuple((h.name, h.rig) for h in loaded.spec.hosts), len(loaded.spec.rigs))
 
 
 def control_cache_dir() -> Path:
@@ -104,8 +108,9 @@ def _dependencies(loaded: LoadedRig) -> dict[str, str | None]:
     return found
 
 
-def _entry(entry: Path, rig_digest: str) -> tuple[Counts, bytes] | None:
-    """The entry's counts and pickled rig, when it is this rig file's and its topology files are as then."""
+def _entry(entry: Path, rig_digest: str) -> tuple[Checked, bytes] | None:
+    """The entry's answer for validate and its pickled rig, when it is this rig file's and its topology
+    files are as they were."""
     try:
         with entry.open("rb") as handle:
             stored = pickle.load(handle)
@@ -113,12 +118,12 @@ def _entry(entry: Path, rig_digest: str) -> tuple[Counts, bytes] | None:
         return None
     if not (isinstance(stored, tuple) and len(stored) == 4 and stored[0] == rig_digest):
         return None
-    _, dependencies, counts, blob = stored
+    _, dependencies, checked, blob = stored
     if not isinstance(dependencies, dict) or any(
         _digest(Path(path)) != digest for path, digest in dependencies.items()
     ):
         return None
-    return Counts(*counts), blob
+    return Checked(*checked), blob
 
 
 def _forget_old(folder: Path) -> None:
@@ -135,12 +140,12 @@ def _forget_old(folder: Path) -> None:
 def _store(entry: Path, rig_digest: str, loaded: LoadedRig) -> None:
     _forget_old(entry.parent)
     partial = entry.with_name(f".{entry.name}.{uuid.uuid4().hex}.partial")
-    counts = (len(loaded.spec.hosts), len(loaded.spec.rigs))
     try:
         blob = pickle.dumps(loaded, pickle.HIGHEST_PROTOCOL)
         entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with partial.open("wb") as handle:
-            pickle.dump((rig_digest, _dependencies(loaded), counts, blob), handle, pickle.HIGHEST_PROTOCOL)
+            stored = (rig_digest, _dependencies(loaded), tuple(_checked(loaded)), blob)
+            pickle.dump(stored, handle, pickle.HIGHEST_PROTOCOL)
         partial.replace(entry)
     except (OSError, pickle.PicklingError):
         with contextlib.suppress(OSError):
@@ -157,7 +162,7 @@ def _load_afresh(path: Path, entry: Path | None, rig_digest: str | None) -> Load
     return loaded
 
 
-def _lookup(path: Path) -> tuple[Path | None, str | None, tuple[Counts, bytes] | None]:
+def _lookup(path: Path) -> tuple[Path | None, str | None, tuple[Checked, bytes] | None]:
     rig_digest = _digest(path)
     if rig_digest is None:
         return None, None, None  # unreadable: the loader says why
@@ -165,15 +170,14 @@ def _lookup(path: Path) -> tuple[Path | None, str | None, tuple[Counts, bytes] |
     return entry, rig_digest, _entry(entry, rig_digest)
 
 
-def check_rig(path: str | Path) -> Counts:
+def check_rig(path: str | Path) -> Checked:
     """`validate`'s answer for a valid rig file (hosts and rig types), from the cache when nothing changed;
     raises the loader's SpecError."""
     path = Path(path)
     entry, rig_digest, found = _lookup(path)
     if found is not None:
         return found[0]
-    loaded = _load_afresh(path, entry, rig_digest)
-    return Counts(len(loaded.spec.hosts), len(loaded.spec.rigs))
+    return _checked(_load_afresh(path, entry, rig_digest))
 
 
 def load_rig(path: str | Path) -> LoadedRig:

@@ -52,7 +52,7 @@ def test_a_second_load_comes_from_the_cache_and_equals_the_first(counted: list[P
     assert len(counted) == 1
     assert second.spec == first.spec and second.topologies == first.topologies
     assert second.path == first.path and second.base_dir == first.base_dir
-    assert check_rig(rig) == (1, 1) and len(counted) == 1
+    assert check_rig(rig) == ((("gpu-a", "pair"),), 1) and len(counted) == 1
 
 
 def test_an_edited_rig_file_is_loaded_again(counted: list[Path], rig: Path) -> None:
@@ -125,8 +125,8 @@ def test_a_corrupt_or_foreign_entry_is_a_miss(counted: list[Path], rig: Path) ->
     (entry,) = (Path(os.environ["XDG_CACHE_HOME"]) / "mgpu-provision" / "rigs").glob("*.pickle")
     entry.write_bytes(b"\x80\x04 not a pickle")
     assert load_rig(rig).spec.hosts[0].name == "gpu-a"
-    entry.write_bytes(pickle.dumps(("another digest", {}, (9, 9), b"")))
-    assert check_rig(rig) == (1, 1)
+    entry.write_bytes(pickle.dumps(("another digest", {}, ((), 9), b"")))
+    assert check_rig(rig) == ((("gpu-a", "pair"),), 1)
     assert len(counted) == 3
 
 
