@@ -34,9 +34,11 @@ if TYPE_CHECKING:
 _FORMAT = 2
 _KEEP_S = 30 * 24 * 3600
 _PACKAGE = Path(__file__).resolve().parent.parent
-# The code whose output is cached: the rig package (models, loader, rules, messages) and what a loaded rig
-# holds from elsewhere (parsed topologies, the error type).
-_CODE = (_PACKAGE / "errors.py", _PACKAGE / "node" / "nvidia" / "topology.py")
+# The code whose output is cached: the rig package (models, loader, rules, messages) and every module it
+# loads from elsewhere (the judge's defaults, the package names the rules check, parsed topologies, the error
+# type, the protocol); tests/unit/test_rig_cache.py checks that loading a rig imports nothing outside these.
+_CODE_FOLDERS = ("rig", "judge", "node/packages", "node/nvidia")
+_CODE = ("__init__.py", "errors.py", "protocol.py", "node/__init__.py")
 
 
 class Checked(NamedTuple):
@@ -67,9 +69,15 @@ def _pydantic_version_file() -> Path | None:
     return Path(origin).with_name("version.py") if origin else None
 
 
+def code_files() -> list[Path]:
+    """The source files whose change must make every entry a miss."""
+    folders = (sorted((_PACKAGE / folder).glob("*.py")) for folder in _CODE_FOLDERS)
+    return [path for found in folders for path in found] + [_PACKAGE / name for name in _CODE]
+
+
 def _code_fingerprint() -> list[object]:
     # pydantic's own state is pickled in an entry too: an upgrade rewrites its version.py.
-    files = [*sorted(Path(__file__).parent.glob("*.py")), *_CODE, _pydantic_version_file()]
+    files = [*code_files(), _pydantic_version_file()]
     found: list[object] = [_FORMAT, __version__, sys.version]
     for path in files:
         if path is None:

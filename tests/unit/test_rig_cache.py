@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -154,3 +156,17 @@ def test_entries_not_written_for_a_month_are_removed_at_the_next_store(
     load_rig(rig)
     assert not stale.exists() and recent.exists()
     assert len(list(folder.glob("*.pickle"))) == 2  # the recent one and the new entry
+
+
+def test_the_fingerprint_covers_every_module_that_loading_a_rig_imports() -> None:
+    """An edit to any module the loader runs (a rule's table of package names, the judge's default Xids) must
+    make a cached rig a miss; a module the fingerprint missed would serve yesterday's verdict."""
+    probe = (
+        "import sys; from mgpu_provision.rig import load_rig; import mgpu_provision.rig.rig; "
+        "print('\\n'.join(m.__file__ for n, m in sys.modules.items() "
+        "if n.startswith('mgpu_provision') and getattr(m, '__file__', None)))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    loaded = {Path(line).resolve() for line in done.stdout.split()}
+    covered = {path.resolve() for path in cache.code_files()}
+    assert loaded and loaded <= covered, sorted(str(p) for p in loaded - covered)
