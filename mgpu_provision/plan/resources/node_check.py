@@ -32,6 +32,16 @@ PHASE: Phase = "env"
 LOCK_FILE = "check.lock"
 # What a run may take beyond its own deadline before systemd ends it (the check ends itself first).
 UNIT_GRACE_S = 15
+# The timer's first run after it starts, unless its interval is shorter.
+FIRST_RUN_S = 60
+SPAN_SECONDS = {"s": 1, "min": 60, "h": 3600}
+
+
+def first_run(interval: str) -> str:
+    """When the timer first fires after it starts: a minute, or the interval when that is shorter."""
+    digits = interval.rstrip("sminh")  # the rig's TIME_SPAN: digits, then one unit
+    seconds = int(digits) * SPAN_SECONDS[interval[len(digits) :]]
+    return interval if seconds < FIRST_RUN_S else f"{FIRST_RUN_S}s"
 
 
 def _section(loaded: LoadedRig) -> NodeCheck:
@@ -112,7 +122,13 @@ def desired_files(loaded: LoadedRig, host: Host, expect: Expectation) -> list[De
         ),
         DesiredFile(
             timer,
-            render("node-check.timer.j2", service=SERVICE, interval=section.interval, **context),
+            render(
+                "node-check.timer.j2",
+                service=SERVICE,
+                interval=section.interval,
+                first=first_run(section.interval),
+                **context,
+            ),
             "0644",
             PHASE,
         ),
@@ -139,10 +155,17 @@ def diff(loaded: LoadedRig, host: Host, facts: Facts, expect: Expectation) -> li
     desired = desired_files(loaded, host, expect)
     if not systemd:
         desired = [want for want in desired if want.path not in (_unit_paths(loaded, host) or ())]
-    changes += [c for want in desired if (c := diff_file(want, facts.file(want.path))) is not None]
-    with_timer = systemd and _section(loaded).interval is not None and _unit_paths(loaded, host) is not None
-    if with_timer and not (enabled and timer is not None and timer.service == "active"):
-        interval = _section(loaded).interval
+    files = [c for want in desired if (c := diff_file(want, facts.file(want.path))) is not None]
+    changes += files
+    unit_files = _unit_paths(loaded, host) or ()
+    with_timer = systemd and _section(loaded).interval is not None and bool(unit_files)
+    running = enabled and timer is not None and timer.service == "active"
+    interval = _section(loaded).interval
+    if with_timer and running and any(c.resource in {f"file:{p}" for p in unit_files} for c in files):
+        # A running timer keeps the unit it loaded: stopped, then started again on the new files.
+        changes.append(_timer(f"restart {TIMER}: its units change", state, False))
+        running = False
+    if with_timer and not running:
         changes.append(_timer(f"enable and start {TIMER}: the node check runs every {interval}", state, True))
     elif not with_timer and systemd:
         why = "the rig asks for no timer"
