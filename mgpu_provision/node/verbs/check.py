@@ -52,7 +52,6 @@ PROM_FILE = "mgpu-provision-check.prom"
 PROM_PREFIX = "mgpu-provision-check"
 DEFAULT_EXPECTATIONS = "/etc/mgpu-provision/expectation.json"
 DEFAULT_LOCK = "/var/lib/mgpu-provision/check.lock"
-DEFAULT_SMOKE_RESULT = "/var/lib/mgpu-provision/last-smoke.json"
 # The child: the agent's door, from the same archive (or folder) this command runs from.
 _CHILD = (
     "import sys; sys.path.insert(0, sys.argv[1]); from mgpu_provision.node.__main__ import main; "
@@ -89,9 +88,6 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "--textfile-dir", metavar="DIR", help="node_exporter textfile folder for the .prom file"
     )
     parser.add_argument("--lock", default=DEFAULT_LOCK, metavar="FILE")
-    parser.add_argument(
-        "--smoke-result", default=DEFAULT_SMOKE_RESULT, metavar="FILE", help=argparse.SUPPRESS
-    )
     return parser.parse_args(list(argv))
 
 
@@ -149,16 +145,6 @@ def _end(child: "subprocess.Popen[str]") -> None:
     # A process stuck in the kernel (a hung NVML ioctl) may not die: it is not waited for long.
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.communicate(timeout=1.0)
-
-
-def read_smoke(path: str) -> Optional[Dict[str, Any]]:
-    """The last smoke test's result on this node, if one was recorded; an unreadable record is none."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-        return {key: float(data[key]) for key in ("busbw_bytes_per_second", "size_bytes", "finished_s")}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def check_textfile_dir(folder: str) -> None:
@@ -262,7 +248,7 @@ def main(argv: Sequence[str], out: Any = None, err: Any = None) -> int:
         # Written when the run could not check too: `up 0` is what an alert on a silent node needs.
         text = check_metrics.render(
             __version__, run.exit_code, run.started_s, run.elapsed(), None if run.error else run.judged,
-            run.extra, run.facts, read_smoke(options.smoke_result),
+            run.extra, run.facts,
         )  # fmt: skip
         try:
             write_prom(run.prom_dir, text)

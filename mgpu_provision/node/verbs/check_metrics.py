@@ -75,7 +75,6 @@ def render(
     judged: Optional[List[Tuple[str, List[Finding]]]],
     extra: List[Finding],
     facts: Optional[Dict[str, Any]],
-    smoke: Optional[Dict[str, Any]] = None,
 ) -> str:
     """The .prom file of one run. `judged` is None when the run could not judge (exit 1); `extra` are the
     findings of the run itself (facts that did not come in time)."""
@@ -124,17 +123,6 @@ def render(
             ],
         )
     _versions(m, facts)
-    if smoke is not None:
-        m.add(
-            "mgpu_provision_smoke_busbw_bytes_per_second",
-            "all_reduce bus bandwidth of the last smoke test on this node (its largest size)",
-            [((("size_bytes", str(int(smoke["size_bytes"]))),), smoke["busbw_bytes_per_second"])],
-        )
-        m.add(
-            "mgpu_provision_smoke_last_run_timestamp_seconds",
-            "when the last smoke test ended (Unix time)",
-            [((), smoke["finished_s"])],
-        )
     return m.text()
 
 
