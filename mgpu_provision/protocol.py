@@ -93,6 +93,23 @@ def positives(required: bool = False) -> Arg:
     return Arg("a list of positive numbers", ok, required)
 
 
+MIRROR_KEYS = ("url", "key", "suite", "components")
+
+
+def _is_mirror(value: Any) -> bool:
+    if not isinstance(value, dict) or set(value) - set(MIRROR_KEYS) or not {"url", "key"} <= set(value):
+        return False
+    key = value["key"]  # an armored key with its signatures outgrows _is_text's bound
+    small = all(_is_text(v) for k, v in value.items() if k != "key")
+    return small and line().ok(value["url"]) and isinstance(key, str) and "\0" not in key and len(key) < 65536
+
+
+def apt_mirror() -> Arg:
+    """An apt mirror of the driver (`driver.repo`): url and ASCII-armored key, suite and components."""
+    words = "null or a mapping of url, key (and suite, components) to strings"
+    return Arg(words, lambda v: v is None or _is_mirror(v))
+
+
 def pids() -> Arg:
     ok = lambda v: isinstance(v, list) and all(_is_int(x) and x >= 1 for x in v)  # noqa: E731
     return Arg("a list of pids (integers >= 1)", ok)
@@ -136,6 +153,8 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "xorg_paths": texts(),
         "xorg_layout_paths": texts(),
         "units": texts(),
+        "driver_repo": apt_mirror(),  # checked: does the driver's set resolve from this mirror alone
+        "driver_packages": texts(),
     },
     "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects(), "simulated": flag()},
     "reboot": {"lock": line(), "lock_wait_s": number(), "simulated": flag()},
@@ -203,6 +222,8 @@ def facts_request(
     xorg_paths: Sequence[str] = (),
     xorg_layout_paths: Sequence[str] = (),
     units: Sequence[str] = (),
+    driver_repo: Optional[Dict[str, str]] = None,
+    driver_packages: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """The `facts` verb's arguments. With no arguments: the minimal form, enough for GPUs, driver,
     processes and the boot id (what apply's reboot wait and reclaim's check need)."""
@@ -215,6 +236,9 @@ def facts_request(
         "xorg_layout_paths": list(xorg_layout_paths),
         # systemd units (by name) whose state the plan judges beyond the NVIDIA services facts always report
         "units": list(units),
+        # the rig's driver mirror and the set to install from it: facts simulate the install there
+        "driver_repo": driver_repo,
+        "driver_packages": list(driver_packages),
     }
 
 
@@ -297,6 +321,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
             "runfile": with_default(optional_text(), None),  # runfile: the installer's path or https URL
             "sha256": with_default(optional_line(), None),
             "kernel_module_type": with_default(optional_choice("open", "proprietary"), None),
+            "repo": with_default(apt_mirror(), None),  # apt: configure this mirror and install from it
         },
         **_PACKAGE_SET,
     ),
@@ -416,6 +441,7 @@ def driver_step(
     runfile: Optional[str] = None,
     sha256: Optional[str] = None,
     kernel_module_type: Optional[str] = None,
+    repo: Optional[Dict[str, str]] = None,
 ) -> Dict[str, Any]:
     """Install a driver at `version` (None: the newest of `branch`) with `method` from `source` (None for
     the runfile): apt or dnf installs `packages`, dnf following the branch's module stream where `modules`;
@@ -436,21 +462,22 @@ def driver_step(
         "runfile": runfile,
         "sha256": sha256,
         "kernel_module_type": kernel_module_type,
+        "repo": repo,
     }
 
 
 def fabricmanager_step(
-    version: str, source: str, method: str, packages: PackageSet, hold: bool, start: bool
+    version: str, source: str, method: str, packages: PackageSet, hold: bool, start: bool, unit: str = ""
 ) -> Dict[str, Any]:
     """Fabric Manager and NSCQ (`packages`) at exactly `version`, held when `hold`, its unit enabled;
-    started when `start`."""
+    started when `start`. `unit` nvidia-imex: the same install for IMEX, also at the driver's version."""
     return {
         "kind": FABRICMANAGER,
         "version": version,
         "branch": branch_of(version),
         "source": source,
         "method": method,
-        "unit": FABRICMANAGER_UNIT,
+        "unit": unit or FABRICMANAGER_UNIT,
         "hold": hold,
         "start": start,
         "packages": list(packages.install),

@@ -114,6 +114,16 @@ class SystemdHost:
         argv += ["chroot", str(self.merged), "sh", "-c", command]
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
 
+    def copy_in(self, source: Path, destination: str) -> None:
+        """Copy a folder of this machine into the host (through tar: the overlay is mounted only inside)."""
+        packed = subprocess.run(
+            ["tar", "-C", str(source.parent), "-cf", "-", source.name], capture_output=True, check=True
+        ).stdout
+        argv = ["nsenter", "-t", str(self.pid1()), "-m", "-p", "--", "chroot", str(self.merged)]
+        where = shlex.quote(destination)
+        argv += ["sh", "-c", f"mkdir -p {where} && tar -C {where} -xf -"]
+        subprocess.run(argv, input=packed, capture_output=True, check=True, timeout=60)
+
     def systemctl(self, *args: str) -> str:
         """systemctl's stdout (stripped); its exit status is part of many answers, so it is not checked."""
         return self.run("systemctl " + " ".join(shlex.quote(a) for a in args)).stdout.strip()

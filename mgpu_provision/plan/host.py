@@ -24,6 +24,8 @@ from .resources import (
     envfiles,
     fabricmanager,
     gpu_settings,
+    imex,
+    mirror,
     node_check,
     persistence,
     sli,
@@ -41,8 +43,10 @@ DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
     checks.topology,
     checks.pcie,
     fabricmanager.diff,
+    imex.diff,
     checks.health,
     checks.kernel,
+    mirror.diff,
     torch_probe.diff,
     driver.diff,
     persistence.diff,
@@ -70,6 +74,8 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         if sli.desired_mode(host, loaded.rig_of(host))
         else [],
         units=([boot_unit.UNIT] if unit else []) + node_check.units(loaded, host),
+        driver_repo=mirror.repo_of(loaded, host),
+        driver_packages=mirror.packages_of(loaded, host),
     )
 
 
@@ -93,6 +99,7 @@ def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
         facts=facts,
         visible_count=rig.gpus.count if visible is None else len(visible),
         expected_topology=loaded.topologies.get(host.rig),
+        driver_repo=mirror.repo_of(loaded, host),
     )
     changes = [change for diff in DIFFS for change in diff(ctx)]
     changes += envfiles.env_checks(loaded, host, facts)

@@ -45,6 +45,10 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "board": backend.board(),
         "fabricmanager": backend.fabric_manager(),
         "persistenced": backend.persistence_daemon(),
+        "imex": backend.imex(),
+        "driver_mirror": backend.check_mirror(args["driver_repo"], args.get("driver_packages") or [])
+        if args.get("driver_repo")
+        else None,
         "units": {str(unit): backend.unit_state(str(unit)) for unit in args.get("units") or ()},
         "sli": files.read_sli(args.get("xorg_paths") or []),
         "xorg_layouts": files.server_layouts(args.get("xorg_layout_paths") or []),
@@ -146,7 +150,13 @@ def gpu_facts(backend: Backend, index: int) -> Dict[str, Any]:
         "persistence_mode": backend.persistence_mode(index),
         "pcie": backend.pcie_link(index),
         "nvlinks": nvlink_facts(backend, index),
+        "fabric": _fabric(backend, index),
     }
+
+
+def _fabric(backend: Backend, index: int) -> Optional[Dict[str, Any]]:
+    clique = backend.fabric_clique(index)
+    return None if clique is None else {"clique_id": clique[0], "cluster_uuid": clique[1]}
 
 
 def nvlink_facts(backend: Backend, index: int) -> List[Dict[str, Any]]:
