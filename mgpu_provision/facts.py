@@ -16,7 +16,7 @@ FACTS_SCHEMA_VERSION = 1
 
 
 class Fact(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
 
 class HostInfo(Fact):

@@ -55,8 +55,10 @@ def schema_comment(rig_folder: Path) -> str:
     to make one.
     """
     if not SCHEMA_FILE.exists():
-        return "# Editor completion: mgpu-provision schema > rig.schema.json, then put this on line 1:\n" \
+        return (
+            "# Editor completion: mgpu-provision schema > rig.schema.json, then put this on line 1:\n"
             "# yaml-language-server: $schema=rig.schema.json"
+        )
     return f"# yaml-language-server: $schema={path_in_rig(SCHEMA_FILE, rig_folder)}"
 
 
@@ -71,7 +73,7 @@ class Strict(BaseModel):
     """Base of every rig-file model: unknown keys are errors, values are not coerced silently (strict:
     `port: "29500"` is a string where a number belongs, as the JSON Schema says too)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 
 class Connection(Strict):
@@ -140,6 +142,7 @@ class Gpus(Strict):
                 "`nvidia-smi --query-gpu=name --format=csv,noheader` prints it"
             )
         return value
+
     count: StrictInt = Field(ge=1, le=64, description="number of GPUs every box of this rig has")
     min_pcie_gen: int | None = Field(None, ge=1, le=7, description="lowest PCIe generation (judged by max)")
     min_pcie_width: int | None = Field(None, ge=1, le=32, description="narrowest PCIe link width, e.g. 16")
@@ -173,7 +176,7 @@ class Bridge(Strict):
 class DriverRepo(Strict):
     """An internal apt mirror of the driver's packages (air-gapped or regulated sites)."""
 
-    url: str = Field(pattern=r"^https?://[^\s'\"`$;]+$", description="the mirror's URL (http or https)")
+    url: str = Field(pattern="^https?://[^\\s'\"`$;]+$", description="the mirror's URL (http or https)")
     key: str = Field(
         description="file with the mirror's public signing key (ASCII-armored), relative to the rig file; "
         "apt trusts it for this mirror only"
@@ -227,7 +230,15 @@ class Driver(Strict):
 
 
 HealthCheck = Literal[
-    "xid", "ecc", "memory_repair", "nvlink_errors", "throttle", "power", "compute_mode", "mig", "fabric",
+    "xid",
+    "ecc",
+    "memory_repair",
+    "nvlink_errors",
+    "throttle",
+    "power",
+    "compute_mode",
+    "mig",
+    "fabric",
     "kernel",
 ]
 HEALTH_CHECKS: tuple[str, ...] = get_args(HealthCheck)
