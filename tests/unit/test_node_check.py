@@ -157,3 +157,13 @@ def test_files_of_an_older_version_are_removed_and_no_temporary_file_stays(node:
 def test_without_a_textfile_folder_nothing_is_written(node: Node) -> None:
     assert node.run(textfile=False).returncode == 0
     assert os.listdir(node.textfile) == []
+
+
+def test_a_user_other_than_root_is_told_so_with_exit_1(node: Node) -> None:
+    result = node.run(wrap=("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"))
+    assert result.returncode == 1
+    assert (
+        result.stderr
+        == "mgpu-provision-check: cannot check: must run as root (it reads every GPU and the managed files)\n"
+    )
+    assert not node.prom.exists()
