@@ -296,6 +296,10 @@ class CpuInfo(Fact):
 class Facts(Fact):
     schema_version: int = FACTS_SCHEMA_VERSION
     agent_version: str
+    agent_digest: str | None = Field(
+        None, description="sha256 of the agent's zipapp (what apply installs for the node check); None: "
+        "the agent runs from a source tree"
+    )
     host: HostInfo
     driver: DriverInfo
     gpus: list[Gpu] = Field(default_factory=list)

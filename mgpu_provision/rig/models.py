@@ -415,6 +415,43 @@ class Reclaim(Strict):
         return value
 
 
+# A systemd time span as the timer's OnUnitActiveSec reads it: one number and one unit.
+TIME_SPAN = r"^[1-9][0-9]{0,5}(s|min|h)$"
+
+
+class NodeCheck(Strict):
+    """The check every node runs on itself (`mgpu-provision-check`), installed by apply: the shipped judge
+    over the node's own facts and the expectations apply wrote, run by a systemd timer, Slurm or by hand."""
+
+    interval: str | None = Field(
+        "5min",
+        pattern=TIME_SPAN,
+        description="how often the systemd timer runs the check (a systemd time span: 30s, 5min, 1h); "
+        "null: no timer (Slurm's HealthCheckProgram or cron runs the command)",
+    )
+    # Slurm kills HealthCheckProgram after 60 s (slurm.conf), and a check must end on its own before that.
+    deadline_s: float = Field(
+        45.0, ge=10, le=55, description="the check ends within this many seconds, even when NVML hangs"
+    )
+    textfile_dir: PathStr | None = Field(
+        None,
+        description="node_exporter's textfile collector folder: each run writes mgpu-provision-check.prom "
+        "there; null: no metrics file",
+    )
+    command: PathStr = Field("/usr/local/bin/mgpu-provision-check", description="the check's command")
+    agent: PathStr = Field(
+        "/usr/local/lib/mgpu-provision/agent.pyz", description="the agent the command runs (a zipapp)"
+    )
+    expectations: PathStr = Field(
+        "/etc/mgpu-provision/expectation.json", description="what the node holds itself to (JSON)"
+    )
+
+    def paths(self) -> list[tuple[str, str]]:
+        """(field, path) of every path of the section, for the rules on paths."""
+        named = [("command", self.command), ("agent", self.agent), ("expectations", self.expectations)]
+        return named + ([("textfile_dir", self.textfile_dir)] if self.textfile_dir else [])
+
+
 class RigFile(Strict):
     """The whole rig file."""
 
@@ -445,3 +482,6 @@ class RigFile(Strict):
     files: Files = Files()
     smoke: Smoke = Smoke()
     reclaim: Reclaim = Reclaim()
+    node_check: NodeCheck | None = Field(
+        None, description="install the node check on every Linux host (apply writes and removes it)"
+    )
