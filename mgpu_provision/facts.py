@@ -16,7 +16,7 @@ FACTS_SCHEMA_VERSION = 1
 
 
 class Fact(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
 
 class HostInfo(Fact):
@@ -296,6 +296,10 @@ class CpuInfo(Fact):
 class Facts(Fact):
     schema_version: int = FACTS_SCHEMA_VERSION
     agent_version: str
+    agent_digest: str | None = Field(
+        None, description="sha256 of the agent's zipapp (what apply installs for the node check); None: "
+        "the agent runs from a source tree"
+    )
     host: HostInfo
     driver: DriverInfo
     gpus: list[Gpu] = Field(default_factory=list)

@@ -248,6 +248,7 @@ FILE, DRIVER, PERSISTENCE = "file", "driver", "persistence"
 COMPUTE_MODE, POWER_LIMIT = "compute-mode", "power-limit"
 FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU = "fabricmanager", "persistenced", "service", "nouveau"
 REMOVE = "remove"
+AGENT = "agent"  # the running agent's own zipapp, copied to where the node check runs it from
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
 COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
@@ -354,6 +355,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
     PERSISTENCE: {"gpus": gpu_list(), "enabled": flag(required=True)},  # gpus []: every GPU
     COMPUTE_MODE: {"gpus": gpu_list(), "mode": choice(*COMPUTE_MODES, required=True)},
     POWER_LIMIT: {"gpus": gpu_list(), "watts": optional_watts()},  # watts null: each GPU's default
+    AGENT: {"path": line(required=True), "sha256": line(required=True)},  # sha256: of the planned agent
 }
 STEP_KINDS = tuple(STEP_FIELDS)
 
@@ -393,6 +395,12 @@ def file_step(path: str, content: str, mode: str) -> Dict[str, Any]:
 def remove_step(path: str) -> Dict[str, Any]:
     """Make sure `path` does not exist (a managed file the rig no longer wants); a backup keeps its text."""
     return {"kind": REMOVE, "path": path}
+
+
+def agent_step(path: str, sha256: str) -> Dict[str, Any]:
+    """Install the agent that carries the step out at `path`, when its zipapp's digest is `sha256` (the one
+    the plan was made with: the facts report it)."""
+    return {"kind": AGENT, "path": path, "sha256": sha256}
 
 
 def persistence_step(gpus: List[int], enabled: bool) -> Dict[str, Any]:

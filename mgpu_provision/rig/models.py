@@ -55,8 +55,10 @@ def schema_comment(rig_folder: Path) -> str:
     to make one.
     """
     if not SCHEMA_FILE.exists():
-        return "# Editor completion: mgpu-provision schema > rig.schema.json, then put this on line 1:\n" \
+        return (
+            "# Editor completion: mgpu-provision schema > rig.schema.json, then put this on line 1:\n"
             "# yaml-language-server: $schema=rig.schema.json"
+        )
     return f"# yaml-language-server: $schema={path_in_rig(SCHEMA_FILE, rig_folder)}"
 
 
@@ -71,7 +73,7 @@ class Strict(BaseModel):
     """Base of every rig-file model: unknown keys are errors, values are not coerced silently (strict:
     `port: "29500"` is a string where a number belongs, as the JSON Schema says too)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 
 class Connection(Strict):
@@ -140,6 +142,7 @@ class Gpus(Strict):
                 "`nvidia-smi --query-gpu=name --format=csv,noheader` prints it"
             )
         return value
+
     count: StrictInt = Field(ge=1, le=64, description="number of GPUs every box of this rig has")
     min_pcie_gen: int | None = Field(None, ge=1, le=7, description="lowest PCIe generation (judged by max)")
     min_pcie_width: int | None = Field(None, ge=1, le=32, description="narrowest PCIe link width, e.g. 16")
@@ -173,7 +176,7 @@ class Bridge(Strict):
 class DriverRepo(Strict):
     """An internal apt mirror of the driver's packages (air-gapped or regulated sites)."""
 
-    url: str = Field(pattern=r"^https?://[^\s'\"`$;]+$", description="the mirror's URL (http or https)")
+    url: str = Field(pattern="^https?://[^\\s'\"`$;]+$", description="the mirror's URL (http or https)")
     key: str = Field(
         description="file with the mirror's public signing key (ASCII-armored), relative to the rig file; "
         "apt trusts it for this mirror only"
@@ -232,7 +235,15 @@ class Driver(Strict):
 
 
 HealthCheck = Literal[
-    "xid", "ecc", "memory_repair", "nvlink_errors", "throttle", "power", "compute_mode", "mig", "fabric",
+    "xid",
+    "ecc",
+    "memory_repair",
+    "nvlink_errors",
+    "throttle",
+    "power",
+    "compute_mode",
+    "mig",
+    "fabric",
     "kernel",
 ]
 HEALTH_CHECKS: tuple[str, ...] = get_args(HealthCheck)
@@ -409,6 +420,43 @@ class Reclaim(Strict):
         return value
 
 
+# A systemd time span as the timer's OnUnitActiveSec reads it: one number and one unit.
+TIME_SPAN = r"^[1-9][0-9]{0,5}(s|min|h)$"
+
+
+class NodeCheck(Strict):
+    """The check every node runs on itself (`mgpu-provision-check`), installed by apply: the shipped judge
+    over the node's own facts and the expectations apply wrote, run by a systemd timer, Slurm or by hand."""
+
+    interval: str | None = Field(
+        "5min",
+        pattern=TIME_SPAN,
+        description="how often the systemd timer runs the check (a systemd time span: 30s, 5min, 1h); "
+        "null: no timer (Slurm's HealthCheckProgram or cron runs the command)",
+    )
+    # Slurm kills HealthCheckProgram after 60 s (slurm.conf), and a check must end on its own before that.
+    deadline_s: float = Field(
+        45.0, ge=10, le=55, description="the check ends within this many seconds, even when NVML hangs"
+    )
+    textfile_dir: PathStr | None = Field(
+        None,
+        description="node_exporter's textfile collector folder: each run writes mgpu-provision-check.prom "
+        "there; null: no metrics file",
+    )
+    command: PathStr = Field("/usr/local/bin/mgpu-provision-check", description="the check's command")
+    agent: PathStr = Field(
+        "/usr/local/lib/mgpu-provision/agent.pyz", description="the agent the command runs (a zipapp)"
+    )
+    expectations: PathStr = Field(
+        "/etc/mgpu-provision/expectation.json", description="what the node holds itself to (JSON)"
+    )
+
+    def paths(self) -> list[tuple[str, str]]:
+        """(field, path) of every path of the section, for the rules on paths."""
+        named = [("command", self.command), ("agent", self.agent), ("expectations", self.expectations)]
+        return named + ([("textfile_dir", self.textfile_dir)] if self.textfile_dir else [])
+
+
 class RigFile(Strict):
     """The whole rig file."""
 
@@ -439,3 +487,6 @@ class RigFile(Strict):
     files: Files = Files()
     smoke: Smoke = Smoke()
     reclaim: Reclaim = Reclaim()
+    node_check: NodeCheck | None = Field(
+        None, description="install the node check on every Linux host (apply writes and removes it)"
+    )

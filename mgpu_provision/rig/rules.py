@@ -748,14 +748,24 @@ def topology_file_matches(inp: RuleInput) -> Iterator[Finding]:
             yield Finding(where, f"{path} shows {found.gpu_count} GPU(s) but gpus.count is {rig.gpus.count}")
 
 
+def _managed_paths(inp: RuleInput) -> Iterator[tuple[Loc, str]]:
+    """Every path the tool writes on a node, where the rig file names it: `files` and `node_check`."""
+    for key, value in inp.spec.files:
+        if isinstance(value, str):
+            yield ("files", key), value
+    if inp.spec.node_check is not None:
+        for key, value in inp.spec.node_check.paths():
+            yield ("node_check", key), value
+
+
 def ssh_files_absolute(inp: RuleInput) -> Iterator[Finding]:
     ssh_hosts = [host.name for _, host in inp.hosts() if host.connection == "ssh"]
     if not ssh_hosts:
         return
-    for key, value in inp.spec.files:
-        if isinstance(value, str) and not value.startswith("/"):
+    for loc, value in _managed_paths(inp):
+        if not value.startswith("/"):
             yield Finding(
-                ("files", key),
+                loc,
                 f"'{value}' must be an absolute path (start with /): it is a path on ssh hosts "
                 f"such as {ssh_hosts[0]}; only local hosts may use relative paths",
             )
@@ -763,12 +773,22 @@ def ssh_files_absolute(inp: RuleInput) -> Iterator[Finding]:
 
 def files_without_dot_dot(inp: RuleInput) -> Iterator[Finding]:
     # The tool writes these paths as root: `/etc/profile.d/../../tmp/x` lands outside the folder it names.
-    for key, value in inp.spec.files:
-        if isinstance(value, str) and ".." in value.split("/"):
+    for loc, value in _managed_paths(inp):
+        if ".." in value.split("/"):
             yield Finding(
-                ("files", key),
+                loc,
                 f"'{value}' contains '..': name the managed file's folder directly, without climbing out",
             )
+
+
+def node_check_timer_has_systemd(inp: RuleInput) -> Iterator[Finding]:
+    check = inp.spec.node_check
+    if check is not None and check.interval is not None and inp.spec.files.systemd_dir is None:
+        yield Finding(
+            ("node_check", "interval"),
+            "a timer needs files.systemd_dir (where apply writes its units); set it, or set "
+            "node_check.interval to null and run the check from Slurm or cron",
+        )
 
 
 def identity_files_exist(inp: RuleInput) -> Iterator[Finding]:
@@ -851,6 +871,7 @@ RULES: tuple[Rule, ...] = (
     files_without_dot_dot,
     identity_files_exist,
     local_hosts_apart,
+    node_check_timer_has_systemd,
 )
 
 

@@ -320,7 +320,7 @@ class FakeSystemd:
         self, argv: list[str], timeout: float = 0, env: object = None
     ) -> subprocess.CompletedProcess[str]:
         self.calls.append(list(argv))
-        if argv[0] != "systemctl":
+        if argv[0] != "systemctl" or argv[1:] == ["daemon-reload"]:
             return subprocess.CompletedProcess(argv, 0, "", "")
         verb, unit = argv[1], argv[2].removesuffix(".service")
         active, enabled = self.units.get(unit, ("inactive", False))
@@ -377,6 +377,9 @@ def test_services_are_enabled_and_started_only_when_asked(monkeypatch: pytest.Mo
     fake = FakeSystemd({"nvidia-fabricmanager": ("inactive", False)})
     monkeypatch.setattr(system, "run", fake)
     assert services.switch("nvidia-fabricmanager", True, False) == (True, "nvidia-fabricmanager enabled")
+    # Unit files apply has just written are read again before the unit is switched.
+    enable = ["systemctl", "enable", "nvidia-fabricmanager"]
+    assert fake.calls[-2:] == [["systemctl", "daemon-reload"], enable]
     assert services.switch("nvidia-fabricmanager", True, True) == (True, "nvidia-fabricmanager started")
     assert services.switch("nvidia-fabricmanager", True, True) == (
         False,

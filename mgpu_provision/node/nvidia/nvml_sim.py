@@ -226,6 +226,11 @@ class SimulatedBackend(SimulatedHealth, Backend):
         return len(self.twin.gpus)
 
     def name(self, gpu: int) -> str:
+        hang = self.twin.gpus[gpu]["nvml_hang_s"]
+        if hang:  # as NVML does on a GPU that fell off the bus: the first call about it does not return
+            import time
+
+            time.sleep(hang)
         self.alive(gpu)
         return str(self.twin.gpus[gpu]["name"])
 

@@ -167,6 +167,9 @@ def _complete_gpu(path: str, index: int, raw: Any) -> Dict[str, Any]:
     gpu.setdefault("pci_bus_id", default_bus_id(index))
     gpu["pcie"] = dict(DEFAULT_PCIE, **_mapping(gpu.get("pcie") or {}, f"{where}.pcie"))
     gpu["health"] = read_gpu_health(path, f"{where}.health", gpu.get("health"))
+    hang = gpu.setdefault("nvml_hang_s", 0)
+    if not isinstance(hang, (int, float)) or isinstance(hang, bool) or hang < 0:
+        raise _bad(path, f"{where}.nvml_hang_s must be a number of seconds (0 or more)")
     return gpu
 
 

@@ -27,7 +27,8 @@ def state(unit: str) -> Dict[str, Any]:
     service = result.stdout.strip()
     if service not in ("active", "failed"):
         # A unit that does not exist reads "inactive" on some systemd versions: ask whether it is installed.
-        listed = system.run(["systemctl", "list-unit-files", unit + ".service", "--no-legend"], timeout=20)
+        named = unit if unit.endswith((".service", ".timer")) else unit + ".service"
+        listed = system.run(["systemctl", "list-unit-files", named, "--no-legend"], timeout=20)
         service = "inactive" if listed.stdout.strip() else "absent"
     enabled = system.run(["systemctl", "is-enabled", unit], timeout=20).stdout.strip()
     return {"service": service, "enabled": enabled in ("enabled", "enabled-runtime", "static")}
@@ -47,7 +48,9 @@ def switch(unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
         commands.append(Command(["systemctl", "stop", unit]))
     if not commands:
         return False, f"{unit} already {'enabled' if enable else 'disabled'}"
-    run_all(commands, "service")
+    # A unit file apply has just written or changed is read again first: without it a changed timer would
+    # keep its old interval until the next boot.
+    run_all([Command(["systemctl", "daemon-reload"]), *commands], "service")
     done = {"enable": "enabled", "restart": "started", "disable": "disabled", "stop": "stopped"}
     verbs = " and ".join(done[c.argv[1]] for c in commands)
     return True, f"{unit} {verbs}"

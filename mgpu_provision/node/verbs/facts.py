@@ -11,7 +11,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from ... import __version__
-from ..core import system
+from ..core import archive, system
 from ..host import files, hostenv, procs, torch_probe
 from ..host.pci import same_pci
 from ..nvidia.backend import (
@@ -40,6 +40,7 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
     facts: Dict[str, Any] = {
         "schema_version": FACTS_SCHEMA_VERSION,
         "agent_version": __version__,
+        "agent_digest": archive.archive_digest(),
         "host": system.host_info(backend.simulated, backend.boot_id(), backend.distribution()),
         "board": backend.board(),
         "fabricmanager": backend.fabric_manager(),
