@@ -123,7 +123,9 @@ def smoke_hint(python: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     main = args.cli  # the demo drives the real CLI step by step: cli.main hands itself over
-    console = Console()
+    # Rules stay 80 wide in a log; the sentences are never wrapped off a terminal (a command in them must
+    # stay one line to copy).
+    console = Console(soft_wrap=not sys.stdout.isatty())
     python = args.python or sys.executable
     steps = STEPS if has_torch(python) else STEPS[:-1]  # validate, plan and apply need no torch
     rig = write_demo(args.dir, python if steps == STEPS else None)
