@@ -130,6 +130,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "xorg_paths": texts(),
         "xorg_layout_paths": texts(),
         "units": texts(),
+        "state_dir": optional_text(),  # where the node keeps its previous health counter sample
     },
     "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects(), "simulated": flag()},
     "reboot": {"lock": line(), "lock_wait_s": number(), "simulated": flag()},
@@ -192,6 +193,7 @@ def facts_request(
     xorg_paths: Sequence[str] = (),
     xorg_layout_paths: Sequence[str] = (),
     units: Sequence[str] = (),
+    state_dir: Optional[str] = None,
 ) -> Dict[str, Any]:
     """The `facts` verb's arguments. With no arguments: the minimal form, enough for GPUs, driver,
     processes and the boot id (what apply's reboot wait and reclaim's check need)."""
@@ -204,6 +206,8 @@ def facts_request(
         "xorg_layout_paths": list(xorg_layout_paths),
         # systemd units (by name) whose state the plan judges beyond the NVIDIA services facts always report
         "units": list(units),
+        # the node's state folder: health counters are judged as their change since the previous sample
+        "state_dir": state_dir,
     }
 
 

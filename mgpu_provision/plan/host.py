@@ -70,6 +70,7 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         if sli.desired_mode(host, loaded.rig_of(host))
         else [],
         units=[boot_unit.UNIT] if unit else [],
+        state_dir=envfiles.node_path(loaded, host, loaded.spec.files.state_dir),
     )
 
 

@@ -110,7 +110,7 @@ def _nvlink_errors(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
         over = [
             f"{count} {name}"
             for name, count in (("CRC", link.crc), ("replay", link.replay), ("recovery", link.recovery))
-            if count > limit
+            if count is not None and count > limit
         ]
         if over:
             summary = (
