@@ -161,6 +161,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "node": line(),
         "launcher": optional_text(),  # the installed mgpu-torchrun; null: smoke runs torchrun itself
         "files": installed_files(),  # checked before any rank starts
+        "interconnect": choice("nvlink", "nvswitch", "pcie"),  # what joins the GPUs: sizes, NCCL transport
     },
     "smoke-cleanup": {"run_id": line(required=True), "node_rank": integer(0, required=True)},
 }

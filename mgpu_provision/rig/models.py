@@ -211,8 +211,10 @@ class Health(Strict):
     nvlink_error_max: int = Field(
         100, ge=0, description="most CRC, replay or recovery errors an active NVLink may count since boot"
     )
-    power_limit_w: int | None = Field(
-        None, ge=1, le=5000, description="power limit apply sets on every GPU; null: each GPU's default"
+    power_limit_w: Annotated[int, Field(ge=1, le=5000)] | Literal["default"] | None = Field(
+        None,
+        description="power limit apply sets on every GPU, in W, or `default` (each GPU's default limit); "
+        "absent: the limits are left as they are",
     )
     compute_mode: Literal["default", "exclusive_process", "prohibited"] = Field(
         "default", description="compute mode apply sets on every GPU"

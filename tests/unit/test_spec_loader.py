@@ -167,7 +167,7 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         "rigs.pair.health.power_limit_w",
         6,
         29,
-        "must be at least 1, got 0",
+        "must be at least 1, got 0; or expected one of 'default', got 0",
     ),
     "integer-expected": (
         GOOD.decode().replace("count: 2", "count: two"),
