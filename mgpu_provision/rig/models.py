@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from ..plan.resources.health_gates import CRITICAL_XIDS
+
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
 SAFE_TOKEN = r"^[A-Za-z0-9_.,:=@%+/^-]*$"
 HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -190,12 +192,10 @@ class Driver(Strict):
 
 
 HealthCheck = Literal[
-    "xid", "ecc", "memory_repair", "nvlink_errors", "throttle", "power", "compute_mode", "mig", "fabric",
-    "kernel",
+    "xid", "sxid", "recovery_action", "ecc", "memory_repair", "nvlink_errors", "throttle", "power",
+    "compute_mode", "mig", "fabric", "kernel",
 ]
 HEALTH_CHECKS: tuple[str, ...] = get_args(HealthCheck)
-# Xids that mean the GPU needs a person: ECC/memory (48, 63, 64, 92, 94, 95), NVLink (74), off the bus (79).
-CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95)
 
 
 class Health(Strict):
@@ -205,11 +205,16 @@ class Health(Strict):
         default_factory=list, description="checks to switch off: " + ", ".join(HEALTH_CHECKS)
     )
     critical_xids: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
-        default_factory=lambda: list(CRITICAL_XIDS), description="Xid codes that fail the xid check"
+        default_factory=lambda: list(CRITICAL_XIDS),
+        description="Xid codes that fail the xid check; the default: DCGM's and the cloud checks' critical "
+        "Xids (the README's table)",
     )
     ecc: bool | None = Field(None, description="expected ECC mode; null: the mode is not judged (errors are)")
     nvlink_error_max: int = Field(
-        100, ge=0, description="most CRC, replay or recovery errors an active NVLink may count since boot"
+        100,
+        ge=0,
+        description="most CRC, replay or recovery errors an active NVLink may count, judged only for agents "
+        "that report no counter changes (newer ones are judged by rate: DCGM's limits)",
     )
     power_limit_w: Annotated[int, Field(ge=1, le=5000)] | Literal["default"] | None = Field(
         None,

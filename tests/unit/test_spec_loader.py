@@ -159,8 +159,8 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         "rigs.pair.health.skip[1]",
         6,
         26,
-        "expected one of 'xid', 'ecc', 'memory_repair', 'nvlink_errors', 'throttle', 'power', "
-        "'compute_mode', 'mig', 'fabric' or 'kernel', got 'temperature'",
+        "expected one of 'xid', 'sxid', 'recovery_action', 'ecc', 'memory_repair', 'nvlink_errors', "
+        "'throttle', 'power', 'compute_mode', 'mig', 'fabric' or 'kernel', got 'temperature'",
     ),
     "health-power-limit-range": (
         rig_with("health: {power_limit_w: 0}"),

@@ -1,32 +1,20 @@
 """GPU health checks: what a fleet admin asks before a training run, answered from the same facts call.
 
-Critical Xids since boot, ECC mode and uncorrectable errors, memory repair waiting for a reset
-(retired pages before Ampere, remapped rows after), NVLink error counters, hardware clock slowdowns and, on
-NVSwitch rigs, the GPU's fabric registration. None of them can be fixed by apply: each is a failed check that
-names the GPU, the value and what a person should do. A value the node could not read (None) is not judged;
-the facts say once which values were not checked. `health.skip` in the rig switches a check off.
+Critical Xids since boot (and GPUs fallen off the bus without one), fatal NVSwitch SXids, the driver's
+recovery action, ECC mode and uncorrectable errors (SRAM apart), memory repair (pending, or past DCGM's
+limits), NVLink error rates, hardware clock slowdowns and thermal violation time and, on NVSwitch rigs, the
+GPU's fabric registration and health. None of them can be fixed by apply: each is a failed check that
+names the GPU, the value and what a person should do. The thresholds are the field's gates'
+(health_gates.py). A value the node could not read (None) is not judged; the facts say once which values
+were not checked. `health.skip` in the rig switches a check off.
 """
 
 from __future__ import annotations
 
-from ...facts import GpuHealth, HostHealth
+from ...facts import GpuHealth
 from ..change import Change, HostContext, check_failed
+from . import health_gates as gates
 
-# What each critical Xid means and what to do, after NVIDIA's Xid catalog and GPU debug guidelines.
-XID_ADVICE = {
-    48: ("double-bit ECC error", "drain the GPU and reset it or reboot; replace it if it recurs"),
-    63: ("ECC page retirement or row remap recorded", "reset the GPU or reboot to apply the repair"),
-    64: ("ECC page retirement or row remap failed", "the memory cannot be repaired: replace the GPU"),
-    74: ("NVLink error", "reset the GPU; reseat or replace the bridge or cable if it recurs"),
-    79: (
-        "GPU has fallen off the bus",
-        "reboot, then check its power cables and PCIe seating; replace it if it recurs",
-    ),
-    92: ("high single-bit ECC error rate", "reset the GPU; replace it if the rate stays high"),
-    94: ("contained ECC error", "reset the GPU or reboot (the application that hit it was stopped)"),
-    95: ("uncontained ECC error", "reset the GPU or reboot: every application on it was affected"),
-}
-GENERIC_XID = ("see NVIDIA's Xid catalog", "reset the GPU or reboot; look up the Xid in NVIDIA's catalog")
 FAILING_THROTTLE = {
     "hw_slowdown": "HW slowdown",
     "hw_thermal": "HW thermal slowdown",
@@ -39,7 +27,10 @@ def diff(ctx: HostContext) -> list[Change]:
     if health is None:
         return []
     # Xids come from the kernel log: judged even when NVML cannot start (they often say why).
-    changes = _xid(health, set(checks.critical_xids)) if checks.checks("xid") else []
+    events = [event.model_dump() for event in health.xid]
+    changes = _failed(gates.xid_failures(events, checks.critical_xids)) if checks.checks("xid") else []
+    if checks.checks("sxid"):
+        changes += _failed(gates.sxid_failures([event.model_dump() for event in health.sxid]))
     for gpu in health.gpus:
         for name, judge in _PER_GPU:
             if checks.checks(name):
@@ -47,20 +38,18 @@ def diff(ctx: HostContext) -> list[Change]:
     return changes
 
 
-def _xid(health: HostHealth, critical: set[int]) -> list[Change]:
-    seen: dict[tuple[int | None, str, int], int] = {}
-    for event in health.xid:
-        if event.code in critical:
-            key = (event.gpu, event.pci_bus_id, event.code)
-            seen[key] = seen.get(key, 0) + 1
-    changes = []
-    for (gpu, address, code), times in seen.items():
-        meaning, advice = XID_ADVICE.get(code, GENERIC_XID)
-        who = f"GPU {gpu}" if gpu is not None else f"the GPU at {address} (no longer listed by NVML)"
-        count = "" if times == 1 else f" ({times} times)"
-        summary = f"{who} logged Xid {code} since boot{count} ({meaning}): {advice}"
-        changes.append(check_failed("xid", summary, f"Xid {code}", "no critical Xid"))
-    return changes
+def _failed(failures: list[gates.Failure]) -> list[Change]:
+    return [check_failed(check, summary, current, desired) for check, summary, current, desired in failures]
+
+
+def _recovery_action(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
+    found = gates.recovery_failure(gpu.model_dump())
+    if found is None:
+        return []
+    kind, (check, summary, current, desired) = found
+    if kind == "manual":
+        return [Change(check, "manual", summary, current, desired)]
+    return [check_failed(check, summary, current, desired)]
 
 
 def _ecc(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
@@ -81,6 +70,10 @@ def _ecc(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
         )
         changes.append(check_failed("ecc", summary, str(gpu.ecc_volatile_uncorrectable), "0"))
     return changes
+
+
+def _memory_limits(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
+    return _failed(gates.memory_failures(gpu.model_dump()))
 
 
 def _memory_repair(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
@@ -104,21 +97,8 @@ def _memory_repair(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
 
 
 def _nvlink_errors(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
-    limit = ctx.rig.health.nvlink_error_max
-    changes = []
-    for link in gpu.nvlink_errors:
-        over = [
-            f"{count} {name}"
-            for name, count in (("CRC", link.crc), ("replay", link.replay), ("recovery", link.recovery))
-            if count is not None and count > limit
-        ]
-        if over:
-            summary = (
-                f"GPU {gpu.index} link {link.link}: {', '.join(over)} errors (more than {limit}): "
-                "reseat or replace the bridge or cable, then reset the GPU"
-            )
-            changes.append(check_failed("nvlink-errors", summary, ", ".join(over), f"at most {limit}"))
-    return changes
+    interval = ctx.facts.health.counters_interval_s if ctx.facts.health else None
+    return _failed(gates.nvlink_failures(gpu.model_dump(), interval, ctx.rig.health.nvlink_error_max))
 
 
 def _throttle(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
@@ -130,6 +110,14 @@ def _throttle(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
         "and power (PSU, cables, power brake signal)"
     )
     return [check_failed("throttle", summary, ", ".join(active), "no hardware slowdown")]
+
+
+def _violation(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
+    health = ctx.facts.health
+    if health is None:
+        return []
+    since, interval = health.counters_since, health.counters_interval_s
+    return _failed(gates.violation_failures(gpu.model_dump(), since, interval))
 
 
 def _fabric(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
@@ -147,13 +135,16 @@ def _fabric(ctx: HostContext, gpu: GpuHealth) -> list[Change]:
             "nvidia-fabricmanager, then reset the GPUs or reboot"
         )
         return [check_failed("fabric", summary, gpu.fabric_status, "success")]
-    return []
+    return _failed(gates.fabric_failures(gpu.model_dump()))
 
 
 _PER_GPU = (
+    ("recovery_action", _recovery_action),
     ("ecc", _ecc),
     ("memory_repair", _memory_repair),
+    ("memory_repair", _memory_limits),
     ("nvlink_errors", _nvlink_errors),
     ("throttle", _throttle),
+    ("throttle", _violation),
     ("fabric", _fabric),
 )
