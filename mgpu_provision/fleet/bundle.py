@@ -1,4 +1,4 @@
-"""Build the node agent zipapp: all of `node/`, the protocol it speaks, and the installed `pynvml.py`.
+"""Build the node agent zipapp: all of `node/`, the protocol, the judge and the installed `pynvml.py`.
 
 The bytes are deterministic (sorted entries, fixed timestamps and permissions), so the content hash in the
 name changes only when the code does: a host that already has `agent-<hash>.pyz` never gets it again.
@@ -22,8 +22,10 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 _MAIN = b"import runpy\nrunpy.run_module('mgpu_provision.node', run_name='__main__', alter_sys=True)\n"
-# What a node runs: the package marker (it carries the version), the protocol, and the node package whole.
+# What a node runs: the package marker (it carries the version), the protocol, and these packages whole:
+# the node's code and the judge it holds itself to.
 _SHIPPED = ("__init__.py", "protocol.py")
+_SHIPPED_PACKAGES = ("node", "judge")
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class AgentBundle:
 def agent_files() -> dict[str, bytes]:
     """Archive name -> content of every file the agent needs on a node."""
     files = {f"mgpu_provision/{rel}": (PACKAGE_DIR / rel).read_bytes() for rel in _SHIPPED}
-    for path in sorted((PACKAGE_DIR / "node").rglob("*.py")):
+    for path in sorted(p for package in _SHIPPED_PACKAGES for p in (PACKAGE_DIR / package).rglob("*.py")):
         files[f"mgpu_provision/{path.relative_to(PACKAGE_DIR).as_posix()}"] = path.read_bytes()
     files["pynvml.py"] = _pynvml_source()
     files["__main__.py"] = _MAIN
@@ -76,7 +78,7 @@ def _sources_key(files: dict[str, bytes]) -> str:
 def build_agent(cache_dir: Path | None = None) -> AgentBundle:
     """The agent zipapp, reused from the cache while the sources are unchanged (a broken cache is skipped).
 
-    Without `cache_dir` it is this process's agent, read and hashed once (~40 source files, 3-4 ms): apply
+    Without `cache_dir` it is this process's agent, read and hashed once (~50 source files, 3-4 ms): apply
     asks for it again for every `--serial` batch, smoke for its clean-up, and the sources do not change
     during a run.
     """

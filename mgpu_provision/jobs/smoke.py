@@ -22,10 +22,10 @@ from ..fleet.options import MAX_FORKS, FleetOptions
 from ..fleet.pool import HostOutcome, run_fleet
 from ..fleet.session import AgentSession, read_facts
 from ..fleet.targets import HostTarget
+from ..judge.health import FAILING_THROTTLE
 from ..node.verbs.smoke import DATA_PARALLEL_TIMEOUT_S
 from ..plan.host import facts_request
 from ..plan.resources.envfiles import desired_files, environment, launcher_path, path_prepends
-from ..plan.resources.health import FAILING_THROTTLE
 from ..protocol import smoke_cleanup_request
 from ..rig.models import Host
 from ..rig.rig import LoadedRig, Rendezvous

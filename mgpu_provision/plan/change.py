@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 from ..facts import Facts
+from ..judge.records import Expectation, Finding
 from ..node.nvidia.topology import TopoMatrix
 from ..rig.models import Host, Rig
+from .expectation import for_rig
 
 Action = Literal["create", "update", "delete", "verify-failed", "manual"]
 # The playbook step a Change belongs to (`--tags`, `--skip-tags`): what kind of work carrying it out is.
@@ -37,6 +41,17 @@ def check_failed(
     return Change(resource, "verify-failed", summary, current, desired)
 
 
+def failed_checks(findings: Iterable[Finding]) -> list[Change]:
+    """The judge's findings as failed checks, in its order; those of kind "manual" (a person acts, e.g. the
+    driver's drain-P2P recovery action) as manual steps."""
+    return [
+        Change(f.check, "manual", f.summary, f.current, f.desired)
+        if f.kind == "manual"
+        else check_failed(f.check, f.summary, f.current, f.desired)
+        for f in findings
+    ]
+
+
 @dataclass(frozen=True)
 class HostContext:
     """What one host's diffs read: its rig type, its facts, and the rig-file values resolved for it."""
@@ -46,6 +61,16 @@ class HostContext:
     facts: Facts
     visible_count: int
     expected_topology: TopoMatrix | None = None  # parsed from the rig's captured topology_file
+
+    @cached_property
+    def expect(self) -> Expectation:
+        """What the judge holds this host to (managed files are diffed by plan itself, not by digest)."""
+        return for_rig(self.rig, self.host, self.expected_topology)
+
+    @cached_property
+    def facts_json(self) -> dict[str, Any]:
+        """The facts as the agent reported them: what the judge reads."""
+        return self.facts.model_dump()
 
     @property
     def nvml_ok(self) -> bool:

@@ -13,22 +13,20 @@ from typing import TYPE_CHECKING, Any
 
 from .. import protocol
 from ..facts import Facts
+from ..judge.records import Expectation
 from ..rig.models import Host
+from . import expectation
 from .change import PHASES, Change, HostContext
 from .resources import (
     boot_unit,
+    checks,
     driver,
     envfiles,
     fabricmanager,
     gpu_settings,
-    gpus,
-    health,
-    kernel,
-    pcie,
     persistence,
     sli,
 )
-from .resources import topology as links
 from .resources import torch as torch_probe
 
 if TYPE_CHECKING:
@@ -38,12 +36,12 @@ XORG_CONF = "/etc/X11/xorg.conf"
 
 # Checks before changes: a person reads what is wrong with the box before what apply would do about it.
 DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
-    gpus.diff,
-    links.diff,
-    pcie.diff,
+    checks.gpus,
+    checks.topology,
+    checks.pcie,
     fabricmanager.diff,
-    health.diff,
-    kernel.diff,
+    checks.health,
+    checks.kernel,
     torch_probe.diff,
     driver.diff,
     persistence.diff,
@@ -72,6 +70,13 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         units=[boot_unit.UNIT] if unit else [],
         state_dir=envfiles.node_path(loaded, host, loaded.spec.files.state_dir),
     )
+
+
+def expectation_of(loaded: LoadedRig, host: Host, facts: Facts) -> Expectation:
+    """What a node holds itself to once apply has run: the rig's expectation with the managed files (and
+    their digests) apply writes to this host."""
+    desired = envfiles.desired_files(loaded, host, facts)
+    return expectation.build(loaded, host, {want.path: want.sha256 for want in desired})
 
 
 def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:

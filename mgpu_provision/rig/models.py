@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from ..plan.resources.health_gates import CRITICAL_XIDS
+from ..judge.health import CRITICAL_XIDS
 
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
 SAFE_TOKEN = r"^[A-Za-z0-9_.,:=@%+/^-]*$"

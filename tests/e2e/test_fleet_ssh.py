@@ -351,4 +351,4 @@ def test_real_agent_unpacks_once_then_runs_from_its_folder(test_hosts: HostFacto
         f"-n /usr/bin/python3 -S -I {folder} facts {host.twin_path}",
         f"-n /usr/bin/python3 -S -I {folder} facts {host.twin_path}",
     ]
-    assert list(Path(folder, "mgpu_provision", "node", "__pycache__").glob("collect.*.pyc"))
+    assert list(Path(folder, "mgpu_provision", "node", "verbs", "__pycache__").glob("facts.*.pyc"))

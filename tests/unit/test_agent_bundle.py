@@ -70,8 +70,14 @@ def test_bundle_holds_the_node_modules_and_pynvml_only(pyz: Path) -> None:
     ):
         assert required in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
-    extra = {n for n in names if n.startswith("mgpu_provision/") and not n.startswith("mgpu_provision/node/")}
+    extra = {
+        n
+        for n in names
+        if n.startswith("mgpu_provision/")
+        and not n.startswith(("mgpu_provision/node/", "mgpu_provision/judge/"))
+    }
     assert extra == {"mgpu_provision/__init__.py", "mgpu_provision/protocol.py"}
+    assert "mgpu_provision/judge/verdict.py" in names
     assert {i.date_time for i in zipfile.ZipFile(pyz).infolist()} == {(1980, 1, 1, 0, 0, 0)}
 
 

@@ -18,6 +18,7 @@ import re
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...judge.health import kernel_key
 from .backend import SXidEvent, XidEvent
 
 _ADDRESS = r"([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?"
@@ -157,11 +158,6 @@ def installed_kernels(modules_root: str, boot: str) -> List[str]:
         if os.path.isfile(os.path.join(modules_root, name, "vmlinuz")):
             found.add(name)
     return sorted(found, key=kernel_key)
-
-
-def kernel_key(version: str) -> Tuple[Any, ...]:
-    """Orders 6.8.0-47-generic after 6.8.0-45-generic and 6.10 after 6.9 (numbers compared as numbers)."""
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"[.\-+_~]", version))
 
 
 def module_path(kernel_dir: str) -> Optional[str]:

@@ -17,10 +17,11 @@ import re
 import stat
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from ...judge.topology import nvlink_count as nvlink_count  # re-exported: the parser of these cells
+
 # Cell tokens: self, PCIe classes (SOC is the old drivers' word for the socket interconnect, PSB comes from
 # DCGM's variant of the legend) and bonded NVLink sets.
 _CELL = re.compile(r"^(X|SOC|SYS|NODE|PHB|PXB|PIX|PSB|NV[1-9][0-9]*)$")
-_NV = re.compile(r"^NV([1-9][0-9]*)$")
 _GPU_LABEL = re.compile(r"^GPU([0-9]+)$")
 _TRAILING_TITLES = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _NIC_LEGEND_ENTRY = re.compile(r"^\s*(NIC[0-9]+)\s*:\s*(\S+)\s*$")
@@ -75,11 +76,6 @@ class TopoMatrix(NamedTuple):
     def nvlinks(self, i: int, j: int) -> int:
         """Bonded NVLinks between GPU i and GPU j (0 when they talk over PCIe)."""
         return nvlink_count(self.gpu_cell(i, j))
-
-
-def nvlink_count(cell: str) -> int:
-    match = _NV.match(cell)
-    return int(match.group(1)) if match else 0
 
 
 MAX_TOPOLOGY_BYTES = 1 << 20  # a real matrix is a few KiB; anything near this is not one

@@ -14,6 +14,7 @@ from typing import Any
 
 from ... import protocol
 from ...facts import HostInfo
+from ...judge import driver as judge
 from ...node.packages import sources
 from ...rig.models import Driver
 from ..change import Action, Change, HostContext
@@ -63,7 +64,8 @@ def diff(ctx: HostContext) -> list[Change]:
     info = ctx.facts.driver
     installed = info.installed or info.version
     desired = want.version or f"{want.branch}.x"
-    if not satisfies(installed, want):
+    judged = {finding.kind for finding in judge.driver(ctx.facts_json, ctx.expect)}
+    if "not-installed" in judged:
         if want.method == "runfile" and info.nouveau and ctx.host.os == "linux":
             return _clear_nouveau(want, desired)
         install = _install(ctx, want, installed, desired)
@@ -75,7 +77,7 @@ def diff(ctx: HostContext) -> list[Change]:
         count = f"{len(info.unheld)} package{'s' if len(info.unheld) > 1 else ''}"
         why = f"{count} not held: {', '.join(info.unheld[:4])}{more}"
         install = _install(ctx, want, installed, str(installed), why, verb="hold")
-        if install.action == "manual" or not (info.reboot_required or info.loaded != installed):
+        if install.action == "manual" or "not-loaded" not in judged:
             return [install]
         return [install, _reboot(want, str(installed), loaded=info.loaded, installed=installed)]
     running = _flavor_mismatch(ctx, want)
@@ -84,8 +86,7 @@ def diff(ctx: HostContext) -> list[Change]:
         return (
             [install] if install.action == "manual" else [install, _reboot(want, str(installed), info.loaded)]
         )
-    # Installed with nothing loaded (nouveau bound, a refused reboot) is as pending as another version loaded.
-    if info.reboot_required or info.loaded != installed:
+    if "not-loaded" in judged:
         return [_reboot(want, str(installed), loaded=info.loaded, installed=installed)]
     return []
 
@@ -128,11 +129,7 @@ def _flavor_mismatch(ctx: HostContext, want: Driver) -> str | None:
 
 
 def satisfies(installed: str | None, want: Driver) -> bool:
-    if installed is None:
-        return False
-    if want.version is not None:
-        return installed == want.version
-    return installed.split(".")[0] == want.branch
+    return judge.satisfies(installed, want.version, want.branch)
 
 
 def _install(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ... import protocol
 from ...errors import ProvisionError
 from ...facts import Facts, ManagedFile
+from ...judge.files import same_digest
 from ...node.host import envpath
 from ...rig.envvalues import value_problem
 from ...rig.models import Host, Rig
@@ -323,7 +324,10 @@ def diff_file(want: DesiredFile, have: ManagedFile | None) -> Change | None:
             agent_step=step,
             phase=want.phase,
         )
-    same_content = have.content == want.content if have.content is not None else have.sha256 == want.sha256
+    # The content where the node sent it (for the diff), else the digest as a node that judges itself would.
+    same_content = (
+        have.content == want.content if have.content is not None else same_digest(have.sha256, want.sha256)
+    )
     same_mode = have.mode == want.mode
     if same_content and same_mode:
         return None

@@ -12,32 +12,32 @@ failed checks for a person.
 from __future__ import annotations
 
 from ... import protocol
-from ...facts import FabricManager
+from ...judge import driver as judge
 from ...rig.models import Driver
-from ..change import Change, HostContext, check_failed
+from ..change import Change, HostContext, failed_checks
 from .driver import resolve, satisfies
 
-UNIT = "nvidia-fabricmanager"
+UNIT = judge.FABRICMANAGER_UNIT
 
 
 def diff(ctx: HostContext) -> list[Change]:
-    rig, facts = ctx.rig, ctx.facts
-    want = rig.driver
-    if not (rig.bridge.kind == "nvswitch" or (want is not None and want.fabricmanager)):
+    facts, want = ctx.facts, ctx.rig.driver
+    if not ctx.expect.fabricmanager:  # an NVSwitch rig, or one whose driver comes with Fabric Manager
         return []
     driver = facts.driver.installed or facts.driver.version
     if want is not None and want.fabricmanager and ctx.host.os == "linux":
         if driver is None or not satisfies(driver, want):
             return []  # the driver step installs Fabric Manager with the driver, at its version
         return _converge(ctx, want, driver)
-    return _checks(facts.fabricmanager, driver)
+    return failed_checks(judge.fabricmanager(ctx.facts_json, ctx.expect))
 
 
 def _converge(ctx: HostContext, want: Driver, driver: str) -> list[Change]:
     fm = ctx.facts.fabricmanager
     version = fm.version if fm else None
     start = ctx.facts.driver.loaded == driver
-    if version != driver:
+    judged = {finding.kind for finding in judge.fabricmanager(ctx.facts_json, ctx.expect)}
+    if judged & {"missing", "version"}:
         source = resolve(want, ctx.facts.host)
         step = protocol.fabricmanager_step(
             driver,
@@ -53,44 +53,10 @@ def _converge(ctx: HostContext, want: Driver, driver: str) -> list[Change]:
         summary = f"Fabric Manager {version} → {driver} (it starts only at the driver's version)"
         return [Change("fabricmanager", "update", summary, version, driver, agent_step=step, phase="driver")]
     assert fm is not None
-    if fm.enabled is not False and (fm.service == "active" or not start):
+    if fm.enabled is not False and ("service" not in judged or not start):
         return []
     state = fm.service + (", disabled" if fm.enabled is False else "")
     wanted = "enabled and active" if start else "enabled (it starts at boot)"
     step = protocol.service_step(UNIT, True, start)
     summary = f"the {UNIT} service: {state} → {wanted}"
     return [Change("fabricmanager", "update", summary, state, wanted, agent_step=step, phase="driver")]
-
-
-def _checks(fm: FabricManager | None, driver: str | None) -> list[Change]:
-    if fm is None or fm.version is None:
-        return [
-            check_failed(
-                "fabricmanager",
-                "Fabric Manager is not installed; NVSwitch boxes need it at the driver's version "
-                f"({driver or 'unknown'})",
-                current=None,
-                desired=driver,
-            )
-        ]
-    changes: list[Change] = []
-    if driver is not None and fm.version != driver:
-        changes.append(
-            check_failed(
-                "fabricmanager",
-                f"Fabric Manager {fm.version} does not match driver {driver} "
-                "(it starts only at the same version)",
-                current=fm.version,
-                desired=driver,
-            )
-        )
-    if fm.service != "active":
-        changes.append(
-            check_failed(
-                "fabricmanager",
-                f"the {UNIT} service is {fm.service}, it must be active",
-                current=fm.service,
-                desired="active",
-            )
-        )
-    return changes

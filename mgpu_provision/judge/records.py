@@ -1,0 +1,107 @@
+"""The judge's two records: a finding (one thing wrong with a box) and the expectation it is judged against.
+
+Both are NamedTuples of plain values: the expectation goes to a node as a JSON file, and a node without
+pydantic reads it back with `expectation_from_json`. The expectation is flat (no nested records) so that its
+JSON is one object whose keys are the fields below.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+EXPECTATION_VERSION = 1
+
+
+class Finding(NamedTuple):
+    """One judgement that failed. `check` names it (the plan's resource: "gpus", "topology", "xid", ...);
+    `kind` says which of a check's findings it is where a caller acts on the difference (the driver's
+    "not-installed" or "not-loaded"); otherwise it is "failed"."""
+
+    check: str
+    message: str  # what is wrong (short enough for a drain reason)
+    current: Optional[str] = None
+    desired: Optional[str] = None
+    gpu: Optional[int] = None  # the GPU's index, where the finding is about one GPU
+    kind: str = "failed"
+    uuid: Optional[str] = None  # filled in by verdict.judge_node from the facts' GPU list
+    advice: Optional[str] = None  # what a person should do; None where the message says all there is
+
+    @property
+    def summary(self) -> str:
+        """The message and its advice, as plan prints them."""
+        return f"{self.message}: {self.advice}" if self.advice else self.message
+
+
+class Expectation(NamedTuple):
+    """What one host must look like, resolved from the rig file for that host (plan/expectation.py)."""
+
+    gpu_model: str
+    gpu_count: int
+    min_pcie_gen: Optional[int] = None
+    min_pcie_width: Optional[int] = None
+    bridge_kind: str = "none"  # none, nvlink-bridge, nvlink, nvswitch
+    bridge_pairs: Tuple[Tuple[int, int], ...] = ()
+    bridge_links: Optional[int] = None
+    bridge_p2p: bool = True
+    # The captured `nvidia-smi topo -m` between GPUs: topology[i][j] is the cell of GPU i and GPU j ("X" on
+    # the diagonal); None when the rig captured none.
+    topology: Optional[Tuple[Tuple[str, ...], ...]] = None
+    driver_version: Optional[str] = None  # the pin: an exact version, or a branch, or neither (no pin)
+    driver_branch: Optional[str] = None
+    fabricmanager: bool = False  # Fabric Manager must run (an NVSwitch rig, or the rig installs it)
+    health_skip: Tuple[str, ...] = ()
+    critical_xids: Tuple[int, ...] = ()
+    ecc: Optional[bool] = None
+    nvlink_error_max: int = 100
+    os: str = "linux"
+    files: Dict[str, str] = {}  # noqa: RUF012 - never changed; path -> sha256 of what apply writes
+
+    def checks(self, name: str) -> bool:
+        return name not in self.health_skip
+
+    @property
+    def driver_pinned(self) -> bool:
+        return self.driver_version is not None or self.driver_branch is not None
+
+
+_TUPLES = ("health_skip", "critical_xids")
+
+
+def expectation_to_json(expect: Expectation) -> Dict[str, Any]:
+    """The record as one JSON object (tuples become lists), with the format version beside its fields."""
+    data: Dict[str, Any] = {"version": EXPECTATION_VERSION}
+    data.update(expect._asdict())
+    data["bridge_pairs"] = [list(pair) for pair in expect.bridge_pairs]
+    data["topology"] = None if expect.topology is None else [list(row) for row in expect.topology]
+    for name in _TUPLES:
+        data[name] = list(data[name])
+    data["files"] = dict(expect.files)
+    return data
+
+
+def expectation_from_json(data: Dict[str, Any]) -> Expectation:
+    """The record back from `expectation_to_json`'s object; a ValueError names what is wrong with it."""
+    if not isinstance(data, dict) or data.get("version") != EXPECTATION_VERSION:
+        raise ValueError(f"not an expectation of version {EXPECTATION_VERSION}")
+    unknown = sorted(set(data) - set(Expectation._fields) - {"version"})
+    if unknown:
+        raise ValueError(f"unknown expectation field(s): {', '.join(unknown)}")
+    try:
+        fields = {name: value for name, value in data.items() if name != "version"}
+        fields["bridge_pairs"] = tuple((int(a), int(b)) for a, b in fields.get("bridge_pairs", ()))
+        topology = fields.get("topology")
+        fields["topology"] = None if topology is None else tuple(tuple(str(c) for c in r) for r in topology)
+        for name in _TUPLES:
+            fields[name] = tuple(fields.get(name, ()))
+        return Expectation(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"malformed expectation: {exc}") from None
+
+
+def nvml_ok(facts: Dict[str, Any]) -> bool:
+    return bool((facts.get("driver") or {}).get("nvml") == "ok")
+
+
+def gpus(facts: Dict[str, Any]) -> List[Dict[str, Any]]:
+    found: List[Dict[str, Any]] = facts.get("gpus") or []
+    return found

@@ -1,0 +1,23 @@
+"""Every judgement of a box at once: what the node check runs over its own facts and the expectation file."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Tuple
+
+from .driver import driver, fabricmanager
+from .files import files
+from .health import health, kernel
+from .inventory import inventory, pcie
+from .records import Expectation, Finding
+from .topology import topology
+
+Judge = Callable[[Dict[str, Any], Expectation], List[Finding]]
+# In the order plan lists its checks: what is wrong with the hardware before what software lacks.
+JUDGES: Tuple[Judge, ...] = (inventory, topology, pcie, fabricmanager, health, kernel, driver, files)
+
+
+def judge_node(facts: Dict[str, Any], expect: Expectation) -> List[Finding]:
+    """Every finding about the box, each with its GPU's UUID where it names a GPU the facts list."""
+    uuids = {gpu["index"]: gpu.get("uuid") for gpu in facts.get("gpus") or ()}
+    findings = [finding for judge in JUDGES for finding in judge(facts, expect)]
+    return [f._replace(uuid=uuids.get(f.gpu)) if f.gpu is not None else f for f in findings]

@@ -1,0 +1,65 @@
+"""The expectation record of one host: the rig file's values the shipped judge needs, resolved for it.
+
+The judge (`mgpu_provision/judge/`) reads no rig file and no pydantic model: plan hands it this record, and
+a node that judges itself reads the same record from a JSON file apply wrote (`judge.records`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from ..judge.records import Expectation
+from ..node.nvidia.topology import TopoMatrix
+from ..rig.models import Host, Rig
+
+if TYPE_CHECKING:
+    from ..rig import LoadedRig
+
+
+def for_rig(
+    rig: Rig, host: Host, topology: TopoMatrix | None, files: Mapping[str, str] | None = None
+) -> Expectation:
+    """The record for a host of `rig`, with its captured topology and (path -> sha256) managed files."""
+    driver, health, bridge = rig.driver, rig.health, rig.bridge
+    return Expectation(
+        gpu_model=rig.gpus.model,
+        gpu_count=rig.gpus.count,
+        min_pcie_gen=rig.gpus.min_pcie_gen,
+        min_pcie_width=rig.gpus.min_pcie_width,
+        bridge_kind=bridge.kind,
+        bridge_pairs=tuple(bridge.pairs),
+        bridge_links=bridge.links,
+        bridge_p2p=bridge.p2p,
+        topology=None if topology is None else captured_cells(topology),
+        driver_version=None if driver is None else driver.version,
+        driver_branch=None if driver is None else driver.branch,
+        fabricmanager=bridge.kind == "nvswitch" or (driver is not None and driver.fabricmanager),
+        health_skip=tuple(health.skip),
+        critical_xids=tuple(health.critical_xids),
+        ecc=health.ecc,
+        nvlink_error_max=health.nvlink_error_max,
+        os=host.os,
+        files=dict(files or {}),
+    )
+
+
+def captured_cells(matrix: TopoMatrix) -> tuple[tuple[str, ...], ...]:
+    """The GPU-to-GPU cells of a captured matrix ("X" on the diagonal), NIC columns left out."""
+    labels = [f"GPU{i}" for i in range(matrix.gpu_count)]
+    column = {label: matrix.devices.index(label) for label in labels}
+    # Columns looked up once, not per cell as TopoMatrix.cell does: every host's plan asks for all cells.
+    # A row cut from the copy is still read from the other GPU's row, by TopoMatrix.cell.
+    rows = {label: matrix.rows.get(label) for label in labels}
+
+    def cell(a: str, b: str) -> str:
+        row = rows[a]
+        return row.cells[column[b]] if row is not None else matrix.cell(a, b)
+
+    return tuple(tuple(cell(a, b) for b in labels) for a in labels)
+
+
+def build(loaded: LoadedRig, host: Host, files: Mapping[str, str] | None = None) -> Expectation:
+    """The record for `host` of the loaded rig file; `files` are the managed files apply writes there
+    (path -> sha256, e.g. from `envfiles.desired_files`)."""
+    return for_rig(loaded.rig_of(host), host, loaded.topologies.get(host.rig), files)
