@@ -18,8 +18,6 @@ import json
 import os
 from typing import Any, Dict, Optional
 
-from ..core.atomic import atomic_write
-
 SAMPLE_FILE = "health-counters.json"
 LINK_COUNTERS = ("crc", "replay", "recovery", "recovery_events", "recovery_failed", "symbol")
 GPU_COUNTERS = (
@@ -98,9 +96,19 @@ def add_changes(
         health["counters_since"] = "sample"
         health["counters_interval_s"] = round(now_s - float(then["time"]), 1)
     if path:
-        record = dict(now, boot_id=boot_id, time=now_s)
         with contextlib.suppress(OSError):  # read-only state folder: the next call counts from boot again
-            atomic_write(path, json.dumps(record, sort_keys=True).encode(), 0o644)
+            _write(path, dict(now, boot_id=boot_id, time=now_s))
+
+
+def _write(path: str, record: Dict[str, Any]) -> None:
+    """Write, then rename over the sample: a reader sees the old one or the new one. No fsync and no
+    tempfile (facts is the call every plan makes, and must stay light): a sample lost in a crash only
+    makes the next call count from boot."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    partial = "%s.%d.tmp" % (path, os.getpid())
+    with open(partial, "w", encoding="utf-8") as handle:
+        json.dump(record, handle, sort_keys=True)
+    os.replace(partial, path)
 
 
 def _read(path: str) -> Optional[Dict[str, Any]]:
