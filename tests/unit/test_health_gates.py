@@ -95,3 +95,10 @@ def test_a_fatal_sxid_names_its_switch_and_the_xid_79_its_gpu(
         "NVSwitch nvidia-nvswitch0 (0000",
     ]  # the non-fatal SXid 12028 of nvidia-nvswitch3 is no failure
     assert "logged fatal SXid 20034 since boot: the fabric needs a reset" in got[1]
+
+
+def test_application_xids_are_never_failures_by_default() -> None:
+    assert not set(health.APP_XIDS) & set(health.CRITICAL_XIDS)
+    events = [{"gpu": 0, "pci_bus_id": "0000:01:00", "code": code} for code in health.APP_XIDS]
+    pair = Expectation("NVIDIA GeForce RTX 3090", 2, critical_xids=health.CRITICAL_XIDS)
+    assert health.health({"health": {"xid": events}}, pair) == []
