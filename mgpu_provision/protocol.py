@@ -11,7 +11,7 @@ described in docs/ARCHITECTURE.md ("The agent protocol").
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 INSTALLED_FILE_KEYS = ("role", "path", "content", "mode")
 # The systemd unit apply writes to set compute mode and power limit at every boot (NVML forgets both when the
@@ -30,6 +30,7 @@ class Arg(NamedTuple):
     expected: str  # what the value must be, in words: "{verb}: `{name}` must be {expected}"
     ok: Callable[[Any], bool]
     required: bool = False
+    default: Any = None  # an apply step's field left out: the door fills this in (STEP_FIELDS)
 
 
 def _is_text(value: Any) -> bool:
@@ -70,8 +71,8 @@ def integer(low: int, high: Optional[int] = None, required: bool = False) -> Arg
     return Arg(words, lambda v: _is_int(v) and v >= low and (high is None or v <= high), required)
 
 
-def flag() -> Arg:
-    return Arg("true or false", lambda v: isinstance(v, bool))
+def flag(required: bool = False) -> Arg:
+    return Arg("true or false", lambda v: isinstance(v, bool), required)
 
 
 def choice(*values: str, required: bool = False) -> Arg:
@@ -90,6 +91,11 @@ def objects(required: bool = False) -> Arg:
 def positives(required: bool = False) -> Arg:
     ok = lambda v: isinstance(v, list) and all(_is_number(x) and x > 0 for x in v)  # noqa: E731
     return Arg("a list of positive numbers", ok, required)
+
+
+def pids() -> Arg:
+    ok = lambda v: isinstance(v, list) and all(_is_int(x) and x >= 1 for x in v)  # noqa: E731
+    return Arg("a list of pids (integers >= 1)", ok)
 
 
 def _is_installed_file(value: Any) -> bool:
@@ -140,6 +146,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "grace_s": number(0, MAX_GRACE_S),
         "dry_run": flag(),
         "user": user_name(),
+        "pids": pids(),  # `reclaim --pid`: end exactly these, whatever their classification
     },
     "smoke": {
         "python": line(required=True),
@@ -178,10 +185,14 @@ def check_args(verb: str, args: Dict[str, Any]) -> None:
 
 
 def check_request(verb: str, request: Dict[str, Any]) -> None:
-    """The whole request's check: the twin path, then the verb's arguments."""
+    """The whole request's check: the twin path, the verb's arguments, then every apply step's fields."""
     if not optional_text().ok(request.get("simulate")):
         raise BadRequest("`simulate` must be a twin file path or null")
-    check_args(verb, request.get("args") or {})
+    args = request.get("args") or {}
+    check_args(verb, args)
+    if verb == "apply" and "steps" in args:
+        # Replaced by the checked steps, defaults filled in: the node reads each field without a fallback.
+        args["steps"] = [check_step(index, step) for index, step in enumerate(args["steps"])]
 
 
 # --- the facts request -------------------------------------------------------------------------------
@@ -218,12 +229,138 @@ FILE, DRIVER, PERSISTENCE = "file", "driver", "persistence"
 COMPUTE_MODE, POWER_LIMIT = "compute-mode", "power-limit"
 FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU = "fabricmanager", "persistenced", "service", "nouveau"
 REMOVE = "remove"
-STEP_KINDS = (
-    FILE, REMOVE, DRIVER, FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU, PERSISTENCE, COMPUTE_MODE,
-    POWER_LIMIT,
-)  # fmt: skip
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
+COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
+DRIVER_METHODS = ("apt", "dnf", "runfile")
+FABRICMANAGER_UNIT = "nvidia-fabricmanager"
+PERSISTENCED_UNIT = "nvidia-persistenced"
+
+
+def branch_of(version: str) -> str:
+    """A dotted version's leading number: a driver's branch ("550.54.15" -> "550"), a release's major ("9.4"
+    -> "9"). The one place either side derives it."""
+    return version.split(".", 1)[0]
+
+
+def _is_gpu_list(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(x) and x >= 0 for x in value)
+
+
+def gpu_list(required: bool = False) -> Arg:
+    return Arg("a list of GPU indices", _is_gpu_list, required, [])
+
+
+def octal_mode() -> Arg:
+    ok = lambda v: _is_text(v) and v.isdigit() and set(v) <= set("01234567") and int(v, 8) <= 0o7777  # noqa: E731
+    return Arg("an octal permission like 0644", ok, False, "0644")
+
+
+def digits(required: bool = False) -> Arg:
+    return Arg("a string of digits", lambda v: _is_text(v) and v.isdigit(), required)
+
+
+def optional_line() -> Arg:
+    return Arg("a one-line string or null", lambda v: v is None or line().ok(v))
+
+
+def optional_watts() -> Arg:
+    ok = lambda v: v is None or (_is_int(v) and v >= 1)  # noqa: E731
+    return Arg("a whole number of watts (1 or more) or null", ok, True)
+
+
+def optional_choice(*values: str) -> Arg:
+    return Arg("one of " + ", ".join(values) + " or null", lambda v: v is None or v in values)
+
+
+def with_default(arg: Arg, default: Any) -> Arg:
+    """`arg` that a step may leave out, the door then filling in `default`."""
+    return arg._replace(required=False, default=default)
+
+
+# The package set the plan resolved (PackageSet: `packages` are its `install`, `hold_patterns` its `hold`).
+_PACKAGE_SET = {
+    "packages": with_default(texts(), []),  # installed at the pinned version
+    "pinning": with_default(texts(), []),  # installed first: NVIDIA's branch-locking package
+    "hold_patterns": with_default(texts(), []),  # every installed package these match is held
+}
+# Every step kind's fields, checked (and defaults filled in) at the agent's door like VERB_ARGS.
+STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
+    FILE: {"path": line(required=True), "content": text(required=True), "mode": octal_mode()},
+    REMOVE: {"path": line(required=True)},
+    DRIVER: dict(
+        {
+            "method": choice(*DRIVER_METHODS, required=True),
+            "source": Arg("a driver source or null", optional_line().ok, True),  # null: the runfile
+            "flavor": Arg("a driver flavor or null", optional_line().ok, True),
+            "branch": digits(required=True),
+            "version": with_default(optional_line(), None),  # null: the newest of the branch
+            "hold": with_default(flag(), False),
+            "fabricmanager": with_default(flag(), False),  # with its packages (dnf: in one transaction)
+            "modules": with_default(flag(), True),  # dnf: the branch's module stream exists
+            "runfile": with_default(optional_text(), None),  # runfile: the installer's path or https URL
+            "sha256": with_default(optional_line(), None),
+            "kernel_module_type": with_default(optional_choice("open", "proprietary"), None),
+        },
+        **_PACKAGE_SET,
+    ),
+    FABRICMANAGER: dict(
+        {
+            "version": line(required=True),
+            "branch": digits(required=True),
+            "source": line(required=True),
+            "method": choice("apt", "dnf", required=True),
+            "unit": line(required=True),
+            "hold": with_default(flag(), False),
+            "start": with_default(flag(), False),
+        },
+        **_PACKAGE_SET,
+    ),
+    PERSISTENCED: {
+        "enabled": flag(required=True),
+        "start": flag(required=True),
+        "unit": line(required=True),
+        "package": with_default(optional_line(), None),  # where it is a package of its own
+        "method": with_default(optional_choice("apt", "dnf"), None),  # what installs `package`
+    },
+    SERVICE: {
+        "unit": line(required=True),
+        "enable": flag(required=True),
+        "start": flag(required=True),
+    },
+    NOUVEAU: {},
+    PERSISTENCE: {"gpus": gpu_list(), "enabled": flag(required=True)},  # gpus []: every GPU
+    COMPUTE_MODE: {"gpus": gpu_list(), "mode": choice(*COMPUTE_MODES, required=True)},
+    POWER_LIMIT: {"gpus": gpu_list(), "watts": optional_watts()},  # watts null: each GPU's default
+}
+STEP_KINDS = tuple(STEP_FIELDS)
+
+
+def check_step(index: int, step: Any) -> Dict[str, Any]:
+    """The step with its defaults filled in; BadRequest naming the step's index, kind and field otherwise."""
+    if not isinstance(step, dict) or step.get("kind") not in STEP_FIELDS:
+        kind = step.get("kind") if isinstance(step, dict) else step
+        raise BadRequest(
+            "apply: step {}: unknown kind {!r}; kinds are {}".format(index, kind, ", ".join(STEP_KINDS))
+        )
+    kind = step["kind"]
+    fields = STEP_FIELDS[kind]
+    where = "apply: step {} ({})".format(index, kind)
+    unknown = sorted(name for name in step if name != "kind" and name not in fields)
+    if unknown:
+        fields_are = ", ".join(fields) if fields else "none"
+        raise BadRequest("{}: unknown field `{}`; its fields are {}".format(where, unknown[0], fields_are))
+    filled = {"kind": kind}
+    for name, arg in fields.items():
+        if name not in step:
+            if arg.required:
+                raise BadRequest("{}: `{}` is missing; it must be {}".format(where, name, arg.expected))
+            filled[name] = list(arg.default) if isinstance(arg.default, list) else arg.default
+        elif not arg.ok(step[name]):
+            raise BadRequest("{}: `{}` must be {}, got {!r}".format(where, name, arg.expected, step[name]))
+        else:
+            filled[name] = step[name]
+    return filled
 
 
 def file_step(path: str, content: str, mode: str) -> Dict[str, Any]:
@@ -250,15 +387,73 @@ def power_limit_step(gpus: List[int], watts: Optional[int]) -> Dict[str, Any]:
     return {"kind": POWER_LIMIT, "gpus": list(gpus), "watts": watts}
 
 
-def driver_step(method: str, target: Dict[str, str], **options: Any) -> Dict[str, Any]:
-    """Install a driver: `target` is {"version": ...} or {"branch": ...}; options as the method needs them."""
-    return dict({"kind": DRIVER, "method": method}, **target, **options)
+class PackageSet(NamedTuple):
+    """What a driver or Fabric Manager install puts on a node, as the plan resolved it from the source
+    (node/packages/sources.py names the packages of each)."""
+
+    pinning: List[str]  # installed first: NVIDIA's branch-locking package (CUDA repository, 590 and later)
+    install: List[str]  # installed at the pinned version
+    hold: List[str]  # fnmatch patterns: every installed package they match is held afterwards (apt)
 
 
-def fabricmanager_step(version: str, **options: Any) -> Dict[str, Any]:
-    """Fabric Manager (and NSCQ) at exactly `version`, held, its unit enabled; started when `start`.
-    Options: source, method, flavor, hold, start."""
-    return dict({"kind": FABRICMANAGER, "version": version}, **options)
+NO_PACKAGES = PackageSet([], [], [])
+
+
+def driver_step(
+    method: str,
+    source: Optional[str],
+    flavor: Optional[str],
+    branch: str,
+    version: Optional[str],
+    hold: bool,
+    fabricmanager: bool,
+    *,
+    packages: PackageSet = NO_PACKAGES,
+    modules: bool = True,
+    runfile: Optional[str] = None,
+    sha256: Optional[str] = None,
+    kernel_module_type: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Install a driver at `version` (None: the newest of `branch`) with `method` from `source` (None for
+    the runfile): apt or dnf installs `packages`, dnf following the branch's module stream where `modules`;
+    the runfile installs `runfile` (checked against `sha256`) with `kernel_module_type` modules."""
+    return {
+        "kind": DRIVER,
+        "method": method,
+        "source": source,
+        "flavor": flavor,
+        "branch": branch,
+        "version": version,
+        "hold": hold,
+        "fabricmanager": fabricmanager,
+        "packages": list(packages.install),
+        "pinning": list(packages.pinning),
+        "hold_patterns": list(packages.hold),
+        "modules": modules,
+        "runfile": runfile,
+        "sha256": sha256,
+        "kernel_module_type": kernel_module_type,
+    }
+
+
+def fabricmanager_step(
+    version: str, source: str, method: str, packages: PackageSet, hold: bool, start: bool
+) -> Dict[str, Any]:
+    """Fabric Manager and NSCQ (`packages`) at exactly `version`, held when `hold`, its unit enabled;
+    started when `start`."""
+    return {
+        "kind": FABRICMANAGER,
+        "version": version,
+        "branch": branch_of(version),
+        "source": source,
+        "method": method,
+        "unit": FABRICMANAGER_UNIT,
+        "hold": hold,
+        "start": start,
+        "packages": list(packages.install),
+        "pinning": list(packages.pinning),
+        "hold_patterns": list(packages.hold),
+    }
 
 
 def service_step(unit: str, enable: bool, start: bool) -> Dict[str, Any]:
@@ -267,10 +462,19 @@ def service_step(unit: str, enable: bool, start: bool) -> Dict[str, Any]:
     return {"kind": SERVICE, "unit": unit, "enable": enable, "start": start}
 
 
-def persistenced_step(enabled: bool, start: bool, **package: str) -> Dict[str, Any]:
-    """nvidia-persistenced enabled (and started) or turned off; `package` and `method` where it is a
-    package of its own that may need installing."""
-    return dict({"kind": PERSISTENCED, "enabled": enabled, "start": start}, **package)
+def persistenced_step(
+    enabled: bool, start: bool, package: Optional[str] = None, method: Optional[str] = None
+) -> Dict[str, Any]:
+    """nvidia-persistenced enabled (and started) or turned off; `package` installed with `method` where it
+    is a package of its own that may need installing."""
+    return {
+        "kind": PERSISTENCED,
+        "enabled": enabled,
+        "start": start,
+        "unit": PERSISTENCED_UNIT,
+        "package": package,
+        "method": method,
+    }
 
 
 def nouveau_step() -> Dict[str, Any]:
@@ -299,16 +503,90 @@ def reboot_request(lock: str, lock_wait_s: float, simulated: bool) -> Dict[str, 
 
 
 def reclaim_request(
-    policy: str, patterns: Sequence[str], grace_s: float, dry_run: bool, user: Optional[str] = None
+    policy: str,
+    patterns: Sequence[str],
+    grace_s: float,
+    dry_run: bool,
+    user: Optional[str] = None,
+    pids: Sequence[int] = (),
 ) -> Dict[str, Any]:
-    """`user`: end only that user's processes (None: anyone's)."""
+    """`user`: end only that user's processes (None: anyone's); `pids`: end exactly these (none: what the
+    policy selects)."""
     return {
         "policy": policy,
         "patterns": list(patterns),
         "grace_s": grace_s,
         "dry_run": dry_run,
         "user": user,
+        "pids": list(pids),
     }
+
+
+# The smoke verb's DataParallel process: a torch import and one step on the node's GPUs (node side), and what
+# the control side's call waits beyond the DDP deadline for it (jobs/smoke.py).
+DATA_PARALLEL_TIMEOUT_S = 60.0
+
+
+def smoke_request(
+    node: str,
+    python: str,
+    nnodes: int,
+    node_rank: int,
+    nproc_per_node: int,
+    master_addr: str,
+    master_port: int,
+    backend: str,
+    rdzv_backend: str,
+    rdzv_id: str,
+    run_id: str,
+    timeout_s: float,
+    batch_size: int,
+    launcher: Optional[str],
+    sizes_mib: Sequence[float] = (),
+    interconnect: Optional[str] = None,
+) -> Dict[str, Any]:
+    """One node's part of a smoke run, before the node's facts add `env`, `path_prepend` and `files`.
+    `launcher`: the installed launcher to run (None: torchrun from `python`); `sizes_mib` empty: the node
+    picks sizes that suit the backend its ranks run and `interconnect` (nvlink, nvswitch or pcie: what
+    joins the rig's GPUs), which also decides the transport NCCL must use."""
+    args: Dict[str, Any] = {
+        "node": node,
+        "python": python,
+        "nnodes": nnodes,
+        "node_rank": node_rank,
+        "nproc_per_node": nproc_per_node,
+        "master_addr": master_addr,
+        "master_port": master_port,
+        "backend": backend,
+        "rdzv_backend": rdzv_backend,
+        "rdzv_id": rdzv_id,
+        "run_id": run_id,
+        "timeout_s": timeout_s,
+        "batch_size": batch_size,
+        "launcher": launcher,
+    }
+    if sizes_mib:
+        args["sizes_mib"] = list(sizes_mib)
+    if interconnect is not None:
+        args["interconnect"] = interconnect
+    return args
+
+
+def torchrun_options(rdzv_backend: str) -> List[Tuple[str, str]]:
+    """torchrun's options for one node's part of a DDP group, the one spelling of that command line: each a
+    flag and its value as a template over the rendezvous settings (`{nnodes}`, `{master_addr}`, ...), which
+    the launcher (templates/mgpu-torchrun.j2: its shell variables) and smoke without a launcher (the
+    values) fill in."""
+    options = [("--nnodes", "{nnodes}"), ("--nproc-per-node", "{nproc_per_node}")]
+    if rdzv_backend == "static":
+        options += [
+            ("--node-rank", "{node_rank}"),
+            ("--master-addr", "{master_addr}"),
+            ("--master-port", "{master_port}"),
+        ]
+    else:  # elastic: torchrun assigns the node ranks
+        options += [("--rdzv-backend", "{rdzv_backend}"), ("--rdzv-endpoint", "{master_addr}:{master_port}")]
+    return [*options, ("--rdzv-id", "{rdzv_id}")]
 
 
 def smoke_cleanup_request(run_id: str, node_rank: int) -> Dict[str, Any]:

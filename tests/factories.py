@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from mgpu_provision.facts import Facts
+from mgpu_provision.fleet.options import AgentPayload, FleetOptions
+from mgpu_provision.fleet.session import AgentSession
 from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.node.host.procs import ProcInfo
 from mgpu_provision.node.nvidia.select import select_backend
@@ -304,3 +308,49 @@ def session(pid: int, ppid: int, argv: str = "python train.py", **kw: object) ->
 
 INIT = session(1, 0, "/sbin/init", comm="systemd", unit="init.scope")
 SHELL = session(50, 40, "-bash", comm="bash")  # the user's login shell; absent from a tree after logout
+
+
+# --- a node behind a session: the one fake of the transport ----------------------------------------------
+
+# What a fake node does with one call: (verb, args, timeout) -> the verb's result, or raise what a real
+# session raises (ConnectionFailed: the host is gone; AgentError: the agent answered an error).
+Answer = Callable[[str, dict[str, Any], float], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class FakeAgent:
+    data: bytes = b""
+    name: str = "agent-fake.pyz"
+
+
+class FakeSession(AgentSession):
+    """An agent session whose node is `answer`: the real `call` (request envelope, reply parsing, the
+    default timeout) around it, so jobs meet the same seam as over SSH. `calls` records (verb, args)."""
+
+    def __init__(self, target: HostTarget, answer: Answer) -> None:
+        super().__init__(target, FakeAgent())
+        self.answer = answer
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def _run(self, command: str, stdin: str, limit: float, verb: str) -> tuple[int, str, str]:
+        self.commands += 1
+        args = json.loads(stdin)["args"]
+        self.calls.append((verb, args))
+        result = self.answer(verb, args, limit)
+        return 0, json.dumps({"ok": True, "agent_version": "test", "result": result}), ""
+
+    def _upload(self, folder: str) -> None:
+        raise AssertionError("a fake node never asks for the agent")
+
+    def _needs_sudo(self) -> bool:
+        return False
+
+
+def fake_fleet(node: Callable[[HostTarget], Answer], **options: Any) -> FleetOptions:
+    """FleetOptions whose every session is a FakeSession: `node(target)` is that host's answer (raise
+    ConnectionFailed in `node` for a host that cannot be reached)."""
+
+    def open_fake(target: HostTarget, options: FleetOptions, agent: AgentPayload) -> AgentSession:
+        return FakeSession(target, node(target))
+
+    return FleetOptions(agent=FakeAgent(), sessions=open_fake, **options)

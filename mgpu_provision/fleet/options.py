@@ -18,6 +18,9 @@ from .known_hosts import KnownHosts
 if TYPE_CHECKING:
     import paramiko
 
+    from .session import AgentSession
+    from .targets import HostTarget
+
 MAX_FORKS = 64
 # Where Fabric looks for ssh_config when none is given, in its order.
 USER_SSH_CONFIG = Path("~/.ssh/config")
@@ -32,6 +35,10 @@ class AgentPayload(Protocol):
 
     @property
     def name(self) -> str: ...
+
+
+class SessionOpener(Protocol):
+    def __call__(self, target: HostTarget, options: FleetOptions, agent: AgentPayload) -> AgentSession: ...
 
 
 @dataclass
@@ -86,7 +93,8 @@ class SharedSsh:
 
 @dataclass
 class FleetOptions:
-    """How to run over the fleet. `agent` (an extension) lets tests and callers supply a prebuilt bundle.
+    """How to run over the fleet. `agent` (an extension) lets tests and callers supply a prebuilt bundle;
+    `sessions` opens every host's session in place of SSH or a local process (the tests' fake node).
 
     `shared_ssh` is filled in by the first connection of a run: what all its connections read alike.
     """
@@ -96,6 +104,7 @@ class FleetOptions:
     known_hosts: Path | None = None
     ssh_config: Path | None = None
     agent: AgentPayload | None = None
+    sessions: SessionOpener | None = field(default=None, repr=False, compare=False)
     shared_ssh: SharedSsh | None = field(default=None, repr=False, compare=False)
 
 

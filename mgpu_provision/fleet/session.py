@@ -18,9 +18,9 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..errors import AgentError, ConnectionFailed
 from ..facts import Facts
@@ -248,18 +248,35 @@ class LocalAgentSession(AgentSession):
         partial.replace(cache / self.agent.name)
 
 
-def read_facts(session: AgentSession, request: dict[str, Any], timeout: float | None = None) -> Facts:
-    """The `facts` verb, validated against the Facts contract at the seam (a drift is an AgentError)."""
-    answer = session.call("facts", request, timeout)
+Reply = TypeVar("Reply", bound=BaseModel)
+
+
+def read_reply(
+    session: AgentSession,
+    verb: str,
+    args: dict[str, Any],
+    model: type[Reply],
+    timeout: float | None = None,
+    what: str = "a reply",
+) -> Reply:
+    """One verb's result, validated against its contract at the seam (a drift is an AgentError naming the
+    fields, never a traceback from the job that reads it)."""
+    answer = session.call(verb, args, timeout)
     try:
-        return Facts.model_validate(answer)
+        return model.model_validate(answer)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()[:5]
+            f"{'.'.join(str(p) for p in error['loc']) or 'result'}: {error['msg']}"
+            for error in exc.errors()[:5]
         )
         raise AgentError(
-            f"agent facts on {session.where} answered facts this version cannot read: {problems}"
+            f"agent {verb} on {session.where} answered {what} this version cannot read: {problems}"
         ) from exc
+
+
+def read_facts(session: AgentSession, request: dict[str, Any], timeout: float | None = None) -> Facts:
+    """The `facts` verb, validated against the Facts contract at the seam (a drift is an AgentError)."""
+    return read_reply(session, "facts", request, Facts, timeout, what="facts")
 
 
 def exec_channel(
@@ -307,7 +324,10 @@ def exec_channel(
 
 
 def open_session(target: HostTarget, options: FleetOptions, agent: AgentPayload) -> AgentSession:
-    """A session ready for `call`; raises ConnectionFailed when the host cannot be reached."""
+    """A session ready for `call`; raises ConnectionFailed when the host cannot be reached. `options.sessions`
+    opens it instead where set (the tests' injected fake: tests/factories.py)."""
+    if options.sessions is not None:
+        return options.sessions(target, options, agent)
     if target.connection == "local":
         return LocalAgentSession(target, agent)
     from .ssh import open_connection  # Fabric and Paramiko load with the first SSH connection, not before

@@ -24,7 +24,8 @@ from ..errors import ConnectionFailed, ProvisionError
 from ..facts import Facts
 from ..fleet.options import FleetOptions
 from ..fleet.pool import HostOutcome, run_fleet
-from ..fleet.session import AgentSession, open_session, read_facts
+from ..fleet.replies import ApplyReply, RebootReply
+from ..fleet.session import AgentSession, Reply, open_session, read_facts, read_reply
 from ..fleet.targets import HostTarget
 from ..plan.change import Change
 from ..plan.host import facts_request, plan_host
@@ -187,8 +188,8 @@ class ReopenableSession:
     def target(self) -> HostTarget:
         return self.session.target
 
-    def call(self, verb: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        return self.session.call(verb, args, timeout)
+    def read(self, verb: str, args: dict[str, Any], model: type[Reply], timeout: float | None) -> Reply:
+        return read_reply(self.session, verb, args, model, timeout)
 
     def facts(self, request: dict[str, Any], timeout: float | None = None) -> Facts:
         return read_facts(self.session, request, timeout)
@@ -226,16 +227,16 @@ def _run_steps(
     timeout = node.target.command_timeout_s + settings.lock_wait_s
     if any(step["kind"] == protocol.DRIVER for step in steps):
         timeout += DRIVER_INSTALL_BOUND_S
-    answer = node.call("apply", protocol.apply_request(lock, settings.lock_wait_s, steps, simulated), timeout)
-    results = answer.get("results", [])
-    done = [f"{r['kind']}: {r['message']}" for r in results if r.get("changed")]
-    failed = next((r for r in results if r.get("error")), None)
+    request = protocol.apply_request(lock, settings.lock_wait_s, steps, simulated)
+    results = node.read("apply", request, ApplyReply, timeout).results
+    done = [f"{r.kind}: {r.message}" for r in results if r.changed]
+    failed = next((r for r in results if r.error), None)
     if failed is None:
         return done, None
     # Name the file a failed file step was writing: the agent's OS error does not always carry it.
-    step = steps[failed["index"]] if 0 <= failed["index"] < len(steps) else {}
-    what = f"{failed['kind']} {step['path']}" if "path" in step else failed["kind"]
-    return done, f"step {failed['index'] + 1} ({what}) failed: {failed['error']}"
+    step = steps[failed.index] if failed.index < len(steps) else {}
+    what = f"{failed.kind} {step['path']}" if "path" in step else failed.kind
+    return done, f"step {failed.index + 1} ({what}) failed: {failed.error}"
 
 
 def _reboot_and_wait(
@@ -245,7 +246,7 @@ def _reboot_and_wait(
     # Under the host lock: a reboot must not land in the middle of another apply's steps.
     timeout = node.target.command_timeout_s + settings.lock_wait_s
     request = protocol.reboot_request(lock, settings.lock_wait_s, simulated)
-    old = str(node.call("reboot", request, timeout)["boot_id"])
+    old = node.read("reboot", request, RebootReply, timeout).boot_id
     progress(f"{name}: rebooting, waiting up to {settings.reboot_timeout_s:g}s for it to come back")
     started = time.monotonic()
     while time.monotonic() - started < settings.reboot_timeout_s:

@@ -1,8 +1,9 @@
 """The control side of `smoke`: start every node's part of the DDP run at once, and judge the fleet.
 
 Deciding who runs what (`plan_smoke`) and whether the result passes (`judge_group`) are pure functions over
-the rig and the nodes' answers; `run_smoke` is the thin shell that runs the node side
-(`node/verbs/smoke.py`, the agent's `smoke` verb) on all hosts together through `fleet.run_fleet`. Each node
+the rig and the nodes' answers (checked on arrival: fleet/replies.py); `run_smoke` is the thin shell that
+runs the node side (`node/verbs/smoke.py`, the agent's `smoke` verb) on all hosts together through
+`fleet.run_fleet`. Each node
 runs with its `Rendezvous` (`LoadedRig.rendezvous`), the same one apply wrote into its launcher, so smoke
 runs whole DDP groups only: a selection holding part of a group is refused, since ranks cannot be renumbered
 behind the launchers' back.
@@ -20,13 +21,13 @@ from ..errors import ProvisionError
 from ..facts import Facts
 from ..fleet.options import MAX_FORKS, FleetOptions
 from ..fleet.pool import HostOutcome, run_fleet
-from ..fleet.session import AgentSession, read_facts
+from ..fleet.replies import CleanupReply, SmokeReply
+from ..fleet.session import AgentSession, read_facts, read_reply
 from ..fleet.targets import HostTarget
 from ..judge.health import FAILING_THROTTLE
-from ..node.verbs.smoke import DATA_PARALLEL_TIMEOUT_S
 from ..plan.host import facts_request
 from ..plan.resources.envfiles import desired_files, environment, launcher_path, path_prepends
-from ..protocol import smoke_cleanup_request
+from ..protocol import DATA_PARALLEL_TIMEOUT_S, smoke_cleanup_request, smoke_request
 from ..rig.models import Host
 from ..rig.rig import LoadedRig, Rendezvous
 
@@ -156,26 +157,18 @@ def node_part(loaded: LoadedRig, host: Host, run_id: str) -> NodePart:
     assert rendezvous is not None
     smoke = loaded.spec.smoke
     launcher = launcher_path(loaded, host)
-    args: dict[str, Any] = {
-        "node": host.name,
-        "python": smoke.python,
-        "nnodes": rendezvous.nnodes,
-        "node_rank": rendezvous.node_rank,
-        "nproc_per_node": rendezvous.nproc_per_node,
-        "master_addr": rendezvous.master_addr,
-        "master_port": rendezvous.port,
-        "backend": rendezvous.backend,
-        "rdzv_backend": rendezvous.rdzv_backend,
-        "rdzv_id": rendezvous.rdzv_id,
-        "run_id": run_id,
-        "timeout_s": smoke.timeout_s,
-        "batch_size": smoke.batch_size,
-        "launcher": launcher,
-    }
-    if smoke.sizes_mib:  # else the node picks sizes that suit the backend its ranks run
-        args["sizes_mib"] = list(smoke.sizes_mib)
     rig = loaded.rig_of(host)
-    args["interconnect"] = interconnect(rig.bridge.kind, rig.gpus.count)
+    args = smoke_request(
+        node=host.name,
+        python=smoke.python,
+        run_id=run_id,
+        timeout_s=smoke.timeout_s,
+        batch_size=smoke.batch_size,
+        launcher=launcher,
+        sizes_mib=smoke.sizes_mib or (),
+        interconnect=interconnect(rig.bridge.kind, rig.gpus.count),
+        **rendezvous.settings(),
+    )
     floor = smoke.busbw_floor_gbps
     if floor is None and rendezvous.nnodes == 1 and rendezvous.nproc_per_node == 8:
         floor = default_floor(rig.gpus.model, rig.bridge.kind)
@@ -389,7 +382,7 @@ def run_smoke(
         try:
             facts = read_facts(session, facts_request(loaded, host))
             args = for_this_node(loaded, host, by_host[name], facts)
-            result = session.call("smoke", args, timeout=timeout)
+            result = read_reply(session, "smoke", args, SmokeReply, timeout).model_dump()
         except Exception:
             if on_node_done is not None:
                 on_node_done(name, False)
@@ -405,10 +398,12 @@ def run_smoke(
         # The node's own deadline ends its processes anyway; this ends them now, even if that call died.
         run_fleet(
             failed,
-            lambda s: s.call(
+            lambda s: read_reply(
+                s,
                 "smoke-cleanup",
                 smoke_cleanup_request(run_id, by_host[s.target.name].node_rank),
-                timeout=CLEANUP_TIMEOUT_S,
+                CleanupReply,
+                CLEANUP_TIMEOUT_S,
             ),
             dataclasses.replace(options, forks=len(failed)),
         )

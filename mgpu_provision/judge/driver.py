@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from ..protocol import FABRICMANAGER_UNIT, branch_of
 from .records import Expectation, Finding
-
-FABRICMANAGER_UNIT = "nvidia-fabricmanager"
 
 
 def satisfies(installed: Optional[str], version: Optional[str], branch: Optional[str]) -> bool:
@@ -21,7 +20,7 @@ def satisfies(installed: Optional[str], version: Optional[str], branch: Optional
         return False
     if version is not None:
         return installed == version
-    return installed.split(".")[0] == branch
+    return branch_of(installed) == branch
 
 
 def installed_version(facts: Dict[str, Any]) -> Optional[str]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from ..errors import ProvisionError
 from ..node.nvidia.topology import TopoMatrix
@@ -45,6 +46,20 @@ class Rendezvous:
     @property
     def endpoint(self) -> str:
         return f"{self.master_addr}:{self.port}"
+
+    def settings(self) -> dict[str, Any]:
+        """The rendezvous under the names the launcher template and the smoke request give it (the one
+        spread of it; protocol.torchrun_options fills its values in)."""
+        return {
+            "master_addr": self.master_addr,
+            "master_port": self.port,
+            "nnodes": self.nnodes,
+            "node_rank": self.node_rank,
+            "nproc_per_node": self.nproc_per_node,
+            "backend": self.backend,
+            "rdzv_backend": self.rdzv_backend,
+            "rdzv_id": self.rdzv_id,
+        }
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mgpu_provision import protocol
 from mgpu_provision.node.__main__ import handle
 from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.packages.driver import install, version_key
@@ -106,22 +107,57 @@ def test_first_failure_skips_the_rest(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "step, error",
     [
-        ({"kind": "teleport"}, "unknown step"),
-        ({"kind": "file", "content": "x"}, "a file step needs `path`"),
-        ({"kind": "remove"}, "a remove step needs `path`"),
+        ({"kind": "teleport"}, "apply: step 1: unknown kind 'teleport'; kinds are file, remove, driver"),
+        (
+            {"kind": "file", "path": "/tmp/x", "content": "x", "owner": "root"},
+            "apply: step 1 (file): unknown field `owner`; its fields are path, content, mode",
+        ),
+        (
+            {"kind": "file", "path": "/tmp/x", "content": 7},
+            "apply: step 1 (file): `content` must be a string, got 7",
+        ),
+        ({"kind": "file", "content": "x"}, "apply: step 1 (file): `path` is missing"),
+        ({"kind": "remove"}, "apply: step 1 (remove): `path` is missing"),
         (
             {"kind": "file", "path": "/tmp/x", "content": "x", "mode": "rwx"},
-            "file mode 'rwx' is not an octal",
+            "apply: step 1 (file): `mode` must be an octal permission like 0644, got 'rwx'",
         ),
-        ({"kind": "driver", "method": "apt"}, "a driver step needs `version`"),
-        ({"kind": "compute-mode", "mode": "exclusive_thread"}, "compute mode 'exclusive_thread' is not one"),
-        ({"kind": "power-limit", "watts": "300"}, "power limit '300' is not a whole number of watts"),
-        ({"kind": "power-limit", "watts": 300}, "GPU 0 reports no power limit (NVML: not supported)"),
+        ({"kind": "driver", "method": "apt"}, "apply: step 1 (driver): `source` is missing"),
+        (
+            {"kind": "compute-mode", "mode": "exclusive_thread"},
+            "apply: step 1 (compute-mode): `mode` must be one of default, exclusive_process, prohibited",
+        ),
+        (
+            {"kind": "power-limit", "watts": "300"},
+            "apply: step 1 (power-limit): `watts` must be a whole number",
+        ),
+        ({"kind": "power-limit"}, "apply: step 1 (power-limit): `watts` is missing"),
     ],
 )
-def test_bad_steps_fail_with_a_message(tmp_path: Path, twin: Path, step: dict[str, Any], error: str) -> None:
-    (result,) = apply_steps(tmp_path, [step], twin)
-    assert result["error"] is not None and error in result["error"]
+def test_the_door_refuses_a_bad_step_by_index_kind_and_field_and_changes_nothing(
+    tmp_path: Path, twin: Path, step: dict[str, Any], error: str
+) -> None:
+    """An unknown field, a mistyped field, a missing field: refused before any step runs, so the valid file
+    step in front of it writes nothing (it used to be written, and the bad step failed deep in a verb)."""
+    first = tmp_path / "etc" / "first"
+    steps = [{"kind": "file", "path": str(first), "content": "x\n", "mode": "0644"}, step]
+    reply = call(
+        "apply", {"lock": str(tmp_path / "lock" / "apply.lock"), "lock_wait_s": 2, "steps": steps}, twin
+    )
+    assert reply["ok"] is False and reply["error"]["kind"] == "bad-request"
+    assert reply["error"]["message"].startswith(error), reply["error"]["message"]
+    assert not first.exists() and not (tmp_path / "lock").exists()
+
+
+def test_the_door_fills_in_declared_defaults(tmp_path: Path) -> None:
+    target = tmp_path / "f"
+    (result,) = apply_steps(tmp_path, [{"kind": "file", "path": str(target), "content": "x"}])
+    assert result["changed"] and target.stat().st_mode & 0o777 == 0o644  # STEP_FIELDS: mode "0644"
+
+
+def test_a_gpu_without_a_power_limit_fails_its_step(tmp_path: Path, twin: Path) -> None:
+    (result,) = apply_steps(tmp_path, [{"kind": "power-limit", "gpus": [], "watts": 300}], twin)
+    assert result["error"] == "GPU 0 reports no power limit (NVML: not supported)"
 
 
 def test_apply_needs_a_lock_path() -> None:
@@ -170,7 +206,7 @@ def test_a_second_apply_waits_then_refuses_naming_the_holder(tmp_path: Path, twi
 
 def test_simulated_driver_install_mismatch_reboot_converged(tmp_path: Path, twin: Path) -> None:
     original = twin.read_text()
-    step = {"kind": "driver", "method": "apt", "version": "550.90.07", "hold": True, "fabricmanager": True}
+    step = protocol.driver_step("apt", "ubuntu", "server", "550", "550.90.07", hold=True, fabricmanager=True)
     (result,) = apply_steps(tmp_path, [step], twin)
     assert result["changed"] and "reboot required" in result["message"]
     between = facts_from_twin(twin)
@@ -209,7 +245,9 @@ def test_simulated_fabric_manager_behind_is_installed_at_the_driver_version_and_
         "inactive",
         False,
     )
-    step = {"kind": "fabricmanager", "version": "550.54.15", "source": "ubuntu", "hold": True, "start": True}
+    step = protocol.fabricmanager_step(
+        "550.54.15", "ubuntu", "apt", protocol.NO_PACKAGES, hold=True, start=True
+    )
     (result,) = apply_steps(tmp_path, [step], twin)
     assert result["changed"] and result["message"].startswith("installed Fabric Manager 550.54.15")
     after = facts_from_twin(twin).fabricmanager
@@ -231,7 +269,7 @@ def test_simulated_persistence_daemon_survives_reboots_and_the_legacy_setting_do
     assert all(g.persistence_mode for g in facts_from_twin(twin).gpus)
     call("reboot", {}, twin)
     assert not any(g.persistence_mode for g in facts_from_twin(twin).gpus)
-    daemon = {"kind": "persistenced", "enabled": True, "start": True}
+    daemon = protocol.persistenced_step(enabled=True, start=True)
     (result,) = apply_steps(tmp_path, [daemon], twin)
     assert result["changed"] and result["message"] == "nvidia-persistenced enabled and started"
     call("reboot", {}, twin)
@@ -241,7 +279,7 @@ def test_simulated_persistence_daemon_survives_reboots_and_the_legacy_setting_do
         True,
     )
     assert all(g.persistence_mode for g in after.gpus)
-    (off,) = apply_steps(tmp_path, [{"kind": "persistenced", "enabled": False}], twin)
+    (off,) = apply_steps(tmp_path, [protocol.persistenced_step(False, False)], twin)
     assert off["changed"] and not any(g.persistence_mode for g in facts_from_twin(twin).gpus)
 
 
@@ -255,9 +293,10 @@ def test_simulated_nouveau_is_gone_after_blacklist_and_reboot(tmp_path: Path, tw
 
 
 def test_simulated_branch_install_picks_the_newest_available(tmp_path: Path, twin: Path) -> None:
-    (result,) = apply_steps(tmp_path, [{"kind": "driver", "method": "apt", "branch": "535"}], twin)
+    branch = protocol.driver_step("apt", "ubuntu", "server", "535", None, hold=False, fabricmanager=False)
+    (result,) = apply_steps(tmp_path, [branch], twin)
     assert result["changed"] and result["message"].startswith("installed driver 535.161.08")
-    (missing,) = apply_steps(tmp_path, [{"kind": "driver", "method": "apt", "branch": "999"}], twin)
+    (missing,) = apply_steps(tmp_path, [dict(branch, branch="999")], twin)
     assert missing["error"] == "no driver of branch '999' is available (simulated: twin available_drivers)"
 
 
@@ -369,20 +408,21 @@ def test_apply_is_atomic_under_sigkill(tmp_path: Path) -> None:
 
 
 def test_driver_install_refusals_before_any_command(tmp_path: Path) -> None:
-    with pytest.raises(AgentFailure, match="unknown driver install method 'zypper'"):
-        install({"method": "zypper", "version": "550.54.15"}, None)
+    zypper = dict(
+        protocol.driver_step("apt", "ubuntu", "server", "550", "550.54.15", False, False), method="zypper"
+    )
+    reply = call("apply", {"lock": str(tmp_path / "apply.lock"), "steps": [zypper]})
+    assert reply["error"]["message"] == (
+        "apply: step 0 (driver): `method` must be one of apt, dnf, runfile, got 'zypper'"
+    )
     runfile = tmp_path / "NVIDIA.run"
     runfile.write_bytes(b"#!/bin/sh\nexit 0\n")
+    step = protocol.driver_step("runfile", None, None, "550", "550.54.15", False, False, runfile=str(runfile))
     with pytest.raises(AgentFailure, match="the runfile method needs `sha256`"):
-        install({"method": "runfile", "version": "550.54.15", "runfile": str(runfile)}, None)
+        install(step, None)
     with pytest.raises(AgentFailure, match=f"checksum mismatch for {runfile}: got "):
-        install(
-            {"method": "runfile", "version": "550.54.15", "runfile": str(runfile), "sha256": "0" * 64}, None
-        )
-    assert install({"method": "zypper", "version": "550.54.15"}, "550.54.15") == (
-        False,
-        "driver 550.54.15 already installed",
-    )
+        install(dict(step, sha256="0" * 64), None)
+    assert install(step, "550.54.15") == (False, "driver 550.54.15 already installed")
 
 
 def test_driver_versions_order_numerically() -> None:
@@ -442,3 +482,29 @@ def test_remove_step_deletes_the_file_and_keeps_a_backup(tmp_path: Path) -> None
     assert Path(f"{target}{BACKUP_SUFFIX}").read_text() == 'Section "Screen"\nEndSection\n'
     (again,) = apply_steps(tmp_path, [{"kind": "remove", "path": str(target)}])
     assert not again["changed"] and again["message"] == f"{target} is already absent"
+
+
+def test_every_builder_makes_a_step_the_door_takes_as_it_is() -> None:
+    """The builders and STEP_FIELDS are two statements of each kind: every field a builder writes is
+    declared, of its declared type, and nothing is left for the door to fill in."""
+    apt = protocol.PackageSet([], ["nvidia-driver-550-server"], ["*nvidia*-550"])
+    runfile = protocol.driver_step(
+        "runfile", None, "open", "570", "570.86.16", False, False,
+        runfile="/r", sha256="0" * 64, kernel_module_type="open",
+    )  # fmt: skip
+    built = [
+        protocol.file_step("/etc/x", "x\n", "0644"),
+        protocol.remove_step("/etc/x"),
+        protocol.driver_step("apt", "ubuntu", "server", "550", "550.54.15", True, True, packages=apt),
+        runfile,
+        protocol.fabricmanager_step("550.54.15", "cuda", "dnf", protocol.NO_PACKAGES, True, False),
+        protocol.persistenced_step(True, True, "nvidia-persistenced", "dnf"),
+        protocol.service_step(UNIT, True, False),
+        protocol.nouveau_step(),
+        protocol.persistence_step([0, 1], True),
+        protocol.compute_mode_step([1], "exclusive_process"),
+        protocol.power_limit_step([0], None),
+    ]
+    assert sorted({step["kind"] for step in built}) == sorted(protocol.STEP_KINDS)
+    for index, step in enumerate(built):
+        assert protocol.check_step(index, step) == step

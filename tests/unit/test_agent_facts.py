@@ -221,6 +221,7 @@ def test_torch_missing_is_said_plainly() -> None:
     assert facts.torch.error == "torch is not installed in /usr/bin/python3"
 
 
+@pytest.mark.torch
 def test_torch_probe_reports_version_and_devices() -> None:
     facts = facts_from_twin(TWINS / "rtx4090-pcie.yaml", python=sys.executable)
     assert facts.torch is not None and facts.torch.ok, facts.torch

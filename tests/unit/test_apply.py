@@ -1,6 +1,7 @@
-"""apply orchestration against fake boxes: the real rig loader, plan and fleet pool, with `open_session`
-replaced by an in-memory agent that keeps files, a driver (installed vs loaded) and a boot id, and counts
-every verb. What is checked: convergence, the reboot rule, idempotence, playbooks, batches and the recap."""
+"""apply orchestration against fake boxes: the real rig loader, plan, fleet pool and session `call`, with
+the injected session fake (tests/factories.py) answering as an in-memory agent that keeps files, a driver
+(installed vs loaded) and a boot id, and counts every verb. What is checked: convergence, the reboot rule,
+idempotence, playbooks, batches and the recap."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from mgpu_provision.errors import AgentError, ConnectionFailed
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet import pool
 from mgpu_provision.fleet import session as fleet
-from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.targets import HostTarget, targets_for
 from mgpu_provision.jobs import apply
 from mgpu_provision.jobs.apply import (
@@ -35,6 +35,7 @@ from mgpu_provision.jobs.playbooks import STEPS
 from mgpu_provision.jobs.rollout import Serial
 from mgpu_provision.plan.change import Change
 from mgpu_provision.rig import LoadedRig, load_rig
+from tests import factories
 
 RIG = """\
 version: 1
@@ -133,6 +134,17 @@ class Box:
             results.append(entry)
         return {"results": results}
 
+    def answer(self, verb: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One agent call, as the box's session carries it."""
+        if self.unreachable:  # the connection died with the reboot; only a new session gets through
+            self.down_after_reboot -= 1
+            self.unreachable = self.down_after_reboot > 0
+            raise ConnectionFailed(f"lost the connection to {self.boot_id}")
+        self.calls.append(verb)
+        self.timeouts[verb] = timeout
+        result: dict[str, Any] = getattr(self, verb)(args)
+        return result
+
     def reboot(self, _args: dict[str, Any]) -> dict[str, Any]:
         self.unreachable = self.down_after_reboot > 0
         old = self.boot_id
@@ -142,42 +154,34 @@ class Box:
         return {"boot_id": old}
 
 
-class FakeSession:
-    def __init__(self, target: HostTarget, box: Box) -> None:
-        self.target, self.box, self.agent, self.commands = target, box, None, 0
-        self.where = target.name
+class Boxes(dict[str, Box]):
+    """The fleet's boxes by host name, and the FleetOptions whose sessions reach them."""
 
-    def call(self, verb: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        if self.box.unreachable:  # the connection died with the reboot; only a new session gets through
-            self.box.down_after_reboot -= 1
-            self.box.unreachable = self.box.down_after_reboot > 0
-            raise ConnectionFailed(f"lost the connection to {self.target.name}")
-        self.box.calls.append(verb)
-        self.box.timeouts[verb] = timeout
-        self.commands += 1
-        result: dict[str, Any] = getattr(self.box, verb)(args)
-        return result
+    def __init__(self) -> None:
+        super().__init__()
+        self.options = factories.fake_fleet(self.node)
 
-    def close(self) -> None:
-        pass
+    def node(self, target: HostTarget) -> factories.Answer:
+        box = self[target.name]
+        if box.unreachable:
+            raise ConnectionFailed(f"cannot connect to {target.name}: timed out")
+        return box.answer
 
 
 @pytest.fixture
-def boxes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Box]:
-    boxes: dict[str, Box] = {}
+def boxes() -> Boxes:
+    return Boxes()
 
-    def open_session(target: HostTarget, _options: FleetOptions, _agent: Any) -> FakeSession:
-        box = boxes[target.name]
-        if box.unreachable:
-            raise ConnectionFailed(f"cannot connect to {target.name}: timed out")
-        return FakeSession(target, box)
 
-    monkeypatch.setattr(fleet, "open_session", open_session)
-    monkeypatch.setattr(apply, "open_session", open_session)
+@pytest.fixture
+def cli_boxes(boxes: Boxes, monkeypatch: pytest.MonkeyPatch) -> Boxes:
+    """The boxes behind the command line, which builds its own FleetOptions: there alone the opener is
+    patched in (the jobs' tests pass `boxes.options`)."""
+    opener = boxes.options.sessions
+    assert opener is not None
+    monkeypatch.setattr(fleet, "open_session", opener)
+    monkeypatch.setattr(pool, "_default_agent", factories.FakeAgent)
     return boxes
-
-
-OPTIONS = FleetOptions(agent=object())  # type: ignore[arg-type]  # never built: sessions are fakes
 
 
 def load(tmp_path: Path, text: str = RIG) -> LoadedRig:
@@ -186,6 +190,7 @@ def load(tmp_path: Path, text: str = RIG) -> LoadedRig:
 
 
 def run(
+    boxes: Boxes,
     loaded: LoadedRig,
     steps: tuple[str, ...] = ALL,
     serial: Serial | None = None,
@@ -193,9 +198,9 @@ def run(
     **settings: Any,
 ) -> apply.ApplyResult:
     targets = targets_for(loaded, loaded.spec.hosts)
-    plan = fleet_plan(loaded, targets, steps, OPTIONS)
+    plan = fleet_plan(loaded, targets, steps, boxes.options)
     config = ApplySettings(steps, poll_interval_s=0.0, **settings)
-    return rollout(loaded, targets, plan, config, OPTIONS, serial=serial, max_fail_percent=max_fail)
+    return rollout(loaded, targets, plan, config, boxes.options, serial=serial, max_fail_percent=max_fail)
 
 
 def drifted() -> Box:
@@ -207,10 +212,10 @@ def by_host(result: apply.ApplyResult) -> dict[str, HostRecap]:
 
 
 def test_drifted_boxes_converge_with_one_apply_call_and_one_reboot(
-    tmp_path: Path, boxes: dict[str, Box]
+    tmp_path: Path, boxes: Boxes
 ) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box(persistence=False)})
-    result = run(load(tmp_path))
+    result = run(boxes, load(tmp_path))
     recaps = by_host(result)
     assert result.exit_code == 0, result
     assert [recaps[h].status for h in ("gpu-a", "gpu-b", "gpu-c")] == ["changed"] * 3
@@ -226,21 +231,21 @@ def test_drifted_boxes_converge_with_one_apply_call_and_one_reboot(
     assert driver_timeout - plain_timeout == apply.DRIVER_INSTALL_BOUND_S
 
 
-def test_a_second_apply_changes_and_writes_nothing(tmp_path: Path, boxes: dict[str, Box]) -> None:
+def test_a_second_apply_changes_and_writes_nothing(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
-    run(load(tmp_path))
+    run(boxes, load(tmp_path))
     writes = {name: box.writes for name, box in boxes.items()}
     for box in boxes.values():
         box.calls.clear()
-    result = run(load(tmp_path))
+    result = run(boxes, load(tmp_path))
     assert [r.status for r in result.recaps] == ["ok", "ok", "ok"]
     assert {name: box.writes for name, box in boxes.items()} == writes
     assert all(box.calls == ["facts"] for box in boxes.values())  # the plan alone: nothing to do
 
 
-def test_reboot_never_ends_as_reboot_required(tmp_path: Path, boxes: dict[str, Box]) -> None:
+def test_reboot_never_ends_as_reboot_required(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
-    result = run(load(tmp_path, RIG.replace("reboot: allowed", "reboot: never")))
+    result = run(boxes, load(tmp_path, RIG.replace("reboot: allowed", "reboot: never")))
     recap = by_host(result)["gpu-a"]
     assert (recap.status, recap.reboot_required, recap.rebooted) == ("changed", True, False)
     assert "reboot" not in boxes["gpu-a"].calls
@@ -252,40 +257,41 @@ def test_reboot_never_ends_as_reboot_required(tmp_path: Path, boxes: dict[str, B
     ]
 
 
-def test_skipping_the_reboot_step_leaves_the_reboot_required(tmp_path: Path, boxes: dict[str, Box]) -> None:
+def test_skipping_the_reboot_step_leaves_the_reboot_required(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
-    recap = by_host(run(load(tmp_path), steps=tuple(s for s in ALL if s != "reboot")))["gpu-a"]
+    recap = by_host(run(boxes, load(tmp_path), steps=tuple(s for s in ALL if s != "reboot")))["gpu-a"]
     assert recap.reboot_required and "reboot" not in boxes["gpu-a"].calls
     assert recap.status == "changed"
 
 
-def test_the_wait_for_a_reboot_reconnects(tmp_path: Path, boxes: dict[str, Box]) -> None:
+def test_the_wait_for_a_reboot_reconnects(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
     boxes["gpu-a"].down_after_reboot = 3
     progress: list[str] = []
     loaded = load(tmp_path)
     targets = targets_for(loaded, loaded.spec.hosts)
-    plan = fleet_plan(loaded, targets, ALL, OPTIONS)
+    plan = fleet_plan(loaded, targets, ALL, boxes.options)
     settings = ApplySettings(ALL, poll_interval_s=0.0)
-    recap = by_host(rollout(loaded, targets, plan, settings, OPTIONS, progress=progress.append))["gpu-a"]
+    recaps = rollout(loaded, targets, plan, settings, boxes.options, progress=progress.append)
+    recap = by_host(recaps)["gpu-a"]
     assert (recap.status, recap.rebooted) == ("changed", True), recap
     assert "gpu-a: rebooting, waiting up to 900s for it to come back" in progress
     assert progress[-1].startswith("gpu-a: back after")
     assert sum(line.startswith("gpu-a: still rebooting") for line in progress) >= 1
 
 
-def test_a_box_that_never_comes_back_fails_after_the_timeout(tmp_path: Path, boxes: dict[str, Box]) -> None:
+def test_a_box_that_never_comes_back_fails_after_the_timeout(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
     boxes["gpu-a"].reboot_changes_boot_id = False
-    recap = by_host(run(load(tmp_path), reboot_timeout_s=0.05))["gpu-a"]
+    recap = by_host(run(boxes, load(tmp_path), reboot_timeout_s=0.05))["gpu-a"]
     assert recap.status == "failed"
     assert recap.error == "gpu-a did not come back with a new boot id within 0.05s"
 
 
-def test_serial_with_zero_failures_allowed_stops_later_batches(tmp_path: Path, boxes: dict[str, Box]) -> None:
+def test_serial_with_zero_failures_allowed_stops_later_batches(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": Box(persistence=False), "gpu-b": Box(persistence=False), "gpu-c": Box()})
     boxes["gpu-a"].fail_kind = "persistence"
-    result = run(load(tmp_path), serial=Serial(1, False), max_fail=0)
+    result = run(boxes, load(tmp_path), serial=Serial(1, False), max_fail=0)
     recaps = by_host(result)
     assert recaps["gpu-a"].status == "failed"
     assert recaps["gpu-a"].error == "step 4 (persistence) failed: persistence broke"
@@ -295,54 +301,54 @@ def test_serial_with_zero_failures_allowed_stops_later_batches(tmp_path: Path, b
     assert result.exit_code == 2
 
 
-def test_without_max_fail_percent_every_batch_runs(tmp_path: Path, boxes: dict[str, Box]) -> None:
+def test_without_max_fail_percent_every_batch_runs(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": Box(), "gpu-b": Box(), "gpu-c": Box()})
     boxes["gpu-a"].fail_kind = "file"
-    statuses = [r.status for r in run(load(tmp_path), serial=Serial(1, False)).recaps]
+    statuses = [r.status for r in run(boxes, load(tmp_path), serial=Serial(1, False)).recaps]
     assert statuses == ["failed", "changed", "changed"]
 
 
-def test_unreachable_host_counts_as_failed_in_its_batch(tmp_path: Path, boxes: dict[str, Box]) -> None:
+def test_unreachable_host_counts_as_failed_in_its_batch(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": Box(unreachable=True), "gpu-b": Box(), "gpu-c": Box()})
-    recaps = by_host(run(load(tmp_path), serial=Serial(2, False), max_fail=49))
+    recaps = by_host(run(boxes, load(tmp_path), serial=Serial(2, False), max_fail=49))
     assert recaps["gpu-a"].status == "unreachable"
     assert recaps["gpu-a"].error == "cannot connect to gpu-a: timed out"
     assert (recaps["gpu-b"].status, recaps["gpu-c"].status) == ("changed", "skipped")
 
 
-def test_a_locked_host_fails_with_the_agents_message(tmp_path: Path, boxes: dict[str, Box]) -> None:
+def test_a_locked_host_fails_with_the_agents_message(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": Box(locked_by=4242), "gpu-b": Box(), "gpu-c": Box()})
-    recap = by_host(run(load(tmp_path)))["gpu-a"]
+    recap = by_host(run(boxes, load(tmp_path)))["gpu-a"]
     assert recap.status == "failed"
     assert recap.error is not None and "(pid 4242)" in recap.error
 
 
-def test_audit_changes_nothing_and_reports_checks(tmp_path: Path, boxes: dict[str, Box]) -> None:
+def test_audit_changes_nothing_and_reports_checks(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": Box(gpus=1), "gpu-b": Box(), "gpu-c": drifted()})
-    recaps = by_host(run(load(tmp_path), steps=("checks",)))
+    recaps = by_host(run(boxes, load(tmp_path), steps=("checks",)))
     assert all("apply" not in box.calls for box in boxes.values())
     assert recaps["gpu-a"].status == "failed"
     assert recaps["gpu-a"].remaining[0].summary == "1 GPUs found, the rig expects 2"
     assert (recaps["gpu-b"].status, recaps["gpu-c"].status) == ("ok", "ok")
 
 
-def test_env_playbook_writes_only_env_files(tmp_path: Path, boxes: dict[str, Box]) -> None:
+def test_env_playbook_writes_only_env_files(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
-    recaps = by_host(run(load(tmp_path), steps=("env",)))
+    recaps = by_host(run(boxes, load(tmp_path), steps=("env",)))
     assert boxes["gpu-a"].steps_seen == [["file", "file", "file"]]
     assert boxes["gpu-a"].installed == "535.161.08"
     assert (recaps["gpu-a"].status, recaps["gpu-a"].reboot_required) == ("changed", False)
 
 
 def test_a_box_that_changed_since_the_confirmed_plan_is_not_touched(
-    tmp_path: Path, boxes: dict[str, Box]
+    tmp_path: Path, boxes: Boxes
 ) -> None:
     loaded = load(tmp_path)
     boxes["gpu-a"] = Box(persistence=False)
-    session = FakeSession(targets_for(loaded, [loaded.host("gpu-a")])[0], boxes["gpu-a"])
+    session = factories.FakeSession(targets_for(loaded, [loaded.host("gpu-a")])[0], boxes["gpu-a"].answer)
     recap = apply.converge_host(
-        session,  # type: ignore[arg-type]
-        OPTIONS,
+        session,
+        boxes.options,
         loaded,
         loaded.host("gpu-a"),
         ApplySettings(ALL),
@@ -400,21 +406,20 @@ def test_simulated_boxes_may_always_reboot() -> None:
 
 
 def test_the_local_host_is_not_rebooted_and_reports_why(
-    tmp_path: Path, boxes: dict[str, Box], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, boxes: Boxes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(apply, "_local_boot_id", lambda: boxes["gpu-a"].boot_id)
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
-    recap = by_host(run(load(tmp_path)))["gpu-a"]
+    recap = by_host(run(boxes, load(tmp_path)))["gpu-a"]
     assert recap.notes == ["not rebooted: it reports the boot id of the machine running mgpu-provision"]
     assert recap.reboot_required and "reboot" not in boxes["gpu-a"].calls
 
 
 def test_cli_refuses_without_a_terminal_or_yes(
-    tmp_path: Path, boxes: dict[str, Box], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, cli_boxes: Boxes, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    cli_boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
     load(tmp_path)
-    monkeypatch.setattr(pool, "_default_agent", lambda: object())
     monkeypatch.setattr("sys.stdin.isatty", lambda: False)
     assert cli.main(["apply", str(tmp_path / "rig.yaml")]) == 1
     err = capsys.readouterr().err
@@ -422,15 +427,14 @@ def test_cli_refuses_without_a_terminal_or_yes(
         "error: apply would change 3 host(s) and needs confirmation: pass --yes, or run it in a terminal"
         in err
     )
-    assert all("apply" not in box.calls for box in boxes.values())
+    assert all("apply" not in box.calls for box in cli_boxes.values())
 
 
 def test_cli_json_recap(
-    tmp_path: Path, boxes: dict[str, Box], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, cli_boxes: Boxes, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box(unreachable=True)})
+    cli_boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box(unreachable=True)})
     load(tmp_path, RIG.replace("reboot: allowed", "reboot: never"))
-    monkeypatch.setattr(pool, "_default_agent", lambda: object())
     code = cli.main(["apply", str(tmp_path / "rig.yaml"), "--yes", "--json", "--limit", "gpu-a,gpu-c"])
     out = json.loads(capsys.readouterr().out)
     assert code == 2
@@ -450,16 +454,15 @@ def test_cli_json_recap(
 
 
 def test_declining_the_prompt_changes_nothing(
-    tmp_path: Path, boxes: dict[str, Box], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, cli_boxes: Boxes, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    cli_boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
     load(tmp_path)
-    monkeypatch.setattr(pool, "_default_agent", lambda: object())
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     monkeypatch.setattr(Console, "input", lambda self, prompt: "y")
     assert cli.main(["apply", str(tmp_path / "rig.yaml")]) == 1
     assert "error: apply cancelled: nothing was changed" in capsys.readouterr().err
-    assert all("apply" not in box.calls for box in boxes.values())
+    assert all("apply" not in box.calls for box in cli_boxes.values())
 
 
 @pytest.mark.parametrize("option", ["--lock-wait", "--reboot-timeout"])
@@ -468,3 +471,23 @@ def test_wait_options_are_checked(option: str, value: str, capsys: pytest.Captur
     with pytest.raises(SystemExit):
         cli.main(["apply", "rig.yaml", option, value])
     assert f"argument {option}: give a number of seconds from 0 to 3600" in capsys.readouterr().err
+
+
+def test_a_malformed_apply_or_reboot_reply_fails_the_host_with_a_plain_error(
+    tmp_path: Path, boxes: Boxes
+) -> None:
+    """Checked on arrival like facts (fleet/replies.py): before, a `changed` of the wrong type passed and a
+    missing `boot_id` was a KeyError traceback from deep inside the reboot wait."""
+    boxes.update({"gpu-a": Box(persistence=False), "gpu-b": drifted(), "gpu-c": Box()})
+    boxes["gpu-a"].apply = lambda args: {"results": [{"index": 0, "kind": "persistence", "changed": "yes"}]}
+    boxes["gpu-b"].reboot = lambda args: {"boot": "b-1"}
+    recaps = by_host(run(boxes, load(tmp_path)))
+    assert recaps["gpu-a"].status == "failed" and recaps["gpu-a"].error == (
+        "agent apply on gpu-a (10.0.0.11:22) answered a reply this version cannot read: "
+        "results.0.changed: Input should be a valid boolean; results.0.message: Field required"
+    )
+    assert recaps["gpu-b"].status == "failed" and recaps["gpu-b"].error == (
+        "agent reboot on gpu-b (10.0.0.12:22) answered a reply this version cannot read: "
+        "boot_id: Field required"
+    )
+    assert recaps["gpu-c"].status == "changed"  # the other hosts go on

@@ -10,12 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mgpu_provision.commands.demo import write_demo
 from mgpu_provision.rig import load_rig
 
 CLI = [sys.executable, "-m", "mgpu_provision"]
 
 
+@pytest.mark.torch
 def test_demo_runs_plan_apply_plan_smoke(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()

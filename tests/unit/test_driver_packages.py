@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision import protocol
 from mgpu_provision.node.core import system
 from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.packages import apt, dnf, driver, runfile, services, sources
 from mgpu_provision.node.packages.common import Command
+from mgpu_provision.plan.resources.fabricmanager import package_set
 
 MADISON = {
     "nvidia-smi": [
@@ -24,14 +26,14 @@ MADISON = {
     ],
 }
 MADISON["libnvidia-ml1"] = [line.replace("nvidia-smi", "libnvidia-ml1") for line in MADISON["nvidia-smi"]]
-DEBIAN_STEP = {
-    "kind": "driver",
-    "method": "apt",
-    "source": "debian",
-    "version": "535.216.03",
-    "packages": ["nvidia-smi", "libnvidia-ml1"],
-    "hold": True,
-}
+# Steps are built as the plan builds them and pass the agent's door (defaults filled in) on their way here.
+DEBIAN_STEP = protocol.check_step(
+    0,
+    protocol.driver_step(
+        "apt", "debian", "default", "535", "535.216.03", hold=True, fabricmanager=False,
+        packages=sources.apt_set("debian", "535", "default", False, ["nvidia-smi", "libnvidia-ml1"]),
+    ),
+)  # fmt: skip
 
 
 class FakeApt:
@@ -179,7 +181,7 @@ def test_fabric_manager_names_per_source_and_the_590_pinning_package() -> None:
         "nvidia-fabricmanager-550",
         "libnvidia-nscq-550",
     ]
-    assert sources.apt_set("cuda", "590", "open", True) == sources.PackageSet(
+    assert sources.apt_set("cuda", "590", "open", True) == protocol.PackageSet(
         ["nvidia-driver-pinning-590"],
         ["nvidia-open", "nvidia-fabricmanager", "libnvidia-nscq"],
         ["*nvidia*", "libcuda*", "cuda-drivers*", "libnvsdm*"],
@@ -201,8 +203,10 @@ def test_unknown_sources_and_flavors_are_refused_naming_what_exists() -> None:
 
 def test_dnf_installs_driver_and_fabric_manager_at_the_version_in_one_transaction() -> None:
     """Defect 3: no newest-of-branch first; the versionlock plugin first; every NVIDIA lock cleared."""
-    step = {"method": "dnf", "source": "rhel", "version": "550.54.15", "hold": True, "fabricmanager": True}
-    assert dnf.commands(step, "550", "default") == [
+    names = sources.dnf_packages("550", "default", exact=True, fabricmanager=True)
+    packages = protocol.PackageSet([], names, [])
+    step = protocol.driver_step("dnf", "rhel", "default", "550", "550.54.15", True, True, packages=packages)
+    assert dnf.commands(step) == [
         Command(["dnf", "-y", "install", "python3-dnf-plugin-versionlock"]),
         Command(["dnf", "-y", "versionlock", "delete", "*nvidia*"], check=False),
         Command(["dnf", "-y", "module", "reset", "nvidia-driver"]),
@@ -225,8 +229,12 @@ def test_dnf_installs_driver_and_fabric_manager_at_the_version_in_one_transactio
 
 
 def test_dnf_without_module_streams_locks_the_branch_before_installing() -> None:
-    step = {"method": "dnf", "source": "rhel", "branch": "580", "hold": True, "modules": False}
-    assert [c.argv for c in dnf.commands(step, "580", "open")][2:] == [
+    names = sources.dnf_packages("580", "open", exact=False, fabricmanager=False)
+    packages = protocol.PackageSet([], names, [])
+    step = protocol.driver_step(
+        "dnf", "rhel", "open", "580", None, True, False, packages=packages, modules=False
+    )
+    assert [c.argv for c in dnf.commands(step)][2:] == [
         ["dnf", "-y", "versionlock", "add", "*nvidia*580*"],
         ["dnf", "-y", "install", "--allowerasing", "nvidia-open"],
     ]
@@ -257,8 +265,11 @@ def test_fabric_manager_on_rpm_systems_is_found_by_what_it_provides(monkeypatch:
 )
 def test_runfile_passes_the_kernel_module_type(version: str, module: str, flag: list[str]) -> None:
     """Defect 8: the module type chosen on the control side reaches the installer in its own spelling."""
-    step = {"runfile": "/root/NVIDIA.run", "version": version, "kernel_module_type": module}
-    assert runfile.commands(step, version.split(".")[0])[0].argv == [
+    step = protocol.driver_step(
+        "runfile", None, None, protocol.branch_of(version), version, False, False,
+        runfile="/root/NVIDIA.run", kernel_module_type=module,
+    )  # fmt: skip
+    assert runfile.commands(step)[0].argv == [
         "sh",
         "/root/NVIDIA.run",
         "--silent",
@@ -269,10 +280,12 @@ def test_runfile_passes_the_kernel_module_type(version: str, module: str, flag: 
 
 def test_runfile_refuses_while_nouveau_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runfile, "nouveau_loaded", lambda: True)
+    step = protocol.driver_step("runfile", None, None, "550", "550.54.15", False, False, runfile="/x")
     with pytest.raises(AgentFailure, match="nouveau is bound to the GPU"):
-        driver.install(
-            {"method": "runfile", "version": "550.54.15", "runfile": "/x", "sha256": "0" * 64}, None
+        step = protocol.driver_step(
+            "runfile", None, None, "550", "550.54.15", False, False, runfile="/x", sha256="0" * 64
         )
+        driver.install(step, None)
 
 
 def test_blacklisting_nouveau_writes_modprobe_d_and_rebuilds_the_initramfs(
@@ -349,7 +362,8 @@ def test_fabric_manager_is_installed_at_the_driver_version_held_and_enabled(
         return subprocess.CompletedProcess(argv, 0, out, "")
 
     monkeypatch.setattr(system, "run", box)
-    step = {"version": "550.54.15", "source": "ubuntu", "flavor": "server", "hold": True, "start": False}
+    fm = package_set("ubuntu", "apt", "550.54.15")
+    step = protocol.fabricmanager_step("550.54.15", "ubuntu", "apt", fm, hold=True, start=False)
     changed, message = services.install_fabric_manager(step)
     assert changed and message == (
         "installed Fabric Manager 550.54.15 (550.54.15-1) from ubuntu, 3 packages held; "
@@ -382,8 +396,8 @@ def test_the_persistence_daemon_is_installed_where_it_is_a_package_of_its_own(
     monkeypatch.setattr(system, "run", fake)
     monkeypatch.setattr(services, "_hold_what_it_pulled_in", lambda: None)
     with pytest.raises(AgentFailure, match="nvidia-persistenced is not installed; it comes with the driver"):
-        services.persistence_daemon({"enabled": True, "start": False})
-    step = {"enabled": True, "start": False, "package": "nvidia-persistenced", "method": "apt"}
+        services.persistence_daemon(protocol.persistenced_step(enabled=True, start=False))
+    step = protocol.persistenced_step(True, False, package="nvidia-persistenced", method="apt")
     original = fake.__call__
 
     def installs(argv: list[str], timeout: float = 0, env: object = None) -> subprocess.CompletedProcess[str]:

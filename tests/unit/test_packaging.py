@@ -24,6 +24,7 @@ def test_pyproject_reads_without_deprecation_warnings(monkeypatch: pytest.Monkey
     assert dist.metadata.license_expression == "Apache-2.0"
 
 
+@pytest.mark.torch
 def test_importing_torch_under_the_suites_config_prints_no_numpy_warning(tmp_path: Path) -> None:
     """torch warns at import when NumPy is absent; nothing here converts tensors to NumPy, so it is noise."""
     pytest.importorskip("torch")

@@ -17,22 +17,18 @@ from mgpu_provision.jobs.playbooks import (
     reported,
     select_steps,
 )
-from mgpu_provision.plan.change import Change, Phase
+from mgpu_provision.plan.change import PHASES, Change, Phase
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGED = REPO / "mgpu_provision" / "playbooks"
 
 
 def test_shipped_playbooks() -> None:
+    """`provision` runs every phase in plan order: PHASES (plan/change.py) and provision.yaml say the same
+    order twice, tied here (a phase added to one only fails this test)."""
     assert packaged_playbooks() == ["audit", "env", "provision"]
-    assert [s.name for s in load_playbook("provision").steps] == [
-        "checks",
-        "env",
-        "sli",
-        "persistence",
-        "driver",
-        "reboot",
-    ]
+    assert tuple(s.name for s in load_playbook("provision").steps) == PHASES
+    assert PHASES == ("checks", "env", "sli", "persistence", "driver", "reboot")
     assert [s.name for s in load_playbook("audit").steps] == ["checks"]
     assert [s.name for s in load_playbook("env").steps] == ["env"]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,6 @@ import yaml
 
 from mgpu_provision import cli
 from mgpu_provision.errors import ProvisionError
-from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.pool import HostOutcome
 from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.jobs import smoke as control
@@ -217,48 +217,62 @@ def test_missing_ranks_and_wrong_world_sizes_fail_even_when_nodes_say_ok(tmp_pat
 # ---- the shell: all at once, cleanup of hosts whose call failed --------------------------------------
 
 
-def test_run_smoke_starts_all_hosts_at_once_and_cleans_up_failed_ones(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_run_smoke_starts_all_hosts_at_once_and_cleans_up_failed_ones(tmp_path: Path) -> None:
     loaded = load_rig(rig_file(tmp_path, HOSTS))
     hosts = list(loaded.spec.hosts)
     targets = [HostTarget(h.name, "x", None, None, None, None, False, "p", "ssh", None, 1, 1) for h in hosts]
-    fleets: list[tuple[list[str], int | None]] = []
     requests: list[tuple[str, str, dict[str, Any]]] = []
+    # Every host at once despite --forks 1: the three smoke calls meet here, or time out one by one.
+    together = threading.Barrier(3, timeout=10)
 
-    class Session:
-        def __init__(self, target: HostTarget) -> None:
-            self.target = target
-
-        def call(self, verb: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    def node(target: HostTarget) -> factories.Answer:
+        def answer(verb: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
             if verb == "facts":  # what apply would render depends on the node: smoke reads its facts first
                 return factories.facts().model_dump(mode="json")
-            assert verb in ("smoke", "smoke-cleanup") and timeout is not None
-            requests.append((verb, self.target.name, args))
-            if self.target.name == "gpu-c" and verb == "smoke":
+            requests.append((verb, target.name, args))
+            if verb == "smoke-cleanup":
+                assert timeout == control.CLEANUP_TIMEOUT_S
+                return {"marker": f"{args['run_id']}/{args['node_rank']}", "leftover_pids": []}
+            together.wait()
+            if target.name == "gpu-c":
                 raise ProvisionError("agent smoke did not finish")
-            return {"ok": True, "ranks": ranks_of(args.get("node_rank", 0), world=6)}
+            return {"ok": True, "ranks": ranks_of(args["node_rank"], world=6)}
 
-    def fake_run_fleet(ts: list[HostTarget], fn: Any, options: FleetOptions) -> dict[str, HostOutcome[Any]]:
-        fleets.append(([t.name for t in ts], options.forks))
-        outcomes: dict[str, HostOutcome[Any]] = {}
-        for t in ts:
-            try:
-                outcomes[t.name] = HostOutcome("ok", fn(Session(t)), None, 0.1)
-            except ProvisionError as exc:
-                outcomes[t.name] = HostOutcome("failed", None, str(exc), 0.1)
-        return outcomes
+        return answer
 
-    monkeypatch.setattr(control, "run_fleet", fake_run_fleet)
     done: list[tuple[str, bool]] = []
-    report = control.run_smoke(
-        loaded, hosts, targets, FleetOptions(forks=1), lambda h, ok: done.append((h, ok))
-    )
-    # Every host at once despite --forks 1, then a cleanup call for the one whose call failed.
-    assert fleets == [(["gpu-b", "gpu-a", "gpu-c"], 3), (["gpu-c"], 1)]
+    options = factories.fake_fleet(node, forks=1)
+    report = control.run_smoke(loaded, hosts, targets, options, lambda h, ok: done.append((h, ok)))
+    # A cleanup call for the one whose call failed, after the others.
+    assert sorted(name for verb, name, _ in requests if verb == "smoke") == ["gpu-a", "gpu-b", "gpu-c"]
     assert requests[-1] == ("smoke-cleanup", "gpu-c", {"run_id": report.run_id, "node_rank": 2})
     assert sorted(done) == [("gpu-a", True), ("gpu-b", True), ("gpu-c", False)]
     assert not report.ok and report.groups[0].problems[0] == "gpu-c: agent smoke did not finish"
+
+
+def test_a_malformed_smoke_reply_fails_that_node_with_a_plain_error(tmp_path: Path) -> None:
+    """Checked on arrival like facts (fleet/replies.py): before, `ok: "yes"` counted as a pass and a rank
+    list that is not one was a traceback from the judgement."""
+    loaded = load_rig(rig_file(tmp_path, HOSTS))
+    hosts = list(loaded.spec.hosts)
+    targets = [HostTarget(h.name, "x", None, None, None, None, False, "p", "ssh", None, 1, 1) for h in hosts]
+
+    def node(target: HostTarget) -> factories.Answer:
+        def answer(verb: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+            if verb == "facts":
+                return factories.facts().model_dump(mode="json")
+            if verb == "smoke" and target.name == "gpu-b":
+                return {"ok": "yes", "ranks": "all of them"}
+            return {"ok": True, "ranks": ranks_of(args.get("node_rank", 0), world=6)}
+
+        return answer
+
+    report = control.run_smoke(loaded, hosts, targets, factories.fake_fleet(node))
+    assert not report.ok
+    assert report.groups[0].problems[0] == (
+        "gpu-b: agent smoke on gpu-b (x:22) answered a reply this version cannot read: ok: Input should be "
+        "a valid boolean; ranks: Input should be a valid list"
+    )
 
 
 # ---- real: two local hosts through the agent zipapp and the command line ----------------------------
@@ -296,6 +310,7 @@ def install(rig: Path) -> dict[str, Path]:
     return written
 
 
+@pytest.mark.torch
 def test_smoke_command_passes_on_two_local_hosts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     code = cli.main(["smoke", str(local_rig(tmp_path, sys.executable, port)), "--json"])
@@ -312,6 +327,7 @@ def test_smoke_command_passes_on_two_local_hosts(tmp_path: Path, capsys: pytest.
     assert processes_of_run(out["run_id"]) == []
 
 
+@pytest.mark.torch
 def test_smoke_runs_the_installed_launcher_and_refuses_a_stale_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -337,6 +353,7 @@ def test_smoke_runs_the_installed_launcher_and_refuses_a_stale_one(
     )
 
 
+@pytest.mark.torch
 def test_smoke_command_fails_with_exit_2_naming_node_and_interpreter(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

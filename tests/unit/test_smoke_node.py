@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from mgpu_provision import protocol
 from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.host import files
 from mgpu_provision.node.verbs import smoke as node
@@ -90,10 +91,9 @@ def test_static_command_passes_node_rank_master_and_rendezvous_timeout() -> None
     command = node.torchrun_command(request(timeout_s=30), "/t/p.py", "/t/c.json")
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     text = " ".join(command)
-    assert "--nnodes 2 --nproc-per-node 2 --rdzv-id r1" in text
     assert (
-        "--node-rank 0 --master-addr 127.0.0.1 --master-port 29500 --max_restarts 0 --rdzv_conf timeout=7"
-        in text
+        "--nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 29500 "
+        "--rdzv-id r1 --max_restarts 0 --rdzv_conf timeout=7" in text
     )
     assert command[-2:] == ["/t/p.py", "/t/c.json"]
 
@@ -357,6 +357,7 @@ def node_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
+@pytest.mark.torch
 def test_two_nodes_of_two_ranks_pass_with_per_rank_results(node_tmp: Path) -> None:
     rid, port = run_id(), free_port()
     with ThreadPoolExecutor(2) as pool:
@@ -391,6 +392,7 @@ def test_missing_interpreter_is_named() -> None:
     )
 
 
+@pytest.mark.torch
 def test_nccl_with_a_torch_that_cannot_use_cuda_fails_the_node_before_anything_starts() -> None:
     """No usable CUDA here (CI has no GPU): the rig's nccl must not become a quiet Gloo run on the CPU."""
     args = node_args(run_id(), free_port(), 0, backend="nccl", node="gpu-a")
@@ -451,6 +453,7 @@ def test_sizes_reach_the_bus_plateau_on_gpus_and_stay_small_on_the_cpu() -> None
     assert node.Request({**without, "sizes_mib": [8]}).sizes_mib == [8.0]
 
 
+@pytest.mark.torch
 def test_rendezvous_port_held_by_another_program_fails_fast_naming_it(node_tmp: Path) -> None:
     rid, port = run_id(), free_port()
     with socket.socket() as squatter:
@@ -465,6 +468,7 @@ def test_rendezvous_port_held_by_another_program_fails_fast_naming_it(node_tmp: 
     assert_clean(rid, port, node_tmp)
 
 
+@pytest.mark.torch
 def test_master_where_nothing_listens_fails_within_the_rendezvous_timeout() -> None:
     rid, port = run_id(), free_port()
     started = time.monotonic()
@@ -475,6 +479,7 @@ def test_master_where_nothing_listens_fails_within_the_rendezvous_timeout() -> N
     assert_clean(rid, port)
 
 
+@pytest.mark.torch
 def test_peer_that_never_starts_fails_the_master_within_its_timeout() -> None:
     rid, port = run_id(), free_port()
     started = time.monotonic()
@@ -485,6 +490,7 @@ def test_peer_that_never_starts_fails_the_master_within_its_timeout() -> None:
     assert_clean(rid, port)
 
 
+@pytest.mark.torch
 def test_hang_is_killed_at_the_deadline_leaving_nothing_behind() -> None:
     rid, port = run_id(), free_port()
     with socket.socket() as silent:  # accepts connections (backlog) but never answers the store protocol
@@ -503,6 +509,7 @@ def test_hang_is_killed_at_the_deadline_leaving_nothing_behind() -> None:
 PYTHON38 = Path("/root/.pyenv/versions/3.8.18/bin/python3.8")
 
 
+@pytest.mark.torch
 @pytest.mark.skipif(not PYTHON38.exists(), reason="needs a Python 3.8 interpreter to run the agent with")
 def test_agent_zipapp_on_python38_runs_a_one_node_smoke(tmp_path: Path) -> None:
     """The node side as shipped: the agent zipapp's `smoke` verb on the oldest supported python3."""
@@ -545,6 +552,7 @@ os.abort()  # the Gloo teardown crash after a passing result: this torchrun then
 """
 
 
+@pytest.mark.torch
 def test_peer_agent_that_leaves_without_its_exit_barrier_costs_seconds_not_the_deadline(
     tmp_path: Path,
 ) -> None:
@@ -690,7 +698,7 @@ def test_a_data_parallel_process_that_hangs_fails_the_node_and_is_ended(
     cuda_node: tuple[dict[str, Any], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     args, record = cuda_node
-    monkeypatch.setattr(node, "DATA_PARALLEL_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(protocol, "DATA_PARALLEL_TIMEOUT_S", 1.0)
     monkeypatch.setenv("FAKE_DP", "hang")
     result = node.run(args)
     assert (result["ok"], result["kind"]) == (False, "check-failed"), result

@@ -41,6 +41,7 @@ def test_checksum_tells_parameters_apart() -> None:
     assert -(2**63) <= program.checksum([0.5]) < 2**63
 
 
+@pytest.mark.torch
 def test_a_failed_check_is_recorded_and_the_rank_still_reports(tmp_path: Path) -> None:
     """One rank told to expect two: the world-size check fails with its numbers, the rest still runs."""
     config = {
@@ -74,6 +75,7 @@ def test_a_failed_check_is_recorded_and_the_rank_still_reports(tmp_path: Path) -
     assert result["bandwidth"][0]["busbw_gbps"] == 0.0  # one rank moves nothing over a bus
 
 
+@pytest.mark.torch
 def test_an_exception_is_written_and_fails_the_rank(tmp_path: Path) -> None:
     config = {"out_dir": str(tmp_path), "expected_world_size": 1, "backend": "gloo", "batch_size": 1,
               "sizes_mib": [1], "iters": 1, "pg_timeout_s": 5}  # fmt: skip
@@ -106,6 +108,7 @@ def test_data_parallel_entry_point_wants_exactly_one_config(
     assert capsys.readouterr().err == "usage: p.py --data-parallel CONFIG.json\n"
 
 
+@pytest.mark.torch
 def test_data_parallel_refuses_to_run_without_cuda(tmp_path: Path) -> None:
     """The CPU torch here: the row fails saying why, never a DataParallel run on the CPU."""
     config = tmp_path / "config.json"

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ...protocol import GPU_SETTINGS_UNIT
+from ...protocol import FABRICMANAGER_UNIT, GPU_SETTINGS_UNIT, PERSISTENCED_UNIT, branch_of
 from ..core import system
 from ..core.errors import AgentFailure
-from ..packages.driver import branch_of, version_key
+from ..packages.driver import version_key
 from .backend import P2P_NVLINK, REMOTE_GPU, REMOTE_SWITCH, Backend, NoSuchLink, NvmlUnavailable, nvml_message
 from .sim_health import SimulatedHealth
 from .topology import nvlink_count
@@ -21,10 +21,6 @@ from .twin import Twin, link_plan
 _PCIE_LEVELS = {"PIX": 10, "PSB": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50, "SOC": 50}
 _P2P_OK, _P2P_NOT_SUPPORTED = 0, 5
 _SWITCH_BUSES = 4
-FABRICMANAGER, PERSISTENCED = (
-    "nvidia-fabricmanager",
-    "nvidia-persistenced",
-)  # an HGX baseboard's NVSwitches, for plausible remote bus ids
 
 
 class SimulatedBackend(SimulatedHealth, Backend):
@@ -49,7 +45,7 @@ class SimulatedBackend(SimulatedHealth, Backend):
             return None
         if version is None:
             return {"version": None, "service": "absent", "enabled": False}
-        unit = self.twin.service(FABRICMANAGER)
+        unit = self.twin.service(FABRICMANAGER_UNIT)
         # Fabric Manager refuses to start unless it matches the loaded driver exactly.
         service = (
             "inactive" if not unit["running"] else "active" if version == self.loaded_version() else "failed"
@@ -60,7 +56,7 @@ class SimulatedBackend(SimulatedHealth, Backend):
         # It comes with the driver's packages, and runs only while the driver's module is loaded.
         if self.twin.driver_version() is None:
             return {"service": "absent", "enabled": False}
-        unit = self.twin.service(PERSISTENCED)
+        unit = self.twin.service(PERSISTENCED_UNIT)
         running = unit["running"] and self.loaded_version() == self.twin.driver_version()
         return {"service": "active" if running else "inactive", "enabled": unit["enabled"]}
 
@@ -79,15 +75,15 @@ class SimulatedBackend(SimulatedHealth, Backend):
         version = str(step["version"])
         changed = self.twin.fabricmanager_version() != version
         self.twin.state["fabricmanager"] = version
-        started, message = self.switch_service(FABRICMANAGER, True, bool(step.get("start")))
+        started, message = self.switch_service(step["unit"], True, step["start"])
         return changed or started, f"installed Fabric Manager {version}; {message}" if changed else message
 
     def set_persistence_daemon(self, step: Dict[str, Any]) -> Tuple[bool, str]:
         if self.twin.driver_version() is None:
             raise AgentFailure(
-                "persistence", f"{PERSISTENCED} is not installed; it comes with the driver's packages"
+                "persistence", f"{PERSISTENCED_UNIT} is not installed; it comes with the driver's packages"
             )
-        return self.switch_service(PERSISTENCED, bool(step.get("enabled", True)), bool(step.get("start")))
+        return self.switch_service(step["unit"], step["enabled"], step["start"])
 
     def unit_state(self, unit: str) -> Dict[str, Any]:
         found = self.twin.service(unit)
@@ -130,11 +126,11 @@ class SimulatedBackend(SimulatedHealth, Backend):
             self.twin.state["driver_version"] = target
             changed = True
             messages.append(f"installed driver {target}")
-        if step.get("fabricmanager") and self.twin.fabricmanager_version() != target:
+        if step["fabricmanager"] and self.twin.fabricmanager_version() != target:
             self.twin.state["fabricmanager"] = target
             changed = True
             messages.append(f"installed Fabric Manager {target}")
-        if self.twin.driver.get("kernel_module") and step.get("flavor"):
+        if self.twin.driver.get("kernel_module") and step["flavor"]:
             module = "open" if str(step["flavor"]).endswith("open") else "proprietary"
             changed = changed or module != self.kernel_module()
             self.twin.state["next_kernel_module"] = module
@@ -145,13 +141,13 @@ class SimulatedBackend(SimulatedHealth, Backend):
         return changed, "; ".join(messages) or f"driver {target} already installed"
 
     def _target_version(self, step: Dict[str, Any]) -> str:
-        if step.get("version"):
+        if step["version"]:
             return str(step["version"])
-        branch = branch_of(step)
+        branch = step["branch"]
         current = self.twin.driver_version()
-        if current and current.split(".")[0] == branch:
+        if current and branch_of(current) == branch:
             return current
-        candidates = [v for v in self.twin.available_drivers if v.split(".")[0] == branch]
+        candidates = [v for v in self.twin.available_drivers if branch_of(v) == branch]
         if not candidates:
             raise AgentFailure(
                 "driver", f"no driver of branch {branch!r} is available (simulated: twin available_drivers)"
@@ -164,7 +160,7 @@ class SimulatedBackend(SimulatedHealth, Backend):
         self.twin.state.pop("persistence", None)
         if "next_kernel_module" in self.twin.state:
             self.twin.state["kernel_module"] = self.twin.state.pop("next_kernel_module")
-        for unit in (FABRICMANAGER, PERSISTENCED, GPU_SETTINGS_UNIT):
+        for unit in (FABRICMANAGER_UNIT, PERSISTENCED_UNIT, GPU_SETTINGS_UNIT):
             self.twin.set_service(unit, running=self.twin.service(unit)["enabled"])
         if not self.twin.service(GPU_SETTINGS_UNIT)["enabled"]:
             self.forget_gpu_settings()
@@ -256,10 +252,17 @@ class SimulatedBackend(SimulatedHealth, Backend):
         return _P2P_OK if linked else _P2P_NOT_SUPPORTED
 
     def processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
+        return self._running(gpu, mps_clients=False)
+
+    def mps_processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
+        return self._running(gpu, mps_clients=True)
+
+    def _running(self, gpu: int, mps_clients: bool) -> List[Tuple[int, Optional[int]]]:
+        """The twin's holders on a GPU: MPS clients (`mps_client: true`) apart, as NVML lists them."""
         return [
             (int(p["pid"]), int(p["used_mib"]) * 1024 * 1024 if p.get("used_mib") is not None else None)
             for p in self.twin.processes
-            if int(p.get("gpu", 0)) == gpu
+            if int(p.get("gpu", 0)) == gpu and bool(p.get("mps_client", False)) == mps_clients
         ]
 
     def holds_gpu(self, pid: int) -> Optional[bool]:

@@ -15,6 +15,7 @@ import fnmatch
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...protocol import PackageSet, branch_of
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
@@ -39,7 +40,7 @@ def pick_version(available: List[str], version: Optional[str], branch: str) -> O
     """The full version to pin: the exact upstream version asked for, else the newest of the branch."""
     if version:
         return next((v for v in available if upstream(v) == version), None)
-    of_branch = [v for v in available if upstream(v).split(".")[0] == branch]
+    of_branch = [v for v in available if branch_of(upstream(v)) == branch]
     return max(of_branch, key=lambda v: version_key(upstream(v))) if of_branch else None
 
 
@@ -57,7 +58,7 @@ def matching(names: List[str], patterns: List[str]) -> List[str]:
     return sorted({n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)})
 
 
-def install_commands(pkgset: sources.PackageSet, held_now: List[str]) -> List[Command]:
+def install_commands(pkgset: PackageSet, held_now: List[str]) -> List[Command]:
     """Lift the set's holds, then install the pinning package (where the source has one), then the set."""
     commands = []
     release = matching(held_now, pkgset.hold + list(sources.APT_PIN_NAMES))
@@ -69,15 +70,14 @@ def install_commands(pkgset: sources.PackageSet, held_now: List[str]) -> List[Co
     return commands
 
 
-def install(
-    step: Dict[str, Any], source: str, branch: str, flavor: str, what: str = "driver"
-) -> Tuple[bool, str]:
-    """Install the step's set at one version and hold it; `what` names it in the messages."""
-    pkgset = sources.apt_set(source, branch, flavor, bool(step.get("fabricmanager")), step.get("packages"))
+def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
+    """Install the step's package set (as the plan resolved it) at one version and hold it; `what` names it
+    in the messages."""
+    source, branch, hold = step["source"], step["branch"], step["hold"]
+    pkgset = PackageSet(step["pinning"], step["packages"], step["hold_patterns"])
     run_all([Command(["apt-get", "update", "-q"])])  # stale lists say "not available"
-    target = resolve_version(pkgset.install, step.get("version"), branch)
+    target = resolve_version(pkgset.install, step["version"], branch)
     pin = preferences(pkgset.install, target)
-    hold = bool(step.get("hold"))
     before = installed_debs(sources.APT_PIN_NAMES)
     if _in_place(before, pkgset, target, hold) and system.read_text(PREFERENCES) == (pin if hold else None):
         return False, f"{what} {upstream(target)} already installed ({target})"
@@ -95,7 +95,7 @@ def install(
 
 
 def _in_place(
-    installed: Dict[str, Tuple[str, bool]], pkgset: sources.PackageSet, target: str, hold: bool
+    installed: Dict[str, Tuple[str, bool]], pkgset: PackageSet, target: str, hold: bool
 ) -> bool:
     at_version = all(upstream(installed.get(p, ("", False))[0]) == upstream(target) for p in pkgset.install)
     unheld = [n for n in matching(list(installed), pkgset.hold) if not installed[n][1]]

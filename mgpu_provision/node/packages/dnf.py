@@ -11,36 +11,30 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from . import sources
 from .common import Command
 
 VERSIONLOCK_PLUGIN = "python3-dnf-plugin-versionlock"
 
 
-def commands(step: Dict[str, Any], branch: str, flavor: str) -> List[Command]:
-    version = step.get("version")
-    open_modules = flavor == "open"
-    fm = sources.fabricmanager_packages("rhel", branch, "dnf") if step.get("fabricmanager") else []
+def commands(step: Dict[str, Any]) -> List[Command]:
+    branch, version, names = step["branch"], step["version"], step["packages"]
     result = [
         Command(["dnf", "-y", "install", VERSIONLOCK_PLUGIN]),
         Command(["dnf", "-y", "versionlock", "delete", "*nvidia*"], check=False),  # none there is fine
     ]
-    modules = step.get("modules", True)
+    modules = step["modules"]
     if modules:
-        stream = f"{branch}-open" if open_modules else f"{branch}-dkms"
+        stream = f"{branch}-open" if step["flavor"] == "open" else f"{branch}-dkms"
         result += [
             Command(["dnf", "-y", "module", "reset", "nvidia-driver"]),
             Command(["dnf", "-y", "module", "enable", f"nvidia-driver:{stream}"]),
         ]
     if version:
-        kmod = "kmod-nvidia-open-dkms" if open_modules else "kmod-nvidia-latest-dkms"
-        names = ["nvidia-driver", "nvidia-driver-cuda", kmod, *fm]
         result.append(Command(["dnf", "-y", "install", "--allowerasing", *[f"{n}-{version}" for n in names]]))
     else:
         if not modules:  # no stream to follow: the lock is what keeps dnf on the branch
             result.append(Command(["dnf", "-y", "versionlock", "add", f"*nvidia*{branch}*"]))
-        main = "nvidia-open" if open_modules else "cuda-drivers"
-        result.append(Command(["dnf", "-y", "install", "--allowerasing", main, *fm]))
-    if step.get("hold") and (version or modules):
+        result.append(Command(["dnf", "-y", "install", "--allowerasing", *names]))
+    if step["hold"] and (version or modules):
         result.append(Command(["dnf", "-y", "versionlock", "add", f"*nvidia*{version or branch}*"]))
     return result

@@ -1,8 +1,9 @@
 """Carrying out a `driver` step on a real node: which source and flavor, then the apt, dnf or runfile path.
 
-The control side decides the source (from the node's os-release or the rig), the flavor and, for a runfile,
-the kernel module type; this module checks that the step makes sense for that source and hands it to the
-path that knows the package manager (node/packages/apt.py, node/packages/dnf.py, node/packages/runfile.py).
+The control side decides the source (from the node's os-release or the rig), the flavor, the branch, apt's
+package set and, for a runfile, the kernel module type; this module defaults none of them: it checks that
+the source and flavor are ones it knows and hands the step to the path that knows the package manager
+(node/packages/apt.py, node/packages/dnf.py, node/packages/runfile.py).
 """
 
 from __future__ import annotations
@@ -13,45 +14,34 @@ from ..core.errors import AgentFailure
 from . import sources
 from .common import installed_debs, rpm_provider, run_all, upstream, version_key
 
-__all__ = ["branch_of", "install", "installed_version", "unheld_packages", "version_key"]
+__all__ = ["install", "installed_version", "unheld_packages", "version_key"]
 
 
-def branch_of(step: Dict[str, Any]) -> str:
-    branch = str(step.get("branch") or str(step.get("version") or "").split(".")[0])
-    if not branch.isdigit():
-        raise AgentFailure("driver", "a driver step needs `version` (e.g. 550.54.15) or `branch` (e.g. 550)")
-    return branch
-
-
-def source_and_flavor(step: Dict[str, Any]) -> Tuple[str, str]:
-    source = str(step.get("source") or "ubuntu")
+def check_source(step: Dict[str, Any]) -> None:
+    """A package install's source and flavor must be ones this agent knows (the plan resolved both)."""
+    source, flavor = step["source"], step["flavor"]
     if source not in sources.SOURCES:
         raise AgentFailure("driver", f"unknown driver source {source!r} ({', '.join(sources.SOURCES)})")
-    flavor = str(step.get("flavor") or sources.DEFAULT_FLAVOR[source])
     if flavor not in sources.FLAVORS[source]:
         have = ", ".join(sources.FLAVORS[source])
         raise AgentFailure("driver", f"the {source} source has no {flavor!r} driver flavor ({have})")
-    return source, flavor
 
 
 def install(step: Dict[str, Any], current: Optional[str]) -> Tuple[bool, str]:
     """Install the step's driver unless the exact version is already there; return (changed, message)."""
     from . import apt, dnf, runfile  # only an install needs them: facts reads versions through this module
 
-    branch = branch_of(step)
-    method = step.get("method") or "apt"
-    source, flavor = source_and_flavor(step)
+    method, branch, version = step["method"], step["branch"], step["version"]
+    if method != "runfile":
+        check_source(step)
     if method == "apt":
-        return apt.install(step, source, branch, flavor)
-    version = step.get("version")
+        return apt.install(step, "driver")
     if version and current == version:
         return False, f"driver {version} already installed"
     if method == "dnf":
-        run_all(dnf.commands(step, branch, flavor))
-    elif method == "runfile":
-        runfile.install(step, branch)
+        run_all(dnf.commands(step))
     else:
-        raise AgentFailure("driver", f"unknown driver install method {method!r} (apt, dnf or runfile)")
+        runfile.install(step)
     return True, f"installed driver {version or 'branch ' + branch} with {method}; reboot to load it"
 
 

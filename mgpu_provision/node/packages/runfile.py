@@ -26,20 +26,20 @@ NOUVEAU_TEXT = (
 )
 
 
-def commands(step: Dict[str, Any], branch: str) -> List[Command]:
-    runfile = step.get("runfile")
+def commands(step: Dict[str, Any]) -> List[Command]:
+    runfile = step["runfile"]
     if not runfile:
         raise AgentFailure("driver", "the runfile method needs `runfile`, the installer's path on the node")
     argv = ["sh", str(runfile), "--silent", "--dkms"]
-    module = step.get("kernel_module_type")
-    if module and int(branch) >= 560:
+    module = step["kernel_module_type"]
+    if module and int(step["branch"]) >= 560:
         argv.append(f"--kernel-module-type={module}")
     elif module == "open":
         argv.append("-m=kernel-open")  # how 515-559 spelled it; older drivers have no open modules
     return [Command(argv)]
 
 
-def install(step: Dict[str, Any], branch: str) -> None:
+def install(step: Dict[str, Any]) -> None:
     if nouveau_loaded():
         raise AgentFailure(
             "driver",
@@ -47,7 +47,7 @@ def install(step: Dict[str, Any], branch: str) -> None:
         )
     step = dict(step, runfile=fetch(step))
     check(step)
-    run_all(commands(step, branch))
+    run_all(commands(step))
 
 
 def nouveau_loaded() -> bool:

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...protocol import FABRICMANAGER_UNIT
 from ..core import system
 from ..core.errors import AgentFailure
-from . import apt, driver, sources
+from . import apt, driver
 from .common import Command, installed_debs, rpm_provider, run_all, upstream
-
-FABRICMANAGER = "nvidia-fabricmanager"
-PERSISTENCED = "nvidia-persistenced"
 
 
 def state(unit: str) -> Dict[str, Any]:
@@ -55,12 +53,11 @@ def switch(unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
 
 
 def install_fabric_manager(step: Dict[str, Any]) -> Tuple[bool, str]:
-    """Fabric Manager and NSCQ at exactly the driver's version, held, the service enabled (and started)."""
-    version, branch = str(step["version"]), str(step["version"]).split(".")[0]
-    source = str(step.get("source") or "ubuntu")
-    names = sources.fabricmanager_packages(source, branch, str(step.get("method") or "apt"))
-    if step.get("method") == "dnf":
-        installed = rpm_provider("nvidia-fabricmanager")
+    """Fabric Manager and NSCQ (the step's packages) at exactly the driver's version, held, the service
+    enabled (and started)."""
+    version, unit, names = step["version"], step["unit"], step["packages"]
+    if step["method"] == "dnf":
+        installed = rpm_provider(FABRICMANAGER_UNIT)
         changed = installed is None or installed[1] != version
         if changed:
             run_all(
@@ -72,29 +69,24 @@ def install_fabric_manager(step: Dict[str, Any]) -> Tuple[bool, str]:
             )
         message = f"installed Fabric Manager {version}" if changed else f"Fabric Manager {version} installed"
     else:
-        fm = dict(step, packages=names, fabricmanager=False)
-        flavor = str(step.get("flavor") or "default")
-        changed, message = apt.install(fm, source, branch, flavor, "Fabric Manager")
-    started, service = switch(FABRICMANAGER, True, bool(step.get("start")))
+        changed, message = apt.install(step, "Fabric Manager")
+    started, service = switch(unit, True, step["start"])
     return changed or started, f"{message}; {service}"
 
 
 def persistence_daemon(step: Dict[str, Any]) -> Tuple[bool, str]:
     """Install (where it is a package of its own), enable and start nvidia-persistenced, or turn it off."""
-    enable = bool(step.get("enabled", True))
+    enable, unit, package = step["enabled"], step["unit"], step["package"]
     installed = False
-    if enable and state(PERSISTENCED)["service"] == "absent":
-        package = step.get("package")
+    if enable and state(unit)["service"] == "absent":
         if not package:
-            raise AgentFailure(
-                "persistence", f"{PERSISTENCED} is not installed; it comes with the driver's packages"
-            )
-        manager = ["dnf", "-y", "install"] if step.get("method") == "dnf" else apt.INSTALL
-        run_all([Command([*manager, str(package)])], "persistence")
+            raise AgentFailure("persistence", f"{unit} is not installed; it comes with the driver's packages")
+        manager = ["dnf", "-y", "install"] if step["method"] == "dnf" else apt.INSTALL
+        run_all([Command([*manager, package])], "persistence")
         installed = True
         _hold_what_it_pulled_in()
-    changed, message = switch(PERSISTENCED, enable, bool(step.get("start")))
-    return changed or installed, (f"installed {step.get('package')}; " if installed else "") + message
+    changed, message = switch(unit, enable, step["start"])
+    return changed or installed, (f"installed {package}; " if installed else "") + message
 
 
 def _hold_what_it_pulled_in() -> None:

@@ -8,7 +8,9 @@ here; the agent reads the package names. Shipped to nodes: Python 3.8, standard 
 """
 
 import re
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
+
+from ...protocol import PackageSet
 
 SOURCES = ("ubuntu", "cuda", "debian", "rhel")
 FLAVORS: Dict[str, Tuple[str, ...]] = {
@@ -59,14 +61,6 @@ def runfile_module_type(flavor: Optional[str], model: str, branch: str) -> str:
     return "open"
 
 
-class PackageSet(NamedTuple):
-    """What an apt install of one driver puts on a node."""
-
-    pinning: List[str]  # installed first: NVIDIA's branch-locking package (CUDA repository, 590 and later)
-    install: List[str]  # installed at the pinned version
-    hold: List[str]  # fnmatch patterns: every installed package they match is held afterwards
-
-
 def default_source(os_id: Optional[str], os_like: List[str]) -> Optional[str]:
     """The source a node's /etc/os-release suggests, None when the distribution is not one of ours."""
     ids = [os_id or "", *os_like]
@@ -115,6 +109,18 @@ def apt_set(
     if fabricmanager:
         install += fabricmanager_packages(source, branch)
     return PackageSet(pinning, install, hold)
+
+
+def dnf_packages(branch: str, flavor: str, exact: bool, fabricmanager: bool) -> List[str]:
+    """What one dnf transaction installs: with an `exact` version the driver's pieces (each pinned at it by
+    the agent), else the metapackage that follows the branch; Fabric Manager and NSCQ with them."""
+    open_modules = flavor == "open"
+    if exact:
+        kmod = "kmod-nvidia-open-dkms" if open_modules else "kmod-nvidia-latest-dkms"
+        names = ["nvidia-driver", "nvidia-driver-cuda", kmod]
+    else:
+        names = ["nvidia-open" if open_modules else "cuda-drivers"]
+    return names + (fabricmanager_packages("rhel", branch, "dnf") if fabricmanager else [])
 
 
 def fabricmanager_packages(source: str, branch: str, method: str = "apt") -> List[str]:

@@ -40,12 +40,12 @@ def same_node(args: Dict[str, Any], backend: Backend) -> None:
 def apply(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
     same_node(args, backend)
     lock = args["lock"]
-    steps = args.get("steps") or []
+    steps = args.get("steps", [])
     results: List[Dict[str, Any]] = []
     with HostLock(str(lock), float(args.get("lock_wait_s", DEFAULT_LOCK_WAIT_S))):
         failed = False
         for index, step in enumerate(steps):
-            kind = step.get("kind") if isinstance(step, dict) else None
+            kind = step["kind"]
             entry: Dict[str, Any] = {"index": index, "kind": kind, "changed": False, "error": None}
             if failed:
                 entry.update(message="skipped: an earlier step failed", skipped=True)
@@ -66,41 +66,21 @@ def apply(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
     return {"results": results}
 
 
-def run_step(step: Any, backend: Backend) -> StepResult:
+def run_step(step: Dict[str, Any], backend: Backend) -> StepResult:
+    """One step as the door checked it (protocol.STEP_FIELDS: every field there, of its type)."""
     kinds: Dict[str, Callable[[Dict[str, Any], Backend], StepResult]] = {
-        protocol.FILE: file_step,
+        protocol.FILE: lambda s, b: write_file(s["path"], s["content"], int(s["mode"], 8)),
         protocol.DRIVER: lambda s, b: b.install_driver(s),
         protocol.FABRICMANAGER: lambda s, b: b.install_fabric_manager(s),
         protocol.PERSISTENCED: lambda s, b: b.set_persistence_daemon(s),
-        protocol.SERVICE: lambda s, b: b.switch_service(
-            str(s.get("unit")), bool(s.get("enable")), bool(s.get("start"))
-        ),
+        protocol.SERVICE: lambda s, b: b.switch_service(s["unit"], s["enable"], s["start"]),
         protocol.NOUVEAU: lambda s, b: b.blacklist_nouveau(),
         protocol.PERSISTENCE: set_persistence,
         protocol.COMPUTE_MODE: gpu_settings.set_compute_mode,
         protocol.POWER_LIMIT: gpu_settings.set_power_limit,
-        protocol.REMOVE: lambda s, b: remove_file(str(s["path"])),
+        protocol.REMOVE: lambda s, b: remove_file(s["path"]),
     }
-    if not isinstance(step, dict) or step.get("kind") not in kinds:
-        raise AgentFailure("bad-request", f"unknown step {step!r}; kinds are {', '.join(sorted(kinds))}")
-    if step["kind"] in (protocol.FILE, protocol.REMOVE) and not step.get("path"):
-        raise AgentFailure("bad-request", "a {} step needs `path`".format(step["kind"]))
     return kinds[step["kind"]](step, backend)
-
-
-def file_step(step: Dict[str, Any], _backend: Backend) -> StepResult:
-    return write_file(str(step["path"]), str(step.get("content", "")), parse_mode(step.get("mode")))
-
-
-def parse_mode(mode: Optional[str]) -> int:
-    text = str(mode or "0644")
-    try:
-        value = int(text, 8)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 0o7777:
-        raise AgentFailure("bad-request", f"file mode {text!r} is not an octal permission like 0644")
-    return value
 
 
 def write_file(path: str, content: str, mode: int) -> StepResult:
@@ -138,13 +118,13 @@ def remove_file(path: str) -> StepResult:
 
 
 def set_persistence(step: Dict[str, Any], backend: Backend) -> StepResult:
-    enabled = bool(step.get("enabled", True))
+    enabled = step["enabled"]
     try:
         backend.open()
     except NvmlUnavailable as exc:
         raise AgentFailure("nvml", f"cannot set persistence mode: {exc.message}") from None
     try:
-        gpus = step.get("gpus") or list(range(backend.device_count()))
+        gpus = step["gpus"] or list(range(backend.device_count()))
         changed = [gpu for gpu in gpus if backend.persistence_mode(int(gpu)) is not enabled]
         for gpu in changed:
             backend.set_persistence_mode(int(gpu), enabled)

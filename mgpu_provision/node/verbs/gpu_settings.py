@@ -18,10 +18,7 @@ StepResult = Tuple[bool, str]
 
 
 def set_compute_mode(step: Dict[str, Any], backend: Backend) -> StepResult:
-    name = step.get("mode")
-    if name not in COMPUTE_MODE_CODES:
-        known = ", ".join(COMPUTE_MODE_CODES)
-        raise AgentFailure("bad-request", f"compute mode {name!r} is not one of {known}")
+    name = step["mode"]  # one of protocol.COMPUTE_MODES: the door checked it
     code = COMPUTE_MODE_CODES[name]
     changed, gpus = _converge(
         backend, step, "compute mode", lambda gpu: code, backend.compute_mode, backend.set_compute_mode
@@ -30,9 +27,7 @@ def set_compute_mode(step: Dict[str, Any], backend: Backend) -> StepResult:
 
 
 def set_power_limit(step: Dict[str, Any], backend: Backend) -> StepResult:
-    watts = step.get("watts")
-    if watts is not None and (not isinstance(watts, int) or isinstance(watts, bool) or watts < 1):
-        raise AgentFailure("bad-request", f"power limit {watts!r} is not a whole number of watts")
+    watts = step["watts"]
 
     def limits(gpu: int) -> Tuple[int, int]:
         found = backend.power_limits_mw(gpu)
@@ -65,7 +60,7 @@ def _converge(
     except NvmlUnavailable as exc:
         raise AgentFailure("nvml", f"cannot set the {what}: {exc.message}") from None
     try:
-        gpus = [int(g) for g in step.get("gpus") or range(backend.device_count())]
+        gpus = step["gpus"] or list(range(backend.device_count()))
         changed = []
         for gpu in gpus:
             target = wanted(gpu)

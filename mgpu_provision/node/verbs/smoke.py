@@ -31,6 +31,7 @@ import tempfile
 import time
 from typing import IO, Any
 
+from ... import protocol
 from ..core.errors import AgentFailure
 from ..host import envpath, files, procs, torch_probe
 from ..nvidia.backend import Backend
@@ -45,9 +46,6 @@ EXIT_GRACE_S = 5.0
 POLL_S = 0.2
 PROBE_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 15
-# The DataParallel process: a torch import and one step on the node's GPUs; the control side's call waits
-# this much beyond the DDP deadline (`smoke.CALL_MARGIN_S`).
-DATA_PARALLEL_TIMEOUT_S = 60.0
 # Timed all_reduces and warm-ups per size: nccl-tests' defaults (-n 20, -w 5) on GPUs; few on the CPU,
 # where Gloo on a simulated node proves the plumbing, not a bandwidth.
 GPU_ITERS, GPU_WARMUP_ITERS = 20, 5
@@ -152,20 +150,14 @@ def torchrun_command(req: Request, program: str, config: str) -> list[str]:
     launcher) torchrun with the rendezvous spelled out as the launcher would."""
     if req.launcher is not None:
         return [req.launcher, *rendezvous_options(req), program, config]
-    command = [
-        req.python, "-m", "torch.distributed.run",
-        "--nnodes", str(req.nnodes),
-        "--nproc-per-node", str(req.nproc_per_node),
-        "--rdzv-id", req.rdzv_id,
-    ]  # fmt: skip
-    if req.rdzv_backend == "static":
-        command += [
-            "--node-rank", str(req.node_rank),
-            "--master-addr", req.master_addr,
-            "--master-port", str(req.master_port),
-        ]  # fmt: skip
-    else:
-        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", req.endpoint]
+    settings = {
+        "nnodes": req.nnodes, "nproc_per_node": req.nproc_per_node, "node_rank": req.node_rank,
+        "master_addr": req.master_addr, "master_port": req.master_port, "rdzv_backend": req.rdzv_backend,
+        "rdzv_id": req.rdzv_id,
+    }  # fmt: skip
+    command = [req.python, "-m", "torch.distributed.run"]
+    for flag, value in protocol.torchrun_options(req.rdzv_backend):
+        command += [flag, value.format(**settings)]
     return [*command, *rendezvous_options(req), program, config]
 
 
@@ -397,7 +389,7 @@ def run_data_parallel(
     with open(log_path, "wb") as log_file:
         process = start(data_parallel_command(req, program, config), log_file, env, os.path.dirname(out_dir))
         try:
-            code: int | None = process.wait(timeout=DATA_PARALLEL_TIMEOUT_S)
+            code: int | None = process.wait(timeout=protocol.DATA_PARALLEL_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             code = None
         finally:
@@ -411,7 +403,8 @@ def run_data_parallel(
     with open(log_path, "rb") as f:
         last = " | ".join(tail(f.read().decode(errors="replace"), 3))
     if code is None:
-        return data_parallel_row(False, f"no result within {DATA_PARALLEL_TIMEOUT_S:g} s; last lines: {last}")
+        waited = protocol.DATA_PARALLEL_TIMEOUT_S
+        return data_parallel_row(False, f"no result within {waited:g} s; last lines: {last}")
     return data_parallel_row(False, f"exited with code {code} without a result; last lines: {last}")
 
 

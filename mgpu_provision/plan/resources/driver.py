@@ -10,7 +10,6 @@ reboot), gets the same reboot Change alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ... import protocol
 from ...facts import HostInfo
@@ -52,6 +51,8 @@ def resolve(want: Driver, host: HostInfo) -> Source:
     problem = None
     if flavor not in sources.FLAVORS[name]:
         problem = f"the {name} source has no {flavor} flavor (it has {', '.join(sources.FLAVORS[name])})"
+    elif method == "apt" and name == "rhel":
+        problem = "the rhel source installs with dnf, not apt: set driver.method: dnf"
     elif want.fabricmanager and not sources.HAS_FABRICMANAGER[name]:
         problem = f"the {name} source has no Fabric Manager package: set driver.source: cuda"
     return Source(name, method, flavor, problem)
@@ -121,7 +122,7 @@ def _flavor_mismatch(ctx: HostContext, want: Driver) -> str | None:
     flavor = resolve(want, ctx.facts.host).flavor or ""
     if want.method == "runfile":
         wanted = sources.runfile_module_type(
-            want.flavor, ctx.rig.gpus.model, str(ctx.facts.driver.installed or "0").split(".")[0]
+            want.flavor, ctx.rig.gpus.model, protocol.branch_of(ctx.facts.driver.installed or "0")
         )
     else:
         wanted = "open" if flavor.endswith("open") else "proprietary"
@@ -151,27 +152,32 @@ def _install(
     if source.problem:
         summary = f"{summary}: {source.problem}"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
-    target = {"version": want.version} if want.version else {"branch": str(want.branch)}
-    options: dict[str, Any] = {"source": source.name, "flavor": source.flavor}
-    if want.packages:
-        options["packages"] = list(want.packages)
-    if source.method == "dnf":
-        options["modules"] = _has_module_streams(ctx.facts.host)
+    branch = protocol.branch_of(want.version) if want.version else str(want.branch)
     if source.method == "runfile":
-        module = sources.runfile_module_type(want.flavor, ctx.rig.gpus.model, desired.split(".")[0])
-        options.update(runfile=want.runfile_url, sha256=want.runfile_sha256, kernel_module_type=module)
+        module = sources.runfile_module_type(want.flavor, ctx.rig.gpus.model, branch)
         summary = f"{summary} (runfile, {module} kernel modules)"
+        step = protocol.driver_step(
+            "runfile", None, source.flavor, branch, want.version, want.hold, want.fabricmanager,
+            runfile=want.runfile_url, sha256=want.runfile_sha256, kernel_module_type=module,
+        )  # fmt: skip
     else:
+        assert source.name is not None and source.flavor is not None  # resolve() says a problem otherwise
         summary = f"{summary} ({source.label})"
-    step = protocol.driver_step(
-        source.method, target, hold=want.hold, fabricmanager=want.fabricmanager, **options
-    )
+        if source.method == "apt":
+            packages = sources.apt_set(source.name, branch, source.flavor, want.fabricmanager, want.packages)
+        else:  # dnf: one transaction, nothing to pin first or hold by pattern (versionlock does)
+            names = sources.dnf_packages(branch, source.flavor, want.version is not None, want.fabricmanager)
+            packages = protocol.PackageSet([], names, [])
+        step = protocol.driver_step(
+            source.method, source.name, source.flavor, branch, want.version, want.hold, want.fabricmanager,
+            packages=packages, modules=source.method != "dnf" or _has_module_streams(ctx.facts.host),
+        )  # fmt: skip
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
 
 
 def _has_module_streams(host: HostInfo) -> bool:
     """RHEL 8/9 and their rebuilds serve NVIDIA's driver as dnf module streams; RHEL 10 and Fedora do not."""
-    major = (host.os_version_id or "0").split(".")[0]
+    major = protocol.branch_of(host.os_version_id or "0")
     return host.os_id != "fedora" and major.isdigit() and int(major) < 10
 
 

@@ -111,7 +111,7 @@ def _templates() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.filters.update(shell_quote=shell_quote, env_quote=env_quote, flag=torchrun_flag)
+    env.filters.update(shell_quote=shell_quote, env_quote=env_quote)
     return env
 
 
@@ -199,18 +199,17 @@ def _launcher_context(loaded: LoadedRig, host: Host) -> dict[str, Any] | None:
     rendezvous = loaded.rendezvous(host)
     if rendezvous is None:
         return None
-    return {
-        "master_name": rendezvous.master,
-        "master_addr": rendezvous.master_addr,
-        "master_port": rendezvous.port,
-        "nnodes": rendezvous.nnodes,
-        "node_rank": rendezvous.node_rank,
-        "nproc_per_node": rendezvous.nproc_per_node,
-        "backend": rendezvous.backend,
-        "rdzv_backend": rendezvous.rdzv_backend,
-        "rdzv_id": rendezvous.rdzv_id,
-        "python": loaded.spec.smoke.python,
-    }
+    return {"master_name": rendezvous.master, **rendezvous.settings(), "python": loaded.spec.smoke.python}
+
+
+def launcher_options(rdzv_backend: str, underscores: bool) -> list[str]:
+    """torchrun's options in the launcher: each value the launcher's shell variable of that setting."""
+    names = ("nnodes", "nproc_per_node", "node_rank", "master_addr", "master_port", "rdzv_backend", "rdzv_id")
+    shell = {name: f"${name}" for name in names}
+    return [
+        f'{torchrun_flag(flag, underscores)}="{value.format(**shell)}"'
+        for flag, value in protocol.torchrun_options(rdzv_backend)
+    ]
 
 
 @dataclass(frozen=True)
@@ -274,9 +273,9 @@ def desired_files(loaded: LoadedRig, host: Host, facts: Facts) -> list[DesiredFi
         files.append(DesiredFile(paths.environment, render("environment.j2", **common), "0644", "env"))
     launcher = _launcher_context(loaded, host)
     if paths.launcher and launcher is not None:
-        underscores = torch_names.spelling(facts).underscore_flags
+        options = launcher_options(launcher["rdzv_backend"], torch_names.spelling(facts).underscore_flags)
         content = render(
-            "mgpu-torchrun.j2", profile_path=paths.profile, underscores=underscores, **common, **launcher
+            "mgpu-torchrun.j2", profile_path=paths.profile, torchrun=options, **common, **launcher
         )
         files.append(DesiredFile(paths.launcher, content, "0755", "env"))
     x_config = sli.snippet_context(host, rig, facts)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from ... import protocol
 from ...judge import driver as judge
+from ...node.packages import sources
 from ...rig.models import Driver
 from ..change import Change, HostContext, failed_checks
 from .driver import resolve, satisfies
 
-UNIT = judge.FABRICMANAGER_UNIT
+UNIT = protocol.FABRICMANAGER_UNIT
 
 
 def diff(ctx: HostContext) -> list[Change]:
@@ -39,14 +40,12 @@ def _converge(ctx: HostContext, want: Driver, driver: str) -> list[Change]:
     judged = {finding.kind for finding in judge.fabricmanager(ctx.facts_json, ctx.expect)}
     if judged & {"missing", "version"}:
         source = resolve(want, ctx.facts.host)
-        step = protocol.fabricmanager_step(
-            driver,
-            source=source.name,
-            method=source.method,
-            flavor=source.flavor,
-            hold=want.hold,
-            start=start,
-        )
+        if source.name is None or source.problem:
+            why = source.problem or "no package source"
+            summary = f"Fabric Manager {version or 'missing'} → {driver}: {why}"
+            return [Change("fabricmanager", "manual", summary, version, driver, phase="driver")]
+        packages = package_set(source.name, source.method, driver)
+        step = protocol.fabricmanager_step(driver, source.name, source.method, packages, want.hold, start)
         if version is None:
             summary = f"install Fabric Manager {driver} (the driver's version)"
             return [Change("fabricmanager", "create", summary, None, driver, agent_step=step, phase="driver")]
@@ -60,3 +59,12 @@ def _converge(ctx: HostContext, want: Driver, driver: str) -> list[Change]:
     step = protocol.service_step(UNIT, True, start)
     summary = f"the {UNIT} service: {state} → {wanted}"
     return [Change("fabricmanager", "update", summary, state, wanted, agent_step=step, phase="driver")]
+
+
+def package_set(source: str, method: str, version: str) -> protocol.PackageSet:
+    """Fabric Manager and NSCQ at the driver's branch: apt's set from `source`, or dnf's names."""
+    branch = protocol.branch_of(version)
+    names = sources.fabricmanager_packages(source, branch, method)
+    if method == "dnf":
+        return protocol.PackageSet([], names, [])
+    return sources.apt_set(source, branch, "default", False, names)

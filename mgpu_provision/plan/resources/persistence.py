@@ -15,7 +15,7 @@ from ...node.packages import sources
 from ..change import Change, HostContext, Phase
 from .driver import resolve
 
-UNIT = "nvidia-persistenced"
+UNIT = protocol.PERSISTENCED_UNIT
 _WORD = {True: "on", False: "off"}
 
 
@@ -40,9 +40,8 @@ def _daemon_change(ctx: HostContext, wanted: bool) -> Change | None:
         return None
     if not wanted and not daemon.enabled and not running:
         return None
-    step = protocol.persistenced_step(
-        wanted, start, **(_package(ctx) if wanted and daemon.service == "absent" else {})
-    )
+    package, method = _package(ctx) if wanted and daemon.service == "absent" else (None, None)
+    step = protocol.persistenced_step(wanted, start, package, method)
     state = f"{daemon.service}, {'enabled' if daemon.enabled else 'disabled'}"
     if not wanted:
         desired = "disabled and stopped"
@@ -55,15 +54,15 @@ def _daemon_change(ctx: HostContext, wanted: bool) -> Change | None:
     return Change("persistence", "update", summary, state, desired, agent_step=step, phase=phase)
 
 
-def _package(ctx: HostContext) -> dict[str, str]:
+def _package(ctx: HostContext) -> tuple[str | None, str | None]:
     """Where the daemon is a package of its own, its name and the package manager that installs it."""
     want = ctx.rig.driver
     if want is None or want.method == "runfile":
-        return {}  # the runfile installs the daemon with the driver
+        return None, None  # the runfile installs the daemon with the driver
     source = resolve(want, ctx.facts.host)
     if source.name is None or source.name == "ubuntu":
-        return {}
-    return {"package": sources.PERSISTENCED_PACKAGE, "method": source.method}
+        return None, None
+    return sources.PERSISTENCED_PACKAGE, source.method
 
 
 def _legacy(ctx: HostContext, wanted: bool) -> list[Change]:

@@ -1,0 +1,58 @@
+"""The replies of `apply`, `reboot`, `smoke` and `smoke-cleanup` as the control side reads them on arrival.
+
+The agent answers plain JSON (node/verbs/apply.py, node/verbs/smoke.py); `fleet.session.read_reply`
+validates it against these models, so a reply this version cannot read is an AgentError that names the
+field, never a KeyError deep inside a job. Facts have their own contract (facts.py), reclaim's is in
+jobs/reclaim.py. Unknown keys are ignored (smoke's are kept: its report carries the node's whole answer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+
+class StepOutcome(Reply):
+    """One apply step's outcome, in the order of the request's steps."""
+
+    index: int = Field(ge=0)
+    kind: str
+    changed: bool
+    message: str
+    error: str | None = None
+    skipped: bool = False
+
+
+class ApplyReply(Reply):
+    results: list[StepOutcome]
+
+
+class RebootReply(Reply):
+    boot_id: str = Field(min_length=1, description="the boot id before the reboot: the wait ends on another")
+
+
+class CleanupReply(Reply):
+    """`smoke-cleanup`: the run's marker on that node, and what survived SIGKILL (normally nothing)."""
+
+    marker: str
+    leftover_pids: list[int]
+
+
+class SmokeReply(Reply):
+    """One node's part of the smoke run (node/verbs/smoke.py `run`): the fields the judgement reads."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+
+    ok: bool
+    kind: str | None = None
+    diagnosis: str | None = None
+    ranks: list[dict[str, Any]] = Field(default_factory=list)
+    elapsed_s: float = Field(0.0, ge=0)
+    data_parallel: dict[str, Any] | None = None
+    transport: dict[str, Any] | None = None  # what NCCL's log says joined the ranks (smoke_watch.transport)
+    under_load: list[dict[str, Any]] = Field(default_factory=list)  # per GPU while the ranks ran
