@@ -51,10 +51,10 @@ LOG_TAIL_LINES = 15
 GPU_ITERS, GPU_WARMUP_ITERS = 20, 5
 CPU_ITERS, CPU_WARMUP_ITERS = 5, 1
 SAMPLE_S = 1.0  # clock events and PCIe link of the busy GPUs, this often
-# all_reduce sizes when the rig file names none. Over NVLink/NVSwitch busbw still climbs past 256 MiB
-# (the NCCL maintainers point at sizes of several GiB for peak all_reduce on 8x H100, NVIDIA/nccl-tests
-# issue #212), so those rigs go to 4 GiB, capped by the GPUs' free memory (smoke_program); PCIe boxes
-# plateau well below that; Gloo moves them through the CPU.
+# all_reduce sizes when the rig file names none. Over NVLink/NVSwitch busbw still climbs past 256 MiB (NCCL's
+# maintainers ask for `all_reduce_perf -b 32 -f 2 -e 8G` on 8-GPU boxes, NVIDIA/nccl issue #583; Azure's
+# checks measure at 8 and 16 GiB), so those rigs go to 4 GiB, capped by the GPUs' free memory
+# (smoke_program); PCIe boxes plateau well below that; Gloo moves them through the CPU.
 NVLINK_SIZES_MIB = [1.0, 16.0, 64.0, 256.0, 1024.0, 4096.0]
 GPU_SIZES_MIB = [1.0, 4.0, 16.0, 64.0, 128.0, 256.0]
 CPU_SIZES_MIB = [0.25, 1.0, 4.0]
