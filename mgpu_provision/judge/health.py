@@ -25,8 +25,9 @@ from .records import Expectation, Finding
 
 # Critical Xids: (meaning, what to do). DCGM's "devastating" Xids (48, 74, 79, 95, 119, 120, 140 fail on
 # every watch), azurehpc-health-checks' azure_gpu_xid.nhc list (48 56 57 58 62 63 64 65 68 69 73 74 79 80
-# 81 92 119 120), and the NVIDIA Xid catalog's RESET_GPU / RESTART_BM resolutions (62, 143, 154, 155, 158,
-# 169) and fatal NVLink5 reports (149, "NETIR ... Fatal" on GB200).
+# 81 92 119 120), and the NVIDIA Xid catalog (as leptonai/gpud's catalog_generated.go carries it): its
+# RESET_GPU resolutions (62, 143, 155, 158), 169 (SEC2 halt, as 62 is the PMU's), 154 (the recovery action
+# changed) and fatal NVLink5 reports (149, "NETIR ... Fatal" on GB200; gpud PR #1160).
 RESET = "reset the GPU (nvidia-smi -r -i {index}, no process on it) or reboot"
 XID_ADVICE: Dict[int, Tuple[str, str]] = {
     48: ("double-bit ECC error", "drain the GPU and reset it or reboot; replace it if it recurs"),
@@ -85,7 +86,7 @@ ROW_REMAP_UNCORRECTABLE_LIMIT = 512
 NVLINK_PER_MINUTE_LIMIT = 1.0
 NVLINK_CRC_PER_SECOND_LIMIT = 100.0
 NVLINK_PER_MINUTE_COUNTERS = ("replay", "recovery", "recovery_events", "recovery_failed", "symbol")
-# DCGM's MonitorFabric: every one of these health-mask problems fails (nvml.h nvmlGpuFabricInfo_v2+).
+# DCGM's MonitorFabricFields: every one of these health-mask problems fails (nvml.h nvmlGpuFabricInfo_v2+).
 FABRIC_PROBLEMS = {
     "degraded_bandwidth": "its NVLink bandwidth is degraded",
     "route_recovery": "a route is in recovery",
