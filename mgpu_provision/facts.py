@@ -25,6 +25,7 @@ class HostInfo(Fact):
     kernel: str
     arch: str
     boot_id: str
+    machine_id: str | None = Field(None, description="/etc/machine-id, None when empty or unreadable")
     python: str = Field(description="version of the python running the agent")
     user: str = Field(description="the user the agent runs as")
     simulated: bool = Field(False, description="the NVIDIA layer comes from a twin file")

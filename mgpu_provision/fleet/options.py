@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -106,5 +107,7 @@ class FleetOptions:
     agent: AgentPayload | None = None
     sessions: SessionOpener | None = field(default=None, repr=False, compare=False)
     shared_ssh: SharedSsh | None = field(default=None, repr=False, compare=False)
+    # Told each host's name as its job ends (from the worker thread): the commands' "still waiting for".
+    on_host_done: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
 

@@ -33,6 +33,55 @@ _NO_CONNECTOR: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
+# NVML names (`nvidia-smi --query-gpu=name`) of cards people train on, to suggest the exact name for a
+# shorthand (`RTX 3090`). Only a suggestion: a name not listed here is never refused for that.
+NVML_NAMES = (
+    "NVIDIA GeForce RTX 2080 Ti",
+    "NVIDIA GeForce RTX 3080",
+    "NVIDIA GeForce RTX 3080 Ti",
+    "NVIDIA GeForce RTX 3090",
+    "NVIDIA GeForce RTX 3090 Ti",
+    "NVIDIA GeForce RTX 4080",
+    "NVIDIA GeForce RTX 4090",
+    "NVIDIA GeForce RTX 5090",
+    "NVIDIA TITAN RTX",
+    "NVIDIA RTX A4000",
+    "NVIDIA RTX A5000",
+    "NVIDIA RTX A6000",
+    "NVIDIA RTX 6000 Ada Generation",
+    "NVIDIA L4",
+    "NVIDIA L40S",
+    "NVIDIA A10",
+    "NVIDIA A40",
+    "NVIDIA A100-PCIE-40GB",
+    "NVIDIA A100 80GB PCIe",
+    "NVIDIA A100-SXM4-40GB",
+    "NVIDIA A100-SXM4-80GB",
+    "NVIDIA H100 PCIe",
+    "NVIDIA H100 80GB HBM3",
+    "NVIDIA H200",
+    "Tesla V100-SXM2-16GB",
+    "Tesla V100-SXM2-32GB",
+)
+# What `init` or a copied example may leave where a model belongs.
+_PLACEHOLDER = re.compile(r"\b(replace|todo|fixme|changeme|tbd|xxx+|your|example)\b", re.IGNORECASE)
+
+
+def nvml_name_for(model: str) -> str | None:
+    """The NVML name that `model` abbreviates (`RTX 3090` → `NVIDIA GeForce RTX 3090`), or None when it is
+    one already, or matches none (a card this table does not know)."""
+    if model in NVML_NAMES:
+        return None
+    wanted = model.strip().casefold()
+    matches = [n for n in NVML_NAMES if n.casefold() == wanted or n.casefold().endswith(" " + wanted)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def placeholder(model: str) -> bool:
+    """Whether `model` is a placeholder (`REPLACE ME`, `TODO`) rather than a card's name."""
+    return bool(_PLACEHOLDER.search(model))
+
+
 def card_class(model: str) -> CardClass:
     """geforce (GeForce and TITAN), professional (Quadro, RTX A-series, RTX Ada, RTX PRO), or unknown."""
     if _PROFESSIONAL.search(model):

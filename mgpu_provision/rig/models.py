@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import Strict as StrictMode
 
 from ..judge.health import CRITICAL_XIDS
+from .cards import placeholder
 
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
 SAFE_TOKEN = r"^[A-Za-z0-9_.,:=@%+/^-]*$"
@@ -66,9 +68,10 @@ def path_in_rig(path: Path, rig_folder: Path) -> str:
 
 
 class Strict(BaseModel):
-    """Base of every rig-file model: unknown keys are errors, values are not coerced silently."""
+    """Base of every rig-file model: unknown keys are errors, values are not coerced silently (strict:
+    `port: "29500"` is a string where a number belongs, as the JSON Schema says too)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Connection(Strict):
@@ -126,6 +129,17 @@ class Gpus(Strict):
         pattern=r"^[A-Za-z0-9 ._()/+-]+$",
         description='exact NVML name, e.g. "NVIDIA GeForce RTX 3090"',
     )
+
+    @field_validator("model")
+    @classmethod
+    def _not_a_placeholder(cls, value: str) -> str:
+        # Checked with the schema, not as a rule: a rig with other errors reports it at once too.
+        if placeholder(value):
+            raise ValueError(
+                f"'{value}' is a placeholder: write the GPU's exact NVML name, as "
+                "`nvidia-smi --query-gpu=name --format=csv,noheader` prints it"
+            )
+        return value
     count: StrictInt = Field(ge=1, le=64, description="number of GPUs every box of this rig has")
     min_pcie_gen: int | None = Field(None, ge=1, le=7, description="lowest PCIe generation (judged by max)")
     min_pcie_width: int | None = Field(None, ge=1, le=32, description="narrowest PCIe link width, e.g. 16")
@@ -142,7 +156,8 @@ class Bridge(Strict):
             "nvswitch (HGX/DGX: every link ends at a switch)"
         ),
     )
-    pairs: list[tuple[int, int]] = Field(
+    # A YAML pair is a list: the tuple may come from one (StrictMode(False)); its indices may not be strings.
+    pairs: list[Annotated[tuple[StrictInt, StrictInt], StrictMode(False)]] = Field(
         default_factory=list, description="GPU index pairs joined by NVLink (bridge or mesh)"
     )
     links: int | None = Field(
@@ -187,7 +202,7 @@ class Driver(Strict):
         "never", description='allowed: reboot to load a new driver; never: report "reboot required"'
     )
     fabricmanager: bool = Field(False, description="install Fabric Manager at exactly the driver's version")
-    runfile_url: str | None = Field(None, pattern=r"^(https://|/)[^\s'\"`$;]+$", description="runfile source")
+    runfile_url: str | None = Field(None, pattern="^(https://|/)[^\\s'\"`$;]+$", description="runfile source")
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
 
 

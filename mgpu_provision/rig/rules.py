@@ -12,6 +12,7 @@ references against every name the file declares (`declared_hosts`, `declared_rig
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from ..node.nvidia.topology import TopoMatrix
 from ..node.packages import sources
-from .cards import card_class, missing_connector
+from .cards import card_class, missing_connector, nvml_name_for
 from .envvalues import path_entry_problem, value_problem
 from .files import resolve_path
 from .models import SLI_MODES, Driver, Host, Rig, RigFile
@@ -137,7 +138,10 @@ def group_members_exist(inp: RuleInput) -> Iterator[Finding]:
     for group, members in inp.spec.groups.items():
         for index, member in enumerate(members):
             if member not in inp.declared_hosts:
-                yield Finding(("groups", group, index), f"group member '{member}' is not a host of the fleet")
+                hint = did_you_mean(member, inp.declared_hosts)
+                yield Finding(
+                    ("groups", group, index), f"group member '{member}' is not a host of the fleet{hint}"
+                )
 
 
 def group_names_distinct_from_hosts(inp: RuleInput) -> Iterator[Finding]:
@@ -150,13 +154,32 @@ def group_names_distinct_from_hosts(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`; did you mean 'lab-1'?` for a close name (difflib, as the CLI's commands), or ''."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.75)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
 def ddp_master_in_fleet(inp: RuleInput) -> Iterator[Finding]:
     if not inp.hosts_known:
         return
     for loc, rig in inp.rigs():
         if rig.ddp is not None and rig.ddp.master not in inp.declared_hosts:
+            hint = did_you_mean(rig.ddp.master, inp.declared_hosts)
             yield Finding(
-                (*loc, "ddp", "master"), f"ddp master '{rig.ddp.master}' is not a host of the fleet"
+                (*loc, "ddp", "master"), f"ddp master '{rig.ddp.master}' is not a host of the fleet{hint}"
+            )
+
+
+def gpu_model_is_a_name(inp: RuleInput) -> Iterator[Finding]:
+    """The model is matched against NVML's name exactly: a shorthand never matches (a placeholder is
+    refused by the model itself)."""
+    for loc, rig in inp.rigs():
+        model = rig.gpus.model
+        if (name := nvml_name_for(model)) is not None:
+            yield Finding(
+                (*loc, "gpus", "model"),
+                f"'{model}' is not an NVML name (plan compares it exactly); did you mean '{name}'?",
             )
 
 
@@ -309,12 +332,15 @@ def bridge_pairs_distinct(inp: RuleInput) -> Iterator[Finding]:
 
 
 def bridge_links_given(inp: RuleInput) -> Iterator[Finding]:
+    # A captured matrix gives the links of every pair itself (its NV# cells), as the README offers.
     for loc, rig in inp.rigs():
-        if rig.bridge.kind in NVLINK_KINDS and rig.bridge.links is None:
+        bridge = rig.bridge
+        if bridge.kind in NVLINK_KINDS and bridge.links is None and bridge.topology_file is None:
             yield Finding(
                 (*loc, "bridge"),
-                f"bridge kind {rig.bridge.kind} needs `links`: the active NVLinks expected per "
-                + ("GPU (to the switches)" if rig.bridge.kind == "nvswitch" else "bridged pair"),
+                f"bridge kind {bridge.kind} needs `links` (the active NVLinks expected per "
+                + ("GPU, to the switches" if bridge.kind == "nvswitch" else "bridged pair")
+                + ") or a `topology_file` (a capture of `nvidia-smi topo -m` that shows them)",
             )
 
 
@@ -604,6 +630,43 @@ def files_without_dot_dot(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def identity_files_exist(inp: RuleInput) -> Iterator[Finding]:
+    """A key file that is not there fails every login later with a bare "No such file or directory"."""
+    named: list[tuple[Loc, str]] = [
+        (loc, host.identity_file) for loc, host in inp.written_hosts() if host.identity_file
+    ]
+    if inp.spec.defaults.identity_file:
+        named.append((("defaults",), inp.spec.defaults.identity_file))
+    for loc, value in named:
+        path = resolve_path(inp.base_dir, value)
+        if not path.is_file():
+            what = "is a folder" if path.is_dir() else "does not exist"
+            yield Finding((*loc, "identity_file"), f"the SSH key {path} {what}")
+
+
+def local_hosts_apart(inp: RuleInput) -> Iterator[Finding]:
+    """Two simulated hosts on this machine (`connection: local`, a rehearsal of a fleet) write the same
+    managed files (`files:` is one for the fleet): each apply would undo the other's, forever, while each
+    twin says its box converged. A rig that writes no env file (all null) is safe to read and plan that
+    way, and real local hosts are this one machine under several names (smoke tests use that)."""
+    files = inp.spec.files
+    if files.profile_d is None and files.environment_file is None and files.launcher is None:
+        return
+    first: tuple[Loc, Host] | None = None
+    for loc, host in inp.written_hosts():
+        if host.connection != "local" or host.simulate is None:
+            continue
+        if first is None:
+            first = (loc, host)
+            continue
+        yield Finding(
+            (*loc, "connection"),
+            f"'{host.name}' and '{first[1].name}' are simulated on this machine (connection: local) and "
+            "would write the same managed files (files:) over each other; rehearse several nodes with one "
+            "rig file per local host, or with SSH hosts (README, \"Rehearsing a fleet\")",
+        )
+
+
 RULES: tuple[Rule, ...] = (
     fleet_has_hosts,
     host_rig_exists,
@@ -612,6 +675,7 @@ RULES: tuple[Rule, ...] = (
     group_members_exist,
     group_names_distinct_from_hosts,
     ddp_master_in_fleet,
+    gpu_model_is_a_name,
     ddp_master_uses_rig,
     ddp_master_has_address,
     visible_devices_valid,
@@ -639,6 +703,8 @@ RULES: tuple[Rule, ...] = (
     topology_file_matches,
     ssh_files_absolute,
     files_without_dot_dot,
+    identity_files_exist,
+    local_hosts_apart,
 )
 
 

@@ -431,6 +431,19 @@ CASES = {
         "'bin/mgpu-torchrun' must be an absolute path (start with /): it is a path on ssh hosts "
         "such as gpu-a",
     ),
+    "identity-files-exist": (
+        "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, identity_file: keys/id_gone}  # <-\n"
+        "rigs:\n  pair:\n" + GPUS,
+        "hosts[0].identity_file",
+        "keys/id_gone does not exist",
+    ),
+    "local-hosts-apart": (
+        "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, connection: local, simulate: a.yaml}\n"
+        "  - {name: gpu-b, rig: pair, connection: local, simulate: b.yaml}  # <-\nrigs:\n  pair:\n" + GPUS,
+        "hosts[1].connection",
+        "'gpu-b' and 'gpu-a' are simulated on this machine (connection: local) and would write the same "
+        "managed files",
+    ),
 }
 
 
@@ -551,3 +564,12 @@ def test_topology_file_relative_to_rig_file_folder(tmp_path: Path, monkeypatch: 
     monkeypatch.chdir(tmp_path)  # the working directory must not matter
     loaded = load_rig("sub/rig.yaml")
     assert loaded.resolve("topo.txt") == (tmp_path / "sub" / "topo.txt").resolve()
+
+
+@pytest.mark.parametrize("kind", ["nvlink", "nvlink-bridge"])
+def test_a_topology_file_stands_in_for_links(tmp_path: Path, kind: str) -> None:
+    """The README offers `topology_file` instead of `links`: the capture's NV# cells give every pair's."""
+    shutil.copy(RIGS / "topo-2x-rtx3090.txt", tmp_path / "topo.txt")
+    bridge = f"bridge: {{kind: {kind}, topology_file: topo.txt}}"
+    (tmp_path / "rig.yaml").write_text(rig(GPUS.strip(), bridge))
+    assert load_rig(tmp_path / "rig.yaml").spec.rigs["pair"].bridge.links is None

@@ -28,6 +28,14 @@ def boot_id() -> str:
     return (read_text("/proc/sys/kernel/random/boot_id") or "unknown").strip()
 
 
+def machine_id() -> Optional[str]:
+    """/etc/machine-id (machine-id(5)): which OS installation this is, None when empty or unreadable.
+
+    The control side compares it with its own to tell the machine it runs on from a box that only shares
+    its kernel or its address (a container, a chroot on loopback): see fleet/here.py."""
+    return (read_text("/etc/machine-id") or "").strip() or None
+
+
 def dmi_board() -> Dict[str, Optional[str]]:
     def field(name: str) -> Optional[str]:
         text = read_text(f"/sys/class/dmi/id/{name}")
@@ -84,6 +92,7 @@ def host_info(
         "kernel": uname.release,
         "arch": uname.machine,
         "boot_id": boot,
+        "machine_id": machine_id(),
         "python": sys.version.split()[0],  # what platform.python_version() parses, without importing it
         "user": _user(),
         "simulated": simulated,
