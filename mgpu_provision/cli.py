@@ -104,6 +104,7 @@ def parse(words: list[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(list(sys.argv[1:] if argv is None else argv))
     try:
+        args.cli = main  # for a command that runs others, as the demo does
         code: int = args.func(args)
     except ProvisionError as exc:
         print(f"error: {visible(str(exc))}", file=sys.stderr)  # messages may quote a node's output

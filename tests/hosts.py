@@ -53,6 +53,7 @@ MANAGED_DIRS = (
     "/etc/X11/xorg.conf.d",
     "/usr/local/bin",
     "/etc/systemd/system",  # the boot unit for compute mode and power limit (files.systemd_dir)
+    "/usr/local/lib/mgpu-provision",  # the agent the node check runs (node_check.agent)
 )
 REPO = Path(__file__).resolve().parent.parent
 TWINS_DIR = REPO / "examples" / "twins"

@@ -122,8 +122,7 @@ def smoke_hint(python: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import main  # the demo drives the real CLI, step by step
-
+    main = args.cli  # the demo drives the real CLI step by step: cli.main hands itself over
     console = Console()
     python = args.python or sys.executable
     steps = STEPS if has_torch(python) else STEPS[:-1]  # validate, plan and apply need no torch

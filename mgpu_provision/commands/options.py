@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..fleet.options import MAX_FORKS, FleetOptions
 from ..fleet.targets import HostTarget, targets_for
-from ..rig import LoadedRig, load_rig, select_hosts
+from ..rig import LoadedRig, select_hosts
+from ..rig.cache import load_rig
 from ..rig.models import Host
 from . import paths
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import SpecError
-from ..rig import load_rig
+from ..rig.cache import check_rig
 from .output import print_json, visible
 
 
@@ -42,7 +42,7 @@ def _count(n: int, noun: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        loaded = load_rig(args.rig)
+        checked = check_rig(args.rig)
     except SpecError as exc:
         if args.json:
             return print_json(1, {}, valid=False, problems=[p.as_dict() for p in exc.problems])
@@ -50,8 +50,7 @@ def run(args: argparse.Namespace) -> int:
             print(visible(problem.render()))  # a problem may quote the file's bytes
         print(f"{args.rig}: invalid, {_count(len(exc.problems), 'problem')}")
         return 1
-    spec = loaded.spec
     if args.json:  # hosts: each host of the file and its rig type (nothing is contacted)
-        return print_json(0, {h.name: {"rig": h.rig} for h in spec.hosts}, valid=True, problems=[])
-    print(f"{args.rig}: valid, {_count(len(spec.hosts), 'host')}, {_count(len(spec.rigs), 'rig')}")
+        return print_json(0, {name: {"rig": rig} for name, rig in checked.host_rigs}, valid=True, problems=[])
+    print(f"{args.rig}: valid, {_count(len(checked.host_rigs), 'host')}, {_count(checked.rigs, 'rig')}")
     return 0

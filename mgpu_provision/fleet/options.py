@@ -19,7 +19,6 @@ from .known_hosts import KnownHosts
 if TYPE_CHECKING:
     import paramiko
 
-    from .session import AgentSession
     from .targets import HostTarget
 
 MAX_FORKS = 64
@@ -39,7 +38,11 @@ class AgentPayload(Protocol):
 
 
 class SessionOpener(Protocol):
-    def __call__(self, target: HostTarget, options: FleetOptions, agent: AgentPayload) -> AgentSession: ...
+    """Opens a host's session in place of SSH or a local process; what it returns must be a
+    `session.AgentSession` (checked where it is opened: naming that class here would tie this module and
+    session.py in a circle)."""
+
+    def __call__(self, target: HostTarget, options: FleetOptions, agent: AgentPayload) -> object: ...
 
 
 @dataclass

@@ -24,6 +24,9 @@ from .resources import (
     envfiles,
     fabricmanager,
     gpu_settings,
+    imex,
+    mirror,
+    node_check,
     persistence,
     sli,
 )
@@ -40,8 +43,10 @@ DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
     checks.topology,
     checks.pcie,
     fabricmanager.diff,
+    imex.diff,
     checks.health,
     checks.kernel,
+    mirror.diff,
     torch_probe.diff,
     driver.diff,
     persistence.diff,
@@ -58,8 +63,9 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
     smoke = loaded.spec.smoke
     xorg = [path for path, phase in managed if phase == "sli"]
     unit = boot_unit.unit_path(loaded, host)
+    checker = node_check.managed_paths(loaded, host)
     return protocol.facts_request(
-        files=[path for path, _ in managed] + ([unit] if unit else []),
+        files=[path for path, _ in managed] + ([unit] if unit else []) + checker,
         include_content=True,
         python=smoke.python if "python" in smoke.model_fields_set else None,
         xorg_paths=xorg,
@@ -67,7 +73,9 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         xorg_layout_paths=[XORG_CONF, *(os.path.dirname(path) for path in xorg)]
         if sli.desired_mode(host, loaded.rig_of(host))
         else [],
-        units=[boot_unit.UNIT] if unit else [],
+        units=([boot_unit.UNIT] if unit else []) + node_check.units(loaded, host),
+        driver_repo=mirror.repo_of(loaded, host),
+        driver_packages=mirror.packages_of(loaded, host),
         state_dir=envfiles.node_path(loaded, host, loaded.spec.files.state_dir),
     )
 
@@ -75,7 +83,10 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
 def expectation_of(loaded: LoadedRig, host: Host, facts: Facts) -> Expectation:
     """What a node holds itself to once apply has run: the rig's expectation with the managed files (and
     their digests) apply writes to this host."""
-    desired = envfiles.desired_files(loaded, host, facts)
+    return _expectation(loaded, host, envfiles.desired_files(loaded, host, facts))
+
+
+def _expectation(loaded: LoadedRig, host: Host, desired: list[envfiles.DesiredFile]) -> Expectation:
     return expectation.build(loaded, host, {want.path: want.sha256 for want in desired})
 
 
@@ -89,10 +100,14 @@ def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
         facts=facts,
         visible_count=rig.gpus.count if visible is None else len(visible),
         expected_topology=loaded.topologies.get(host.rig),
+        driver_repo=mirror.repo_of(loaded, host),
     )
     changes = [change for diff in DIFFS for change in diff(ctx)]
     changes += envfiles.env_checks(loaded, host, facts)
-    changes += envfiles.diff_files(envfiles.desired_files(loaded, host, facts), facts)
+    desired = envfiles.desired_files(loaded, host, facts)
+    changes += envfiles.diff_files(desired, facts)
     changes += envfiles.diff_unwanted(envfiles.unwanted_files(loaded, host), facts)
     changes += boot_unit.diff(loaded, host, facts)  # after the NVML steps of its phase, which set them now
+    # After the env files: the expectations it installs hold their digests.
+    changes += node_check.diff(loaded, host, facts, _expectation(loaded, host, desired))
     return sorted(changes, key=lambda c: PHASES.index(c.phase))  # stable within a step

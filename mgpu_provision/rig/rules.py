@@ -19,8 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..node.nvidia.topology import TopoMatrix
-from ..node.packages import sources
-from .cards import card_class, missing_connector, nvml_name_for
+from ..node.packages import names, sources
+from .cards import (
+    card_class,
+    fabric_manager_elsewhere,
+    missing_connector,
+    missing_nvlink,
+    module_type,
+    nvml_name_for,
+    open_modules_only,
+)
 from .envvalues import path_entry_problem, value_problem
 from .files import resolve_path
 from .models import SLI_MODES, Driver, Host, Rig, RigFile
@@ -307,6 +315,17 @@ def card_has_bridge_connector(inp: RuleInput) -> Iterator[Finding]:
             yield Finding((*loc, "sli", "mode"), f"{why}: SLI mode {rig.sli.mode} is impossible")
 
 
+def card_has_nvlink_connector(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        family = missing_nvlink(rig.gpus.model)
+        if family is not None and rig.bridge.kind in NVLINK_KINDS:
+            yield Finding(
+                (*loc, "bridge", "kind"),
+                f"{rig.gpus.model} has no NVLink connector ({family}): bridge kind {rig.bridge.kind} is "
+                "impossible; use kind none (PCIe)",
+            )
+
+
 def bridge_pairs_in_range(inp: RuleInput) -> Iterator[Finding]:
     for loc, rig in inp.rigs():
         for index, pair in enumerate(rig.bridge.pairs):
@@ -471,6 +490,56 @@ def driver_source_fits(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def kernel_modules_fit_architecture(inp: RuleInput) -> Iterator[Finding]:
+    """Blackwell and Grace GPUs come up without a usable GPU (RmInitAdapter failed) on the proprietary
+    modules: refused here, whether the rig asks for them or its branch defaults to them."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        family = open_modules_only(rig.gpus.model)
+        if driver is None or family is None:
+            continue
+        branch = str(driver.branch or str(driver.version or "").split(".")[0])
+        if not branch.isdigit():
+            continue  # driver_version_or_branch says what is missing
+        if module_type(driver.flavor, rig.gpus.model, branch) == "open":
+            continue
+        why = (
+            f"{rig.gpus.model} ({family}) runs only the open kernel modules; NVIDIA does not support the "
+            "proprietary ones there and the GPU does not initialize"
+        )
+        if driver.flavor is not None:
+            yield Finding((*loc, "driver", "flavor"), f"{why}: flavor {driver.flavor} is proprietary")
+        else:
+            yield Finding(
+                (*loc, "driver"),
+                f"{why}: branch {branch} installs them by default (open from {sources.OPEN_DEFAULT_FROM}); "
+                f"use branch {sources.OPEN_DEFAULT_FROM} or later, or set flavor open",
+            )
+
+
+PGP_ARMOR = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
+
+
+def driver_repo_usable(inp: RuleInput) -> Iterator[Finding]:
+    """A mirror is apt's here (a deb822 source); its key file must be there and be a public key."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None or driver.repo is None:
+            continue
+        at = (*loc, "driver", "repo")
+        if driver.method in ("dnf", "runfile") or driver.source == "rhel":
+            method = driver.method or "dnf"
+            yield Finding(at, f"driver.repo is an apt mirror; this rig installs with {method}")
+        path = resolve_path(inp.base_dir, driver.repo.key)
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as exc:
+            yield Finding((*at, "key"), f"cannot read the mirror's key {path}: {exc.strerror}")
+            continue
+        if PGP_ARMOR not in text:
+            yield Finding((*at, "key"), f"{path} is not an ASCII-armored public key ({PGP_ARMOR} ...)")
+
+
 def _runfile_fits(at: Loc, driver: Driver) -> Iterator[Finding]:
     for key in ("source", "packages"):
         if getattr(driver, key) is not None:
@@ -487,6 +556,33 @@ def _runfile_fits(at: Loc, driver: Driver) -> Iterator[Finding]:
             (*at, "fabricmanager"),
             "Fabric Manager has no runfile path here: install the driver with method apt or dnf",
         )
+
+
+def imex_fits(inp: RuleInput) -> Iterator[Finding]:
+    """nvidia-imex is NVIDIA's (CUDA and RHEL repositories, from branch 550); Fabric Manager never runs on a
+    Grace Blackwell compute tray."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None:
+            continue
+        if driver.fabricmanager and fabric_manager_elsewhere(rig.gpus.model):
+            yield Finding(
+                (*loc, "driver", "fabricmanager"),
+                f"{rig.gpus.model} compute trays run no Fabric Manager (the rack's NVLink switch trays do): "
+                "set fabricmanager false, and imex true for multi-node NVLink",
+            )
+        if not driver.imex:
+            continue
+        branch = str(driver.branch or str(driver.version or "").split(".")[0])
+        if driver.source in ("ubuntu", "debian") or driver.method == "runfile":
+            where = f"the {driver.source} source" if driver.method != "runfile" else "method runfile"
+            yield Finding(
+                (*loc, "driver", "imex"), f"{where} has no nvidia-imex package; use source cuda (NVIDIA's)"
+            )
+        elif branch.isdigit() and names.component("cuda", "apt", int(branch), "imex") is None:
+            yield Finding(
+                (*loc, "driver", "imex"), f"nvidia-imex exists from branch 550; this rig has {branch}"
+            )
 
 
 def fabricmanager_needs_nvswitch(inp: RuleInput) -> Iterator[Finding]:
@@ -607,14 +703,24 @@ def topology_file_matches(inp: RuleInput) -> Iterator[Finding]:
             yield Finding(where, f"{path} shows {found.gpu_count} GPU(s) but gpus.count is {rig.gpus.count}")
 
 
+def _managed_paths(inp: RuleInput) -> Iterator[tuple[Loc, str]]:
+    """Every path the tool writes on a node, where the rig file names it: `files` and `node_check`."""
+    for key, value in inp.spec.files:
+        if isinstance(value, str):
+            yield ("files", key), value
+    if inp.spec.node_check is not None:
+        for key, value in inp.spec.node_check.paths():
+            yield ("node_check", key), value
+
+
 def ssh_files_absolute(inp: RuleInput) -> Iterator[Finding]:
     ssh_hosts = [host.name for _, host in inp.hosts() if host.connection == "ssh"]
     if not ssh_hosts:
         return
-    for key, value in inp.spec.files:
-        if isinstance(value, str) and not value.startswith("/"):
+    for loc, value in _managed_paths(inp):
+        if not value.startswith("/"):
             yield Finding(
-                ("files", key),
+                loc,
                 f"'{value}' must be an absolute path (start with /): it is a path on ssh hosts "
                 f"such as {ssh_hosts[0]}; only local hosts may use relative paths",
             )
@@ -622,12 +728,22 @@ def ssh_files_absolute(inp: RuleInput) -> Iterator[Finding]:
 
 def files_without_dot_dot(inp: RuleInput) -> Iterator[Finding]:
     # The tool writes these paths as root: `/etc/profile.d/../../tmp/x` lands outside the folder it names.
-    for key, value in inp.spec.files:
-        if isinstance(value, str) and ".." in value.split("/"):
+    for loc, value in _managed_paths(inp):
+        if ".." in value.split("/"):
             yield Finding(
-                ("files", key),
+                loc,
                 f"'{value}' contains '..': name the managed file's folder directly, without climbing out",
             )
+
+
+def node_check_timer_has_systemd(inp: RuleInput) -> Iterator[Finding]:
+    check = inp.spec.node_check
+    if check is not None and check.interval is not None and inp.spec.files.systemd_dir is None:
+        yield Finding(
+            ("node_check", "interval"),
+            "a timer needs files.systemd_dir (where apply writes its units); set it, or set "
+            "node_check.interval to null and run the check from Slurm or cron",
+        )
 
 
 def identity_files_exist(inp: RuleInput) -> Iterator[Finding]:
@@ -686,6 +802,7 @@ RULES: tuple[Rule, ...] = (
     sli_needs_bridge,
     sli_mosaic_needs_professional_cards,
     card_has_bridge_connector,
+    card_has_nvlink_connector,
     bridge_pairs_in_range,
     bridge_pairs_distinct,
     bridge_links_given,
@@ -695,8 +812,11 @@ RULES: tuple[Rule, ...] = (
     driver_version_or_branch,
     runfile_complete,
     driver_source_fits,
+    kernel_modules_fit_architecture,
+    driver_repo_usable,
     reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,
+    imex_fits,
     env_safe,
     path_prepend_safe,
     env_or_path_prepend,
@@ -705,6 +825,7 @@ RULES: tuple[Rule, ...] = (
     files_without_dot_dot,
     identity_files_exist,
     local_hosts_apart,
+    node_check_timer_has_systemd,
 )
 
 

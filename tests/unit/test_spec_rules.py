@@ -162,6 +162,65 @@ CASES = {
         "NVIDIA GeForce RTX 5090 has no NVLink/SLI connector (GeForce RTX 50 series): SLI mode BaseMosaic is "
         "impossible",
     ),
+    "card-has-nvlink-connector": (
+        rig(
+            'gpus: {model: "NVIDIA L40S", count: 2}',
+            "bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}  # <-",
+        ),
+        "rigs.pair.bridge.kind",
+        "NVIDIA L40S has no NVLink connector (L4, L40 and L40S): bridge kind nvlink-bridge is impossible",
+    ),
+    "blackwell-refuses-proprietary-flavor": (
+        rig(
+            'gpus: {model: "NVIDIA B200", count: 2}',
+            'driver: {branch: "580", source: ubuntu, flavor: server}  # <-',
+        ),
+        "rigs.pair.driver.flavor",
+        "NVIDIA B200 (Blackwell) runs only the open kernel modules; NVIDIA does not support the proprietary "
+        "ones there and the GPU does not initialize: flavor server is proprietary",
+    ),
+    "grace-hopper-refuses-a-proprietary-default": (
+        rig('gpus: {model: "NVIDIA GH200 480GB", count: 2}', 'driver: {branch: "550"}  # <-'),
+        "rigs.pair.driver",
+        "NVIDIA GH200 480GB (Grace Hopper) runs only the open kernel modules; NVIDIA does not support the "
+        "proprietary ones there and the GPU does not initialize: branch 550 installs them by default (open "
+        "from 560)",
+    ),
+    "driver-repo-key-readable": (
+        rig(
+            GPUS.strip(),
+            'driver: {version: "535.216.03", source: debian,',
+            "         repo: {url: http://mirror.lab/nvidia/, key: absent.asc}}  # <-",
+        ),
+        "rigs.pair.driver.repo.key",
+        "cannot read the mirror's key",
+    ),
+    "driver-repo-is-apt": (
+        rig(
+            GPUS.strip(),
+            'driver: {version: "550.54.15", source: rhel, method: dnf,',
+            "         repo: {url: http://mirror.lab/nvidia/, key: absent.asc}}  # <-",
+        ),
+        "rigs.pair.driver.repo",
+        "driver.repo is an apt mirror; this rig installs with dnf",
+    ),
+    "no-fabric-manager-on-a-gb200-tray": (
+        rig(
+            'gpus: {model: "NVIDIA GB200", count: 4}',
+            "bridge: {kind: nvswitch, links: 18}",
+            'driver: {branch: "580", source: cuda, fabricmanager: true}  # <-',
+        ),
+        "rigs.pair.driver.fabricmanager",
+        "NVIDIA GB200 compute trays run no Fabric Manager (the rack's NVLink switch trays do)",
+    ),
+    "imex-is-nvidias": (
+        rig(
+            'gpus: {model: "NVIDIA GB200", count: 4}',
+            'driver: {branch: "580", source: ubuntu, imex: true}  # <-',
+        ),
+        "rigs.pair.driver.imex",
+        "the ubuntu source has no nvidia-imex package; use source cuda",
+    ),
     "bridge-pairs-in-range": (
         rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[0, 3]], links: 4}  # <-"),
         "rigs.pair.bridge.pairs[0][1]",

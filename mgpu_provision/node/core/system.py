@@ -9,9 +9,11 @@ from __future__ import annotations
 import getpass
 import os
 import re
-import subprocess
 import sys
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+if TYPE_CHECKING:
+    import subprocess
 
 _NVRM = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+([0-9]+(?:\.[0-9]+)+)")
 
@@ -110,6 +112,8 @@ def run(
     argv: List[str], timeout: float = 600.0, env: Optional[Dict[str, str]] = None
 ) -> "subprocess.CompletedProcess[str]":
     """Run a command, capture its text output; a missing program reads as exit 127 rather than raising."""
+    import subprocess  # here: a facts call on a box that changed nothing may run no command at all
+
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     except FileNotFoundError:

@@ -198,6 +198,12 @@ class SimulatedHealth:
         summary = fabric.get("summary")
         return mask, None if summary is None else _SUMMARY_CODES[summary]
 
+    def fabric_clique(self, gpu: int) -> Optional[Tuple[int, str]]:
+        fabric = self._health(gpu).get("fabric") or {}
+        if fabric.get("state", "completed") != "completed" or "clique_id" not in fabric:
+            return None
+        return int(fabric["clique_id"]), str(fabric.get("cluster_uuid") or "")
+
     def forget_gpu_settings(self) -> None:
         """What a driver load does to NVML's settings: every GPU back to its default power limit and to
         compute mode `default` (the caller saves the overlay)."""

@@ -74,6 +74,8 @@ REMAPPED = {"pending": FLAG, "failure": FLAG, "uncorrectable": COUNT}
 FABRIC = {
     "state": _choice(FABRIC_STATE_NAMES),
     "status": TEXT,
+    "clique_id": COUNT,
+    "cluster_uuid": TEXT,
     "health": (
         "a list of these: " + ", ".join(FABRIC_PROBLEMS),
         lambda v: isinstance(v, list) and set(v) <= set(FABRIC_PROBLEMS),
@@ -129,6 +131,8 @@ KERNEL: Dict[str, Rule] = {
     "nvidia_module_for": TEXTS,
     "secure_boot": FLAG,
     "module_signed": FLAG,
+    "module_key_enrolled": FLAG,
+    "next_boot": TEXT,
 }
 
 
@@ -161,6 +165,8 @@ def read_kernel(path: str, raw: Any) -> Optional[Dict[str, Any]]:
         "nvidia_module_for": list(kernel.get("nvidia_module_for") or []),
         "secure_boot": kernel.get("secure_boot", False),
         "module_signed": kernel.get("module_signed", True),
+        "module_key_enrolled": kernel.get("module_key_enrolled", True),
+        "next_boot": kernel.get("next_boot"),
     }
 
 

@@ -13,6 +13,7 @@ import stat
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ... import protocol
+from ..core import archive
 from ..core.atomic import HostLock, atomic_write
 from ..core.errors import AgentFailure
 from ..nvidia.backend import Backend, NvmlUnavailable
@@ -79,6 +80,7 @@ def run_step(step: Dict[str, Any], backend: Backend) -> StepResult:
         protocol.COMPUTE_MODE: gpu_settings.set_compute_mode,
         protocol.POWER_LIMIT: gpu_settings.set_power_limit,
         protocol.REMOVE: lambda s, b: remove_file(s["path"]),
+        protocol.AGENT: lambda s, b: archive.install(s["path"], s["sha256"]),
     }
     return kinds[step["kind"]](step, backend)
 
