@@ -216,12 +216,21 @@ class TorchInfo(Fact):
 
 
 class NvlinkErrors(Fact):
-    """Error counters of one active NVLink since the driver loaded."""
+    """Error counters of one active NVLink since the driver loaded; None = this GPU cannot count it."""
 
     link: int
-    crc: int = Field(description="CRC errors (flit + data)")
-    replay: int
-    recovery: int
+    crc: int | None = Field(None, description="CRC errors (flit + data)")
+    replay: int | None = None
+    recovery: int | None = None
+    recovery_events: int | None = Field(None, description="link recoveries, whatever their result (NVLink5)")
+    recovery_failed: int | None = Field(None, description="recoveries that left the link down (NVLink5)")
+    symbol: int | None = Field(None, description="rx symbol errors FEC could not correct (NVLink5)")
+    source: Literal["counters", "fields"] = Field(
+        "counters", description="nvmlDeviceGetNvLinkErrorCounter, or field values (Blackwell)"
+    )
+    change: dict[str, int] | None = Field(
+        None, description="each counter's rise over HostHealth.counters_interval_s; None from older agents"
+    )
 
 
 FabricState = Literal["not_supported", "not_started", "in_progress", "completed", "unknown"]
@@ -252,12 +261,48 @@ class GpuHealth(Fact):
     mig_pending: bool | None = None
     fabric_state: FabricState | None = None
     fabric_status: str | None = Field(None, description='"success" or NVML\'s words for the failure')
+    fabric_health: list[str] | None = Field(
+        None, description="problems the fabric health mask sets (degraded_bandwidth, route_unhealthy, ...)"
+    )
+    fabric_summary: Literal["healthy", "unhealthy", "limited_capacity"] | None = Field(
+        None, description="the v3 fabric info's health summary (R560+)"
+    )
+    recovery_action: str | None = Field(
+        None,
+        description="the driver's verdict: none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, ...",
+    )
+    violation_ms: dict[str, int] | None = Field(
+        None,
+        description="time clocks were held down since the driver loaded: power, thermal, board_limit, ...",
+    )
+    enforced_power_limit_w: int | None = Field(
+        None, description="the limit in force: below power_limit_w when a BMC caps the GPU out of band"
+    )
+    ecc_sram_volatile_uncorrectable: int | None = Field(None, description="on-chip SRAM (Hopper and later)")
+    ecc_sram_aggregate_uncorrectable: int | None = None
+    ecc_dram_volatile_uncorrectable: int | None = Field(None, description="HBM/GDDR (Hopper and later)")
+    ecc_dram_aggregate_uncorrectable: int | None = None
+    sram_threshold_exceeded: bool | None = Field(
+        None, description="the driver's SRAM error threshold verdict"
+    )
+    change: dict[str, int] | None = Field(
+        None, description="ECC and violation counters' rise over HostHealth.counters_interval_s"
+    )
 
 
 class XidEvent(Fact):
     gpu: int | None = Field(description="the GPU at that address; None when NVML lists no GPU there")
     pci_bus_id: str = Field(description="domain:bus:device as the kernel log prints it")
     code: int
+
+
+class SXidEvent(Fact):
+    """An NVSwitch error as the kernel log prints it (nvidia-nvswitchN: SXid (PCI:...): code, Fatal, ...)."""
+
+    switch: str = Field(description="the kernel device, e.g. nvidia-nvswitch3")
+    pci_bus_id: str
+    code: int
+    fatal: bool
 
 
 class KernelReadiness(Fact):
@@ -276,6 +321,12 @@ class HostHealth(Fact):
     gpus: list[GpuHealth] = Field(default_factory=list)
     xid: list[XidEvent] = Field(default_factory=list, description="Xids in this boot's kernel log, in order")
     xid_source: str | None = Field(None, description="journal, kmsg, dmesg or twin; None: no log readable")
+    sxid: list[SXidEvent] = Field(default_factory=list, description="NVSwitch SXids in this boot's log")
+    xid_change: int | None = Field(None, description="Xids logged over counters_interval_s")
+    counters_since: Literal["sample", "boot"] | None = Field(
+        None, description="changes count from the node's previous sample this boot, or from boot"
+    )
+    counters_interval_s: float | None = Field(None, description="the interval the changes cover")
     kernel: KernelReadiness | None = None
     not_checked: list[str] = Field(default_factory=list, description="values not read, each said once")
 

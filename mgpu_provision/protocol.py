@@ -155,6 +155,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "units": texts(),
         "driver_repo": apt_mirror(),  # checked: does the driver's set resolve from this mirror alone
         "driver_packages": texts(),
+        "state_dir": optional_text(),  # where the node keeps its previous health counter sample
     },
     "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects(), "simulated": flag()},
     "reboot": {"lock": line(), "lock_wait_s": number(), "simulated": flag()},
@@ -186,6 +187,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "node": line(),
         "launcher": optional_text(),  # the installed mgpu-torchrun; null: smoke runs torchrun itself
         "files": installed_files(),  # checked before any rank starts
+        "interconnect": choice("nvlink", "nvswitch", "pcie"),  # what joins the GPUs: sizes, NCCL transport
     },
     "smoke-cleanup": {"run_id": line(required=True), "node_rank": integer(0, required=True)},
 }
@@ -224,6 +226,7 @@ def facts_request(
     units: Sequence[str] = (),
     driver_repo: Optional[Dict[str, str]] = None,
     driver_packages: Sequence[str] = (),
+    state_dir: Optional[str] = None,
 ) -> Dict[str, Any]:
     """The `facts` verb's arguments. With no arguments: the minimal form, enough for GPUs, driver,
     processes and the boot id (what apply's reboot wait and reclaim's check need)."""
@@ -239,6 +242,8 @@ def facts_request(
         # the rig's driver mirror and the set to install from it: facts simulate the install there
         "driver_repo": driver_repo,
         "driver_packages": list(driver_packages),
+        # the node's state folder: health counters are judged as their change since the previous sample
+        "state_dir": state_dir,
     }
 
 
@@ -575,10 +580,12 @@ def smoke_request(
     batch_size: int,
     launcher: Optional[str],
     sizes_mib: Sequence[float] = (),
+    interconnect: Optional[str] = None,
 ) -> Dict[str, Any]:
     """One node's part of a smoke run, before the node's facts add `env`, `path_prepend` and `files`.
     `launcher`: the installed launcher to run (None: torchrun from `python`); `sizes_mib` empty: the node
-    picks sizes that suit the backend its ranks run."""
+    picks sizes that suit the backend its ranks run and `interconnect` (nvlink, nvswitch or pcie: what
+    joins the rig's GPUs), which also decides the transport NCCL must use."""
     args: Dict[str, Any] = {
         "node": node,
         "python": python,
@@ -597,6 +604,8 @@ def smoke_request(
     }
     if sizes_mib:
         args["sizes_mib"] = list(sizes_mib)
+    if interconnect is not None:
+        args["interconnect"] = interconnect
     return args
 
 

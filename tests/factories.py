@@ -142,9 +142,12 @@ def box_facts(box: dict[str, Any]) -> dict[str, Any]:
 
 def case_health(health: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, Any]:
     """`health:` of a case: every GPU healthy (what a GeForce card answers), then `gpus: {"1": {...}}` patches
-    single GPUs; `xid`, `kernel` and `not_checked` are taken as given."""
+    single GPUs; `xid`, `sxid`, `kernel`, `not_checked` and the counters' interval (`counters_since`,
+    `counters_interval_s`, `xid_change`) are taken as given."""
     patches = {int(k): v for k, v in (health.get("gpus") or {}).items()}
+    host = ("sxid", "counters_since", "counters_interval_s", "xid_change")
     return {
+        **{key: health[key] for key in host if key in health},
         "gpus": [
             {"index": g["index"], "compute_mode": "default", "throttle": [], **patches.get(g["index"], {})}
             for g in gpus

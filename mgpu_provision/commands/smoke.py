@@ -58,6 +58,27 @@ def render_group(group: GroupReport, console: Console) -> None:
             row = node.data_parallel or {}
             table.add_row(shown(node.host), shown(verdict(row.get("ok"))), shown(str(row.get("detail"))))
         console.print(table)
+    loaded = [(node, gpu) for node in group.nodes for gpu in node.under_load]
+    if loaded:
+        table = plain_table("GPUs while the ranks ran")
+        for column in ("node", "GPU", "PCIe trained", "PCIe max", "clock events seen", "samples"):
+            table.add_column(column)
+        for node, gpu in loaded:
+            table.add_row(
+                shown(node.host),
+                str(gpu["index"]),
+                link_text(gpu.get("pcie_gen"), gpu.get("pcie_width")),
+                link_text(gpu.get("pcie_max_gen"), gpu.get("pcie_max_width")),
+                shown(", ".join(gpu.get("throttle") or []) or "none"),
+                str(gpu.get("samples")),
+            )
+        console.print(table)
+    for node in group.nodes:
+        if node.transport:
+            inside = ", ".join(node.transport.get("intra_node") or []) or "-"
+            outside = ", ".join(node.transport.get("inter_node") or []) or "-"
+            words = f"NCCL transport on {node.host}: within the node {inside}; to other nodes {outside}"
+            console.print(shown(words), soft_wrap=True)
     if group.bandwidth:
         band = plain_table(f"all_reduce over {group.world_size} ranks (nccl-tests busbw)")
         for column in ("size MiB", "time us", "algbw GB/s", "busbw GB/s"):
@@ -83,6 +104,10 @@ def render_group(group: GroupReport, console: Console) -> None:
     console.print(line, soft_wrap=True)
     for problem in group.problems:
         console.print(shown("  ", ("!", "red"), f" {problem}"))
+
+
+def link_text(gen: int | None, width: int | None) -> str:
+    return f"gen {gen if gen is not None else '?'} x{width if width is not None else '?'}"
 
 
 def device_text(rank: dict[str, Any]) -> str:

@@ -54,3 +54,5 @@ class SmokeReply(Reply):
     ranks: list[dict[str, Any]] = Field(default_factory=list)
     elapsed_s: float = Field(0.0, ge=0)
     data_parallel: dict[str, Any] | None = None
+    transport: dict[str, Any] | None = None  # what NCCL's log says joined the ranks (smoke_watch.transport)
+    under_load: list[dict[str, Any]] = Field(default_factory=list)  # per GPU while the ranks ran

@@ -25,6 +25,7 @@ from ..fleet.pool import HostOutcome, run_fleet
 from ..fleet.replies import CleanupReply, SmokeReply
 from ..fleet.session import AgentSession, read_facts, read_reply
 from ..fleet.targets import HostTarget
+from ..judge.health import FAILING_THROTTLE
 from ..plan.host import facts_request
 from ..plan.resources.envfiles import desired_files, environment, launcher_path, path_prepends
 from ..protocol import DATA_PARALLEL_TIMEOUT_S, smoke_cleanup_request, smoke_request
@@ -35,6 +36,17 @@ from ..rig.rig import LoadedRig, Rendezvous
 # DataParallel process that a CUDA node runs after its ranks.
 CALL_MARGIN_S = 90.0 + DATA_PARALLEL_TIMEOUT_S
 CLEANUP_TIMEOUT_S = 30.0
+# Default all_reduce busbw floors where a public figure exists, for one node of 8 GPUs on its switch/mesh
+# (GPU model as NVML names it, rig bridge kind): Azure's health checks (azurehpc-health-checks, conf/
+# nd96isr_h100_v5.conf, nd96isr_h200_v5.conf, nd96asr_v4.conf, nd40rs_v2.conf: check_nccl_allreduce)
+# pass H100 at 460, H200 at 431, A100 at 228 and V100 at 110 GB/s, measured at 8 to 16 GiB; smoke stops at
+# 4 GiB, below the plateau, so the floors keep a margin under those figures.
+DEFAULT_FLOORS_GBPS = (
+    ("H100 80GB HBM3", "nvswitch", 400.0),
+    ("H200", "nvswitch", 380.0),
+    ("A100-SXM4", "nvswitch", 200.0),
+    ("V100-SXM2", "nvlink", 95.0),
+)
 
 
 class SmokeInterrupted(KeyboardInterrupt):
@@ -48,6 +60,8 @@ class NodePart:
     host: str
     rendezvous: Rendezvous
     args: dict[str, Any]
+    floor_gbps: float | None = None  # the rig's busbw floor, else the default for its GPUs (None: none)
+    min_pcie: tuple[int | None, int | None] = (None, None)  # the rig's (gen, width), judged under load
 
     @property
     def group(self) -> str:
@@ -69,6 +83,8 @@ class NodeReport:
     elapsed_s: float
     launcher: str | None = None  # the installed launcher the node ran; None: torchrun started by smoke
     data_parallel: dict[str, Any] | None = None  # the node's DataParallel row, run after its ranks (CUDA)
+    transport: dict[str, Any] | None = None  # what NCCL's log says joined the ranks (node side)
+    under_load: list[dict[str, Any]] = field(default_factory=list)  # per GPU while the ranks ran
 
 
 @dataclass(frozen=True)
@@ -156,6 +172,7 @@ def node_part(loaded: LoadedRig, host: Host, run_id: str) -> NodePart:
     assert rendezvous is not None
     smoke = loaded.spec.smoke
     launcher = launcher_path(loaded, host)
+    rig = loaded.rig_of(host)
     args = smoke_request(
         node=host.name,
         python=smoke.python,
@@ -164,9 +181,27 @@ def node_part(loaded: LoadedRig, host: Host, run_id: str) -> NodePart:
         batch_size=smoke.batch_size,
         launcher=launcher,
         sizes_mib=smoke.sizes_mib or (),
+        interconnect=interconnect(rig.bridge.kind, rig.gpus.count),
         **rendezvous.settings(),
     )
-    return NodePart(host.name, rendezvous, args)
+    floor = smoke.busbw_floor_gbps
+    if floor is None and rendezvous.nnodes == 1 and rendezvous.nproc_per_node == 8:
+        floor = default_floor(rig.gpus.model, rig.bridge.kind)
+    return NodePart(host.name, rendezvous, args, floor, (rig.gpus.min_pcie_gen, rig.gpus.min_pcie_width))
+
+
+def interconnect(bridge_kind: str, gpu_count: int) -> str:
+    """What joins every pair of the rig's GPUs, as the node judges NCCL's transport: a bridge joins all of
+    them only on a two-GPU box; elsewhere bridged pairs share the box with pairs that must cross PCIe."""
+    if bridge_kind == "nvswitch":
+        return "nvswitch"
+    if bridge_kind == "nvlink" or (bridge_kind == "nvlink-bridge" and gpu_count == 2):
+        return "nvlink"
+    return "pcie"
+
+
+def default_floor(model: str, bridge_kind: str) -> float | None:
+    return next((f for name, kind, f in DEFAULT_FLOORS_GBPS if name in model and kind == bridge_kind), None)
 
 
 def for_this_node(loaded: LoadedRig, host: Host, part: NodePart, facts: Facts) -> dict[str, Any]:
@@ -221,13 +256,49 @@ def node_report(part: NodePart, outcome: HostOutcome[dict[str, Any]]) -> NodeRep
         float(value.get("elapsed_s") or outcome.elapsed_s),
         part.args["launcher"],
         value.get("data_parallel"),
+        value.get("transport"),
+        list(value.get("under_load") or []),
     )
 
 
-def judge_group(parts: list[NodePart], nodes: list[NodeReport], floor_gbps: float | None) -> GroupReport:
-    """Pure: the group passes when every node passed, ranks 0..N-1 each saw world size N, and the busbw of
-    the largest all_reduce sizes reaches the floor (when the rig file sets one)."""
+def load_problems(node: NodeReport, min_pcie: tuple[int | None, int | None]) -> list[str]:
+    """What the GPUs showed while busy: a hardware slowdown, or a PCIe link that trained below what the
+    device and slot allow (a riser or a dirty slot) or below the rig's minimum."""
+    problems = []
+    min_gen, min_width = min_pcie
+    for gpu in node.under_load:
+        where = f"{node.host} GPU {gpu['index']}"
+        slow = [FAILING_THROTTLE[r] for r in gpu.get("throttle") or () if r in FAILING_THROTTLE]
+        if slow:
+            problems.append(
+                f"{where} was in {', '.join(slow)} while busy: check its cooling and power (PSU, cables)"
+            )
+        for unit, seen, most, least in (
+            ("gen ", gpu.get("pcie_gen"), gpu.get("pcie_max_gen"), min_gen),
+            ("x", gpu.get("pcie_width"), gpu.get("pcie_max_width"), min_width),
+        ):
+            below = []
+            if seen is not None and most is not None and seen < most:
+                below.append(f"the {unit}{most} card and slot allow")
+            if seen is not None and least is not None and seen < least:
+                below.append(f"the rig's {unit}{least}")
+            if below:
+                problems.append(
+                    f"{where}'s PCIe link trained to {unit}{seen} under load, below {' and '.join(below)}: "
+                    "reseat the card, check the riser and slot"
+                )
+    return problems
+
+
+def judge_group(
+    parts: list[NodePart], nodes: list[NodeReport], floor_gbps: float | None = None
+) -> GroupReport:
+    """Pure: the group passes when every node passed, ranks 0..N-1 each saw world size N, no GPU slowed
+    down or ran a trained-down PCIe link while busy, and the busbw of the largest all_reduce sizes reaches
+    the floor (`floor_gbps`, else the parts' own: the rig's or the default for its GPUs)."""
     rendezvous = parts[0].rendezvous
+    if floor_gbps is None:
+        floor_gbps = parts[0].floor_gbps
     expected = rendezvous.world_size
     problems = [f"{n.host}: {n.diagnosis or n.kind or 'failed'}" for n in nodes if not n.ok]
     ranks = {int(r["rank"]): r for n in nodes for r in n.ranks if "rank" in r}
@@ -237,6 +308,8 @@ def judge_group(parts: list[NodePart], nodes: list[NodeReport], floor_gbps: floa
     wrong = sorted(r for r, res in ranks.items() if res.get("world_size") != expected)
     if wrong:
         problems.append(f"ranks {wrong} saw a world size other than {expected}")
+    for node in nodes:
+        problems += load_problems(node, parts[0].min_pcie)
     rank0 = ranks.get(0, {})
     bandwidth = list(rank0.get("bandwidth") or [])
     if floor_gbps is not None and bandwidth:
@@ -362,7 +435,7 @@ def run_smoke(
     failed = [t for t in chosen if outcomes[t.name].status != "ok"]
     if failed:
         clean_up(failed)
-    report = build_report(run_id, parts, outcomes, loaded.spec.smoke.busbw_floor_gbps)
+    report = build_report(run_id, parts, outcomes, None)  # each part carries its floor
     return dataclasses.replace(report, notices=[*skipped, *report.notices])
 
 

@@ -1,11 +1,19 @@
-"""GPU health: what a fleet admin asks before a training run, answered from the same facts call.
+"""GPU health: what a fleet admin asks before a training run, judged as NVIDIA DCGM and the cloud health
+checks judge it, answered from the same facts call.
 
-Critical Xids since boot, ECC mode and uncorrectable errors, memory repair waiting for a reset (retired pages
-before Ampere, remapped rows after), NVLink error counters, hardware clock slowdowns and, on NVSwitch rigs,
-the GPU's fabric registration; and whether the NVIDIA module is built for the kernels a boot can pick. None of
-them can be fixed by apply: each finding names the GPU, the value and what a person should do. A value the
-node could not read (None) is not judged; the facts say once which values were not checked. The rig's
-`health.skip` switches a check off.
+Critical Xids since boot (and GPUs fallen off the bus without an Xid line), fatal NVSwitch SXids, the
+driver's own recovery action, ECC mode and uncorrectable errors (SRAM apart from DRAM), memory repair
+(pending, or past DCGM's limits), NVLink error rates, hardware clock slowdowns and thermal violation time
+and, on NVSwitch rigs, the GPU's fabric registration and health; and whether the NVIDIA module is built for
+the kernels a boot can pick. None of them can be fixed by apply: each finding names the GPU, the value and
+what a person should do. A value the node could not read (None) is not judged; the facts say once which
+values were not checked. The rig's `health.skip` switches a check off.
+
+Each default is taken from a gate that runs in the field, cited beside it: DCGM's health watch
+(`modules/health/DcgmHealthWatch.cpp`, limits in `common/DcgmGPUHardwareLimits.h`), Azure's
+azurehpc-health-checks (`customTests/azure_gpu_*.nhc`), leptonai/gpud and NVIDIA's Xid catalog. Counters are
+judged as rates over the interval the node measured them in (`health.counters_interval_s`), as DCGM judges
+the change over its watch window, never as totals since boot.
 """
 
 from __future__ import annotations
@@ -15,12 +23,15 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .records import Expectation, Finding
 
-# Xids that mean the GPU needs a person: ECC/memory (48, 63, 64, 92, 94, 95), NVLink (74), off the bus (79).
-# The rig file's default `health.critical_xids` (rig/models.py) is this list.
-CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95)
-# What each critical Xid means and what to do, after NVIDIA's Xid catalog and GPU debug guidelines.
-XID_ADVICE = {
+# Critical Xids: (meaning, what to do). DCGM's "devastating" Xids (48, 74, 79, 95, 119, 120, 140 fail on
+# every watch), azurehpc-health-checks' azure_gpu_xid.nhc list (48 56 57 58 62 63 64 65 68 69 73 74 79 80
+# 81 92 119 120), and the NVIDIA Xid catalog (as leptonai/gpud's catalog_generated.go carries it): its
+# RESET_GPU resolutions (62, 143, 155, 158), 169 (SEC2 halt, as 62 is the PMU's), 154 (the recovery action
+# changed) and fatal NVLink5 reports (149, "NETIR ... Fatal" on GB200; gpud PR #1160).
+RESET = "reset the GPU (nvidia-smi -r -i {index}, no process on it) or reboot"
+XID_ADVICE: Dict[int, Tuple[str, str]] = {
     48: ("double-bit ECC error", "drain the GPU and reset it or reboot; replace it if it recurs"),
+    62: ("internal micro-controller (PMU) halt", RESET + "; replace it if it recurs"),
     63: ("ECC page retirement or row remap recorded", "reset the GPU or reboot to apply the repair"),
     64: ("ECC page retirement or row remap failed", "the memory cannot be repaired: replace the GPU"),
     74: ("NVLink error", "reset the GPU; reseat or replace the bridge or cable if it recurs"),
@@ -31,8 +42,70 @@ XID_ADVICE = {
     92: ("high single-bit ECC error rate", "reset the GPU; replace it if the rate stays high"),
     94: ("contained ECC error", "reset the GPU or reboot (the application that hit it was stopped)"),
     95: ("uncontained ECC error", "reset the GPU or reboot: every application on it was affected"),
+    119: (
+        "GSP RPC timeout",
+        RESET + "; if it recurs, update the driver (R525 before 525.105.17 had this bug) or report it",
+    ),
+    120: ("GSP error", RESET + "; if it recurs, update the driver or report it to NVIDIA"),
+    140: ("ECC unrecovered error", RESET + "; replace the GPU if it recurs"),
+    143: ("GPU initialization error", RESET + "; replace the GPU if it does not come back"),
+    149: (
+        "fatal NVLink network (NETIR) error",
+        "reset the GPU or reboot the tray; check the NVLink cables and the switch tray it names",
+    ),
+    154: ("the driver changed the GPU's recovery action", "do what the recovery-action check says"),
+    155: ("NVLink software-defined error", RESET),
+    158: ("GPU fatal timeout", RESET + "; replace the GPU if it recurs"),
+    169: ("internal micro-controller (SEC2) halt", RESET + "; replace it if it recurs"),
 }
+# The rig file's default `health.critical_xids` (rig/models.py) is this list.
+CRITICAL_XIDS = tuple(sorted(XID_ADVICE))
+# Raised by applications, not by the GPU: the catalog's RESTART_APP/IGNORE (13 graphics exception, 31 page
+# fault, 43 channel stopped, 45 preemptive cleanup after another error). Reported in facts, never a failure.
+APP_XIDS = (13, 31, 43, 45)
 GENERIC_XID = ("see NVIDIA's Xid catalog", "reset the GPU or reboot; look up the Xid in NVIDIA's catalog")
+
+# nvmlDeviceGpuRecoveryAction_t (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): DCGM's health watch fails
+# gpu_reset, node_reboot and drain_and_reset and warns on drain_p2p.
+RECOVERY_ADVICE = {
+    "gpu_reset": "reset the GPU (nvidia-smi -r -i {index}) once no process holds it",
+    "node_reboot": "reboot the node",
+    "drain_and_reset": "drain the GPU (stop new work), then reset it",
+    "bus_reset": "reset the GPU's PCIe bus (reboot if that is not possible)",
+    "system_reboot": "reboot the node",
+    "recover_imex_domain": "recover the IMEX domain (restart nvidia-imex on its nodes)",
+}
+RECOVERY_MANUAL = ("drain_p2p",)  # DCGM: WARN; peer-to-peer traffic must stop before the GPU recovers
+
+# DcgmGPUHardwareLimits.h: the retirement table is full at 63 pages; 512 uncorrectable row remaps mark a
+# GPU in a bad state (azurehpc's azure_gpu_ecc.nhc fails above 512 too).
+RETIRED_PAGES_LIMIT = 63
+ROW_REMAP_UNCORRECTABLE_LIMIT = 512
+# DCGM_LIMIT_MAX_NVLINK_ERROR (replay or recovery errors in a minute: fail) and _CRC_ERROR ("CRC errors
+# only matter at rates of 100+ per second"); NVLink5 (Blackwell) counters fail on any rise in the minute.
+NVLINK_PER_MINUTE_LIMIT = 1.0
+NVLINK_CRC_PER_SECOND_LIMIT = 100.0
+NVLINK_PER_MINUTE_COUNTERS = ("replay", "recovery", "recovery_events", "recovery_failed", "symbol")
+# DCGM's MonitorFabricFields: every one of these health-mask problems fails (nvml.h nvmlGpuFabricInfo_v2+).
+FABRIC_PROBLEMS = {
+    "degraded_bandwidth": "its NVLink bandwidth is degraded",
+    "route_recovery": "a route is in recovery",
+    "route_unhealthy": "a route is unhealthy",
+    "access_timeout_recovery": "an access timeout is being recovered",
+    "incorrect_sysguid": "the configuration is wrong (system GUID)",
+    "incorrect_chassis_sn": "the configuration is wrong (chassis serial number)",
+    "no_partition": "the configuration is wrong (no partition)",
+    "insufficient_nvlinks": "the configuration is wrong (too few NVLinks)",
+    "incompatible_gpu_firmware": "the configuration is wrong (incompatible GPU firmware)",
+    "invalid_location": "the configuration is wrong (invalid location)",
+    "gpu_state_invalid": "the configuration is wrong (GPU state invalid)",
+}
+FABRIC_FAILING_SUMMARIES = ("unhealthy", "limited_capacity")
+# DCGM's MonitorThermal warns on any thermal violation time in its window; power and board-limit time is
+# what a cap is for. Judged only over a real window (a previous sample), never over the time since boot.
+VIOLATIONS_JUDGED = ("thermal", "reliability")
+
+
 FAILING_THROTTLE = {
     "hw_slowdown": "HW slowdown",
     "hw_thermal": "HW thermal slowdown",
@@ -40,26 +113,31 @@ FAILING_THROTTLE = {
 }
 RESTART_FABRIC = "restart nvidia-fabricmanager, then reset the GPUs or reboot"
 REBUILD = "rebuild it (dkms autoinstall -k {k}, or install the prebuilt module package for that kernel)"
+REPLACE_LINK = "reseat or replace the bridge or cable, then reset the GPU"
 
 Facts = Dict[str, Any]
 GpuHealth = Dict[str, Any]
 
 
 def health(facts: Facts, expect: Expectation) -> List[Finding]:
-    """Every health finding of the box, Xids first, then GPU by GPU in the order of `_PER_GPU`."""
+    """Every health finding of the box: Xids and SXids first, then GPU by GPU in the order of `_PER_GPU`."""
     report = facts.get("health")
     if report is None:
         return []  # an agent that does not read health
     # Xids come from the kernel log: judged even when NVML cannot start (they often say why).
     findings = xid(report.get("xid") or (), set(expect.critical_xids)) if expect.checks("xid") else []
+    if expect.checks("sxid"):
+        findings += sxid(report.get("sxid") or ())
+    window = (report.get("counters_since"), report.get("counters_interval_s"))
     for gpu in report.get("gpus") or ():
         for name, judge in _PER_GPU:
             if expect.checks(name):
-                findings += judge(expect, gpu)
+                findings += judge(expect, gpu, window)
     return findings
 
 
 def xid(events: Any, critical: Set[int]) -> List[Finding]:
+    """One finding per (GPU, critical Xid), counted; app Xids and the rest are no failure."""
     seen: Dict[Tuple[Optional[int], str, int], int] = {}
     for event in events:
         if event["code"] in critical:
@@ -71,11 +149,46 @@ def xid(events: Any, critical: Set[int]) -> List[Finding]:
         who = f"GPU {gpu}" if gpu is not None else f"the GPU at {address} (no longer listed by NVML)"
         count = "" if times == 1 else f" ({times} times)"
         message = f"{who} logged Xid {code} since boot{count} ({meaning})"
+        advice = advice.format(index=gpu if gpu is not None else "N")
         findings.append(Finding("xid", message, f"Xid {code}", "no critical Xid", gpu, advice=advice))
     return findings
 
 
-def _ecc(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
+def sxid(events: Any) -> List[Finding]:
+    """Fatal NVSwitch SXids fail (DCGM: DCGM_FI_DEV_SXID_FATAL_ERROR fails, non-fatal ones warn)."""
+    seen: Dict[Tuple[str, str, int], int] = {}
+    for event in events:
+        if event.get("fatal"):
+            key = (event["switch"], event["pci_bus_id"], event["code"])
+            seen[key] = seen.get(key, 0) + 1
+    findings = []
+    for (switch, address, code), times in seen.items():
+        count = "" if times == 1 else f" ({times} times)"
+        message = f"NVSwitch {switch} ({address}) logged fatal SXid {code} since boot{count}"
+        advice = (
+            "the fabric needs a reset; restart nvidia-fabricmanager and reset the GPUs, or reboot; look the "
+            "SXid up in the Fabric Manager guide (appendix D)"
+        )
+        findings.append(Finding("sxid", message, f"SXid {code}", "no fatal SXid", advice=advice))
+    return findings
+
+
+Window = Tuple[Optional[str], Optional[float]]  # (counters_since: "sample" or "boot", interval in seconds)
+
+
+def _recovery_action(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:
+    action, index = gpu.get("recovery_action"), gpu["index"]
+    if action in (None, "none"):
+        return []
+    if action in RECOVERY_MANUAL:
+        message = f"the driver asks to stop peer-to-peer traffic to GPU {index} before it recovers"
+        return [Finding("recovery-action", message, action, "none", index, kind="manual")]
+    advice = RECOVERY_ADVICE.get(action, "see NVIDIA's documentation of the recovery action")
+    message = f"the driver says GPU {index} needs recovery ({action})"
+    return [Finding("recovery-action", message, action, "none", index, advice=advice.format(index=index))]
+
+
+def _ecc(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:
     findings = []
     want, mode, index = expect.ecc, gpu.get("ecc_mode"), gpu["index"]
     state = {True: "on", False: "off"}
@@ -89,18 +202,43 @@ def _ecc(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
         message = f"GPU {index} has {errors} uncorrectable ECC error(s) since the driver loaded"
         advice = "drain it and reset it or reboot; replace it if they come back"
         findings.append(Finding("ecc", message, str(errors), "0", index, advice=advice))
+    # azurehpc's azure_gpu_ecc.nhc fails on any uncorrectable SRAM error, volatile or aggregate: SRAM is
+    # on-chip and row remapping (which repairs DRAM) cannot fix it. The driver's threshold verdict too.
+    sram_keys = ("ecc_sram_volatile_uncorrectable", "ecc_sram_aggregate_uncorrectable")
+    sram = max(gpu.get(key) or 0 for key in sram_keys)
+    said = [f"{sram} uncorrectable SRAM (on-chip) ECC error(s)"] if sram else []
+    if gpu.get("sram_threshold_exceeded"):
+        said.append("the driver's SRAM error threshold exceeded")
+    if said:
+        message = f"GPU {index} has {' and '.join(said)}"
+        advice = "row remapping cannot repair SRAM; drain it and replace the GPU"
+        findings.append(Finding("ecc", message, f"{sram} SRAM", "0", index, advice=advice))
     return findings
 
 
-def _memory_repair(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
+def _memory_repair(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:
     index = gpu["index"]
     reset = f"reset required: reset GPU {index} (nvidia-smi -r -i {index}) or reboot"
+    replace = "replace the GPU"
     if gpu.get("remapped_rows_failure"):
         message, advice = (
             f"row remapping failed on GPU {index}",
             "its memory cannot be repaired, replace the GPU",
         )
         return [Finding("memory-repair", message, "remap failed", "no failure", index, advice=advice)]
+    pages, rows = gpu.get("retired_pages"), gpu.get("remapped_rows_uncorrectable")
+    if pages is not None and pages >= RETIRED_PAGES_LIMIT:
+        message = f"GPU {index} has {pages} retired pages, the limit of its retirement table"
+        desired = f"< {RETIRED_PAGES_LIMIT}"
+        message = f"{message} ({RETIRED_PAGES_LIMIT})"
+        return [Finding("memory-repair", message, f"{pages} pages", desired, index, advice=replace)]
+    if rows is not None and rows >= ROW_REMAP_UNCORRECTABLE_LIMIT:
+        message = (
+            f"GPU {index} has remapped {rows} rows for uncorrectable errors "
+            f"({ROW_REMAP_UNCORRECTABLE_LIMIT} or more: a GPU in a bad state)"
+        )
+        desired = f"< {ROW_REMAP_UNCORRECTABLE_LIMIT}"
+        return [Finding("memory-repair", message, f"{rows} rows", desired, index, advice=replace)]
     for key, what in (("remapped_rows_pending", "remapped rows"), ("retired_pages_pending", "retired pages")):
         if gpu.get(key):
             message = f"GPU {index} has {what} pending"
@@ -108,35 +246,72 @@ def _memory_repair(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
     return []
 
 
-def _nvlink_errors(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
-    limit, index = expect.nvlink_error_max, gpu["index"]
+def _nvlink_errors(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:
+    """Each link's counters as rates over the interval (replay, recovery and the NVLink5 counters per
+    minute, CRC per second); from an agent that reports no changes, the totals against nvlink_error_max."""
+    index, (_, interval) = gpu["index"], window
     findings = []
     for link in gpu.get("nvlink_errors") or ():
-        counts = (("CRC", link["crc"]), ("replay", link["replay"]), ("recovery", link["recovery"]))
-        over = [f"{count} {name}" for name, count in counts if count > limit]
+        where = f"GPU {index} link {link['link']}"
+        change = link.get("change")
+        if change is None or not interval:
+            limit = expect.nvlink_error_max
+            labels = (("crc", "CRC"), ("replay", "replay"), ("recovery", "recovery"))
+            counts = [(label, link.get(key)) for key, label in labels]
+            over = [f"{count} {name}" for name, count in counts if count is not None and count > limit]
+            if over:
+                message = f"{where}: {', '.join(over)} errors (more than {limit})"
+                desired = f"at most {limit}"
+                findings.append(
+                    Finding("nvlink-errors", message, ", ".join(over), desired, index, advice=REPLACE_LINK)
+                )
+            continue
+        minutes = interval / 60.0
+        over = [
+            f"{name} {change[name] / minutes:.1f}/min"
+            for name in NVLINK_PER_MINUTE_COUNTERS
+            if change.get(name) and change[name] / minutes >= NVLINK_PER_MINUTE_LIMIT
+        ]
+        crc = change.get("crc") or 0
+        if crc / interval >= NVLINK_CRC_PER_SECOND_LIMIT:
+            over.append(f"CRC {crc / interval:.0f}/s")
         if over:
-            message = f"GPU {index} link {link['link']}: {', '.join(over)} errors (more than {limit})"
-            advice = "reseat or replace the bridge or cable, then reset the GPU"
-            finding = Finding(
-                "nvlink-errors", message, ", ".join(over), f"at most {limit}", index, advice=advice
+            message = f"{where}: {', '.join(over)} over the last {_duration(interval)}"
+            desired = (
+                f"< {NVLINK_PER_MINUTE_LIMIT:g} replay/recovery per minute, "
+                f"< {NVLINK_CRC_PER_SECOND_LIMIT:g} CRC per second"
             )
-            findings.append(finding)
+            findings.append(
+                Finding("nvlink-errors", message, ", ".join(over), desired, index, advice=REPLACE_LINK)
+            )
     return findings
 
 
-def _throttle(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
+def _throttle(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:
     active = [FAILING_THROTTLE[r] for r in gpu.get("throttle") or () if r in FAILING_THROTTLE]
-    if not active:
-        return []
     index = gpu["index"]
-    advice = (
-        "check its cooling (fans, airflow, inlet temperature) and power (PSU, cables, power brake signal)"
-    )
-    message = f"GPU {index} is in {', '.join(active)}"
-    return [Finding("throttle", message, ", ".join(active), "no hardware slowdown", index, advice=advice)]
+    findings = []
+    if active:
+        advice = (
+            "check its cooling (fans, airflow, inlet temperature) and power (PSU, cables, power brake signal)"
+        )
+        message = f"GPU {index} is in {', '.join(active)}"
+        desired = "no hardware slowdown"
+        findings.append(Finding("throttle", message, ", ".join(active), desired, index, advice=advice))
+    since, interval = window
+    change = gpu.get("change") or {}
+    if since == "sample" and interval:  # a real window, as DCGM's; never the time since boot
+        grown = {name: change.get(f"violation_{name}_ms") for name in VIOLATIONS_JUDGED}
+        grew = [f"{name} {ms} ms" for name, ms in grown.items() if ms]
+        if grew:
+            held = ", ".join(grew)
+            message = f"GPU {index} had its clocks held down ({held}) over the last {_duration(interval)}"
+            desired, advice = "no thermal violation time", "check its cooling and airflow"
+            findings.append(Finding("throttle", message, held, desired, index, advice=advice))
+    return findings
 
 
-def _fabric(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
+def _fabric(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:
     state, status, index = gpu.get("fabric_state"), gpu.get("fabric_status"), gpu["index"]
     if expect.bridge_kind != "nvswitch" or state in (None, "not_supported"):
         return []  # only NVSwitch rigs of Hopper and later register with a fabric
@@ -150,10 +325,27 @@ def _fabric(expect: Expectation, gpu: GpuHealth) -> List[Finding]:
     if status not in (None, "success"):
         message, advice = f"GPU {index} fabric registration failed ({status})", RESTART_FABRIC
         return [Finding("fabric", message, status, "success", index, advice=advice)]
-    return []
+    problems = [FABRIC_PROBLEMS[p] for p in gpu.get("fabric_health") or () if p in FABRIC_PROBLEMS]
+    summary = gpu.get("fabric_summary")
+    if summary in FABRIC_FAILING_SUMMARIES:
+        problems.append(f"the fabric reports it {summary.replace('_', ' ')}")
+    if not problems:
+        return []
+    message = f"GPU {index} on the NVSwitch fabric: {'; '.join(problems)}"
+    advice = "check the NVLink trays and cables and the Fabric Manager log, then reset the GPUs or reboot"
+    current = ", ".join(list(gpu.get("fabric_health") or []) + ([summary] if summary else []))
+    return [Finding("fabric", message, current, "healthy", index, advice=advice)]
 
 
-_PER_GPU: Tuple[Tuple[str, Callable[[Expectation, GpuHealth], List[Finding]]], ...] = (
+def _duration(seconds: float) -> str:
+    for limit, unit, size in ((120, "s", 1), (7200, "min", 60), (172800, "h", 3600)):
+        if seconds < limit:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds / 86400:.0f} days"
+
+
+_PER_GPU: Tuple[Tuple[str, Callable[[Expectation, GpuHealth, Window], List[Finding]]], ...] = (
+    ("recovery_action", _recovery_action),
     ("ecc", _ecc),
     ("memory_repair", _memory_repair),
     ("nvlink_errors", _nvlink_errors),

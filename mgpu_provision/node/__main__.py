@@ -55,7 +55,8 @@ def _reclaim(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
 def _smoke(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
     from .verbs.smoke import run
 
-    return run(args, simulated=backend().simulated), None
+    chosen = backend()
+    return run(args, simulated=chosen.simulated, backend=chosen), None
 
 
 def _smoke_cleanup(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:

@@ -42,8 +42,14 @@ def check_failed(
 
 
 def failed_checks(findings: Iterable[Finding]) -> list[Change]:
-    """The judge's findings as failed checks, in its order."""
-    return [check_failed(f.check, f.summary, f.current, f.desired) for f in findings]
+    """The judge's findings as failed checks, in its order; those of kind "manual" (a person acts, e.g. the
+    driver's drain-P2P recovery action) as manual steps."""
+    return [
+        Change(f.check, "manual", f.summary, f.current, f.desired)
+        if f.kind == "manual"
+        else check_failed(f.check, f.summary, f.current, f.desired)
+        for f in findings
+    ]
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         units=([boot_unit.UNIT] if unit else []) + node_check.units(loaded, host),
         driver_repo=mirror.repo_of(loaded, host),
         driver_packages=mirror.packages_of(loaded, host),
+        state_dir=envfiles.node_path(loaded, host, loaded.spec.files.state_dir),
     )
 
 

@@ -236,6 +236,8 @@ class Driver(Strict):
 
 HealthCheck = Literal[
     "xid",
+    "sxid",
+    "recovery_action",
     "ecc",
     "memory_repair",
     "nvlink_errors",
@@ -256,14 +258,21 @@ class Health(Strict):
         default_factory=list, description="checks to switch off: " + ", ".join(HEALTH_CHECKS)
     )
     critical_xids: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
-        default_factory=lambda: list(CRITICAL_XIDS), description="Xid codes that fail the xid check"
+        default_factory=lambda: list(CRITICAL_XIDS),
+        description="Xid codes that fail the xid check; the default: DCGM's and the cloud checks' critical "
+        "Xids (the README's table)",
     )
     ecc: bool | None = Field(None, description="expected ECC mode; null: the mode is not judged (errors are)")
     nvlink_error_max: int = Field(
-        100, ge=0, description="most CRC, replay or recovery errors an active NVLink may count since boot"
+        100,
+        ge=0,
+        description="most CRC, replay or recovery errors an active NVLink may count, judged only for agents "
+        "that report no counter changes (newer ones are judged by rate: DCGM's limits)",
     )
-    power_limit_w: int | None = Field(
-        None, ge=1, le=5000, description="power limit apply sets on every GPU; null: each GPU's default"
+    power_limit_w: Annotated[int, Field(ge=1, le=5000)] | Literal["default"] | None = Field(
+        None,
+        description="power limit apply sets on every GPU, in W, or `default` (each GPU's default limit); "
+        "absent: the limits are left as they are",
     )
     compute_mode: Literal["default", "exclusive_process", "prohibited"] = Field(
         "default", description="compute mode apply sets on every GPU"

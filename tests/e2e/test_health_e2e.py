@@ -57,10 +57,28 @@ SICK: dict[str, tuple[dict[int, dict[str, Any]], dict[str, Any], tuple[str, str,
         ("throttle", "verify-failed", "GPU 1 is in HW thermal slowdown"),
     ),
     "lost": ({1: {"lost": True}}, {}, ("gpus", "verify-failed", "GPU 1 (00000000:21:00.0) is lost")),
-    "crc": (
-        {0: {"nvlink_errors": [{"link": 1, "crc": 500}]}},
+    # Counters are judged as rates over the time since the node's previous sample (here: none yet, so
+    # since boot): 3 replays 30 s after boot fail (DCGM: 1 per minute), 120 CRC errors over months do not.
+    "replay": (
+        {0: {"nvlink_errors": [{"link": 1, "crc": 500, "replay": 3}]}},
+        {"uptime_s": 30},
+        ("nvlink-errors", "verify-failed", "GPU 0 link 1: replay 6.0/min over the last 30 s"),
+    ),
+    "crc-months": ({0: {"nvlink_errors": [{"link": 1, "crc": 120}]}}, {"uptime_s": 23_328_000}, ("", "", "")),
+    "gsp": (
+        {0: {"xid": [119, 13]}},
         {},
-        ("nvlink-errors", "verify-failed", "GPU 0 link 1: 500 CRC errors (more than 100)"),
+        ("xid", "verify-failed", "GPU 0 logged Xid 119 since boot (GSP RPC timeout): reset the GPU"),
+    ),
+    "recovery": (
+        {1: {"recovery_action": "node_reboot"}},
+        {},
+        ("recovery-action", "verify-failed", "the driver says GPU 1 needs recovery (node_reboot): reboot"),
+    ),
+    "sram": (
+        {1: {"ecc": {"mode": True, "sram_aggregate_uncorrectable": 1, "dram_aggregate_uncorrectable": 0}}},
+        {},
+        ("ecc", "verify-failed", "GPU 1 has 1 uncorrectable SRAM (on-chip) ECC error(s)"),
     ),
     "p2p": (
         {1: {"p2p_ok_with": []}},
@@ -82,6 +100,16 @@ SICK: dict[str, tuple[dict[int, dict[str, Any]], dict[str, Any], tuple[str, str,
             "verify-failed",
             "GPU 5 fabric registration is in_progress: check that nvidia-fabricmanager",
         ),
+    ),
+    "hgx-degraded": (
+        {i: {"fabric": dict(REGISTERED["fabric"], health=["route_unhealthy"] * (i == 3))} for i in range(8)},
+        {},
+        ("fabric", "verify-failed", "GPU 3 on the NVSwitch fabric: a route is unhealthy"),
+    ),
+    "hgx-sxid": (
+        {i: REGISTERED for i in range(8)},
+        {"sxid": [{"switch": "nvidia-nvswitch2", "pci_bus_id": "0000:07:00.0", "code": 20034}]},  # fatal
+        ("sxid", "verify-failed", "NVSwitch nvidia-nvswitch2 (0000:07:00.0) logged fatal SXid 20034"),
     ),
     "upgraded": (
         {},
@@ -177,7 +205,9 @@ def test_without_the_boot_unit_a_reboot_brings_the_drift_back(
     test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """What the unit is for: with `systemd_dir: null` (no unit), the settings apply made are gone after a
-    reboot and the plan shows them again; a rig that no longer sets them has its unit disabled and removed."""
+    reboot and the plan shows them again; a rig that asks for the defaults has its unit disabled and removed.
+    A rig that says nothing about power_limit_w leaves the limit as it is (plan case
+    health-power-capped-450-no-rig-limit)."""
     host = test_hosts.start("forgets", twin_for({}, {}), rig="pair")
     files = {"profile_d": None, "environment_file": None, "launcher": None, "systemd_dir": None}
     rig = test_hosts.write_rig(tmp_path / "rig.yaml", [host], rigs=RIG, files=files)
@@ -189,13 +219,17 @@ def test_without_the_boot_unit_a_reboot_brings_the_drift_back(
     got = [(c["resource"], c["summary"]) for c in doc["hosts"]["forgets"]["changes"]]
     assert (code, got) == (2, [("power", "power limit 350 W → 300 W on GPU 0, 1")])
 
-    # The rig's unit, then a rig that keeps the defaults: the unit is disabled, then removed.
+    # The rig's unit, then a rig that asks for the default limits: the limits go back to the GPUs' default,
+    # the unit (a boot sets the defaults itself) is disabled, then removed.
     managed = test_hosts.write_rig(
         tmp_path / "managed.yaml", [host], rigs=RIG, files=dict(files, systemd_dir="/etc/systemd/system")
     )
     assert cli.main(["apply", str(managed), "--known-hosts", str(test_hosts.known_hosts), "--yes"]) == 0
     assert host.run_in_ns(f"test -f {UNIT_FILE}", check=False).returncode == 0
-    defaults = {name: {k: v for k, v in rig_type.items() if k != "health"} for name, rig_type in RIG.items()}
+    defaults = {
+        name: dict(rig_type, health={"power_limit_w": "default"}) if "health" in rig_type else rig_type
+        for name, rig_type in RIG.items()
+    }
     plain = test_hosts.write_rig(
         tmp_path / "plain.yaml", [host], rigs=defaults, files=dict(files, systemd_dir="/etc/systemd/system")
     )

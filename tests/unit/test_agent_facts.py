@@ -395,19 +395,35 @@ A100 = {"name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920}
 def test_twin_health_reads_as_nvml_would_answer(tmp_path: Path) -> None:
     sick = {
         "xid": [79, 79],
-        "ecc": {"mode": True, "volatile_uncorrectable": 2},
+        "ecc": {
+            "mode": True,
+            "volatile_uncorrectable": 2,
+            "sram_volatile_uncorrectable": 2,
+            "sram_aggregate_uncorrectable": 3,
+            "dram_volatile_uncorrectable": 0,
+            "sram_threshold_exceeded": True,
+        },
         "remapped_rows": {"pending": True, "uncorrectable": 1},
         "nvlink_errors": [{"link": 1, "crc": 500}],
         "throttle": ["hw_slowdown", "sw_power_cap"],
         "power_limit_w": 300,
         "default_power_limit_w": 400,
+        "enforced_power_limit_w": 250,
         "compute_mode": "exclusive_process",
         "mig": True,
-        "fabric": {"state": "in_progress", "status": "success"},
+        "fabric": {
+            "state": "in_progress",
+            "status": "success",
+            "health": ["degraded_bandwidth", "insufficient_nvlinks"],
+            "summary": "limited_capacity",
+        },
+        "recovery_action": "drain_and_reset",
+        "violation_ms": {"thermal": 1500},
     }
     kernel = {"running": "6.8.0-45-generic", "installed": ["6.8.0-45-generic", "6.8.0-47-generic"]}
     text = (REFERENCE / "2x-rtx3090-nvlink-bridge.txt").read_text()
-    twin = write_twin(tmp_path, text, 2, kernel=kernel)
+    sxid = [{"switch": "nvidia-nvswitch1", "pci_bus_id": "0000:06:00.0", "code": 20034, "fatal": True}]
+    twin = write_twin(tmp_path, text, 2, kernel=kernel, sxid=sxid, uptime_s=7_776_000)
     data = json.loads(twin.read_text())
     data["gpus"] = [dict(A100, health=sick), dict(A100, health={"lost": True})]
     twin.write_text(json.dumps(data))
@@ -436,6 +452,19 @@ def test_twin_health_reads_as_nvml_would_answer(tmp_path: Path) -> None:
         True,
     )
     assert (gpu.fabric_state, gpu.fabric_status) == ("in_progress", "success")
+    assert (gpu.fabric_health, gpu.fabric_summary) == (
+        ["degraded_bandwidth", "insufficient_nvlinks"],
+        "limited_capacity",
+    )
+    assert (gpu.recovery_action, gpu.enforced_power_limit_w) == ("drain_and_reset", 250)
+    assert gpu.violation_ms == {"power": 0, "thermal": 1500, "board_limit": 0, "reliability": 0}
+    sram = (gpu.ecc_sram_volatile_uncorrectable, gpu.ecc_sram_aggregate_uncorrectable)
+    assert sram == (2, 3) and gpu.sram_threshold_exceeded is True
+    assert (gpu.ecc_dram_volatile_uncorrectable, gpu.ecc_dram_aggregate_uncorrectable) == (0, None)
+    assert [(s.switch, s.code, s.fatal) for s in facts.health.sxid] == [("nvidia-nvswitch1", 20034, True)]
+    # No state folder: the changes are the totals, over the twin's 90 days since boot.
+    assert (facts.health.counters_since, facts.health.counters_interval_s) == ("boot", 7_776_000)
+    assert gpu.nvlink_errors[1].change == {"crc": 500, "replay": 0, "recovery": 0}
     assert facts.health.kernel is not None and facts.health.kernel.nvidia_module_for == []
     assert facts.health.not_checked == []
 
@@ -451,6 +480,8 @@ def test_a_twin_without_health_is_a_healthy_box(tmp_path: Path) -> None:
         "ecc: not supported on GPU 0, 1",
         "memory repair: not supported on GPU 0, 1",
         "power limit: not supported on GPU 0, 1",
+        "recovery action: not supported on GPU 0, 1",
+        "violation time: not supported on GPU 0, 1",
         "kernel: not read (no /lib/modules, or a twin without `kernel`)",
     ]
     assert [p.p2p_read for p in facts.pairs] == ["OK"]
@@ -473,16 +504,23 @@ gpus:
     memory_mib: 81920
     health:
       xid: [79]
-      ecc: {mode: true, volatile_uncorrectable: 0, aggregate_uncorrectable: 0}
+      ecc: {mode: true, volatile_uncorrectable: 0, aggregate_uncorrectable: 0,
+            sram_volatile_uncorrectable: 0, sram_aggregate_uncorrectable: 0,
+            dram_volatile_uncorrectable: 0, dram_aggregate_uncorrectable: 0, sram_threshold_exceeded: false}
       retired_pages: {pending: false, count: 0}
       remapped_rows: {pending: false, failure: false, uncorrectable: 0}
-      nvlink_errors: [{link: 0, crc: 0, replay: 0, recovery: 0}]
+      nvlink_errors: [{link: 0, crc: 0, replay: 0, recovery: 0, recovery_events: 0, recovery_failed: 0,
+                       symbol: 0}]
+      nvlink_error_api: counters
       throttle: []
       power_limit_w: 400
       default_power_limit_w: 400
+      enforced_power_limit_w: 400
+      recovery_action: none
+      violation_ms: {power: 0, thermal: 0, board_limit: 0, reliability: 0}
       compute_mode: default
       mig: false
-      fabric: {state: completed, status: success, clique_id: 3,
+      fabric: {state: completed, status: success, health: [], summary: healthy, clique_id: 3,
                cluster_uuid: "9b0c6f0e-3d5a-4c1e-8f2b-6a7d1e4c9b20"}
       lost: false
       p2p_ok_with: [1]
@@ -491,6 +529,8 @@ gpus:
 kernel: {running: "6.8.0-45-generic", installed: ["6.8.0-45-generic", "6.8.0-47-generic"],
          nvidia_module_for: ["6.8.0-45-generic"], secure_boot: false, module_signed: true,
          module_key_enrolled: true, next_boot: "6.8.0-45-generic"}
+uptime_s: 86400
+sxid: [{switch: nvidia-nvswitch0, pci_bus_id: "0000:05:00.0", code: 12028, fatal: false}]
 """
 
 
@@ -505,11 +545,13 @@ def test_the_issue_twin_format_is_read_and_described_by_the_schema(tmp_path: Pat
     twin = yaml.safe_load(ISSUE_TWIN)
     health = schema["properties"]["gpus"]["items"]["properties"]["health"]["properties"]
     assert set(twin["gpus"][0]["health"]) == set(health)
-    for key in ("ecc", "retired_pages", "remapped_rows", "fabric"):
+    for key in ("ecc", "retired_pages", "remapped_rows", "fabric", "violation_ms"):
         assert set(twin["gpus"][0]["health"][key]) == set(health[key]["properties"]), key
     link = health["nvlink_errors"]["items"]["properties"]
     assert set(twin["gpus"][0]["health"]["nvlink_errors"][0]) == set(link)
     assert set(twin["kernel"]) == set(schema["properties"]["kernel"]["properties"])
+    assert set(twin["sxid"][0]) == set(schema["properties"]["sxid"]["items"]["properties"])
+    assert [(x.switch, x.fatal) for x in facts.health.sxid] == [("nvidia-nvswitch0", False)]
 
 
 def test_the_blackwell_twins_read_as_their_boxes() -> None:

@@ -137,6 +137,31 @@ class ScriptedNvml:
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:
         return 7 if (handle, link, counter) == (0, 1, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT) else 0
 
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> int:
+        return self.nvmlDeviceGetPowerManagementLimit(handle)
+
+    nvmlDeviceGetViolationStatus = _not_supported
+
+    def field_value(self, handle: int, field: int, scope: int) -> int | None:
+        """A field's value, None for NotSupported (GeForce: no recovery action, no NVLink fields)."""
+        return None
+
+    def nvmlDeviceGetFieldValues(self, handle: int, ids: list[tuple[int, int]]) -> list[Any]:
+        answers = []
+        for field, scope in ids:
+            value = self.field_value(handle, field, scope)
+            code = pynvml.NVML_ERROR_NOT_SUPPORTED if value is None else pynvml.NVML_SUCCESS
+            union = SimpleNamespace(uiVal=value or 0, ullVal=value or 0)
+            kind = (
+                pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                if field == 230
+                else pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            )
+            answers.append(
+                SimpleNamespace(fieldId=field, scopeId=scope, nvmlReturn=code, valueType=kind, value=union)
+            )
+        return answers
+
 
 # Neither pid is alive here: facts list them as dead, reclaim ends nothing.
 HOLDERS = [
@@ -150,7 +175,7 @@ def real_facts(
 ) -> dict[str, Any]:
     """nvidia_facts of the real backend over a scripted pynvml, with the driver installed and loaded."""
     nvml.install(monkeypatch)
-    monkeypatch.setattr(RealBackend, "xid_events", lambda self: ("journal", [("0000:21:00", 79)]))
+    monkeypatch.setattr(RealBackend, "kernel_events", lambda self: ("journal", [("0000:21:00", 79)], []))
     monkeypatch.setattr(RealBackend, "kernel_readiness", lambda self: None)
     monkeypatch.setattr(RealBackend, "installed_version", lambda self: driver)
     monkeypatch.setattr(RealBackend, "loaded_version", lambda self: driver)
@@ -334,8 +359,11 @@ def test_health_from_a_scripted_geforce_nvml(monkeypatch: pytest.MonkeyPatch) ->
     assert health.not_checked == [
         "ecc: not supported on GPU 0, 1, 2",
         "memory repair: not supported on GPU 0, 1, 2",
+        "recovery action: not supported on GPU 0, 1, 2",
+        "violation time: not supported on GPU 0, 1, 2",
         "kernel: not read (no /lib/modules, or a twin without `kernel`)",
     ]
+    assert gpu0.enforced_power_limit_w == 300 and gpu0.ecc_sram_volatile_uncorrectable is None
 
 
 class DatacenterNvml(ScriptedNvml):
@@ -359,6 +387,25 @@ class DatacenterNvml(ScriptedNvml):
         info._obj.status = pynvml.NVML_ERROR_NOT_READY if handle == 2 else pynvml.NVML_SUCCESS
         return int(pynvml.NVML_SUCCESS)
 
+    def field_value(self, handle: int, field: int, scope: int) -> int | None:
+        if field == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+            return int(pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET if handle == 1 else 0)
+        return None
+
+    def nvmlDeviceGetViolationStatus(self, handle: int, policy: int) -> Any:
+        thermal = policy == pynvml.NVML_PERF_POLICY_THERMAL and handle == 0
+        return SimpleNamespace(referenceTime=0, violationTime=2_500_000_000 if thermal else 0)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> int:
+        return 250_000 if handle == 2 else self.nvmlDeviceGetPowerManagementLimit(handle)  # a BMC cap
+
+    def nvmlDeviceGetMemoryErrorCounter(self, handle: int, kind: int, counter: int, location: int) -> int:
+        if location == pynvml.NVML_MEMORY_LOCATION_SRAM:
+            return 4 if handle == 0 and counter == pynvml.NVML_AGGREGATE_ECC else 0
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # A100: DRAM is not counted apart
+
+    nvmlDeviceGetSramEccErrorStatus = ScriptedNvml._function_not_found
+
 
 def test_health_from_a_scripted_datacenter_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     health = HostHealth.model_validate(real_facts(monkeypatch, DatacenterNvml())["health"])
@@ -375,6 +422,56 @@ def test_health_from_a_scripted_datacenter_nvml(monkeypatch: pytest.MonkeyPatch)
         ("completed", "NVML Error with code 27"),  # pynvml's words without a libnvidia-ml to ask
     ]
     assert health.not_checked == ["kernel: not read (no /lib/modules, or a twin without `kernel`)"]
+    assert [g.recovery_action for g in health.gpus] == ["none", "drain_and_reset", "none"]
+    assert gpu0.violation_ms == {"power": 0, "thermal": 2500, "board_limit": 0, "reliability": 0}
+    assert [g.enforced_power_limit_w for g in health.gpus] == [300, 350, 250]
+    assert (gpu0.ecc_sram_aggregate_uncorrectable, gpu0.ecc_dram_aggregate_uncorrectable) == (4, None)
+    assert gpu0.sram_threshold_exceeded is None and gpu0.fabric_health is None  # R535: neither call
+
+
+class BlackwellNvml(DatacenterNvml):
+    """B200s with R570: the NVLink counter call answers NotSupported, the field values answer per link;
+    the v3 fabric info carries the health mask and summary; the SRAM status call answers."""
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def field_value(self, handle: int, field: int, scope: int) -> int | None:
+        if field == pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS:
+            return 9 if (handle, scope) == (0, 2) else 0
+        if field == pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS:
+            return 1
+        if field in (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC):
+            return None  # not on this GPU: the others still count
+        return super().field_value(handle, field, scope) if field == 230 else 0
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: int, info: Any) -> int:
+        info._obj.state, info._obj.status = 3, pynvml.NVML_SUCCESS
+        degraded = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE if handle == 1 else 2
+        wrong = 5 if handle == 1 else 1  # insufficient NVLinks / none
+        info._obj.healthMask = degraded | (
+            wrong << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_INCORRECT_CONFIGURATION
+        )
+        info._obj.healthSummary = 3 if handle == 1 else 1
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlDeviceGetSramEccErrorStatus(self, handle: int, status: Any) -> int:
+        status._obj.bThresholdExceeded = int(handle == 2)
+        return int(pynvml.NVML_SUCCESS)
+
+
+def test_health_of_blackwell_reads_nvlink_field_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    health = HostHealth.model_validate(real_facts(monkeypatch, BlackwellNvml())["health"])
+    gpu0, gpu1, _ = health.gpus
+    links = [(e.link, e.source, e.crc, e.recovery, e.symbol, e.recovery_events) for e in gpu0.nvlink_errors]
+    assert links == [(0, "fields", None, 0, 0, 1), (1, "fields", None, 0, 0, 1), (2, "fields", None, 0, 9, 1)]
+    assert "nvlink errors: not supported on GPU 0, 1" not in health.not_checked
+    assert (gpu0.fabric_health, gpu0.fabric_summary) == ([], "healthy")
+    assert (gpu1.fabric_health, gpu1.fabric_summary) == (
+        ["degraded_bandwidth", "insufficient_nvlinks"],
+        "limited_capacity",
+    )
+    assert [g.sram_threshold_exceeded for g in health.gpus] == [False, False, True]
 
 
 class VoltaNvml(DatacenterNvml):

@@ -89,6 +89,34 @@ def test_no_lib_modules_is_not_judged(tmp_path: Path) -> None:
     assert kernel.readiness(str(tmp_path / "absent"), str(tmp_path)) is None
 
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernel"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_xid_149_of_a_gpu_outside_pci_domain_0() -> None:
+    xids = kernel.parse_xids(fixture("xid-149-netir-gb200.log"))
+    assert xids == [("0019:01:00", 149), ("0018:01:00", 145), ("0019:01:00", 45)]
+
+
+def test_a_gpu_fallen_off_the_bus_without_an_xid_line_counts_as_xid_79() -> None:
+    assert kernel.parse_xids(fixture("fallen-off-bus-no-xid.log")) == [("0000:b3:00", 79)]
+
+
+def test_the_single_fallen_off_line_beside_its_xid_79_is_not_counted_twice() -> None:
+    assert kernel.parse_xids(fixture("sxid-nvswitch.log")) == [("0000:91:00", 79)]
+
+
+def test_sxid_reports_are_read_once_each_with_their_switch() -> None:
+    assert kernel.parse_sxids(fixture("sxid-nvswitch.log")) == [
+        ("nvidia-nvswitch1", "0000:06:00.0", 20034, True),
+        ("nvidia-nvswitch0", "0000:05:00.0", 20034, True),
+        ("nvidia-nvswitch3", "0000:05:00.0", 12028, False),
+    ]
+
+
 def modinfo(version: str) -> bytes:
     """An ELF-ish module whose .modinfo strings carry the driver version, as the kernel's build writes."""
     return b"\x7fELF\0\0license=NVIDIA\0srcversion=0123ABCD\0version=" + version.encode() + b"\0alias=pci\0"

@@ -56,6 +56,7 @@ def test_facts_request_names_managed_files_x_config_and_smoke_python(loaded: Loa
         "units": ["mgpu-provision-gpu-settings"],
         "driver_repo": None,  # no driver.repo: no mirror to check
         "driver_packages": [],
+        "state_dir": "/var/lib/mgpu-provision",  # where the node keeps its health counter sample
     }
 
 

@@ -159,15 +159,15 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         "rigs.pair.health.skip[1]",
         6,
         26,
-        "expected one of 'xid', 'ecc', 'memory_repair', 'nvlink_errors', 'throttle', 'power', "
-        "'compute_mode', 'mig', 'fabric' or 'kernel', got 'temperature'",
+        "expected one of 'xid', 'sxid', 'recovery_action', 'ecc', 'memory_repair', 'nvlink_errors', "
+        "'throttle', 'power', 'compute_mode', 'mig', 'fabric' or 'kernel', got 'temperature'",
     ),
     "health-power-limit-range": (
         rig_with("health: {power_limit_w: 0}"),
         "rigs.pair.health.power_limit_w",
         6,
         29,
-        "must be at least 1, got 0",
+        "must be at least 1, got 0; or expected one of 'default', got 0",
     ),
     "integer-expected": (
         GOOD.decode().replace("count: 2", "count: two"),

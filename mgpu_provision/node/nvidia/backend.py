@@ -31,7 +31,51 @@ CLOCK_EVENTS = (
 COMPUTE_MODES = {0: "default", 2: "prohibited", 3: "exclusive_process"}
 COMPUTE_MODE_CODES = {name: code for code, name in COMPUTE_MODES.items()}
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+# nvmlGpuFabricInfo_v2+ healthMask: 2-bit fields (1 = TRUE), incorrect configuration a 4-bit reason code
+# (0 not supported, 1 none); v3 adds healthSummary.
+FABRIC_HEALTH_BITS = (
+    (0, "degraded_bandwidth"),
+    (2, "route_recovery"),
+    (4, "route_unhealthy"),
+    (6, "access_timeout_recovery"),
+)
+FABRIC_INCORRECT_CONFIGURATION_SHIFT = 8
+FABRIC_INCORRECT_CONFIGURATION = {
+    2: "incorrect_sysguid",
+    3: "incorrect_chassis_sn",
+    4: "no_partition",
+    5: "insufficient_nvlinks",
+    6: "incompatible_gpu_firmware",
+    7: "invalid_location",
+    8: "gpu_state_invalid",
+}
+FABRIC_SUMMARIES = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}
+# Field values (nvmlDeviceGetFieldValues): the driver's verdict, and the NVLink counters nvml.h names for
+# GPUs whose nvmlDeviceGetNvLinkErrorCounter answers NotSupported (Blackwell).
+FI_GPU_RECOVERY_ACTION = 230
+RECOVERY_ACTIONS = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
+NVLINK_FIELDS = (
+    (161, "replay"),  # NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY
+    (162, "recovery"),  # NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY
+    (163, "crc"),  # NVML_FI_DEV_NVLINK_ERROR_DL_CRC
+    (215, "recovery_events"),  # NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS
+    (214, "recovery_failed"),  # NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS
+    (221, "symbol"),  # NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS
+)
+# nvmlPerfPolicyType_t of nvmlDeviceGetViolationStatus: the clock-limit time DCGM's health watch reads.
+VIOLATION_POLICIES = ((0, "power"), (1, "thermal"), (3, "board_limit"), (5, "reliability"))
+MEMORY_LOCATION_DRAM, MEMORY_LOCATION_SRAM = 2, 7
 XidEvent = Tuple[str, int]  # (PCI domain:bus:device as the kernel log prints it, Xid code)
+SXidEvent = Tuple[str, str, int, bool]  # (nvidia-nvswitchN, its PCI address, SXid code, fatal)
 
 # One wording per NVML failure, shared by both backends so a simulated node reads like a real one.
 _NVML_MESSAGES = {
@@ -223,8 +267,13 @@ class Backend(abc.ABC):
 
     # --- health: None wherever the GPU or driver cannot say (NotSupported, a call the driver lacks) ---
     @abc.abstractmethod
-    def xid_events(self) -> Tuple[Optional[str], List[XidEvent]]:
-        """(where they were read, the Xids logged since boot); source None when no kernel log was readable."""
+    def kernel_events(self) -> Tuple[Optional[str], List[XidEvent], List[SXidEvent]]:
+        """(where they were read, the Xids and NVSwitch SXids logged since boot); source None when no kernel
+        log was readable."""
+
+    @abc.abstractmethod
+    def uptime_s(self) -> Optional[float]:
+        """Seconds since boot: the interval of counters that have no earlier sample this boot."""
 
     @abc.abstractmethod
     def kernel_readiness(self) -> Optional[Dict[str, Any]]:
@@ -247,7 +296,31 @@ class Backend(abc.ABC):
         """(rows remapped for uncorrectable errors, remap pending, remap failed) on Ampere and later."""
 
     @abc.abstractmethod
+    def memory_uncorrectable(self, gpu: int, counter: int, location: int) -> Optional[int]:
+        """Uncorrectable ECC errors at MEMORY_LOCATION_SRAM or _DRAM (counted apart on Hopper and later)."""
+
+    @abc.abstractmethod
+    def sram_threshold_exceeded(self, gpu: int) -> Optional[bool]:
+        """The driver's own verdict that SRAM uncorrectable errors passed its threshold (R550+)."""
+
+    @abc.abstractmethod
     def nvlink_error_counter(self, gpu: int, link: int, counter: int) -> Optional[int]: ...
+
+    @abc.abstractmethod
+    def nvlink_error_fields(self, gpu: int, link: int) -> Dict[str, Optional[int]]:
+        """NVLINK_FIELDS names -> value of one link's field values, None where NotSupported."""
+
+    @abc.abstractmethod
+    def recovery_action(self, gpu: int) -> Optional[int]:
+        """A RECOVERY_ACTIONS key: what the driver says the GPU needs."""
+
+    @abc.abstractmethod
+    def violation_ns(self, gpu: int, policy: int) -> Optional[int]:
+        """Total time (ns) the GPU's clocks were held below target by one VIOLATION_POLICIES reason."""
+
+    @abc.abstractmethod
+    def enforced_power_limit_mw(self, gpu: int) -> Optional[int]:
+        """The limit in force: the lowest of the management limit and any out-of-band (BMC) cap."""
 
     @abc.abstractmethod
     def clock_event_reasons(self, gpu: int) -> Optional[int]:
@@ -278,6 +351,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def fabric_info(self, gpu: int) -> Optional[Tuple[int, str]]:
         """(FABRIC_STATES key, "success" or NVML's words for the registration's result)."""
+
+    @abc.abstractmethod
+    def fabric_health(self, gpu: int) -> Optional[Tuple[int, Optional[int]]]:
+        """(healthMask, FABRIC_SUMMARIES key or None before the v3 struct) of a fabric GPU."""
 
     @abc.abstractmethod
     def fabric_clique(self, gpu: int) -> Optional[Tuple[int, str]]:

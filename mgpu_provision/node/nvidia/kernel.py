@@ -1,5 +1,6 @@
-"""What the running kernel says about the GPUs: Xid errors since boot and whether the NVIDIA module is ready
-for the running and the next kernel.
+"""What the running kernel says about the GPUs: Xid errors since boot (and the GPUs that fell off the bus
+without one), NVSwitch SXid errors, and whether the NVIDIA module is ready for the running and the next
+kernel.
 
 Both questions are answered outside NVML, from files and commands every Linux box has, so an admin's
 first questions (did a GPU throw an Xid 79? will the box come back with a driver after the unattended
@@ -18,30 +19,56 @@ import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...judge.health import kernel_key
-from .backend import XidEvent
+from .backend import SXidEvent, XidEvent
 
+_ADDRESS = r"([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?"
 # Current drivers: "NVRM: Xid (PCI:0000:cb:00): 13, pid=..."; old: "NVRM: Xid (0000:03:00): 14, Channel ...".
-_XID = re.compile(
-    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\): (\d+)"
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?" + _ADDRESS + r"\): (\d+)")
+# Recent open drivers may report a GPU lost at probe in three lines and no Xid line (NVIDIA/NVSentinel#155,
+# driver 570.158.01): "NVRM: The NVIDIA GPU 0000:b3:00.0" / "NVRM: (PCI ID: 10de:26b5) installed in this
+# system has" / "NVRM: fallen off the bus and is not responding to commands." NVSentinel and leptonai/gpud
+# count it as Xid 79; so does the single line "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus."
+_FALLEN_OFF = re.compile(
+    r"NVRM: The NVIDIA GPU " + _ADDRESS + r"[^\n]*\n(?:[^\n]*\n){0,2}?[^\n]*NVRM: fallen off the bus"
+    r"|NVRM: GPU " + _ADDRESS + r": GPU has fallen off the bus"
 )
+FALLEN_OFF_BUS_XID = 79
+# "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress ..." (Fabric Manager user
+# guide, appendix D); the lines after it ("Severity 1 Engine ...", "Data {...}") repeat the code: not counted.
+_SXID = re.compile(r"(nvidia-nvswitch\d+): SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+), (Fatal|Non-fatal)")
 _MODULE_NAMES = ("nvidia.ko", "nvidia.ko.xz", "nvidia.ko.zst", "nvidia.ko.gz")
 _SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e98c0a64b8c6"
 _TIMEOUT_S = 20
 
 
-
 def parse_xids(text: str) -> List[XidEvent]:
-    """Every Xid line in kernel log text, in order, repeats kept (the plan counts them per GPU)."""
-    return [(match.group(1), int(match.group(2))) for match in _XID.finditer(text)]
+    """Every Xid line in kernel log text, in order, repeats kept (the plan counts them per GPU), then an Xid
+    79 for each GPU reported fallen off the bus without an Xid 79 line of its own."""
+    events = [(match.group(1), int(match.group(2))) for match in _XID.finditer(text)]
+    logged = {address for address, code in events if code == FALLEN_OFF_BUS_XID}
+    for match in _FALLEN_OFF.finditer(text):
+        address = match.group(1) or match.group(2)
+        if address not in logged:
+            logged.add(address)
+            events.append((address, FALLEN_OFF_BUS_XID))
+    return events
 
 
-def read_xids() -> Tuple[Optional[str], List[XidEvent]]:
-    """(source, events) of this boot's kernel log; source None when no log could be read."""
+def parse_sxids(text: str) -> List[SXidEvent]:
+    """Every NVSwitch SXid report (its first line), in order: (switch, PCI address, code, fatal)."""
+    return [
+        (match.group(1), match.group(2), int(match.group(3)), match.group(4) == "Fatal")
+        for match in _SXID.finditer(text)
+    ]
+
+
+def read_events() -> Tuple[Optional[str], List[XidEvent], List[SXidEvent]]:
+    """(source, Xids, SXids) of this boot's kernel log; source None when no log could be read."""
     for source, reader in (("journal", _journal), ("kmsg", _kmsg), ("dmesg", _dmesg)):
         text = reader()
         if text:  # a boot's log is never empty: it starts with "Linux version"
-            return source, parse_xids(text)
-    return None, []
+            return source, parse_xids(text), parse_sxids(text)
+    return None, [], []
 
 
 def _run(argv: List[str]) -> Optional[str]:

@@ -1,5 +1,6 @@
-"""Health answers of a real node: NVML's ECC, memory repair, NVLink error, clock event, power, compute, MIG
-and fabric calls, and the kernel's Xid log and module readiness.
+"""Health answers of a real node: NVML's ECC (DRAM and SRAM apart), memory repair, NVLink error, recovery
+action, clock event and violation time, power (management and enforced limit), compute, MIG and fabric
+(state, health mask, summary) calls, and the kernel's Xid and SXid log and module readiness.
 
 Each value is one documented pynvml call; where the GPU or the driver cannot answer (NotSupported, a symbol
 an older libnvidia-ml lacks, NoData) the value is None, "not checked", never an error. Newer calls fall back
@@ -13,8 +14,9 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..core import system
 from . import kernel
-from .backend import XidEvent
+from .backend import FI_GPU_RECOVERY_ACTION, NVLINK_FIELDS, SXidEvent, XidEvent
 
 
 class RealHealth:
@@ -43,8 +45,53 @@ class RealHealth:
                 return None
         return None
 
-    def xid_events(self) -> Tuple[Optional[str], List[XidEvent]]:
-        return kernel.read_xids()
+    def kernel_events(self) -> Tuple[Optional[str], List[XidEvent], List[SXidEvent]]:
+        return kernel.read_events()
+
+    def uptime_s(self) -> Optional[float]:
+        text = system.read_text("/proc/uptime")
+        return float(text.split()[0]) if text else None
+
+    def _fields(self, gpu: int, ids: List[Tuple[int, int]]) -> List[Optional[int]]:
+        """Field values (id, scope) in order; None for each the GPU answers NotSupported (or the whole call
+        is missing: drivers before R450)."""
+        nvml = self._nvml
+        values = self._optional(lambda: nvml.nvmlDeviceGetFieldValues(self._handle(gpu), ids))
+        if values is None:
+            return [None] * len(ids)
+        return [_field_int(value) if int(value.nvmlReturn) == nvml.NVML_SUCCESS else None for value in values]
+
+    def recovery_action(self, gpu: int) -> Optional[int]:
+        # R570+; older drivers answer the field with NotSupported.
+        return self._fields(gpu, [(FI_GPU_RECOVERY_ACTION, 0)])[0]
+
+    def nvlink_error_fields(self, gpu: int, link: int) -> Dict[str, Optional[int]]:
+        found = self._fields(gpu, [(field, link) for field, _ in NVLINK_FIELDS])
+        return {name: found[position] for position, (_, name) in enumerate(NVLINK_FIELDS)}
+
+    def violation_ns(self, gpu: int, policy: int) -> Optional[int]:
+        found = self._optional(lambda: self._nvml.nvmlDeviceGetViolationStatus(self._handle(gpu), policy))
+        return None if found is None else int(found.violationTime)
+
+    def enforced_power_limit_mw(self, gpu: int) -> Optional[int]:
+        found = self._optional(lambda: self._nvml.nvmlDeviceGetEnforcedPowerLimit(self._handle(gpu)))
+        return None if found is None else int(found)
+
+    def memory_uncorrectable(self, gpu: int, counter: int, location: int) -> Optional[int]:
+        nvml = self._nvml
+        kind = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        call = nvml.nvmlDeviceGetMemoryErrorCounter
+        found = self._optional(lambda: call(self._handle(gpu), kind, counter, location))
+        return None if found is None else int(found)
+
+    def sram_threshold_exceeded(self, gpu: int) -> Optional[bool]:
+        nvml = self._nvml
+        if not hasattr(nvml, "c_nvmlEccSramErrorStatus_v1_t"):
+            return None  # a bundled pynvml older than the call
+        status = nvml.c_nvmlEccSramErrorStatus_v1_t()
+        if self._first(gpu, ("nvmlDeviceGetSramEccErrorStatus",), ctypes.byref(status)) is None:
+            return None
+        return bool(status.bThresholdExceeded)
 
     def kernel_readiness(self) -> Optional[Dict[str, Any]]:
         # A module of another driver version does not count as built (it fails to load).
@@ -119,6 +166,21 @@ class RealHealth:
         on = self._nvml.NVML_DEVICE_MIG_ENABLE
         return None if modes is None else (modes[0] == on, modes[1] == on)
 
+    def fabric_health(self, gpu: int) -> Optional[Tuple[int, Optional[int]]]:
+        """The v3 struct (R560+) has the summary, the V one (R550+) only the mask; older drivers neither."""
+        nvml = self._nvml
+        for struct, summary in (("c_nvmlGpuFabricInfo_v3_t", True), ("c_nvmlGpuFabricInfo_v2_t", False)):
+            if not hasattr(nvml, struct):
+                continue
+            info = getattr(nvml, struct)()
+            try:
+                if self._first(gpu, ("nvmlDeviceGetGpuFabricInfoV",), ctypes.byref(info)) is None:
+                    return None
+            except nvml.NVMLError_ArgumentVersionMismatch:
+                continue  # a driver that knows only the older struct version
+            return int(info.healthMask), (int(info.healthSummary) or None) if summary else None
+        return None
+
     def fabric_info(self, gpu: int) -> Optional[Tuple[int, str]]:
         info = self._fabric(gpu)
         if info is None:
@@ -147,3 +209,11 @@ class RealHealth:
                 continue  # not in this driver (or not supported: then the older call says so too)
             return info
         return None
+
+
+# nvmlValueType_t -> the member of the value union NVML filled in
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _field_int(field: Any) -> int:
+    return int(getattr(field.value, _VALUE_MEMBERS.get(int(field.valueType), "ullVal")))

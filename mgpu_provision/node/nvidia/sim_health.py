@@ -11,23 +11,36 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..core import system
 from ..core.errors import AgentFailure
 from .backend import (
     AGGREGATE_ECC,
     CLOCK_EVENTS,
     COMPUTE_MODE_CODES,
     COMPUTE_MODES,
+    FABRIC_HEALTH_BITS,
+    FABRIC_INCORRECT_CONFIGURATION,
+    FABRIC_INCORRECT_CONFIGURATION_SHIFT,
     FABRIC_STATES,
+    FABRIC_SUMMARIES,
+    MEMORY_LOCATION_SRAM,
     NVLINK_CRC_FLIT,
+    NVLINK_FIELDS,
     NVLINK_RECOVERY,
     NVLINK_REPLAY,
+    RECOVERY_ACTIONS,
+    VIOLATION_POLICIES,
     GpuLost,
+    SXidEvent,
     XidEvent,
 )
 from .twin import Twin
 from .twin_health import twin_xids
 
 _STATE_CODES = {name: code for code, name in FABRIC_STATES.items()}
+_RECOVERY_CODES = {name: code for code, name in RECOVERY_ACTIONS.items()}
+_SUMMARY_CODES = {name: code for code, name in FABRIC_SUMMARIES.items()}
+_INCORRECT_CODES = {name: code for code, name in FABRIC_INCORRECT_CONFIGURATION.items()}
 _COUNTER_KEYS = {NVLINK_REPLAY: "replay", NVLINK_RECOVERY: "recovery", NVLINK_CRC_FLIT: "crc"}
 P2P_CHIPSET_NOT_SUPPORTED = 1
 
@@ -54,8 +67,14 @@ class SimulatedHealth:
                 return P2P_CHIPSET_NOT_SUPPORTED
         return 0
 
-    def xid_events(self) -> Tuple[Optional[str], List[XidEvent]]:
-        return "twin", twin_xids(self.twin.gpus)
+    def kernel_events(self) -> Tuple[Optional[str], List[XidEvent], List[SXidEvent]]:
+        return "twin", twin_xids(self.twin.gpus), list(self.twin.sxids)
+
+    def uptime_s(self) -> Optional[float]:
+        if self.twin.uptime_s is not None:
+            return self.twin.uptime_s
+        text = system.read_text("/proc/uptime")
+        return float(text.split()[0]) if text else None
 
     def kernel_readiness(self) -> Optional[Dict[str, Any]]:
         return self.twin.kernel
@@ -71,6 +90,17 @@ class SimulatedHealth:
         key = "aggregate_uncorrectable" if counter == AGGREGATE_ECC else "volatile_uncorrectable"
         return None if ecc is None else int(ecc.get(key, 0))
 
+    def memory_uncorrectable(self, gpu: int, counter: int, location: int) -> Optional[int]:
+        ecc = self._health(gpu).get("ecc") or {}
+        where = "sram" if location == MEMORY_LOCATION_SRAM else "dram"
+        kind = "aggregate" if counter == AGGREGATE_ECC else "volatile"
+        found = ecc.get(f"{where}_{kind}_uncorrectable")
+        return None if found is None else int(found)
+
+    def sram_threshold_exceeded(self, gpu: int) -> Optional[bool]:
+        found = (self._health(gpu).get("ecc") or {}).get("sram_threshold_exceeded")
+        return None if found is None else bool(found)
+
     def retired_pages(self, gpu: int) -> Optional[Tuple[bool, int]]:
         pages = self._health(gpu).get("retired_pages")
         return None if pages is None else (pages.get("pending", False), pages.get("count", 0))
@@ -81,11 +111,43 @@ class SimulatedHealth:
             return None
         return rows.get("uncorrectable", 0), rows.get("pending", False), rows.get("failure", False)
 
-    def nvlink_error_counter(self, gpu: int, link: int, counter: int) -> Optional[int]:
+    def _link_errors(self, gpu: int, link: int) -> Dict[str, int]:
         errors: List[Dict[str, int]] = self._health(gpu).get("nvlink_errors", [])
-        entry = next((e for e in errors if e["link"] == link), {})
+        return next((e for e in errors if e["link"] == link), {})
+
+    def _fields_api(self, gpu: int) -> bool:
+        return bool(self._health(gpu).get("nvlink_error_api") == "fields")
+
+    def nvlink_error_counter(self, gpu: int, link: int, counter: int) -> Optional[int]:
+        if self._fields_api(gpu):
+            return None  # Blackwell: the counter call answers NotSupported
         key = _COUNTER_KEYS.get(counter)
-        return 0 if key is None else int(entry.get(key, 0))
+        return 0 if key is None else int(self._link_errors(gpu, link).get(key, 0))
+
+    def nvlink_error_fields(self, gpu: int, link: int) -> Dict[str, Optional[int]]:
+        if not self._fields_api(gpu):
+            return {name: None for _, name in NVLINK_FIELDS}
+        entry = self._link_errors(gpu, link)
+        return {name: int(entry.get(name, 0)) for _, name in NVLINK_FIELDS}
+
+    def recovery_action(self, gpu: int) -> Optional[int]:
+        name = self._health(gpu).get("recovery_action")
+        return None if name is None else _RECOVERY_CODES[name]
+
+    def violation_ns(self, gpu: int, policy: int) -> Optional[int]:
+        found = self._health(gpu).get("violation_ms")
+        if found is None:
+            return None
+        name = dict(VIOLATION_POLICIES)[policy]
+        return int(found.get(name, 0)) * 1_000_000
+
+    def enforced_power_limit_mw(self, gpu: int) -> Optional[int]:
+        health = self._health(gpu)
+        limits = self.power_limits_mw(gpu)
+        if limits is None:
+            return None
+        cap = health.get("enforced_power_limit_w")  # an out-of-band (BMC) cap below the management limit
+        return limits[0] if cap is None else min(limits[0], cap * 1000)
 
     def clock_event_reasons(self, gpu: int) -> Optional[int]:
         active = set(self._health(gpu).get("throttle", []))
@@ -122,6 +184,19 @@ class SimulatedHealth:
         if fabric is None:
             return None
         return _STATE_CODES[fabric.get("state", "completed")], fabric.get("status", "success")
+
+    def fabric_health(self, gpu: int) -> Optional[Tuple[int, Optional[int]]]:
+        fabric = self._health(gpu).get("fabric")
+        if fabric is None or ("health" not in fabric and "summary" not in fabric):
+            return None
+        problems = set(fabric.get("health", []))
+        mask = 0
+        for shift, name in FABRIC_HEALTH_BITS:
+            mask |= (1 if name in problems else 2) << shift  # 1 TRUE, 2 FALSE
+        wrong = next((_INCORRECT_CODES[name] for name in problems if name in _INCORRECT_CODES), 1)
+        mask |= wrong << FABRIC_INCORRECT_CONFIGURATION_SHIFT
+        summary = fabric.get("summary")
+        return mask, None if summary is None else _SUMMARY_CODES[summary]
 
     def fabric_clique(self, gpu: int) -> Optional[Tuple[int, str]]:
         fabric = self._health(gpu).get("fabric") or {}

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..core.errors import AgentFailure
 from .miniyaml import MiniYamlError, loads
 from .topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
-from .twin_health import read_gpu_health, read_kernel
+from .twin_health import read_gpu_health, read_kernel, read_sxids, read_uptime
 
 DEFAULT_OS_RELEASE = {
     "id": "ubuntu",
@@ -60,6 +60,8 @@ class Twin:
         self.available_drivers: List[str] = [str(v) for v in drivers]
         self.topology = self._topology(data)
         self.kernel = read_kernel(self.path, data.get("kernel"))
+        self.sxids = read_sxids(self.path, data.get("sxid"))
+        self.uptime_s = read_uptime(self.path, data.get("uptime_s"))
         self.nvlink_down = {
             (_int(d, "gpu", "nvlink_down[]"), _int(d, "link", "nvlink_down[]"))
             for d in _list(data.get("nvlink_down"), "nvlink_down")

@@ -12,11 +12,24 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..core.errors import AgentFailure
-from .backend import CLOCK_EVENTS, COMPUTE_MODES, FABRIC_STATES
+from .backend import (
+    CLOCK_EVENTS,
+    COMPUTE_MODES,
+    FABRIC_HEALTH_BITS,
+    FABRIC_INCORRECT_CONFIGURATION,
+    FABRIC_STATES,
+    FABRIC_SUMMARIES,
+    RECOVERY_ACTIONS,
+    VIOLATION_POLICIES,
+    SXidEvent,
+)
 
 THROTTLE_NAMES = tuple(name for _, name in CLOCK_EVENTS)
 COMPUTE_MODE_NAMES = tuple(COMPUTE_MODES.values())
 FABRIC_STATE_NAMES = tuple(FABRIC_STATES.values())
+FABRIC_PROBLEMS = tuple(name for _, name in FABRIC_HEALTH_BITS) + tuple(
+    FABRIC_INCORRECT_CONFIGURATION.values()
+)
 
 Rule = Tuple[str, Callable[[Any], bool]]  # (what the value must be, in words; the test)
 
@@ -45,12 +58,47 @@ def _mapping_of(fields: Dict[str, Rule]) -> Rule:
     return ("a mapping of " + ", ".join(fields), lambda v: isinstance(v, dict))
 
 
-ECC = {"mode": FLAG, "volatile_uncorrectable": COUNT, "aggregate_uncorrectable": COUNT}
+ECC = {
+    "mode": FLAG,
+    "volatile_uncorrectable": COUNT,
+    "aggregate_uncorrectable": COUNT,
+    # Hopper and later count SRAM (on-chip) and DRAM (HBM) apart; absent = NotSupported
+    "sram_volatile_uncorrectable": COUNT,
+    "sram_aggregate_uncorrectable": COUNT,
+    "dram_volatile_uncorrectable": COUNT,
+    "dram_aggregate_uncorrectable": COUNT,
+    "sram_threshold_exceeded": FLAG,
+}
 RETIRED = {"pending": FLAG, "count": COUNT}
 REMAPPED = {"pending": FLAG, "failure": FLAG, "uncorrectable": COUNT}
-FABRIC = {"state": _choice(FABRIC_STATE_NAMES), "status": TEXT, "clique_id": COUNT, "cluster_uuid": TEXT}
-LINK_ERRORS = {"link": COUNT, "crc": COUNT, "replay": COUNT, "recovery": COUNT}
-NESTED = {"ecc": ECC, "retired_pages": RETIRED, "remapped_rows": REMAPPED, "fabric": FABRIC}
+FABRIC = {
+    "state": _choice(FABRIC_STATE_NAMES),
+    "status": TEXT,
+    "clique_id": COUNT,
+    "cluster_uuid": TEXT,
+    "health": (
+        "a list of these: " + ", ".join(FABRIC_PROBLEMS),
+        lambda v: isinstance(v, list) and set(v) <= set(FABRIC_PROBLEMS),
+    ),
+    "summary": _choice(tuple(FABRIC_SUMMARIES.values())),
+}
+LINK_ERRORS = {
+    "link": COUNT,
+    "crc": COUNT,
+    "replay": COUNT,
+    "recovery": COUNT,
+    "recovery_events": COUNT,
+    "recovery_failed": COUNT,
+    "symbol": COUNT,
+}
+VIOLATION = {name: COUNT for _, name in VIOLATION_POLICIES}
+NESTED = {
+    "ecc": ECC,
+    "retired_pages": RETIRED,
+    "remapped_rows": REMAPPED,
+    "fabric": FABRIC,
+    "violation_ms": VIOLATION,
+}
 HEALTH: Dict[str, Rule] = {
     "xid": _list_of(COUNT),
     "ecc": _mapping_of(ECC),
@@ -66,6 +114,11 @@ HEALTH: Dict[str, Rule] = {
     ),
     "power_limit_w": COUNT,
     "default_power_limit_w": COUNT,
+    "enforced_power_limit_w": COUNT,
+    "recovery_action": _choice(tuple(RECOVERY_ACTIONS.values())),
+    "violation_ms": _mapping_of(VIOLATION),
+    # Blackwell: nvmlDeviceGetNvLinkErrorCounter answers NotSupported, the counters come as field values
+    "nvlink_error_api": _choice(("counters", "fields")),
     "compute_mode": _choice(COMPUTE_MODE_NAMES),
     "mig": FLAG,
     "fabric": _mapping_of(FABRIC),
@@ -131,6 +184,35 @@ def _check(path: str, where: str, raw: Any, fields: Dict[str, Rule]) -> Dict[str
 
 def _bad(path: str, message: str) -> AgentFailure:
     return AgentFailure("twin", f"twin {path}: {message}")
+
+
+SXID = {"switch": TEXT, "pci_bus_id": TEXT, "code": COUNT, "fatal": FLAG}
+
+
+def read_sxids(path: str, raw: Any) -> List[SXidEvent]:
+    """The twin's `sxid:` list (NVSwitch errors as the kernel log would print them); [] when absent."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _bad(path, "sxid must be a list of mappings")
+    found = []
+    for position, entry in enumerate(raw):
+        where = f"sxid[{position}]"
+        _check(path, where, entry, SXID)
+        for key in ("switch", "pci_bus_id", "code"):
+            if key not in entry:
+                raise _bad(path, f"{where}.{key} is required")
+        found.append((entry["switch"], entry["pci_bus_id"], entry["code"], entry.get("fatal", True)))
+    return found
+
+
+def read_uptime(path: str, raw: Any) -> Optional[float]:
+    """The twin's `uptime_s` (seconds since the simulated boot); None: the machine's own."""
+    if raw is None:
+        return None
+    if not COUNT[1](raw):
+        raise _bad(path, f"uptime_s must be {COUNT[0]}, got {raw!r}")
+    return float(raw)
 
 
 def twin_xids(gpus: List[Dict[str, Any]]) -> List[Tuple[str, int]]:

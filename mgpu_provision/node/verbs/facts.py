@@ -57,11 +57,11 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "interfaces": hostenv.interfaces(),
         "cpu": hostenv.cpu(),
     }
-    facts.update(nvidia_facts(backend))
+    facts.update(nvidia_facts(backend, args.get("state_dir")))
     return facts
 
 
-def nvidia_facts(backend: Backend) -> Dict[str, Any]:
+def nvidia_facts(backend: Backend, state_dir: Optional[str] = None) -> Dict[str, Any]:
     """driver, gpus, pairs, nvswitch and processes, as far as NVML can answer."""
     installed, loaded = backend.installed_version(), backend.loaded_version()
     driver: Dict[str, Any] = {
@@ -90,7 +90,7 @@ def nvidia_facts(backend: Backend) -> Dict[str, Any]:
         gpus, lost = read_gpus(backend)
         holders = reclaim.gpu_holders(backend, [gpu["index"] for gpu in gpus])
         pairs = [pair_facts(backend, a, b) for n, a in enumerate(gpus) for b in gpus[n + 1 :]]
-        health = health_facts(backend, gpus, lost)
+        health = health_facts(backend, gpus, lost, state_dir)
     finally:
         backend.close()
     nvswitch = any(link["remote_type"] == "switch" for gpu in gpus for link in gpu["nvlinks"])

@@ -1,5 +1,10 @@
-"""The `health` part of facts: ECC, memory repair, NVLink errors, clock events, power, compute and MIG modes
-and fabric state per GPU, the Xids logged since boot, and the kernel module's readiness.
+"""The `health` part of facts: ECC (DRAM and SRAM), memory repair, NVLink errors, the driver's recovery
+action, clock events and violation time, power (management and enforced limit), compute and MIG modes and
+fabric state and health per GPU, the Xids and NVSwitch SXids logged since boot, and the kernel module's
+readiness.
+
+Counters are judged as rates, not totals: each one's change since the node's previous sample this boot
+(kept in the state folder, health_rates.py) comes with it, and with the interval it covers.
 
 Every value is what NVML (or the kernel) answers, or None where the GPU or driver cannot say: None means
 "not checked". Each value nobody could read is named once in `not_checked`, with the GPUs it concerns, so a
@@ -10,6 +15,7 @@ Shipped to nodes: standard library only, Python 3.8.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..host.pci import same_slot
@@ -17,14 +23,23 @@ from ..nvidia.backend import (
     AGGREGATE_ECC,
     CLOCK_EVENTS,
     COMPUTE_MODES,
+    FABRIC_HEALTH_BITS,
+    FABRIC_INCORRECT_CONFIGURATION,
+    FABRIC_INCORRECT_CONFIGURATION_SHIFT,
     FABRIC_STATES,
+    FABRIC_SUMMARIES,
+    MEMORY_LOCATION_DRAM,
+    MEMORY_LOCATION_SRAM,
     NVLINK_CRC_DATA,
     NVLINK_CRC_FLIT,
     NVLINK_RECOVERY,
     NVLINK_REPLAY,
+    RECOVERY_ACTIONS,
+    VIOLATION_POLICIES,
     VOLATILE_ECC,
     Backend,
 )
+from . import health_rates
 
 Gpu = Dict[str, Any]
 
@@ -50,25 +65,35 @@ class NotChecked:
         return per_gpu + self.host
 
 
-def health_facts(backend: Backend, gpus: List[Gpu], lost: List[Gpu]) -> Dict[str, Any]:
-    """Health of the GPUs NVML could read (with their NVLinks as facts found them) and of the host."""
+def health_facts(
+    backend: Backend, gpus: List[Gpu], lost: List[Gpu], state_dir: Optional[str] = None
+) -> Dict[str, Any]:
+    """Health of the GPUs NVML could read (with their NVLinks as facts found them) and of the host; with a
+    state folder, each counter's change since the previous sample (else since boot)."""
     skipped = NotChecked()
-    source, events = backend.xid_events()
+    source, events, switch_events = backend.kernel_events()
     if source is None:
         skipped.host.append("xid: no kernel log could be read (journalctl, /dev/kmsg, dmesg)")
     kernel = backend.kernel_readiness()
     if kernel is None:
         skipped.host.append("kernel: not read (no /lib/modules, or a twin without `kernel`)")
     known = [(g["index"], g["pci_bus_id"]) for g in gpus + lost if g.get("pci_bus_id")]
-    return {
+    found = {
         "gpus": [gpu_health(backend, gpu, skipped) for gpu in gpus],
         "xid": [
             {"gpu": _gpu_at(address, known), "pci_bus_id": address, "code": code} for address, code in events
+        ],
+        "sxid": [
+            {"switch": switch, "pci_bus_id": address, "code": code, "fatal": fatal}
+            for switch, address, code, fatal in switch_events
         ],
         "xid_source": source,
         "kernel": kernel,
         "not_checked": skipped.lines(),
     }
+    uuids = {g["index"]: g["uuid"] for g in gpus}
+    health_rates.add_changes(found, uuids, state_dir, backend.boot_id(), time.time(), backend.uptime_s())
+    return found
 
 
 def _gpu_at(address: str, known: List[Tuple[int, str]]) -> Optional[int]:
@@ -85,9 +110,16 @@ def gpu_health(backend: Backend, gpu: Gpu, skipped: NotChecked) -> Dict[str, Any
     reasons = skipped.read("clock event reasons", index, lambda: backend.clock_event_reasons(index))
     power = skipped.read("power limit", index, lambda: backend.power_limits_mw(index))
     power_range = backend.power_limit_range_mw(index) if power is not None else None
+    enforced = backend.enforced_power_limit_mw(index) if power is not None else None
     mode = skipped.read("compute mode", index, lambda: backend.compute_mode(index))
     mig = backend.mig_mode(index)  # NotSupported on every GPU without MIG: not worth a line
     fabric = backend.fabric_info(index)  # likewise on every GPU outside an NVSwitch fabric
+    fabric_health = backend.fabric_health(index) if fabric is not None else None
+    action = skipped.read("recovery action", index, lambda: backend.recovery_action(index))
+    violation = {name: backend.violation_ns(index, policy) for policy, name in VIOLATION_POLICIES}
+    if all(v is None for v in violation.values()):
+        skipped.gpus.setdefault("violation time", []).append(index)
+    memory = memory_locations(backend, index) if ecc else {}
     return {
         "index": index,
         "ecc_mode": None if ecc is None else ecc[0],
@@ -109,12 +141,41 @@ def gpu_health(backend: Backend, gpu: Gpu, skipped: NotChecked) -> Dict[str, Any
         "mig_pending": None if mig is None else mig[1],
         "fabric_state": None if fabric is None else FABRIC_STATES.get(fabric[0], "unknown"),
         "fabric_status": None if fabric is None else fabric[1],
+        "fabric_health": None if fabric_health is None else fabric_problems(fabric_health[0]),
+        "fabric_summary": None if fabric_health is None else FABRIC_SUMMARIES.get(fabric_health[1] or 0),
+        "recovery_action": None if action is None else RECOVERY_ACTIONS.get(action, "unknown"),
+        "violation_ms": {n: v // 1_000_000 for n, v in violation.items() if v is not None} or None,
+        "enforced_power_limit_w": None if enforced is None else round(enforced / 1000),
+        **memory,
     }
 
 
-def nvlink_errors(backend: Backend, gpu: Gpu, skipped: NotChecked) -> List[Dict[str, int]]:
-    """Error counters of the GPU's active links; a link whose counters NVML cannot read is left out (and the
-    GPU named once in `not_checked`)."""
+def memory_locations(backend: Backend, index: int) -> Dict[str, Any]:
+    """SRAM and DRAM uncorrectable counts apart (Hopper and later; None before) and the driver's SRAM
+    threshold verdict."""
+    found: Dict[str, Any] = {}
+    for where, location in (("sram", MEMORY_LOCATION_SRAM), ("dram", MEMORY_LOCATION_DRAM)):
+        for kind, counter in (("volatile", VOLATILE_ECC), ("aggregate", AGGREGATE_ECC)):
+            found[f"ecc_{where}_{kind}_uncorrectable"] = backend.memory_uncorrectable(
+                index, counter, location
+            )
+    found["sram_threshold_exceeded"] = backend.sram_threshold_exceeded(index)
+    return found
+
+
+def fabric_problems(mask: int) -> List[str]:
+    """The health mask's set problems, by name (2-bit fields: 1 = true; configuration: a reason code)."""
+    problems = [name for shift, name in FABRIC_HEALTH_BITS if (mask >> shift) & 0x3 == 1]
+    wrong = (mask >> FABRIC_INCORRECT_CONFIGURATION_SHIFT) & 0xF
+    if wrong in FABRIC_INCORRECT_CONFIGURATION:
+        problems.append(FABRIC_INCORRECT_CONFIGURATION[wrong])
+    return problems
+
+
+def nvlink_errors(backend: Backend, gpu: Gpu, skipped: NotChecked) -> List[Dict[str, Any]]:
+    """Error counters of the GPU's active links: the counter call, or where it answers NotSupported
+    (Blackwell, as nvml.h says) the link's field values; a link neither can read is left out (and the GPU
+    named once in `not_checked`)."""
     found = []
     for link in gpu["nvlinks"]:
         if not link["active"]:
@@ -123,10 +184,14 @@ def nvlink_errors(backend: Backend, gpu: Gpu, skipped: NotChecked) -> List[Dict[
             backend.nvlink_error_counter(gpu["index"], link["link"], counter)
             for counter in (NVLINK_CRC_FLIT, NVLINK_CRC_DATA, NVLINK_REPLAY, NVLINK_RECOVERY)
         ]
-        if any(count is None for count in read):
-            if gpu["index"] not in skipped.gpus.get("nvlink errors", []):
-                skipped.gpus.setdefault("nvlink errors", []).append(gpu["index"])
+        if all(count is not None for count in read):
+            flit, data, replay, recovery = (int(count or 0) for count in read)
+            found.append({"link": link["link"], "crc": flit + data, "replay": replay, "recovery": recovery})
             continue
-        flit, data, replay, recovery = (int(count or 0) for count in read)
-        found.append({"link": link["link"], "crc": flit + data, "replay": replay, "recovery": recovery})
+        fields = backend.nvlink_error_fields(gpu["index"], link["link"])
+        fields = {name: value for name, value in fields.items() if value is not None}
+        if fields:
+            found.append(dict(fields, link=link["link"], source="fields"))
+        elif gpu["index"] not in skipped.gpus.get("nvlink errors", []):
+            skipped.gpus.setdefault("nvlink errors", []).append(gpu["index"])
     return found

@@ -34,7 +34,9 @@ from typing import IO, Any
 from ... import protocol
 from ..core.errors import AgentFailure
 from ..host import envpath, files, procs, torch_probe
+from ..nvidia.backend import Backend
 from .smoke_program import DATA_PARALLEL_FILE, DATA_PARALLEL_FLAG, data_parallel_row
+from .smoke_watch import NCCL_LOG_ENV, LoadSampler, transport, transport_problem
 
 MARKER_ENV = "MGPU_PROVISION_SMOKE"  # value: the run id; every process of a run inherits it
 GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
@@ -44,9 +46,16 @@ EXIT_GRACE_S = 5.0
 POLL_S = 0.2
 PROBE_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 15
-DEFAULT_ITERS = 5
-# all_reduce sizes when the rig file names none: up to the bus bandwidth plateau on GPUs (nccl-tests go to
-# 128 MiB and beyond), small where Gloo moves them through the CPU.
+# Timed all_reduces and warm-ups per size: nccl-tests' defaults (-n 20, -w 5) on GPUs; few on the CPU,
+# where Gloo on a simulated node proves the plumbing, not a bandwidth.
+GPU_ITERS, GPU_WARMUP_ITERS = 20, 5
+CPU_ITERS, CPU_WARMUP_ITERS = 5, 1
+SAMPLE_S = 1.0  # clock events and PCIe link of the busy GPUs, this often
+# all_reduce sizes when the rig file names none. Over NVLink/NVSwitch busbw still climbs past 256 MiB (NCCL's
+# maintainers ask for `all_reduce_perf -b 32 -f 2 -e 8G` on 8-GPU boxes, NVIDIA/nccl issue #583; Azure's
+# checks measure at 8 and 16 GiB), so those rigs go to 4 GiB, capped by the GPUs' free memory
+# (smoke_program); PCIe boxes plateau well below that; Gloo moves them through the CPU.
+NVLINK_SIZES_MIB = [1.0, 16.0, 64.0, 256.0, 1024.0, 4096.0]
 GPU_SIZES_MIB = [1.0, 4.0, 16.0, 64.0, 128.0, 256.0]
 CPU_SIZES_MIB = [0.25, 1.0, 4.0]
 
@@ -59,7 +68,9 @@ class Request:
     what the env files set), path_prepend (str -> [str]: what they put in front of PATH and the like),
     run_id (default rdzv_id), node (the name used in messages, default the
     hostname), iters (timed all_reduces per size), launcher (the installed launcher's path, or null), files
-    (what the launcher and env files must hold: role, path, content, mode). `simulated`: the agent's twin.
+    (what the launcher and env files must hold: role, path, content, mode), interconnect (nvlink, nvswitch
+    or pcie: what joins the rig's GPUs; picks the sizes and the transport NCCL must use). `simulated`: the
+    agent's twin.
     """
 
     def __init__(self, args: dict[str, Any], simulated: bool = False) -> None:
@@ -80,11 +91,16 @@ class Request:
         self.run_id = str(args.get("run_id") or self.rdzv_id)
         self.timeout_s = float(args["timeout_s"])
         self.batch_size = int(args["batch_size"])
+        interconnect = args.get("interconnect")
+        self.interconnect: str | None = str(interconnect) if interconnect else None
+        gpu = self.run_backend == "nccl"
         sizes = args.get("sizes_mib")
         if not sizes:
-            sizes = GPU_SIZES_MIB if self.run_backend == "nccl" else CPU_SIZES_MIB
+            linked = self.interconnect in ("nvlink", "nvswitch")
+            sizes = (NVLINK_SIZES_MIB if linked else GPU_SIZES_MIB) if gpu else CPU_SIZES_MIB
         self.sizes_mib = [float(s) for s in sizes]
-        self.iters = int(args.get("iters") or DEFAULT_ITERS)
+        self.iters = int(args.get("iters") or (GPU_ITERS if gpu else CPU_ITERS))
+        self.warmup_iters = GPU_WARMUP_ITERS if gpu else CPU_WARMUP_ITERS
         self.env: dict[str, str] = dict(args.get("env") or {})
         self.path_prepend: dict[str, list[str]] = dict(args.get("path_prepend") or {})
         self.node = str(args.get("node") or socket.gethostname())
@@ -155,6 +171,7 @@ def program_config(req: Request, out_dir: str) -> dict[str, Any]:
         "batch_size": req.batch_size,
         "sizes_mib": req.sizes_mib,
         "iters": req.iters,
+        "warmup_iters": req.warmup_iters,
         "pg_timeout_s": timeouts(req.timeout_s)[1],
     }
 
@@ -168,6 +185,9 @@ def child_environment(req: Request, base: dict[str, str], rig_env: bool = True) 
         for name, entries in req.path_prepend.items():
             env[name] = envpath.prepend(base.get(name), entries)
     env.setdefault("OMP_NUM_THREADS", "1")  # torch's default of one thread per core starves the other ranks
+    if req.run_backend == "nccl":
+        for name, value in NCCL_LOG_ENV.items():  # the transport NCCL chose, read from its own log
+            env.setdefault(name, value)
     env["PYTHONUNBUFFERED"] = "1"  # a killed rank's last words must reach the log
     env[MARKER_ENV] = req.marker
     return env
@@ -307,16 +327,27 @@ def reported(out_dir: str) -> int:
     return len(glob.glob(os.path.join(out_dir, "rank-*.json")))
 
 
-def watch(leader: subprocess.Popen[bytes], out_dir: str, local_ranks: int, deadline: float) -> str:
+def watch(
+    leader: subprocess.Popen[bytes],
+    out_dir: str,
+    local_ranks: int,
+    deadline: float,
+    sampler: LoadSampler | None = None,
+) -> str:
     """Wait for torchrun: "exited"; "timeout" at the deadline; or "reported" when every local rank wrote its
     result and torchrun was still there EXIT_GRACE_S later. Its elastic agent then sits in an exit barrier
     for up to 300 s (a value torchrun's command line cannot change) waiting for the peers' agents; a peer
-    agent whose worker failed after its result never arrives. The results already say all a smoke needs."""
+    agent whose worker failed after its result never arrives. The results already say all a smoke needs.
+    Until the results are in, `sampler` reads the busy GPUs every SAMPLE_S."""
     reported_at: float | None = None
+    sampled_at = 0.0
     while leader.poll() is None:
         now = time.monotonic()
         if now >= deadline:
             return "timeout"
+        if sampler is not None and reported_at is None and now - sampled_at >= SAMPLE_S:
+            sampler.sample()
+            sampled_at = now
         if reported_at is None and reported(out_dir) >= local_ranks:
             reported_at = now
         if reported_at is not None and now - reported_at >= EXIT_GRACE_S:
@@ -448,13 +479,15 @@ def not_applied(req: Request) -> dict[str, Any] | None:
     return failure(req, "not-applied", "; ".join(problems)) if problems else None
 
 
-def run(args: dict[str, Any], simulated: bool = False) -> dict[str, Any]:
+def run(args: dict[str, Any], simulated: bool = False, backend: Backend | None = None) -> dict[str, Any]:
     """The `smoke` verb: node, node_rank, nnodes, nproc_per_node, master, run_id, launcher (what ran: the
     installed launcher, or null for torchrun), ok, kind (None or e.g. not-applied, torch-missing,
     port-in-use, rendezvous-unreachable, rendezvous-timeout, nccl, timeout, crash, check-failed), diagnosis,
     exit_code, timed_out, elapsed_s, ranks (the program's per-rank results), data_parallel (the node's
-    check row after the ranks, on CUDA runs; else None), log_tail (on failure) and leftover_pids (processes
-    that survived SIGKILL; normally empty)."""
+    check row after the ranks, on CUDA runs; else None), transport (what NCCL's log says joined the ranks;
+    None when it logged no channel), under_load (each GPU's clock events and PCIe link while the ranks ran,
+    read through `backend`), log_tail (on failure) and leftover_pids (processes that survived SIGKILL;
+    normally empty)."""
     req = Request(args, simulated)
     refused = not_applied(req) or probe_torch(req)
     if refused is not None:
@@ -464,12 +497,21 @@ def run(args: dict[str, Any], simulated: bool = False) -> dict[str, Any]:
         prefix="mgpu-smoke-%s-%d-" % (re.sub(r"[^\w.-]", "_", req.run_id)[:64], req.node_rank)
     )
     try:
-        return _run_in(req, workdir)
+        return _run_in(req, workdir, backend)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run_in(req: Request, workdir: str) -> dict[str, Any]:
+def nccl_logs(workdir: str, log: str) -> str:
+    """torchrun's log and the ranks' NCCL log files (NCCL_DEBUG_FILE), as one text."""
+    texts = [log]
+    for path in sorted(glob.glob(os.path.join(workdir, "nccl-*.log"))):
+        with open(path, "rb") as f:
+            texts.append(f.read().decode(errors="replace"))
+    return "\n".join(texts)
+
+
+def _run_in(req: Request, workdir: str, backend: Backend | None = None) -> dict[str, Any]:
     program = os.path.join(workdir, "mgpu_smoke_program.py")
     with open(program, "wb") as f:
         f.write(program_source())
@@ -482,13 +524,17 @@ def _run_in(req: Request, workdir: str) -> dict[str, Any]:
 
     # torchrun's log folder (torchelastic_*, never deleted by torch) goes into the work folder, deleted after.
     env = dict(child_environment(req, dict(os.environ), rig_env=req.launcher is None), TMPDIR=workdir)
+    if req.run_backend == "nccl":  # each rank's NCCL log apart (%h host, %p pid), unless the rig says where
+        env.setdefault("NCCL_DEBUG_FILE", os.path.join(workdir, "nccl-%h-%p.log"))
+    sampler = LoadSampler(backend if req.run_backend == "nccl" or req.simulated else None)
     started = time.monotonic()
     with open(log_path, "wb") as log_file:
         leader = start(torchrun_command(req, program, config), log_file, env, workdir)
         try:
-            ending = watch(leader, out_dir, req.nproc_per_node, started + req.timeout_s)
+            ending = watch(leader, out_dir, req.nproc_per_node, started + req.timeout_s, sampler)
         finally:
             leftovers = end_processes(req.marker, leader)
+            under_load = sampler.close()
     timed_out = ending == "timeout"
     exit_code = leader.returncode if ending == "exited" else None
     elapsed = time.monotonic() - started
@@ -501,6 +547,10 @@ def _run_in(req: Request, workdir: str) -> dict[str, Any]:
             ranks.append(json.load(f))
     ranks.sort(key=lambda r: int(r.get("rank", -1)))
     verdict = judge(req, ranks, exit_code, timed_out, log)
+    links = transport(nccl_logs(workdir, log), {int(r["rank"]) for r in ranks if "rank" in r})
+    slow = transport_problem(links, req.interconnect)
+    if verdict["ok"] and slow is not None:
+        verdict = {"ok": False, "kind": "transport", "diagnosis": slow}
     data_parallel: dict[str, Any] | None = None
     if req.run_backend == "nccl":
         # The environment the launcher gives: the env files' variables, which `not_applied` has just found
@@ -521,6 +571,9 @@ def _run_in(req: Request, workdir: str) -> dict[str, Any]:
         elapsed_s=round(elapsed, 3),
         ranks=ranks,
         data_parallel=data_parallel,
+        transport=links,
+        under_load=under_load,
+        under_load_note=sampler.note,
         log_tail=[] if verdict["ok"] else tail(log, LOG_TAIL_LINES),
         leftover_pids=leftovers,
     )

@@ -19,7 +19,7 @@ Usage (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK)
     python -m torch.distributed.run ... program.py CONFIG.json
     python program.py --data-parallel CONFIG.json
 CONFIG keys: out_dir, expected_world_size, backend ("nccl"|"gloo"), batch_size, sizes_mib, iters,
-pg_timeout_s.
+warmup_iters, pg_timeout_s.
 """
 
 from __future__ import annotations
@@ -38,12 +38,24 @@ from typing import Any, Dict, List, Optional
 
 Json = Dict[str, Any]
 
-WARMUP_ITERS = 1
+WARMUP_ITERS = 1  # when the config names none
+# An in-place all_reduce of N bytes needs N on the GPU plus NCCL's buffers and the allocator's rounding:
+# sizes above this share of the smallest free memory of any rank are skipped (on every rank alike).
+FREE_MEMORY_SHARE = 0.4
 
 
 def bus_bandwidth(algbw_gbps: float, world_size: int) -> float:
-    """nccl-tests' busbw for all_reduce: algbw x 2(n-1)/n, comparable across world sizes."""
+    """nccl-tests' busbw for all_reduce (doc/PERFORMANCE.md): algbw x 2(n-1)/n, where algbw is the
+    buffer's size over the time of one all_reduce; it is comparable across world sizes and, at large
+    sizes, to the hardware's bus bandwidth."""
     return algbw_gbps * 2.0 * (world_size - 1) / world_size
+
+
+def sizes_that_fit(sizes_mib: List[float], free_bytes: Optional[int]) -> List[float]:
+    """The sizes whose tensor fits in FREE_MEMORY_SHARE of `free_bytes` (None: the CPU, all of them)."""
+    if free_bytes is None:
+        return list(sizes_mib)
+    return [s for s in sizes_mib if float(s) * 1024 * 1024 <= free_bytes * FREE_MEMORY_SHARE]
 
 
 def device_of(backend: str, cuda_available: bool, local_rank: int) -> str:
@@ -220,10 +232,18 @@ class Rank:
         import torch.distributed as dist
 
         iters = int(self.config["iters"])
-        for size_mib in self.config["sizes_mib"]:
+        warmup = int(self.config.get("warmup_iters") or WARMUP_ITERS)
+        free = None
+        if self.cuda:  # every rank must skip the same sizes, or the collectives would not pair up
+            least = torch.tensor([torch.cuda.mem_get_info()[0]], dtype=torch.int64, device=self.device)
+            dist.all_reduce(least, op=dist.ReduceOp.MIN)
+            free = int(least.item())
+        sizes = sizes_that_fit(self.config["sizes_mib"], free)
+        self.result["sizes_skipped_mib"] = [float(s) for s in self.config["sizes_mib"] if s not in sizes]
+        for size_mib in sizes:
             nbytes = int(float(size_mib) * 1024 * 1024) // 4 * 4
             tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=self.device)
-            for _ in range(WARMUP_ITERS):
+            for _ in range(warmup):
                 dist.all_reduce(tensor)
             self._sync()
             dist.barrier()
@@ -243,11 +263,13 @@ class Rank:
                     "size_mib": float(size_mib),
                     "bytes": nbytes,
                     "iters": iters,
+                    "warmup_iters": warmup,
                     "time_us": round(seconds * 1e6, 1),
                     "algbw_gbps": round(algbw, 4),
                     "busbw_gbps": round(bus_bandwidth(algbw, self.world_size), 4),
                 }
             )
+            del tensor  # freed before the next, larger one is allocated
 
     def _sync(self) -> None:
         if self.backend == "nccl":

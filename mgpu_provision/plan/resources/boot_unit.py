@@ -46,7 +46,7 @@ def settings(rig: Rig) -> list[tuple[str, str]]:
     if health.checks("compute_mode") and health.compute_mode in COMPUTE_MODE_ARGS:
         mode = health.compute_mode
         wanted.append((f"-c {COMPUTE_MODE_ARGS[mode]}", f"compute mode {mode}"))
-    if health.checks("power") and health.power_limit_w is not None:
+    if health.checks("power") and isinstance(health.power_limit_w, int):  # `default` is what a boot gives
         watts = health.power_limit_w
         wanted.append((f"-pl {watts}", f"power limit {watts} W"))
     return wanted

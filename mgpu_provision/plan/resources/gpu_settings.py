@@ -1,7 +1,9 @@
 """GPU settings the rig decides: power limit and compute mode (apply sets them), MIG mode (a person does).
 
-Power limit: the rig's `health.power_limit_w`, else each GPU's default limit, so a cap someone set by hand
-and forgot shows up as drift. Compute mode: the rig's `health.compute_mode` (`default` unless it says
+Power limit: the rig's `health.power_limit_w` (watts, or `default`: each GPU's default limit); a rig that
+says nothing leaves the limits as they are, so a cap someone set on purpose survives every apply. A limit
+enforced below the management limit (a BMC's out-of-band cap) is reported: apply cannot lift it.
+Compute mode: the rig's `health.compute_mode` (`default` unless it says
 otherwise). Both are NVML settings that apply carries out with one agent step for all GPUs that differ. MIG
 mode needs a GPU reset with no process on it, which apply will not do on its own: a manual step.
 """
@@ -33,7 +35,11 @@ def _gpus(indices: list[int]) -> str:
 
 
 def _power(ctx: HostContext, gpus: list[GpuHealth]) -> list[Change]:
-    want = ctx.rig.health.power_limit_w
+    setting = ctx.rig.health.power_limit_w
+    capped = _enforced_caps(gpus)
+    if setting is None:
+        return capped
+    want = setting if isinstance(setting, int) else None  # None: each GPU's default
     refused = [g for g in gpus if want is not None and g.power_limit_range_w and not _within(want, g)]
     if refused:
         # NVML would refuse the setter; a failed check says why instead of a failed apply step.
@@ -52,13 +58,14 @@ def _power(ctx: HostContext, gpus: list[GpuHealth]) -> list[Change]:
         if gpu.power_limit_w is not None and target is not None and gpu.power_limit_w != target:
             wrong[gpu.index] = (gpu.power_limit_w, target)
     if not wrong:
-        return []
+        return capped
     currents = sorted({c for c, _ in wrong.values()})
     targets = sorted({t for _, t in wrong.values()})
     now = "/".join(f"{w} W" for w in currents)
     then = "/".join(f"{w} W" for w in targets)
-    why = "" if want is not None else " (the default; set health.power_limit_w to keep another limit)"
+    why = "" if want is not None else " (the default, as health.power_limit_w says)"
     return [
+        *capped,
         Change(
             resource="power",
             action="update",
@@ -67,7 +74,26 @@ def _power(ctx: HostContext, gpus: list[GpuHealth]) -> list[Change]:
             desired=then,
             agent_step=protocol.power_limit_step(sorted(wrong), want),
             phase="persistence",
+        ),
+    ]
+
+
+def _enforced_caps(gpus: list[GpuHealth]) -> list[Change]:
+    """GPUs held below their management limit by another cap (nvmlDeviceGetEnforcedPowerLimit): a BMC's
+    out-of-band limit, which no NVML setter lifts."""
+    return [
+        Change(
+            "power",
+            "manual",
+            f"GPU {g.index} is held at {g.enforced_power_limit_w} W, below its {g.power_limit_w} W power "
+            "limit, by an out-of-band cap (BMC/node manager): lift it there if it is not meant",
+            f"{g.enforced_power_limit_w} W enforced",
+            f"{g.power_limit_w} W",
         )
+        for g in gpus
+        if g.enforced_power_limit_w is not None
+        and g.power_limit_w is not None
+        and g.enforced_power_limit_w < g.power_limit_w
     ]
 
 
