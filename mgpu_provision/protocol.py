@@ -131,6 +131,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "xorg_paths": texts(),
         "xorg_layout_paths": texts(),
         "units": texts(),
+        "slurm": flag(),
     },
     "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects(), "simulated": flag()},
     "reboot": {"lock": line(), "lock_wait_s": number(), "simulated": flag()},
@@ -197,6 +198,7 @@ def facts_request(
     xorg_paths: Sequence[str] = (),
     xorg_layout_paths: Sequence[str] = (),
     units: Sequence[str] = (),
+    slurm: bool = False,
 ) -> Dict[str, Any]:
     """The `facts` verb's arguments. With no arguments: the minimal form, enough for GPUs, driver,
     processes and the boot id (what apply's reboot wait and reclaim's check need)."""
@@ -209,6 +211,8 @@ def facts_request(
         "xorg_layout_paths": list(xorg_layout_paths),
         # systemd units (by name) whose state the plan judges beyond the NVIDIA services facts always report
         "units": list(units),
+        # what slurmd would register and what the controller holds (a rig with a `slurm` section)
+        "slurm": slurm,
     }
 
 

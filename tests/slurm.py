@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mgpu_provision.node.host.machine import parse_key_values
 from tests.hosts import TestHost, skip_or_fail
 
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/mungekey", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
@@ -250,7 +251,7 @@ class SlurmCluster:
     def node_state(self, name: str) -> dict[str, str]:
         """`scontrol show node -o` of one node as key=value pairs (Reason keeps its spaces)."""
         line = self.scontrol("show", "node", "-o", name).stdout.strip()
-        return parse_node_line(line)
+        return parse_key_values(line)
 
     def wait_state(self, name: str, wanted: Sequence[str], timeout_s: float = 30.0) -> dict[str, str]:
         """Wait until the node's State starts with one of `wanted` (e.g. IDLE, DOWN, INVAL)."""
@@ -283,20 +284,6 @@ class SlurmCluster:
             time.sleep(0.05)
         text = log.read_text(errors="replace")[-3000:] if log.exists() else ""
         raise RuntimeError(f"{what} did not start within {timeout_s}s: {text}")
-
-
-def parse_node_line(line: str) -> dict[str, str]:
-    """`scontrol show node -o` output as a mapping; values may hold spaces only for Reason (last-ish key)."""
-    pairs: dict[str, str] = {}
-    key = None
-    for token in line.split(" "):
-        name, sep, value = token.partition("=")
-        if sep and name and name[0].isupper() and name.replace("_", "").isalnum():
-            key = name
-            pairs[key] = value
-        elif key is not None:
-            pairs[key] += " " + token
-    return pairs
 
 
 def _alive(pid: int) -> bool:
