@@ -177,6 +177,9 @@ class GpuProcess(Fact):
     orphaned: bool = False
     torchrun_job: bool = Field(False, description="a live torchrun/torchelastic agent is an ancestor")
     alive: bool = True
+    mps_server: int | None = Field(
+        None, description="an MPS client: the pid of the nvidia-cuda-mps-server it runs through"
+    )
 
 
 class TorchInfo(Fact):

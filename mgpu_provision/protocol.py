@@ -93,6 +93,11 @@ def positives(required: bool = False) -> Arg:
     return Arg("a list of positive numbers", ok, required)
 
 
+def pids() -> Arg:
+    ok = lambda v: isinstance(v, list) and all(_is_int(x) and x >= 1 for x in v)  # noqa: E731
+    return Arg("a list of pids (integers >= 1)", ok)
+
+
 def _is_installed_file(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(value.get(k), str) for k in INSTALLED_FILE_KEYS)
 
@@ -141,6 +146,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "grace_s": number(0, MAX_GRACE_S),
         "dry_run": flag(),
         "user": user_name(),
+        "pids": pids(),  # `reclaim --pid`: end exactly these, whatever their classification
     },
     "smoke": {
         "python": line(required=True),
@@ -496,15 +502,22 @@ def reboot_request(lock: str, lock_wait_s: float, simulated: bool) -> Dict[str, 
 
 
 def reclaim_request(
-    policy: str, patterns: Sequence[str], grace_s: float, dry_run: bool, user: Optional[str] = None
+    policy: str,
+    patterns: Sequence[str],
+    grace_s: float,
+    dry_run: bool,
+    user: Optional[str] = None,
+    pids: Sequence[int] = (),
 ) -> Dict[str, Any]:
-    """`user`: end only that user's processes (None: anyone's)."""
+    """`user`: end only that user's processes (None: anyone's); `pids`: end exactly these (none: what the
+    policy selects)."""
     return {
         "policy": policy,
         "patterns": list(patterns),
         "grace_s": grace_s,
         "dry_run": dry_run,
         "user": user,
+        "pids": list(pids),
     }
 
 

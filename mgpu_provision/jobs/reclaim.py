@@ -8,10 +8,11 @@ processes no longer hold GPU memory, and sums it all up per host with the exit c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from .. import protocol
 from ..errors import AgentError
@@ -37,6 +38,9 @@ class HostResult(Fact):
 
     processes: list[ReclaimedProcess]
     freed_mib: int
+    not_holders: list[int] = Field(
+        default_factory=list, description="pids named by --pid that hold no GPU memory"
+    )
 
 
 @dataclass
@@ -48,6 +52,7 @@ class HostReclaim:
     error: str | None = None
     processes: list[ReclaimedProcess] = field(default_factory=list)
     freed_mib: int = 0
+    not_holders: list[int] = field(default_factory=list)
 
     def count(self, action: Action) -> int:
         return sum(1 for p in unique_pids(self.processes) if p.action == action)
@@ -61,10 +66,12 @@ def unique_pids(processes: list[ReclaimedProcess]) -> list[ReclaimedProcess]:
     return list(seen.values())
 
 
-def agent_args(policy: Reclaim, dry_run: bool, user: str | None = None) -> dict[str, Any]:
+def agent_args(
+    policy: Reclaim, dry_run: bool, user: str | None = None, pids: Sequence[int] = ()
+) -> dict[str, Any]:
     """The `reclaim` verb's arguments for the rig's policy (validated with the rig file: rig/rules.py),
-    limited to one user's processes when `user` is given."""
-    return protocol.reclaim_request(policy.policy, policy.patterns, policy.grace_s, dry_run, user)
+    limited to one user's processes when `user` is given, to exactly `pids` when any are."""
+    return protocol.reclaim_request(policy.policy, policy.patterns, policy.grace_s, dry_run, user, pids)
 
 
 def parse_result(where: str, result: dict[str, Any]) -> HostResult:
@@ -103,7 +110,7 @@ def verify(result: HostResult, facts: Facts) -> HostResult:
         for p in result.processes
     ]
     freed = sum(p.used_mib or 0 for p in processes if p.action == "ended")
-    return HostResult(processes=processes, freed_mib=freed)
+    return HostResult(processes=processes, freed_mib=freed, not_holders=result.not_holders)
 
 
 def reclaim_on(session: AgentSession, args: dict[str, Any]) -> HostResult:
@@ -119,15 +126,16 @@ def collect(outcomes: dict[str, HostOutcome[HostResult]]) -> list[HostReclaim]:
     for name, outcome in outcomes.items():
         value = outcome.value
         if outcome.status == "ok" and value is not None:
-            hosts.append(HostReclaim(name, "ok", None, value.processes, value.freed_mib))
+            hosts.append(HostReclaim(name, "ok", None, value.processes, value.freed_mib, value.not_holders))
         else:
             hosts.append(HostReclaim(name, outcome.status, outcome.error or "no result"))
     return hosts
 
 
 def exit_code(hosts: list[HostReclaim]) -> int:
-    """0: nothing to do, or everything selected was ended; 2: something is left, failed or unreachable."""
+    """0: nothing to do, or everything selected was ended; 2: something is left, failed or unreachable, or
+    a pid named by --pid holds no GPU memory."""
     for host in hosts:
-        if host.status != "ok" or any(p.action in LEFT for p in host.processes):
+        if host.status != "ok" or host.not_holders or any(p.action in LEFT for p in host.processes):
             return 2
     return 0

@@ -3,17 +3,21 @@
 Real processes started in each host's namespaces are listed in its twin as GPU memory holders. Live jobs: a
 nohup'd job whose shell exited, a container's main process under a process named `tini`, a worker of a
 live job, a worker of a live torchrun. Leftovers: the two ranks of a real torchrun (CPU torch, Gloo) whose
-agent was SIGKILLed, a real DataLoader worker whose training script was SIGKILLed, and a leftover that
-ignores SIGTERM. Reclaim must end exactly the leftovers, leave every live job running, and find nothing to
-do the second time.
+agent was SIGKILLed, a real DataLoader worker whose training script was SIGKILLed, and a multiprocessing
+worker that ignores SIGTERM. Reclaim must end exactly the leftovers, leave every live job running, and find
+nothing to do the second time.
+
+Issue 28's cases follow, with plain Python programs (tests/reclaim_programs.py): the seed's own case (a
+job-control shell, a script's two spawn workers, the script SIGKILLed, the shell still open), an in-process
+elastic agent named `accelerate`, a job a wrapper script put in the background, `--pid`, and an MPS server
+with a client under a pattern that matches the server.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +26,10 @@ import pytest
 from mgpu_provision.cli import main
 from mgpu_provision.node.host.procs import read_proc
 from tests.hosts import TWINS_DIR, HostFactory, TestHost
+from tests.reclaim_programs import ELASTIC_AGENT, IGNORE_TERM, SLEEP, SPAWN_MAIN, pids_in, script, wait_until
 
 pytestmark = pytest.mark.e2e
 
-IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
 FAKE_TORCHRUN = (
     "import subprocess; p = subprocess.Popen(['sleep', '300']); print(p.pid, flush=True); p.wait()\n"
 )
@@ -74,23 +78,26 @@ def detached(host: TestHost, command: str) -> int:
     return int(out.stdout)
 
 
-def script(tmp: Path, name: str, text: str) -> Path:
-    path = tmp / name
-    path.write_text(f"#!{sys.executable}\n{text}")
-    path.chmod(0o755)
-    return path
-
-
-def wait_until(what: str, done: Callable[[], bool], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def pid_in(path: Path) -> int:
     wait_until(f"{path}", lambda: path.exists() and bool(path.read_text().strip()))
     return int(path.read_text())
+
+
+def spawn_leftovers(host: TestHost, tmp: Path, name: str, code: str, count: int) -> tuple[int, list[int]]:
+    """A script's `count` multiprocessing spawn workers running `code`, started in a session of its own
+    with the script SIGKILLed: (the script's pid, the workers' pids)."""
+    main_py = script(tmp, "spawn_main.py", SPAWN_MAIN)
+    pid_file = tmp / f"{host.name}-{name}.pids"
+    killed = background(host, f"setsid {main_py} {shlex.quote(code)} {count} {pid_file}")
+    workers = pids_in(pid_file)
+    host.run_in_ns(f"kill -9 {killed}")
+    wait_until("the workers to lose their parent", lambda: all(parent_of(w) != killed for w in workers))
+    return killed, workers
+
+
+def parent_of(pid: int) -> int | None:
+    info = read_proc(pid)
+    return None if info is None else info.ppid
 
 
 def child_of_live_job(host: TestHost, tmp: Path) -> int:
@@ -123,14 +130,17 @@ def ignores_sigterm(pid: int) -> bool:
     return bool(int(next(s.split()[1] for s in status.splitlines() if s.startswith("SigIgn:")), 16) & 1 << 14)
 
 
-def twin_with(holders: list[tuple[int, int, int]]) -> str:
+def twin_with(holders: list[tuple[int, int, int]], mps: tuple[int, ...] = ()) -> str:
     """The example 2x RTX 3090 twin, its text kept verbatim (the agent's YAML reader reads what people
-    write), with these (pid, gpu, MiB) as GPU memory holders."""
+    write), with these (pid, gpu, MiB) as GPU memory holders, those in `mps` listed as clients of MPS."""
     text = (TWINS_DIR / "rtx3090-nvlink.yaml").read_text()
     return (
         text
         + "processes:\n"
-        + "".join(f"  - {{pid: {pid}, gpu: {gpu}, used_mib: {mib}}}\n" for pid, gpu, mib in holders)
+        + "".join(
+            f"  - {{pid: {pid}, gpu: {gpu}, used_mib: {mib}{', mps_client: true' if pid in mps else ''}}}\n"
+            for pid, gpu, mib in holders
+        )
     )
 
 
@@ -177,7 +187,7 @@ def test_reclaim_ends_exactly_the_leftovers(
         nohup = detached(a, "nohup sleep 300")  # no job control here: only the ignored SIGHUP says "keep me"
         tini, container_main = under_tini(a, tmp_path)
         a_child = child_of_live_job(a, tmp_path)
-        stubborn = detached(a, f'{sys.executable} -c "{IGNORE_TERM}"')
+        _, (stubborn,) = spawn_leftovers(a, tmp_path, "stubborn", IGNORE_TERM, 1)
         b_worker = live_torchrun_worker(b, tmp_path)
         started += [nohup, tini, container_main, a_child, stubborn, b_worker]
         wait_until("the SIGTERM handler", lambda: ignores_sigterm(stubborn))
@@ -216,15 +226,17 @@ def test_reclaim_ends_exactly_the_leftovers(
         assert reasons[("gpu-a", container_main)].startswith("leads its own process group")
         assert reasons[("gpu-a", a_child)].startswith("its process group leader pid ")
         assert reasons[("gpu-b", b_worker)].startswith("part of the live torchrun job of pid ")
-        assert reasons[("gpu-b", rank0)].startswith(
-            "orphaned: a torchrun worker whose torchrun is gone (run "
-        )
-        assert reasons[("gpu-a", dataloader)] == (
-            f"orphaned: its process group and session leaders (pid {trainer}) are gone: "
-            "the job that started it has ended"
+        assert reasons[("gpu-b", rank0)].startswith("orphaned: a torchelastic worker (run ")
+        assert " left behind: its parent is gone: re-parented to pid 1 (" in reasons[("gpu-b", rank0)]
+        assert reasons[("gpu-a", dataloader)].startswith(
+            "orphaned: a DataLoader worker left behind: its parent is gone: re-parented to pid 1 ("
         )
         assert all(row["owner"] == "root" for row in rows(dry).values())
         assert all(alive(pid) for pid in started if pid not in (torchrun, trainer))
+
+        capsys.readouterr()
+        assert main(["reclaim", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--pid", "5"]) == 1
+        assert "--pid names processes of one host, and 2 are chosen (gpu-a, gpu-b)" in capsys.readouterr().err
 
         code, others = reclaim(rig, test_hosts, capsys, "--yes", "--user", "nobody")
         assert code == 0, others
@@ -250,3 +262,135 @@ def test_reclaim_ends_exactly_the_leftovers(
         for pid in started:
             if alive(pid):
                 a.run_in_ns(f"kill -9 {pid}", check=False)
+
+
+def job_control_shell(host: TestHost, tmp: Path, command: str) -> tuple[int, int]:
+    """`command` run as a job of a shell with job control on (`set -m`: the job leads its own process group
+    in the shell's session), the shell kept open: (the shell's pid, the job's pid)."""
+    job_file, body = tmp / f"{host.name}-job.pid", tmp / f"{host.name}-shell.sh"
+    body.write_text(f"set -m\n{command} &\necho $! > {job_file}\nwhile :; do sleep 1; done\n")
+    shell = background(host, f"setsid bash {body}")
+    return shell, pid_in(job_file)
+
+
+def test_reclaim_the_seed_case_elastic_agents_wrapped_jobs_pid_and_mps(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = test_hosts.start("gpu-c")
+    started: list[int] = []
+    try:
+        # The seed's case: a training script's spawn workers, the script SIGKILLed, its shell still open.
+        seed_file = tmp_path / "seed.pids"
+        shell, script_pid = job_control_shell(
+            host, tmp_path, f"{script(tmp_path, 'train.py', SPAWN_MAIN)} {shlex.quote(SLEEP)} 2 {seed_file}"
+        )
+        seed = pids_in(seed_file)
+        started += [shell, script_pid, *seed]
+        assert all(read_proc(w).pgid == script_pid and read_proc(w).sid == shell for w in seed)  # type: ignore[union-attr]
+        host.run_in_ns(f"kill -9 {script_pid}")
+        wait_until(
+            "the spawn workers to lose their parent", lambda: all(parent_of(w) != script_pid for w in seed)
+        )
+
+        # An in-process elastic agent: the launcher's comm is `accelerate`, not torchrun.
+        agent_file = tmp_path / "agent.pids"
+        agent = background(
+            host, f"setsid {script(tmp_path, 'accelerate', ELASTIC_AGENT)} launch {agent_file}"
+        )
+        elastic = pids_in(agent_file)
+        started += [agent, *elastic]
+        assert read_proc(agent).comm == "accelerate"  # type: ignore[union-attr]
+
+        # A job a wrapper script put in the background (as `ssh host ./run.sh` does), the wrapper gone.
+        wrapped_file = tmp_path / "wrapped.pid"
+        wrapper = tmp_path / "run.sh"
+        background_job = f"{sys.executable} -c {shlex.quote(SLEEP)} </dev/null >/dev/null 2>&1 &"
+        wrapper.write_text(f"{background_job}\necho $! > {wrapped_file}\n")
+        host.run_in_ns(f"setsid sh {wrapper}")
+        wrapped = pid_in(wrapped_file)
+        started.append(wrapped)
+
+        # An MPS server (its control daemon started it), and a live client running through it.
+        mps_program = tmp_path / "nvidia-cuda-mps-server"
+        mps_program.symlink_to("/bin/sleep")
+        mps_server = detached(host, f"{mps_program} 300")
+        client = detached(host, "sleep 300")
+        started += [mps_server, client]
+
+        holders = [(seed[0], 0, 3000), (seed[1], 1, 3000), (elastic[0], 0, 5000), (elastic[1], 1, 5000)]
+        holders += [(wrapped, 0, 700), (mps_server, 1, 300), (client, 1, 900)]
+        host.set_twin(twin_with(holders, mps=(client,)))
+        rig = test_hosts.write_rig(tmp_path / "rig.yaml", [host], reclaim={"policy": "orphans", "grace_s": 1})
+        key = "gpu-c"
+
+        code, dry = reclaim(rig, test_hosts, capsys)
+        assert code == 2, dry
+        found = rows(dry)
+        assert {pid: found[(key, pid)]["action"] for pid in seed} == {
+            seed[0]: "would-end",
+            seed[1]: "would-end",
+        }
+        assert found[(key, seed[0])]["reason"].startswith(
+            "orphaned: a multiprocessing spawn worker left behind: its parent is gone: re-parented to pid 1 ("
+        )
+        for worker in elastic:
+            assert found[(key, worker)]["action"] == "keep"
+            assert (
+                found[(key, worker)]["reason"]
+                == f"part of the live torchelastic job of its agent pid {agent} (accelerate)"
+            )
+            assert found[(key, worker)]["torchrun_job"]
+        assert found[(key, wrapped)]["action"] == "keep"
+        assert found[(key, wrapped)]["reason"].endswith(f"; `reclaim --pid {wrapped}` ends exactly it")
+        assert (
+            found[(key, client)]["mps_server"] == mps_server
+            and found[(key, mps_server)]["mps_server"] is None
+        )
+
+        code, done = reclaim(rig, test_hosts, capsys, "-y")
+        assert code == 0, done
+        assert {pid for (_, pid), action in actions(done).items() if action == "ended"} == set(seed)
+        assert not any(alive(w) for w in seed) and alive(shell)
+        assert all(alive(pid) for pid in (agent, *elastic, wrapped, mps_server, client))
+
+        # The agent SIGKILLed: now its workers are left behind.
+        host.run_in_ns(f"kill -9 {agent}")
+        wait_until(
+            "the elastic workers to lose their agent", lambda: all(parent_of(w) != agent for w in elastic)
+        )
+        code, done = reclaim(rig, test_hosts, capsys, "--yes")
+        assert code == 0, done
+        assert {pid for (_, pid), action in actions(done).items() if action == "ended"} == set(elastic)
+        assert rows(done)[(key, elastic[0])]["reason"].startswith(
+            "orphaned: a torchelastic worker (run e2e-run) left behind: its parent is gone: "
+            "re-parented to pid 1 ("
+        )
+        assert not any(alive(w) for w in elastic)
+
+        # --pid ends exactly the named process, after the same checks.
+        code, named = reclaim(rig, test_hosts, capsys, "--pid", str(wrapped), "--yes", "--limit", key)
+        assert code == 0, named
+        assert actions(named) == {(key, wrapped): "ended", (key, mps_server): "keep", (key, client): "keep"}
+        assert rows(named)[(key, wrapped)]["reason"].startswith(
+            "named by --pid; its process group leader pid "
+        )
+        assert not alive(wrapped) and alive(mps_server) and alive(client)
+
+        # A pattern that matches the MPS server: refused, the server and its client keep running.
+        rig = test_hosts.write_rig(
+            tmp_path / "rig.yaml",
+            [host],
+            reclaim={"policy": "orphans+patterns", "patterns": ["mps"], "grace_s": 1},
+        )
+        code, refused = reclaim(rig, test_hosts, capsys, "--yes")
+        assert code == 2, refused
+        assert rows(refused)[(key, mps_server)]["action"] == "refused"
+        assert (
+            rows(refused)[(key, mps_server)]["reason"]
+            == f"refusing to end pid {mps_server} (nvidia-cuda-mps-server)"
+        )
+        assert alive(mps_server) and alive(client)
+    finally:
+        for pid in started:
+            if alive(pid):
+                host.run_in_ns(f"kill -9 {pid}", check=False)

@@ -101,6 +101,12 @@ class ScriptedNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
         return [SimpleNamespace(pid=2**22 + 1, usedGpuMemory=None)] if handle == 2 else []
 
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: int) -> list[Any]:
+        # A client of an MPS server on GPU 0; GPU 1 runs no MPS (NotSupported, as without MPS on GeForce).
+        if handle == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [SimpleNamespace(pid=2**22 + 2, usedGpuMemory=512 * 1024**2)] if handle == 0 else []
+
     # Health, as GeForce cards answer: no ECC, no memory repair, no MIG; a driver older than the fabric calls.
     def _not_supported(self, *args: Any) -> Any:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -133,6 +139,13 @@ class ScriptedNvml:
 
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:
         return 7 if (handle, link, counter) == (0, 1, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT) else 0
+
+
+# Neither pid is alive here: facts list them as dead, reclaim ends nothing.
+HOLDERS = [
+    {"pid": 2**22 + 2, "gpu": 0, "used_mib": 512, "alive": False, "mps_server": None},
+    {"pid": 2**22 + 1, "gpu": 2, "used_mib": None, "alive": False, "mps_server": None},
+]
 
 
 def real_facts(
@@ -170,7 +183,7 @@ def test_facts_from_a_scripted_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (pairs[(0, 1)].pcie, pairs[(0, 1)].p2p_read, pairs[(0, 1)].p2p_nvlink) == ("PHB", "OK", "OK")
     assert (pairs[(0, 2)].cell, pairs[(1, 2)].p2p_nvlink) == ("SYS", "NS")
     assert raw["nvswitch"] is False
-    assert raw["processes"] == [{"pid": 2**22 + 1, "gpu": 2, "used_mib": None, "alive": False}]
+    assert raw["processes"] == HOLDERS
 
 
 @pytest.mark.parametrize(
@@ -225,14 +238,33 @@ class PreR510Nvml(ScriptedNvml):
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: int) -> list[Any]:
         return super().nvmlDeviceGetComputeRunningProcesses(handle)
 
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: int) -> list[Any]:
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version ...")
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: int) -> list[Any]:
+        return super().nvmlDeviceGetMPSComputeRunningProcesses(handle)
+
+
+class NoMpsCallNvml(PreR510Nvml):
+    """A driver older than the MPS call itself: neither symbol exists."""
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: int) -> list[Any]:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+def test_a_driver_without_the_mps_call_lists_no_mps_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = real_facts(monkeypatch, NoMpsCallNvml(), driver="418.226.00")
+    assert raw["processes"] == HOLDERS[1:]
+
 
 def test_running_processes_fall_back_to_v2_on_drivers_before_r510(monkeypatch: pytest.MonkeyPatch) -> None:
     from mgpu_provision.node.verbs import reclaim
 
     raw = real_facts(monkeypatch, PreR510Nvml(), driver="470.256.02")
-    assert raw["processes"] == [{"pid": 2**22 + 1, "gpu": 2, "used_mib": None, "alive": False}]
+    assert raw["processes"] == HOLDERS
     result = reclaim.run({"policy": "orphans", "dry_run": True}, RealBackend())
-    assert result == {"processes": [], "freed_mib": 0}  # the holder's pid is not alive: nothing to end
+    # The holder's pid is not alive: nothing to end.
+    assert result == {"processes": [], "freed_mib": 0, "not_holders": []}
 
 
 class LostGpuNvml(ScriptedNvml):
@@ -255,11 +287,11 @@ def test_a_lost_gpu_is_reported_and_the_others_are_read(monkeypatch: pytest.Monk
     assert [g["index"] for g in raw["gpus"]] == [0, 2]
     assert raw["lost_gpus"] == [{"index": 1, "pci_bus_id": "00000000:21:00.0", "error": "GPU is lost"}]
     assert [(p["a"], p["b"]) for p in raw["pairs"]] == [(0, 2)]
-    assert raw["processes"] == [{"pid": 2**22 + 1, "gpu": 2, "used_mib": None, "alive": False}]
+    assert raw["processes"] == HOLDERS
     from mgpu_provision.node.verbs import reclaim
 
     result = reclaim.run({"policy": "orphans", "dry_run": True}, RealBackend())
-    assert result == {"processes": [], "freed_mib": 0}
+    assert result == {"processes": [], "freed_mib": 0, "not_holders": []}
     assert raw["pairs"][0]["nvlinks"] == 0  # GPU 0's links led to the lost GPU
 
 

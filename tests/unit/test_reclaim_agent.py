@@ -66,9 +66,10 @@ def decide(
     patterns: tuple[str, ...] = (),
     used_mib: int | None = 1200,
     owner: reclaim.Owner | None = None,
+    pids: tuple[int, ...] = (),
 ) -> reclaim.Decision:
     compiled = reclaim.compile_patterns(policy, list(patterns))
-    return reclaim.decide(info, used_mib, why, policy, compiled, AGENT, owner)
+    return reclaim.decide(info, used_mib, why, policy, compiled, AGENT, owner, pids)
 
 
 def test_orphans_policy_ends_orphans_and_keeps_the_rest() -> None:
@@ -110,6 +111,19 @@ def test_patterns_select_live_processes_by_command_line() -> None:
         # The kernel cuts comm to 15 characters; a daemon that rewrote its argv is still known by it.
         (proc(35, 1, "fabric manager", comm="nv-fabricmanage"), "refusing to end pid 35 (nv-fabricmanager)"),
         (proc(36, 1, "/usr/bin/nv-hostengine -n"), "refusing to end pid 36 (nv-hostengine)"),
+        # MPS: the server every client runs through, and its control daemon (same 15-letter comm).
+        (
+            proc(38, 39, "nvidia-cuda-mps-server", comm="nvidia-cuda-mps"),
+            "refusing to end pid 38 (nvidia-cuda-mps-server)",
+        ),
+        (
+            proc(39, 1, "/usr/bin/nvidia-cuda-mps-control -d", comm="nvidia-cuda-mps"),
+            "refusing to end pid 39 (nvidia-cuda-mps-control)",
+        ),
+        (
+            proc(42, 1, "/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg"),
+            "refusing to end pid 42 (nvidia-imex)",
+        ),
         (proc(37, 1, "/usr/bin/dcgm-exporter -f /etc/dcgm.csv"), "refusing to end pid 37 (dcgm)"),
         (proc(500, 400, "python3 agent.pyz reclaim"), "refusing to end pid 500 (the agent itself)"),
         (proc(400, 31, "sudo -n python3 agent.pyz"), "refusing to end pid 400 (an ancestor of the agent)"),
@@ -117,6 +131,24 @@ def test_patterns_select_live_processes_by_command_line() -> None:
 )
 def test_a_pattern_selecting_a_protected_process_is_refused(info: ProcInfo, message: str) -> None:
     assert decide(info, ATTACHED, "orphans+patterns", (".",)) == ("refused", message)
+
+
+def test_pid_selects_exactly_the_named_processes_whatever_their_classification() -> None:
+    assert decide(proc(100, 50), ATTACHED, pids=(100,)) == (
+        "end",
+        "named by --pid; its session leader pid 50 (bash) is alive",
+    )
+    assert decide(proc(101, 77), ORPHAN, pids=(100,)) == (
+        "keep",
+        "not named by --pid; its process group and session leaders (pid 77) are gone",
+    )
+    mps = proc(38, 39, "nvidia-cuda-mps-server", comm="nvidia-cuda-mps")
+    assert decide(mps, ATTACHED, pids=(38,)) == ("refused", "refusing to end pid 38 (nvidia-cuda-mps-server)")
+    assert decide(proc(100, 50, uid=0), ATTACHED, pids=(100,), owner=reclaim.Owner(1000, "alice")) == (
+        "keep",
+        "owned by root, not alice",
+    )
+    assert decide(proc(100, 50), ATTACHED, "never", pids=(100,)).action == "keep"
 
 
 def test_a_program_merely_named_like_a_daemon_is_not_protected() -> None:
@@ -317,7 +349,8 @@ def test_an_unreadable_pid_namespace_counts_as_foreign(tmp_path: Path) -> None:
 def test_in_the_initial_pid_namespace_reclaim_runs(tmp_path: Path) -> None:
     root = fake_namespace(tmp_path, "pid:[4026531836]")
     assert procs.pid_namespace_problem(root) is None
-    assert reclaim.run({"policy": "orphans"}, HostPids(), root) == {"processes": [], "freed_mib": 0}  # type: ignore[arg-type]
+    result = reclaim.run({"policy": "orphans"}, HostPids(), root)  # type: ignore[arg-type]
+    assert result == {"processes": [], "freed_mib": 0, "not_holders": []}
 
 
 def test_a_simulated_node_names_processes_as_the_agent_sees_them(tmp_path: Path) -> None:
@@ -325,4 +358,5 @@ def test_a_simulated_node_names_processes_as_the_agent_sees_them(tmp_path: Path)
         reports_host_pids = False
 
     root = fake_namespace(tmp_path, "pid:[4026532301]")
-    assert reclaim.run({"policy": "orphans"}, Twin(), root) == {"processes": [], "freed_mib": 0}  # type: ignore[arg-type]
+    result = reclaim.run({"policy": "orphans"}, Twin(), root)  # type: ignore[arg-type]
+    assert result == {"processes": [], "freed_mib": 0, "not_holders": []}

@@ -61,15 +61,32 @@ def test_agent_args_carry_the_policy() -> None:
         "grace_s": 3.0,
         "dry_run": False,
         "user": None,
+        "pids": [],
     }
     assert reclaim.agent_args(policy, dry_run=True, user="alice")["user"] == "alice"
+    assert reclaim.agent_args(policy, dry_run=True, pids=[4242])["pids"] == [4242]
 
 
-@pytest.mark.parametrize("name", ["", "al ice", "alice:x", "../root"])
-def test_user_must_be_a_user_name(name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_y_is_short_for_yes() -> None:
+    from mgpu_provision.cli import build_parser
+
+    args = build_parser().parse_args(["reclaim", "rig.yaml", "-y", "--pid", "7", "--pid", "9"])
+    assert args.yes is True and args.pid == [7, 9]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "what"),
+    [
+        *(("--user", name, "a user name") for name in ["", "al ice", "alice:x", "../root"]),
+        *(("--pid", pid, "a process id") for pid in ["0", "-3", "12x", ""]),
+    ],
+)
+def test_user_and_pid_are_checked(
+    option: str, value: str, what: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     with pytest.raises(SystemExit):
-        main(["reclaim", str(tmp_path / "rig.yaml"), "--user", name])
-    assert f"argument --user: {name!r} is not a user name" in capsys.readouterr().err
+        main(["reclaim", str(tmp_path / "rig.yaml"), option, value])
+    assert f"argument {option}: {value!r} is not {what}" in capsys.readouterr().err
 
 
 def test_an_answer_outside_the_contract_is_an_agent_error() -> None:
@@ -137,6 +154,7 @@ def host(name: str, *rows: dict[str, Any], freed: int = 0) -> HostReclaim:
         ([host("a", row(1, "ended")), host("b", row(2, "failed"))], 2),
         ([host("a", row(1, "refused"))], 2),
         ([host("a"), HostReclaim("b", "unreachable", "connection refused")], 2),
+        ([HostReclaim("a", "ok", None, procs(row(1, "keep")), 0, [4242])], 2),  # --pid named a non-holder
     ],
 )
 def test_exit_code(hosts: list[HostReclaim], code: int) -> None:
@@ -186,13 +204,21 @@ def test_json_has_stable_keys() -> None:
         "error": "agent reclaim failed",
         "freed_mib": 0,
         "processes": [],
+        "not_holders": [],
     }
     assert out["hosts"]["a"]["processes"][0]["action"] == "ended"
     assert set(out["hosts"]["a"]["processes"][0]) >= {"pid", "gpu", "used_mib", "owner", "command", "reason"}
 
 
-def test_human_output_has_a_table_per_node_and_the_total() -> None:
+def render(hosts: list[HostReclaim], width: int, terminal: bool, dry_run: bool = False) -> str:
     buffer = io.StringIO()
+    console = Console(file=buffer, width=width, color_system=None, force_terminal=terminal)
+    view.render_human(hosts, dry_run=dry_run, console=console)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_human_output_has_a_table_per_node_and_the_total(terminal: bool) -> None:
     hosts = [
         host(
             "gpu-a",
@@ -201,24 +227,23 @@ def test_human_output_has_a_table_per_node_and_the_total() -> None:
         ),
         host("gpu-b"),
         HostReclaim("gpu-c", "unreachable", "gpu-c: connection refused"),
+        HostReclaim("gpu-d", "ok", None, [], 0, [31337]),
     ]
-    view.render_human(hosts, dry_run=False, console=Console(file=buffer, width=200, color_system=None))
-    text = buffer.getvalue()
+    text = render(hosts, 200, terminal)
     assert "gpu-a" in text and "4242" in text and "ended by SIGTERM" in text and "alice" in text
     started = datetime.fromtimestamp(1764400000.0 + 4242).strftime("%m-%d %H:%M:%S")
     assert started in text
     assert "gpu-b: no process holds GPU memory" in text
     assert "gpu-c: unreachable: gpu-c: connection refused" in text
+    assert "gpu-d: pid 31337 holds no GPU memory: nothing to end" in text
     assert text.rstrip().endswith(
-        "Ended 1 process, freed 1000 MiB on 2 of 3 hosts; 1 host failed or unreachable"
+        "Ended 1 process, freed 1000 MiB on 3 of 4 hosts; 1 host failed or unreachable"
     )
 
 
 def test_every_value_stands_under_its_own_heading() -> None:
-    buffer = io.StringIO()
     hosts = [host("gpu-a", row(4242, "ended", used_mib=1200, gpu=3, reason="orphaned"), freed=1200)]
-    view.render_human(hosts, dry_run=False, console=Console(file=buffer, width=250, color_system=None))
-    lines = buffer.getvalue().splitlines()
+    lines = render(hosts, 250, terminal=True).splitlines()
     header = next(line for line in lines if "ppid" in line)
     values = next(line for line in lines if "4242" in line)
     cells = dict(
@@ -227,3 +252,41 @@ def test_every_value_stands_under_its_own_heading() -> None:
     assert cells["pid"] == "4242" and cells["ppid"] == "1" and cells["gpu"] == "3" and cells["MiB"] == "1200"
     assert cells["owner"] == "alice" and cells["action"] == "ended" and cells["why"] == "orphaned"
     assert cells["command"] == "python train.py --rank 4242"
+
+
+LONG_WHY = (
+    "its process group leader pid 400 is gone and nothing marks it as that job's worker (a backgrounded "
+    "job? a fork-mode child?); `reclaim --pid 401` ends exactly it"
+)
+
+
+def test_piped_output_has_one_line_per_process_and_wraps_nothing() -> None:
+    hosts = [
+        host("gpu-a", row(401, "keep", reason=LONG_WHY), row(40123, "would-end", gpu=1, reason="orphaned"))
+    ]
+    lines = render(hosts, 80, terminal=False, dry_run=True).splitlines()
+    assert lines[0].split() == ["host", *view.COLUMNS]
+    assert len(lines) == 4  # the header, a line per process, the summary
+    assert lines[1].startswith("gpu-a    401  ") and lines[1].endswith(LONG_WHY)
+    assert " would-end " in lines[2] and lines[2].endswith("orphaned")
+    # Columns line up: each row's action starts where the header's does.
+    assert lines[1].index("keep") == lines[2].index("would-end") == lines[0].index("action")
+
+
+def test_a_narrow_terminal_keeps_every_short_cell_whole() -> None:
+    hosts = [host("gpu-a", row(4242, "would-end", reason=LONG_WHY))]
+    text = render(hosts, 80, terminal=True, dry_run=True)
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert any("would-end" in line and "4242" in line for line in lines)
+    assert "started" not in text and "ppid" not in text  # dropped to make room for command and why
+    assert "python train.py…" in text  # the command is cut, the reason wrapped at spaces
+    why = " ".join(line.rpartition("│")[2].strip() for line in lines if "│" in line)
+    assert why == LONG_WHY
+    wide = render(hosts, 130, terminal=True, dry_run=True)
+    assert "started" in wide and "ppid" in wide and "python train.py --rank 4242" in wide
+
+
+def test_mps_clients_show_their_server() -> None:
+    hosts = [host("gpu-a", row(5001, "keep", mps_server=4990))]
+    assert "python train.py --rank 5001 (MPS client of pid 4990)" in render(hosts, 200, terminal=False)

@@ -1,7 +1,8 @@
 """Node side of reclaim on real processes spawned here.
 
-Orphans, live children, a torchrun job, a process that ignores SIGTERM and a defunct leader whose threads run
-on are all real; only the GPU layer is faked (which pids hold how much memory).
+Leftover multiprocessing workers, live children, a torchrun job, a process that ignores SIGTERM, a defunct
+leader whose threads run on and a job a wrapper put in the background are all real; only the GPU layer is
+faked (which pids hold how much memory).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from mgpu_provision.node.host import procs
 from mgpu_provision.node.host.procs import ProcInfo
 from mgpu_provision.node.nvidia.backend import NvmlUnavailable
 from mgpu_provision.node.verbs import reclaim
+from tests.reclaim_programs import IGNORE_TERM, SLEEP, SPAWN_MAIN, pids_in, script
 
 MIB = 1024 * 1024
-IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
 # The main thread leaves through pthread_exit while another thread sleeps: the leader shows state Z.
 DEFUNCT_LEADER = (
     "import ctypes, threading, time; threading.Thread(target=time.sleep, args=(300,)).start(); "
@@ -40,9 +41,15 @@ class FakeBackend:
 
     reports_host_pids = False  # its pids are the processes this test started, as the agent sees them
 
-    def __init__(self, holders: dict[int, tuple[int, int]], released: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        holders: dict[int, tuple[int, int]],
+        released: tuple[int, ...] = (),
+        mps_clients: dict[int, tuple[int, int]] | None = None,
+    ) -> None:
         self.holders = holders
         self.released = released
+        self.mps_clients = mps_clients or {}
         self.opened = 0
 
     def open(self) -> None:
@@ -57,8 +64,12 @@ class FakeBackend:
     def processes(self, gpu: int) -> list[tuple[int, int | None]]:
         return [(pid, mib * MIB) for pid, (g, mib) in self.holders.items() if g == gpu]
 
+    def mps_processes(self, gpu: int) -> list[tuple[int, int | None]]:
+        return [(pid, mib * MIB) for pid, (g, mib) in self.mps_clients.items() if g == gpu]
+
     def holds_gpu(self, pid: int) -> bool:
-        return pid in self.holders and pid not in self.released
+        held = {**self.holders, **self.mps_clients}
+        return pid in held and pid not in self.released
 
 
 def wait_for(predicate: object, what: str, timeout_s: float = 10.0) -> None:
@@ -109,9 +120,19 @@ class Spawner:
         wait_for(lambda: state(pid) not in ("sh", "setsid", "nohup"), "the program to exec")
         return self._track(pid)
 
-    def orphan(self, python_code: str | None = None) -> int:
-        """A leftover: its parent, process group leader and session leader are all gone."""
-        return self.background("sleep 300" if python_code is None else f"{sys.executable} -c '{python_code}'")
+    def orphan(self, python_code: str = SLEEP) -> int:
+        """A leftover: a multiprocessing spawn worker whose main process was SIGKILLed."""
+        main = script(self.tmp, "spawn_main.py", SPAWN_MAIN)
+        pid_file = self.tmp / f"workers-{len(self.started)}"
+        proc = subprocess.Popen(
+            [str(main), python_code, "1", str(pid_file)], start_new_session=True, stdout=subprocess.DEVNULL
+        )
+        (worker,) = pids_in(pid_file)
+        self._track(worker)
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: procs.read_proc(worker).ppid != proc.pid, "the worker to be re-parented")  # type: ignore[union-attr]
+        return worker
 
     def child(self) -> int:
         """A member of a live job: a session-leading shell waiting for its background sleep."""
@@ -184,7 +205,9 @@ def test_reclaim_ends_exactly_the_orphans(spawn: Spawner) -> None:
         child: "keep",
         worker: "keep",
     }
-    assert dry[orphan]["reason"].startswith("orphaned: its process group and session leaders (pid ")  # type: ignore[union-attr]
+    assert dry[orphan]["reason"].startswith(  # type: ignore[union-attr]
+        "orphaned: a multiprocessing spawn worker left behind: its parent is gone: re-parented to pid "
+    )
     assert (
         dry[defunct]["reason"] == "orphaned: zombie: its main thread exited, other threads still hold the GPU"
     )
@@ -193,7 +216,7 @@ def test_reclaim_ends_exactly_the_orphans(spawn: Spawner) -> None:
     assert dry[child]["reason"] == f"its process group leader pid {parent.pgid} (sh) is alive"
     assert dry[worker]["reason"] == f"part of the live torchrun job of pid {launcher} ({state(launcher)})"
     assert dry[worker]["torchrun_job"] and not dry[worker]["orphaned"]
-    assert dry[orphan]["owner"] == "root" and dry[orphan]["command"] == "sleep 300"
+    assert dry[orphan]["owner"] == "root" and dry[orphan]["command"].endswith(" --multiprocessing-fork")  # type: ignore[union-attr]
     assert abs(dry[orphan]["start_time"] - time.time()) < 60  # type: ignore[operator]
     assert all(alive(pid) for pid in (orphan, stubborn, defunct, child, worker))
 
@@ -254,7 +277,7 @@ def test_a_process_gone_before_the_signal_counts_as_ended(spawn: Spawner) -> Non
 def test_dead_holders_are_not_listed() -> None:
     finished = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
     result = reclaim.run({"policy": "orphans"}, FakeBackend({int(finished.stdout): (0, 100)}))
-    assert result == {"processes": [], "freed_mib": 0}
+    assert result == {"processes": [], "freed_mib": 0, "not_holders": []}
 
 
 def test_nvml_unavailable_is_an_agent_failure_with_the_reason() -> None:
@@ -282,6 +305,44 @@ def test_jobs_whose_shell_exited_are_kept_when_started_with_nohup_or_setsid(spaw
     }
     assert rows[leftover]["action"] == "ended"
     assert alive(nohup) and alive(setsid) and not alive(leftover)
+
+
+def test_pid_ends_exactly_the_named_process(spawn: Spawner) -> None:
+    backgrounded = spawn.background("sleep 300")  # by a wrapper that exited: nothing marks it as a worker
+    other = spawn.background("sleep 300")
+    backend = FakeBackend({backgrounded: (0, 100), other: (1, 200)})
+    rows = by_pid(reclaim.run({"policy": "orphans"}, backend))
+    info = procs.read_proc(backgrounded)
+    assert info is not None
+    assert rows[backgrounded]["action"] == "keep"
+    assert rows[backgrounded]["reason"] == (
+        f"its process group leader pid {info.pgid} is gone and nothing marks it as that job's worker "
+        f"(a backgrounded job? a fork-mode child?); `reclaim --pid {backgrounded}` ends exactly it"
+    )
+    done = reclaim.run(
+        {"policy": "orphans", "grace_s": 1, "dry_run": False, "pids": [backgrounded, 1]}, backend
+    )
+    rows = by_pid(done)
+    assert (rows[backgrounded]["action"], rows[other]["action"]) == ("ended", "keep")
+    assert rows[backgrounded]["reason"].startswith("named by --pid; its process group leader")  # type: ignore[union-attr]
+    assert done["freed_mib"] == 100 and done["not_holders"] == [1]
+    assert not alive(backgrounded) and alive(other)
+
+
+def test_mps_clients_are_listed_with_their_server(spawn: Spawner, tmp_path: Path) -> None:
+    server_program = tmp_path / "nvidia-cuda-mps-server"
+    server_program.symlink_to("/bin/sleep")
+    server = spawn.background(f"{server_program} 300")
+    client = spawn.child()
+    backend = FakeBackend({server: (0, 300)}, mps_clients={client: (0, 900)})
+    args = {"policy": "orphans+patterns", "patterns": ["mps"]}
+    rows = by_pid(reclaim.run(args, backend))
+    assert rows[client]["mps_server"] == server and rows[client]["action"] == "keep"
+    assert rows[server]["mps_server"] is None
+    assert (rows[server]["action"], rows[server]["reason"]) == (
+        "refused",
+        f"refusing to end pid {server} (nvidia-cuda-mps-server)",
+    )
 
 
 def test_a_process_that_let_go_of_the_gpu_is_left_alone(spawn: Spawner) -> None:

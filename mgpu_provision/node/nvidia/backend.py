@@ -217,6 +217,11 @@ class Backend(abc.ABC):
         """(pid, used GPU memory in bytes or None) of the compute processes on a GPU."""
 
     @abc.abstractmethod
+    def mps_processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
+        """(pid, used GPU memory in bytes or None) of the clients of an MPS server on a GPU, which
+        `processes` does not list: it lists the server (nvmlDeviceGetMPSComputeRunningProcesses)."""
+
+    @abc.abstractmethod
     def holds_gpu(self, pid: int) -> Optional[bool]:
         """Whether the process has the GPU open right now; None when the agent may not look."""
 

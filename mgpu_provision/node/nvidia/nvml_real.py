@@ -238,12 +238,22 @@ class RealBackend(RealHealth, Backend):
         return self._optional(lambda: call(self._handle(a), self._handle(b), index))  # type: ignore[no-any-return]
 
     def processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
+        return self._running(gpu, "nvmlDeviceGetComputeRunningProcesses")
+
+    def mps_processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
+        nvml = self._nvml
+        try:
+            return self._running(gpu, "nvmlDeviceGetMPSComputeRunningProcesses")
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+            return []  # a GPU or driver without MPS, or a driver older than the call: no clients to list
+
+    def _running(self, gpu: int, call: str) -> List[Tuple[int, Optional[int]]]:
         nvml, handle = self._nvml, self._handle(gpu)
         try:
-            found = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            found = getattr(nvml, call)(handle)
         except (nvml.NVMLLibraryMismatchError, nvml.NVMLError_FunctionNotFound):
             # Drivers before R510 lack the `_v3` symbol the unversioned call uses; `_v2` has the same answer.
-            found = nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+            found = getattr(nvml, call + "_v2")(handle)
         return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in found]
 
     def holds_gpu(self, pid: int) -> Optional[bool]:

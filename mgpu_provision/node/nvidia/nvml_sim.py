@@ -266,10 +266,17 @@ class SimulatedBackend(SimulatedHealth, Backend):
         return _P2P_OK if linked else _P2P_NOT_SUPPORTED
 
     def processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
+        return self._running(gpu, mps_clients=False)
+
+    def mps_processes(self, gpu: int) -> List[Tuple[int, Optional[int]]]:
+        return self._running(gpu, mps_clients=True)
+
+    def _running(self, gpu: int, mps_clients: bool) -> List[Tuple[int, Optional[int]]]:
+        """The twin's holders on a GPU: MPS clients (`mps_client: true`) apart, as NVML lists them."""
         return [
             (int(p["pid"]), int(p["used_mib"]) * 1024 * 1024 if p.get("used_mib") is not None else None)
             for p in self.twin.processes
-            if int(p.get("gpu", 0)) == gpu
+            if int(p.get("gpu", 0)) == gpu and bool(p.get("mps_client", False)) == mps_clients
         ]
 
     def holds_gpu(self, pid: int) -> Optional[bool]:

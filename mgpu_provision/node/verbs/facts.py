@@ -47,9 +47,7 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "units": {str(unit): backend.unit_state(str(unit)) for unit in args.get("units") or ()},
         "sli": files.read_sli(args.get("xorg_paths") or []),
         "xorg_layouts": files.server_layouts(args.get("xorg_layout_paths") or []),
-        "files": [
-            files.describe_file(p, bool(args.get("include_content"))) for p in args.get("files") or ()
-        ],
+        "files": [files.describe_file(p, bool(args.get("include_content"))) for p in args.get("files") or ()],
         "torch": torch_probe.probe_torch(args["python"]) if args.get("python") else None,
         "interfaces": hostenv.interfaces(),
         "cpu": hostenv.cpu(),
@@ -88,12 +86,7 @@ def nvidia_facts(backend: Backend) -> Dict[str, Any]:
             cuda=None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}",
         )
         gpus, lost = read_gpus(backend)
-        holders = [
-            # Rounded up, as reclaim does: any memory held must not read as none.
-            {"pid": pid, "gpu": gpu["index"], "used_mib": None if used is None else -(-used // _MIB)}
-            for gpu in gpus
-            for pid, used in backend.processes(gpu["index"])
-        ]
+        holders = reclaim.gpu_holders(backend, [gpu["index"] for gpu in gpus])
         pairs = [pair_facts(backend, a, b) for n, a in enumerate(gpus) for b in gpus[n + 1 :]]
         health = health_facts(backend, gpus, lost)
     finally:
@@ -117,10 +110,13 @@ def processes(holders: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     described = []
     for holder in holders:
         info = lookup(holder["pid"])
+        mps_server = reclaim.mps_server_of(holder, holders, lookup)
         if info is None:
-            described.append(dict(holder, alive=False))
+            fields = {"pid": holder["pid"], "gpu": holder["gpu"], "used_mib": holder["used_mib"]}
+            described.append(dict(fields, alive=False, mps_server=mps_server))
         else:
-            described.append(reclaim.describe(holder, info, reclaim.classify(info, lookup), btime, hz))
+            why = reclaim.classify(info, lookup)
+            described.append(reclaim.describe(holder, info, why, btime, hz, mps_server))
     return described
 
 

@@ -1,10 +1,11 @@
 """Node side of `reclaim`: find processes holding GPU memory after a killed job and end those policy allows.
 
 A job killed with Ctrl-C or by a scheduler often leaves workers behind that still hold GPU memory. This module
-lists every GPU memory holder with what a person needs to judge it (owner, command, start time, parent),
-decides from /proc alone whether it is left over from a job that is gone or part of a live one, and ends the
-ones the policy selects through `procs.end_processes`, each only while it still holds the GPU. Ending a live
-job is the one mistake it must not make: when in doubt a process is kept.
+lists every GPU memory holder (MPS clients with their server) with what a person needs to judge it (owner,
+command, start time, parent), decides from /proc alone whether it is left over from a job that is gone or
+part of a live one, and ends the ones the policy selects (or exactly the pids named) through
+`procs.end_processes`, each only while it still holds the GPU. Ending a live job is the one mistake it must
+not make: when in doubt a process is kept, and its reason says how to end exactly it.
 
 Everything that decides is a pure function over `ProcInfo` snapshots (testable on fake data); reading /proc
 and sending signals is `procs.py`'s. It runs inside the agent zipapp: Python 3.8, standard library only.
@@ -31,14 +32,41 @@ from ..host.procs import (
 )
 from ..nvidia.backend import Backend, GpuLost, NvmlUnavailable
 
-# Daemons that hold GPU memory by design, by program name; the kernel cuts `comm` to 15 characters.
-PROTECTED_PROGRAMS = ("Xorg", "X", "Xwayland", "nvidia-persistenced", "nv-fabricmanager", "nv-hostengine")
+# Daemons that hold GPU memory by design, by program name; the kernel cuts `comm` to 15 characters. MPS:
+# the control daemon starts one server per user and every client runs through it; IMEX shares memory
+# across the nodes of an NVLink domain; Fabric Manager, DCGM's host engine, persistenced and X.
+PROTECTED_PROGRAMS = (
+    "Xorg",
+    "X",
+    "Xwayland",
+    "nvidia-persistenced",
+    "nv-fabricmanager",
+    "nv-hostengine",
+    "nvidia-cuda-mps-server",
+    "nvidia-cuda-mps-control",
+    "nvidia-imex",
+    "nvidia-imex-ctl",
+)
+MPS_SERVER = "nvidia-cuda-mps-server"
 # Families known by prefix: sshd's per-session processes ("sshd: alice@pts/0", sshd-session), DCGM's tools.
 PROTECTED_PREFIXES = ("sshd", "dcgm")
 COMM_LEN = 15
 # How torchrun shows up in a command line: the console script, or `python -m` of its modules (torchelastic is
 # the pre-1.9 name of the same agent).
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch", "torchelastic")
+# Processes that adopt orphans: init, and the subreapers (prctl PR_SET_CHILD_SUBREAPER) a GPU box runs:
+# `systemd --user`, container shims and container inits. A worker whose parent is one of these was
+# re-parented: whatever started it is gone. (An unknown subreaper reads as a live parent: kept.)
+REAPERS = ("systemd", "init", "tini", "docker-init", "dumb-init", "catatonit", "containerd-shim", "conmon")
+# The command line of a child of Python's multiprocessing: a spawn child runs `-c "from multiprocessing.spawn
+# import spawn_main; spawn_main(...)" --multiprocessing-fork`, the forkserver (and every child it forks)
+# `-c "from multiprocessing.forkserver import main; main(...)"` (CPython Lib/multiprocessing/spawn.py,
+# forkserver.py). torch.multiprocessing.spawn uses the spawn context.
+MP_FORK_FLAG = "--multiprocessing-fork"
+MP_PROGRAMS = ("from multiprocessing.spawn import spawn_main", "from multiprocessing.forkserver import main")
+# torch names each DataLoader worker `pt_data_worker` (torch/utils/data/_utils/worker.py), and the worker
+# quits when its parent goes (ManagerWatchdog): it never outlives the training script by design either.
+DATALOADER_COMM = "pt_data_worker"
 MIB = 1024 * 1024
 
 
@@ -77,14 +105,54 @@ class Classification(NamedTuple):
 OWN_GROUP = "leads its own process group: a job in its own right (nohup, setsid, a container's main process)"
 
 
+def is_reaper(info: ProcInfo) -> bool:
+    """Whether the process adopts orphans: what a process left by its parent is re-parented to."""
+    return info.pid == 1 or info.comm in REAPERS
+
+
+def worker_kind(info: ProcInfo) -> Optional[str]:
+    """What marks the process as a worker that never outlives its parent by design, or None."""
+    if info.comm == DATALOADER_COMM:
+        return "a DataLoader worker"
+    for arg in info.argv:
+        if arg == MP_FORK_FLAG or arg.startswith(MP_PROGRAMS[0]):
+            return "a multiprocessing spawn worker"
+        if arg.startswith(MP_PROGRAMS[1]):
+            return "a multiprocessing forkserver process"
+    return None
+
+
+def parent_gone(info: ProcInfo, lookup: Lookup, seen: Sequence[int] = ()) -> Optional[str]:
+    """How its parent shows that whatever started the process is gone, or None while that parent runs.
+
+    A forkserver's children have the forkserver for a parent: they are left behind when it is.
+    """
+    parent = lookup(info.ppid) if info.ppid > 0 else None
+    if parent is None or not parent.alive:
+        return "its parent pid %d exited" % info.ppid
+    if is_reaper(parent):
+        return "its parent is gone: re-parented to " + parent.label()
+    if worker_kind(parent) is None or parent.pid in seen:
+        return None
+    why = parent_gone(parent, lookup, (*seen, info.pid))
+    return None if why is None else "its parent %s is left behind too: %s" % (parent.label(), why)
+
+
+def pid_hint(info: ProcInfo, why: str) -> str:
+    """A kept process's reason, with the command that ends exactly that process should it be a leftover."""
+    return "%s; `reclaim --pid %d` ends exactly it" % (why, info.pid)
+
+
 def classify(info: ProcInfo, lookup: Lookup) -> Classification:
     """Whether a GPU memory holder is left over from a job that is gone, and why.
 
-    A job is a process group inside a session. A holder is left over when the leaders of both have exited,
-    when it is a worker whose torchrun is gone, or when it is a zombie whose threads still hold memory; never
-    when it leads its own process group (nohup'd and setsid'd jobs, a container's main process under tini or
-    docker-init) or is a service's main process. Its parent does not matter: every job whose shell exited is
-    re-parented to an init, live or not.
+    Left over: a worker that never outlives its parent (multiprocessing's spawn and forkserver children,
+    DataLoader workers, torchelastic workers) whose parent is gone (re-parented to init or a subreaper),
+    a member of a process group whose leader is such a leftover, or a zombie whose threads still hold
+    memory. Everything else is kept: a process leading its own group (nohup, setsid, a container's main
+    process), a service's main process, a member whose group leader runs, and one whose group leader is
+    gone but that nothing marks as a worker (a job a wrapper script put in the background, a fork-mode
+    child): that looks the same as a live job, so the reason names `reclaim --pid` to end exactly it.
     """
     return _classify(info, lookup, follow_leaders=True)
 
@@ -98,38 +166,62 @@ def _classify(info: ProcInfo, lookup: Lookup, follow_leaders: bool) -> Classific
     if info.state == "Z":
         return Classification("orphaned", "zombie: its main thread exited, other threads still hold the GPU")
     if info.torchrun_run is not None and info.sid == info.pid:
-        # torchrun starts each worker in a session of its own; with torchrun gone nobody runs that job.
+        # The elastic agent starts each worker in a session of its own, inside torchrun or inside any
+        # program that runs the agent in-process (accelerate launch, deepspeed, elastic_launch): its parent.
+        gone = parent_gone(info, lookup)
+        if gone is None:
+            agent = lookup(info.ppid)
+            return Classification(
+                "torchrun", "part of the live torchelastic job of its agent %s" % (agent or info).label()
+            )
         return Classification(
-            "orphaned", "a torchrun worker whose torchrun is gone (run %s)" % info.torchrun_run
+            "orphaned", "a torchelastic worker (run %s) left behind: %s" % (info.torchrun_run, gone)
         )
+    worker = worker_kind(info)
+    if worker is not None:
+        gone = parent_gone(info, lookup)
+        if gone is None:
+            parent = lookup(info.ppid)
+            return Classification("attached", "%s of the live %s" % (worker, (parent or info).label()))
+        return Classification("orphaned", "%s left behind: %s" % (worker, gone))
     if info.pgid == info.pid:
         return Classification("attached", OWN_GROUP)
     if not follow_leaders:
         return Classification("attached", "a member of a process group")
     for what, pid in (("process group", info.pgid), ("session", info.sid)):
         leader = lookup(pid) if pid > 0 else None
-        if leader is not None and leader.alive:
-            why = _classify(leader, lookup, follow_leaders=False)
-            if why.kind == "orphaned":
-                return Classification(
-                    "orphaned", "its %s leader %s is left over: %s" % (what, leader.label(), why.reason)
-                )
-            return Classification("attached", "its %s leader %s is alive" % (what, leader.label()))
+        if leader is None or not leader.alive:
+            continue
+        why = _classify(leader, lookup, follow_leaders=False)
+        if why.kind == "orphaned":
+            return Classification(
+                "orphaned", "its %s leader %s is left over: %s" % (what, leader.label(), why.reason)
+            )
+        if what == "process group":
+            return Classification("attached", "its process group leader %s is alive" % leader.label())
     if info.ignores_hup:
         return Classification("attached", "it ignores SIGHUP: started with nohup to outlive its shell")
-    leaders = "pid %d" % info.pgid if info.pgid == info.sid else "pids %d, %d" % (info.pgid, info.sid)
     return Classification(
-        "orphaned",
-        "its process group and session leaders (%s) are gone: the job that started it has ended" % leaders,
+        "attached",
+        pid_hint(
+            info,
+            "its process group leader pid %d is gone and nothing marks it as that job's worker "
+            "(a backgrounded job? a fork-mode child?)" % info.pgid,
+        ),
     )
 
 
 def protected_program(info: ProcInfo) -> Optional[str]:
-    """The daemon this process is (sshd, Xorg, nvidia-persistenced, ...), or None."""
+    """The daemon this process is (sshd, Xorg, nvidia-persistenced, the MPS server, ...), or None.
+
+    The program name decides before `comm`: MPS's server and control daemon share their first 15 letters.
+    """
     program = os.path.basename(info.argv[0].split(" ")[0]) if info.argv else ""
-    for name in PROTECTED_PROGRAMS:
-        if program == name or info.comm == name[:COMM_LEN]:
-            return name
+    named = [n for n in PROTECTED_PROGRAMS if program == n] + [
+        n for n in PROTECTED_PROGRAMS if info.comm == n[:COMM_LEN]
+    ]
+    if named:
+        return named[0]
     for prefix in PROTECTED_PREFIXES:
         if info.comm.startswith(prefix) or program.startswith(prefix):
             return prefix
@@ -193,19 +285,28 @@ def decide(
     patterns: Sequence["re.Pattern[str]"],
     agent: Dict[int, str],
     owner: Optional[Owner] = None,
+    pids: Sequence[int] = (),
 ) -> Decision:
-    """Whether policy selects the process, refusing when it selects one that must never be ended."""
+    """Whether policy selects the process, refusing when it selects one that must never be ended.
+
+    With `pids` (`reclaim --pid`) exactly those are selected, whatever the classification says.
+    """
     if policy == "never":
         return Decision("keep", "policy is never; " + why.reason)
     if owner is not None and info.uid != owner.uid:
         return Decision("keep", "owned by %s, not %s" % (owner_name(info.uid), owner.name))
-    matched = next((p.pattern for p in patterns if p.search(info.command)), None)
-    if why.kind == "orphaned":
-        selected = "orphaned: " + why.reason
-    elif matched is not None:
-        selected = "command matches %r" % matched
+    if pids:
+        if info.pid not in pids:
+            return Decision("keep", "not named by --pid; " + why.reason)
+        selected = "named by --pid; " + why.reason
     else:
-        return Decision("keep", why.reason)
+        matched = next((p.pattern for p in patterns if p.search(info.command)), None)
+        if why.kind == "orphaned":
+            selected = "orphaned: " + why.reason
+        elif matched is not None:
+            selected = "command matches %r" % matched
+        else:
+            return Decision("keep", why.reason)
     protected = protected_reason(info, used_mib, agent)
     if protected is not None:
         return Decision("refused", "refusing to end pid %d (%s)" % (info.pid, protected))
@@ -215,8 +316,43 @@ def decide(
 # ---------------------------------------- the verb
 
 
+def gpu_holders(backend: Backend, gpus: Sequence[int]) -> List[Dict[str, Any]]:
+    """GPU memory holders of an opened backend as {pid, gpu, used_mib, mps_client}: the compute processes
+    and the clients of an MPS server, whom NVML lists apart (the server stands for them among the former)."""
+    holders: List[Dict[str, Any]] = []
+    for gpu in gpus:
+        try:
+            found = [(pid, used, False) for pid, used in backend.processes(gpu)]
+            found += [(pid, used, True) for pid, used in backend.mps_processes(gpu)]
+        except GpuLost:
+            continue  # its memory is gone with it; the others are read
+        # Rounded up: a process holding any memory at all must not look like one that holds none.
+        holders += [
+            {"pid": pid, "gpu": gpu, "used_mib": None if used is None else -(-used // MIB), "mps_client": mps}
+            for pid, used, mps in found
+        ]
+    return holders
+
+
+def mps_server_of(holder: Dict[str, Any], holders: Sequence[Dict[str, Any]], lookup: Lookup) -> Optional[int]:
+    """The pid of the MPS server an MPS client runs through: the server on its GPU, its owner's if several
+    (the control daemon starts one server per user); None for other holders or when none is seen."""
+    if not holder.get("mps_client"):
+        return None
+    client = lookup(holder["pid"])
+    servers = [
+        info
+        for h in holders
+        if h["gpu"] == holder["gpu"] and not h.get("mps_client")
+        for info in [lookup(h["pid"])]
+        if info is not None and protected_program(info) == MPS_SERVER
+    ]
+    own = [s for s in servers if client is not None and s.uid == client.uid]
+    return (own or servers)[0].pid if servers else None
+
+
 def _holders(backend: Backend) -> List[Dict[str, Any]]:
-    """GPU memory holders from the agent's NVML backend (real or simulated), as {pid, gpu, used_mib}."""
+    """GPU memory holders from the agent's NVML backend (real or simulated)."""
     try:
         backend.open()
     except NvmlUnavailable as exc:
@@ -224,18 +360,7 @@ def _holders(backend: Backend) -> List[Dict[str, Any]]:
             exc.status, "cannot list the processes holding GPU memory: " + exc.message
         ) from None
     try:
-        holders = []
-        for gpu in range(backend.device_count()):
-            try:
-                found = backend.processes(gpu)
-            except GpuLost:
-                continue  # its memory is gone with it; reclaim the others
-            # Rounded up: a process holding any memory at all must not look like one that holds none.
-            holders += [
-                {"pid": pid, "gpu": gpu, "used_mib": None if used is None else -(-used // MIB)}
-                for pid, used in found
-            ]
-        return holders
+        return gpu_holders(backend, range(backend.device_count()))
     finally:
         backend.close()
 
@@ -249,6 +374,7 @@ def _args(args: Dict[str, Any]) -> Dict[str, Any]:
         "grace_s": float(args.get("grace_s", 10.0)),
         "dry_run": bool(args.get("dry_run", True)),
         "owner": _owner(args.get("user")),
+        "pids": frozenset(args.get("pids") or []),
     }
 
 
@@ -270,7 +396,12 @@ def action_of(outcome: str) -> str:
 
 
 def describe(
-    holder: Dict[str, Any], info: ProcInfo, why: Classification, btime: float, hz: int
+    holder: Dict[str, Any],
+    info: ProcInfo,
+    why: Classification,
+    btime: float,
+    hz: int,
+    mps_server: Optional[int] = None,
 ) -> Dict[str, Any]:
     """A holder as the facts contract's GpuProcess (plus `classification`)."""
     return {
@@ -285,6 +416,7 @@ def describe(
         "orphaned": why.kind == "orphaned",
         "torchrun_job": why.kind == "torchrun",
         "alive": info.alive,
+        "mps_server": mps_server,
         "classification": why.kind,
     }
 
@@ -293,8 +425,9 @@ def run(args: Dict[str, Any], backend: Backend, root: str = PROC_ROOT) -> Dict[s
     """The `reclaim` verb: list GPU memory holders, decide, and (unless dry_run) end the selected ones.
 
     Holders whose pid is dead are skipped: their memory is already free (on a simulated node the twin may
-    still list them). Result: {"processes": [GpuProcess + classification, action, reason], "freed_mib": int},
-    with action one of keep, refused, would-end (dry run), ended, failed.
+    still list them). Result: {"processes": [GpuProcess + classification, action, reason], "freed_mib": int,
+    "not_holders": [pids named by `pids` that hold no GPU memory here]}, with action one of keep, refused,
+    would-end (dry run), ended, failed.
     """
     opts = _args(args)
     if backend.reports_host_pids:
@@ -310,22 +443,32 @@ def run(args: Dict[str, Any], backend: Backend, root: str = PROC_ROOT) -> Dict[s
     btime, hz = boot_time(root), os.sysconf("SC_CLK_TCK")
     rows: List[Dict[str, Any]] = []
     targets: Dict[int, ProcInfo] = {}
-    for holder in _holders(backend):
+    holders = _holders(backend)
+    for holder in holders:
         info = lookup(holder["pid"])
         if info is None or not info.alive:
             continue
         why = classify(info, lookup)
         decision = decide(
-            info, holder["used_mib"], why, opts["policy"], opts["patterns"], agent, opts["owner"]
+            info,
+            holder["used_mib"],
+            why,
+            opts["policy"],
+            opts["patterns"],
+            agent,
+            opts["owner"],
+            opts["pids"],
         )
-        row = describe(holder, info, why, btime, hz)
+        row = describe(holder, info, why, btime, hz, mps_server_of(holder, holders, lookup))
         row["action"], row["reason"] = decision
         if decision.action == "end":
             row["action"] = "would-end"
             targets[info.pid] = info
         rows.append(row)
+    listed = {row["pid"] for row in rows}
+    result: Dict[str, Any] = {"processes": rows, "freed_mib": 0, "not_holders": sorted(opts["pids"] - listed)}
     if opts["dry_run"] or not targets:
-        return {"processes": rows, "freed_mib": 0}
+        return result
     outcomes = end_processes(targets.values(), opts["grace_s"], root, backend.holds_gpu)
     freed = 0
     for row in rows:
@@ -337,4 +480,4 @@ def run(args: Dict[str, Any], backend: Backend, root: str = PROC_ROOT) -> Dict[s
         row["alive"] = not outcome.startswith("ended")
         if not row["alive"]:
             freed += row["used_mib"] or 0
-    return {"processes": rows, "freed_mib": freed}
+    return dict(result, freed_mib=freed)
