@@ -228,6 +228,7 @@ FILE, DRIVER, PERSISTENCE = "file", "driver", "persistence"
 COMPUTE_MODE, POWER_LIMIT = "compute-mode", "power-limit"
 FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU = "fabricmanager", "persistenced", "service", "nouveau"
 REMOVE = "remove"
+RESTART = "restart"  # a daemon that reads a managed file only when it starts (slurmd and gres.conf)
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
 COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
@@ -328,6 +329,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
         "start": flag(required=True),
     },
     NOUVEAU: {},
+    RESTART: {"command": Arg("a non-empty list of strings", lambda v: texts().ok(v) and bool(v), True)},
     PERSISTENCE: {"gpus": gpu_list(), "enabled": flag(required=True)},  # gpus []: every GPU
     COMPUTE_MODE: {"gpus": gpu_list(), "mode": choice(*COMPUTE_MODES, required=True)},
     POWER_LIMIT: {"gpus": gpu_list(), "watts": optional_watts()},  # watts null: each GPU's default
@@ -370,6 +372,11 @@ def file_step(path: str, content: str, mode: str) -> Dict[str, Any]:
 def remove_step(path: str) -> Dict[str, Any]:
     """Make sure `path` does not exist (a managed file the rig no longer wants); a backup keeps its text."""
     return {"kind": REMOVE, "path": path}
+
+
+def restart_step(command: List[str]) -> Dict[str, Any]:
+    """Run `command` (e.g. systemctl restart slurmd); its failure fails the step with its output."""
+    return {"kind": RESTART, "command": list(command)}
 
 
 def persistence_step(gpus: List[int], enabled: bool) -> Dict[str, Any]:

@@ -26,6 +26,7 @@ from .resources import (
     gpu_settings,
     persistence,
     sli,
+    slurm,
 )
 from .resources import torch as torch_probe
 
@@ -55,11 +56,12 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
     when the rig file names a smoke python, that python for the torch probe (importing torch takes seconds,
     and a rig that never said which python has torch would only get a failed probe of `python3`)."""
     managed = envfiles.managed_paths(loaded, host)
+    gres = slurm.gres_conf_path(loaded.rig_of(host))
     smoke = loaded.spec.smoke
     xorg = [path for path, phase in managed if phase == "sli"]
     unit = boot_unit.unit_path(loaded, host)
     return protocol.facts_request(
-        files=[path for path, _ in managed] + ([unit] if unit else []),
+        files=[path for path, _ in managed] + ([unit] if unit else []) + ([gres] if gres else []),
         include_content=True,
         python=smoke.python if "python" in smoke.model_fields_set else None,
         xorg_paths=xorg,
@@ -68,6 +70,7 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         if sli.desired_mode(host, loaded.rig_of(host))
         else [],
         units=[boot_unit.UNIT] if unit else [],
+        slurm=loaded.rig_of(host).slurm is not None,
     )
 
 
@@ -75,6 +78,8 @@ def expectation_of(loaded: LoadedRig, host: Host, facts: Facts) -> Expectation:
     """What a node holds itself to once apply has run: the rig's expectation with the managed files (and
     their digests) apply writes to this host."""
     desired = envfiles.desired_files(loaded, host, facts)
+    gres = slurm.desired_file(host, loaded.rig_of(host), facts)
+    desired += [gres] if gres else []
     return expectation.build(loaded, host, {want.path: want.sha256 for want in desired})
 
 
@@ -93,5 +98,6 @@ def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
     changes += envfiles.env_checks(loaded, host, facts)
     changes += envfiles.diff_files(envfiles.desired_files(loaded, host, facts), facts)
     changes += envfiles.diff_unwanted(envfiles.unwanted_files(loaded, host), facts)
+    changes += slurm.diff(host, rig, facts)
     changes += boot_unit.diff(loaded, host, facts)  # after the NVML steps of its phase, which set them now
     return sorted(changes, key=lambda c: PHASES.index(c.phase))  # stable within a step

@@ -22,7 +22,7 @@ from ..node.packages import sources
 from .cards import card_class, missing_connector
 from .envvalues import path_entry_problem, value_problem
 from .files import resolve_path
-from .models import SLI_MODES, Driver, Host, Rig, RigFile
+from .models import SLI_MODES, Driver, Host, Rig, RigFile, nvml_gres_type
 
 Loc = tuple[str | int, ...]
 
@@ -604,6 +604,20 @@ def files_without_dot_dot(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def slurm_type_matches_nvml(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.slurm is None or rig.slurm.gres_type is None:
+            continue
+        nvml = nvml_gres_type(rig.gpus.model)
+        if rig.slurm.gres_type not in nvml:
+            yield Finding(
+                (*loc, "slurm", "gres_type"),
+                f"GRES type '{rig.slurm.gres_type}' is not part of '{nvml}' (the NVML name lower-cased with "
+                "underscores): Slurm's AutoDetect=nvml would not match it; use a substring such as "
+                f"'{'_'.join(nvml.split('_')[-2:])}'",
+            )
+
+
 RULES: tuple[Rule, ...] = (
     fleet_has_hosts,
     host_rig_exists,
@@ -639,6 +653,7 @@ RULES: tuple[Rule, ...] = (
     topology_file_matches,
     ssh_files_absolute,
     files_without_dot_dot,
+    slurm_type_matches_nvml,
 )
 
 

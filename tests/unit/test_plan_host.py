@@ -48,6 +48,7 @@ def test_facts_request_names_managed_files_x_config_and_smoke_python(loaded: Loa
         "xorg_paths": ["/etc/X11/xorg.conf.d/20-mgpu-provision.conf"],
         "xorg_layout_paths": [],  # SLI Off: no snippet, so no ServerLayout can hide one
         "units": ["mgpu-provision-gpu-settings"],
+        "slurm": False,  # the rig has no `slurm` section
     }
 
 
