@@ -158,8 +158,8 @@ class SlurmCluster:
             (node.etc / "slurm.conf").write_text(text)
 
     # --- daemons ---
-    def start(self) -> None:
-        """munged, then slurmctld, then every slurmd; returns once slurmctld answers."""
+    def start(self, slurmd: bool = True) -> None:
+        """munged, then slurmctld, then (with `slurmd`) every slurmd; returns once slurmctld answers."""
         munge = self.dir / "munge"
         munge.mkdir(mode=0o755)
         for folder in (self.dir, *self.dir.parents):  # munge wants the socket's folders searchable by all
@@ -195,7 +195,7 @@ class SlurmCluster:
             "slurmctld",
             self.dir / "slurmctld.log",
         )
-        for node in self.nodes:
+        for node in self.nodes if slurmd else ():
             self.start_slurmd(node)
 
     def start_slurmd(self, node: SlurmNode) -> None:

@@ -97,7 +97,7 @@ def parse_key_values(line: str) -> Dict[str, str]:
     (Reason=...) runs until the next token that looks like `Key=`."""
     pairs: Dict[str, str] = {}
     key = None
-    for token in line.strip().split(" "):
+    for token in line.split():
         name, sep, value = token.partition("=")
         if sep and name[:1].isupper() and name.replace("_", "").isalnum():
             key = name
