@@ -285,6 +285,9 @@ class SlurmNode(Fact):
     registers: dict[str, str] | None = Field(None, description="`slurmd -C`'s line as key=value pairs")
     controller: dict[str, str] | None = Field(None, description="`scontrol show node -o` of this node")
     error: str | None = Field(None, description="why the controller's line is missing")
+    missing_devices: list[str] = Field(
+        default_factory=list, description="the GPUs' /dev/nvidia<minor> that do not exist"
+    )
 
 
 class Facts(Fact):

@@ -115,11 +115,15 @@ def test_apply_writes_gres_conf_and_the_nodes_register_idle_with_logical_cores(
     assert cluster.sinfo_gres() == dict.fromkeys(("na", "nb"), f"gpu:{GRES_TYPE}:2(S:0-1)")
     assert "invalid GRES core specification" not in cluster.logs()
 
-    # A GPU falls off nb: plan says so while the node is still idle, before a restart would make it INVAL.
+    # A GPU falls off nb: plan says so while the node is still idle, before a restart would make it INVAL;
+    # na loses a device node, which would stop its slurmd at the next start.
     hosts[1].set_twin(twin(1))
+    hosts[0].run_in_ns("rm /dev/nvidia1")
     code, plan = cli_out("plan", str(rig), *known, "--json")
     assert code == 2, plan
     changes = json.loads(plan)["hosts"]["nb"]["changes"]
     gres_checks = [c for c in changes if c["resource"] == "slurm:gres"]
     assert gres_checks and "INVAL" in gres_checks[0]["summary"], changes
+    devices = [c for c in json.loads(plan)["hosts"]["na"]["changes"] if c["resource"] == "slurm:devices"]
+    assert devices and devices[0]["summary"].startswith("/dev/nvidia1 missing"), plan
     assert cluster.node_state("nb")["State"].startswith("IDLE")

@@ -111,8 +111,10 @@ def test_slurm_facts_from_slurmd_and_the_controller(tmp_path: Path, monkeypatch:
     _fake_tool(tmp_path, "slurmd", 'echo "NodeName=n1 CPUs=16 Boards=1 SocketsPerBoard=2 CoresPerSocket=4"\n')
     _fake_tool(tmp_path, "scontrol", 'echo "NodeName=$4 State=IDLE Gres=gpu:rtx_3090:2(S:0-1)"\n')
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    found = machine.slurm("ignored")
+    (tmp_path / "nvidia0").touch()
+    found = machine.slurm("ignored", [0, 7, None], dev_dir=str(tmp_path))
     assert found is not None and found["error"] is None
+    assert found["missing_devices"] == [str(tmp_path / "nvidia7")]
     assert found["registers"]["CoresPerSocket"] == "4"
     assert found["controller"] == {"NodeName": "n1", "State": "IDLE", "Gres": "gpu:rtx_3090:2(S:0-1)"}
 
@@ -125,7 +127,7 @@ def test_an_unreachable_controller_is_an_error_not_a_failure(
         tmp_path, "scontrol", 'echo "slurm_load_node error: Unable to contact slurm controller" >&2; exit 1\n'
     )
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    found = machine.slurm("n1")
+    found = machine.slurm("n1", [])
     assert found is not None and found["controller"] is None
     assert (
         found["error"] == "scontrol show node n1: slurm_load_node error: Unable to contact slurm controller"

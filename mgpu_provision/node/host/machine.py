@@ -113,15 +113,18 @@ def _run(argv: List[str]) -> "subprocess.CompletedProcess[str]":
     )
 
 
-def slurm(hostname: str) -> Optional[Dict[str, Any]]:
-    """What slurmd would register (`slurmd -C`) and the controller's line for this node; None without
-    slurmd. A controller that cannot be reached is an `error`, never a failure of the verb."""
+def slurm(hostname: str, minors: List[Optional[int]], dev_dir: str = "/dev") -> Optional[Dict[str, Any]]:
+    """What slurmd would register (`slurmd -C`), the controller's line for this node, and which of the GPUs'
+    /dev/nvidia<minor> are missing (slurmd exits when a gres.conf File= is); None without slurmd. A
+    controller that cannot be reached is an `error`, never a failure of the verb."""
     slurmd = shutil.which("slurmd") or next(
         (p for p in ("/usr/sbin/slurmd", "/usr/local/sbin/slurmd") if os.access(p, os.X_OK)), None
     )
     if slurmd is None:
         return None
-    found: Dict[str, Any] = {"registers": None, "controller": None, "error": None}
+    devices = [os.path.join(dev_dir, "nvidia{}".format(minor)) for minor in minors if minor is not None]
+    missing = [device for device in devices if not os.path.exists(device)]
+    found: Dict[str, Any] = {"registers": None, "controller": None, "error": None, "missing_devices": missing}
     try:
         local = _run([slurmd, "-C"])
         lines = local.stdout.splitlines()

@@ -53,9 +53,9 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "cpu": hostenv.cpu(),
         "machine": backend.machine() or machine.machine(),
     }
-    if args.get("slurm"):
-        facts["slurm"] = machine.slurm(facts["host"]["hostname"])
     facts.update(nvidia_facts(backend))
+    if args.get("slurm"):
+        facts["slurm"] = machine.slurm(facts["host"]["hostname"], [g["minor_number"] for g in facts["gpus"]])
     return facts
 
 

@@ -188,6 +188,14 @@ def checks(rig: Rig, slurm: Slurm, facts: Facts, gres_conf_current: bool) -> lis
     state = facts.slurm
     if state is None:
         return found
+    if state.missing_devices:
+        found.append(
+            check_failed(
+                "slurm:devices",
+                f"{', '.join(state.missing_devices)} missing: gres.conf's File= names it, and slurmd exits "
+                "(after ~19 s of waiting) when a File= device does not exist",
+            )
+        )
     if state.controller is None:
         found.append(check_failed("slurm:node", f"the controller has no line for this node: {state.error}"))
         return found
