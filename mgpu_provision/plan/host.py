@@ -56,12 +56,12 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
     when the rig file names a smoke python, that python for the torch probe (importing torch takes seconds,
     and a rig that never said which python has torch would only get a failed probe of `python3`)."""
     managed = envfiles.managed_paths(loaded, host)
-    gres = slurm.gres_conf_path(loaded.rig_of(host))
+    slurm_files = slurm.managed_paths(loaded.rig_of(host))
     smoke = loaded.spec.smoke
     xorg = [path for path, phase in managed if phase == "sli"]
     unit = boot_unit.unit_path(loaded, host)
     return protocol.facts_request(
-        files=[path for path, _ in managed] + ([unit] if unit else []) + ([gres] if gres else []),
+        files=[path for path, _ in managed] + ([unit] if unit else []) + slurm_files,
         include_content=True,
         python=smoke.python if "python" in smoke.model_fields_set else None,
         xorg_paths=xorg,
@@ -78,8 +78,7 @@ def expectation_of(loaded: LoadedRig, host: Host, facts: Facts) -> Expectation:
     """What a node holds itself to once apply has run: the rig's expectation with the managed files (and
     their digests) apply writes to this host."""
     desired = envfiles.desired_files(loaded, host, facts)
-    gres = slurm.desired_file(host, loaded.rig_of(host), facts)
-    desired += [gres] if gres else []
+    desired += slurm.desired_files(host, loaded.rig_of(host), facts)
     return expectation.build(loaded, host, {want.path: want.sha256 for want in desired})
 
 

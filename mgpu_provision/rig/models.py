@@ -325,6 +325,15 @@ class Slurm(Strict):
     gres_conf: PathStr = Field("/etc/slurm/gres.conf", description="the gres.conf apply writes")
     cores: bool = Field(True, description="write Cores= (Slurm's logical core indices near each GPU)")
     links: bool = Field(True, description="write Links= (NVLinks to each other GPU, from the facts)")
+    health_check: PathStr | None = Field(
+        None,
+        description="the node check (mgpu-provision-check) to run as slurmd's HealthCheckProgram through a "
+        "managed script that drains the node on a failed check; null: none",
+    )
+    health_script: PathStr = Field(
+        "/usr/local/bin/mgpu-provision-slurm-health", description="where that script is written"
+    )
+    health_deadline_s: int = Field(45, ge=5, le=55, description="the check's deadline: slurmd kills at 60 s")
     restart_command: list[Annotated[str, Field(pattern=SAFE_TOKEN, min_length=1)]] = Field(
         default_factory=lambda: ["systemctl", "restart", "slurmd"],
         min_length=1,

@@ -123,6 +123,22 @@ def test_plan_writes_gres_conf_and_restarts_slurmd_once(loaded: LoadedRig, tmp_p
     assert "file:/etc/slurm/gres.conf" not in resources and "slurmd" not in resources
 
 
+def test_the_health_script_is_managed_only_with_a_health_check(loaded: LoadedRig, tmp_path: Path) -> None:
+    host = loaded.host("gpu-a")
+    rig = loaded.rig_of(host)
+    facts = smt_facts(tmp_path)
+    assert [f.path for f in slurm.desired_files(host, rig, facts)] == ["/etc/slurm/gres.conf"]
+    assert rig.slurm is not None
+    checked = rig.model_copy(
+        update={"slurm": rig.slurm.model_copy(update={"health_check": "/usr/local/bin/c"})}
+    )
+    files = {f.path: f for f in slurm.desired_files(host, checked, facts)}
+    script = files["/usr/local/bin/mgpu-provision-slurm-health"]
+    assert script.mode == "0755"
+    assert "SLURM_CONF=/etc/slurm/slurm.conf\n" in script.content
+    assert "out=$(/usr/local/bin/c --deadline 45 2>&1)\n" in script.content
+
+
 def _with_controller(facts: Facts, **line: str) -> Facts:
     return facts.model_copy(update={"slurm": SlurmNode(registers={}, controller=line)})
 

@@ -13,6 +13,7 @@ with a GPU missing is reported before a restarted slurmd makes the node INVAL.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from ...node.host.machine import parse_cpu_list
 from ...node.host.pci import pci_key
 from ...rig.models import Host, Rig, Slurm
 from ..change import Change, check_failed
-from .envfiles import DesiredFile, diff_file
+from .envfiles import DesiredFile, diff_file, diff_files, render
 
 OUR_REASON = "mgpu:"  # drain reasons this tool sets start with it; an admin's drain is never ours
 _GRES = re.compile(r"gpu:(?:(?P<type>[^:(,]+):)?(?P<count>\d+)(?P<affinity>\(S:[^)]*\))?")
@@ -103,14 +104,30 @@ def gres_conf(host: Host, rig: Rig, slurm: Slurm, facts: Facts) -> str:
     return "\n".join(header + lines) + "\n"
 
 
-def gres_conf_path(rig: Rig) -> str | None:
-    return None if rig.slurm is None else rig.slurm.gres_conf
-
-
-def desired_file(host: Host, rig: Rig, facts: Facts) -> DesiredFile | None:
+def managed_paths(rig: Rig) -> list[str]:
     if rig.slurm is None:
-        return None
-    return DesiredFile(rig.slurm.gres_conf, gres_conf(host, rig, rig.slurm, facts), "0644", "env")
+        return []
+    return [rig.slurm.gres_conf] + ([rig.slurm.health_script] if rig.slurm.health_check else [])
+
+
+def desired_files(host: Host, rig: Rig, facts: Facts) -> list[DesiredFile]:
+    """gres.conf and, with `health_check`, the HealthCheckProgram script that drains on a failed check."""
+    if rig.slurm is None:
+        return []
+    files = [DesiredFile(rig.slurm.gres_conf, gres_conf(host, rig, rig.slurm, facts), "0644", "env")]
+    if rig.slurm.health_check is not None:
+        script = render(
+            "slurm-health.sh.j2",
+            rig_name=host.rig,
+            host_name=host.name,
+            path=rig.slurm.health_script,
+            # scontrol reads slurm.conf beside gres.conf; slurmd passes no SLURM_CONF to the program.
+            slurm_conf=os.path.join(os.path.dirname(rig.slurm.gres_conf), "slurm.conf"),
+            check=rig.slurm.health_check,
+            deadline_s=rig.slurm.health_deadline_s,
+        )
+        files.append(DesiredFile(rig.slurm.health_script, script, "0755", "env"))
+    return files
 
 
 def node_line(host: Host, rig: Rig, facts: Facts) -> str | None:
@@ -148,11 +165,13 @@ def controller_gres(value: str | None) -> GresSeen | None:
 
 def diff(host: Host, rig: Rig, facts: Facts) -> list[Change]:
     """gres.conf (and a slurmd restart when it changes) plus the checks against the controller."""
-    want = desired_file(host, rig, facts)
-    if want is None or rig.slurm is None:
+    wanted = desired_files(host, rig, facts)
+    if not wanted or rig.slurm is None:
         return []
+    want = wanted[0]
     written = diff_file(want, facts.file(want.path))
     changes = checks(rig, rig.slurm, facts, gres_conf_current=written is None)
+    changes += diff_files(wanted[1:], facts)
     if written is not None:
         command = list(rig.slurm.restart_command)
         changes += [
