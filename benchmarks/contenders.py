@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,8 @@ class Fleet:
     workdir: Path  # per-size files (inventory, ansible.cfg)
     mgpu_provision: str  # path of the `mgpu-provision` console script
     ansible: str  # path of the `ansible` ad-hoc command
+    pyinfra: str = "pyinfra"  # path of the `pyinfra` command (its own venv, like Ansible's)
+    fabric_python: str = sys.executable  # a python with Fabric: the project's (the library the tool uses)
 
 
 # How the tool's own command starts the agent's python (fleet/session.py): no site, isolated.
@@ -224,6 +227,99 @@ class AnsibleAdHoc:
         return None
 
 
+FABRIC_GROUP = Path(__file__).resolve().with_name("fabric_group.py")
+
+
+def _per_host_replies(fleet: Fleet, replies: Mapping[str, str], label: str, exit_code: int) -> str | None:
+    """The first host whose reply is missing or not an ok agent reply, as a problem; None when all are."""
+    for host in fleet.hosts:
+        reply = replies.get(host.name)
+        if reply is None:
+            return f"{label} printed nothing for {host.name} (exit {exit_code})"
+        trouble = _agent_reply_problem(reply)
+        if trouble:
+            return f"{label}: {host.name}: {trouble}"
+    return None
+
+
+@dataclass(frozen=True)
+class PlainFabric:
+    """The floor of a tool built on Fabric: one `ThreadingGroup(...).run(<agent command>)` (fabric_group.py),
+    one thread and one cold Paramiko connection per host, host keys checked."""
+
+    name: str = "fabric"
+    at_once: int | None = None
+
+    def spawns(self, fleet: Fleet) -> list[Spawn]:
+        targets = [f"{h.address}:{h.port}" for h in fleet.hosts]
+        argv = (fleet.fabric_python, str(FABRIC_GROUP), str(fleet.known_hosts), str(fleet.key), fleet.user)
+        return [Spawn((*argv, fleet.agent_command, *targets))]
+
+    def problem(self, fleet: Fleet, usage: Usage) -> str | None:
+        finished = usage.processes[0]
+        try:
+            by_target = json.loads(finished.stdout)
+        except ValueError:
+            return f"fabric exited {finished.returncode}: {_last_line(finished.stderr or finished.stdout)}"
+        replies = {h.name: by_target.get(f"{h.address}:{h.port}") for h in fleet.hosts}
+        found = {name: reply for name, reply in replies.items() if isinstance(reply, str)}
+        return _per_host_replies(fleet, found, "fabric", finished.returncode)
+
+
+# `pyinfra INVENTORY exec -- CMD` prints each host's output lines to stderr as "[<host>] <line>" (padded
+# after the bracket to line up, and in bold where it thinks a terminal reads it).
+_PYINFRA_LINE = re.compile(r"^\[(\S+?)\] +(.*)$", re.M)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def pyinfra_inventory(fleet: Fleet) -> Path:
+    """pyinfra's inventory (a Python file) for this fleet: the same key, user and known_hosts as the others,
+    unknown host keys refused, no agent, no ssh_config."""
+    inventory = fleet.workdir / "pyinfra_inventory.py"
+    data = {
+        "ssh_user": fleet.user,
+        "ssh_key": str(fleet.key),
+        "ssh_known_hosts_file": str(fleet.known_hosts),
+        "ssh_strict_host_key_checking": "yes",
+        "ssh_allow_agent": False,
+        "ssh_look_for_keys": False,
+    }
+    hosts = [(h.name, {**data, "ssh_hostname": h.address, "ssh_port": h.port}) for h in fleet.hosts]
+    inventory.write_text(f"hosts = {hosts!r}\n")
+    return inventory
+
+
+def pyinfra_results(output: str) -> dict[str, str]:
+    """Per host: the last JSON-looking line it printed (pyinfra also prints its own progress lines)."""
+    results: dict[str, str] = {}
+    for match in _PYINFRA_LINE.finditer(_ANSI.sub("", output)):
+        if match.group(2).startswith("{"):
+            results[match.group(1)] = match.group(2)
+    return results
+
+
+@dataclass(frozen=True)
+class PyinfraExec:
+    """The nearest peer in Python (also on Paramiko): `pyinfra INVENTORY exec -y -- <agent command>`, with
+    as many hosts at once as the tool's forks (64)."""
+
+    name: str = "pyinfra"
+    at_once: int | None = None
+
+    def spawns(self, fleet: Fleet) -> list[Spawn]:
+        inventory = pyinfra_inventory(fleet)
+        argv = (fleet.pyinfra, str(inventory), "exec", "-y", "--parallel", str(ANSIBLE_FORKS), "--")
+        return [Spawn((*argv, fleet.agent_command), env={"PYINFRA_PROGRESS": "off", "NO_COLOR": "1"})]
+
+    def problem(self, fleet: Fleet, usage: Usage) -> str | None:
+        finished = usage.processes[0]
+        replies = pyinfra_results(finished.stderr + finished.stdout)
+        trouble = _per_host_replies(fleet, replies, "pyinfra", finished.returncode)
+        if trouble and finished.returncode != 0:
+            return f"{trouble}: {_last_line(finished.stderr or finished.stdout)}"
+        return trouble
+
+
 @dataclass(frozen=True)
 class Tool:
     """`mgpu-provision <verb> --json` on the whole fleet; `expect_exit` is the converged fleet's exit code."""
@@ -277,6 +373,8 @@ CONTENDERS: dict[str, Contender] = {
     "apply": Tool("apply", extra=("--yes",)),
     "ansible": AnsibleAdHoc("ansible", "shell"),
     "ansible-raw": AnsibleAdHoc("ansible-raw", "raw"),
+    "fabric": PlainFabric(),
+    "pyinfra": PyinfraExec(),
 }
 
 

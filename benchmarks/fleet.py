@@ -32,13 +32,22 @@ from pathlib import Path
 from contenders import CONTENDERS, SMOKE, SMOKE_FLOOR, Contender, Fleet, select
 from hotspots import profile_plan
 from measure import GNU_TIME, Usage, run_together
-from report import Sample, Singles, as_json, markdown, summarize
+from report import HALVED, Sample, Singles, as_json, markdown, summarize
 from single import agent_cost, startup_figures
 from smoke_clock import parse_clock, start_up
 from testbed import MAX_HOSTS, REPO, SmokeSetup, Testbed, TestbedError
 
-DEFAULT_ANSIBLE = REPO / ".bench-venv" / "bin" / "ansible"
-DEFAULT_PY_SPY = REPO / ".bench-venv" / "bin" / "py-spy"
+# The peers and py-spy live in a virtualenv of their own, outside the checkout (benchmarks/README.md).
+BENCH_VENV = Path(os.environ.get("MGPU_BENCH_VENV", "/var/cache/mgpu-provision-tests/bench-venv"))
+DEFAULT_ANSIBLE = BENCH_VENV / "bin" / "ansible"
+DEFAULT_PYINFRA = BENCH_VENV / "bin" / "pyinfra"
+DEFAULT_PY_SPY = BENCH_VENV / "bin" / "py-spy"
+FABRIC_VERSION = (
+    "import fabric, paramiko; print('Fabric', fabric.__version__, 'Paramiko', paramiko.__version__)"
+)
+BENCH_VENV_SETUP = (
+    f"python3 -m venv {BENCH_VENV} && {BENCH_VENV}/bin/pip install ansible-core 'pyinfra>=3,<4' py-spy"
+)
 RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_SIZES = "1,8,64,128,256"
 DEFAULT_CONTENDERS = "ssh,ssh-64,plan,apply"
@@ -178,6 +187,48 @@ def measure_singles(testbed: Testbed, runs: int, say: Callable[[str], None]) -> 
     )
 
 
+def startup_against(baseline: str, runs: int, say: Callable[[str], None]) -> Singles:
+    """startup.py on `baseline` (a git ref of this repository) and the frozen package, alternating in this
+    run: the issue 32 figures that must halve, best of `runs` of each copy."""
+    run = Path(os.environ[RUN_ENV])
+    folder = run / "baseline"
+    folder.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", baseline, "mgpu_provision"], capture_output=True, check=False
+    )
+    if archive.returncode != 0:
+        raise BenchmarkError(f"git archive {baseline}: {archive.stderr.decode(errors='replace').strip()}")
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    code = run / "code"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "startup.py"),
+            "--code",
+            str(folder),
+            str(code),
+            "--repeat",
+            str(runs),
+            "--example",
+            EXAMPLE,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=run,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise BenchmarkError(f"startup.py against {baseline} failed: {done.stderr[-2000:]}")
+    figures = json.loads(done.stdout)
+    old, new = figures[str(folder)], figures[str(code)]
+    pairs = tuple(
+        (name, old[name]["min"], new[name]["min"]) for name in HALVED if name in old and name in new
+    )
+    say("start-up against " + baseline + ": " + ", ".join(f"{n} {o:g} -> {w:g}" for n, o, w in pairs))
+    (run / "startup.json").write_text(done.stdout)
+    return Singles(startup_pairs=pairs, baseline=baseline)
+
+
 def measure(
     testbed: Testbed,
     sizes: Sequence[int],
@@ -242,6 +293,8 @@ def context(
         "agent": testbed.agent_name,
         "openssh": _version(["ssh", "-V"]),
         "ansible": _version([args.ansible, "--version"]),
+        "pyinfra": _version([args.pyinfra, "--version"]),
+        "fabric": _version([sys.executable, "-c", FABRIC_VERSION]),
         "mgpu_provision": _version([testbed.mgpu_provision, "--version"]),
         "python": platform.python_version(),
     }
@@ -263,8 +316,11 @@ connection: `ssh` is one OpenSSH client per host, all in parallel (curve25519, n
 `facts` and `plan` are `mgpu-provision <verb> --json`, `apply` is `mgpu-provision apply --yes --json` on the
 converged fleet (it reads every host's facts, finds nothing to do and contacts no host again, so its floor
 is the same `ssh` floor); `ansible` (when run) is `ansible all -m shell -f 64` (pipelining on, interpreter
-fixed), `ansible-raw` the same with `-m raw`. Median of {repeat} alternating runs (the order rotates each
-round), after one warm-up each below {warm_up} hosts (from {warm_up} on, converging warmed hosts and client).
+fixed), `ansible-raw` the same with `-m raw`; `fabric` is plain Fabric's `ThreadingGroup.run` of the command
+(one thread and Paramiko connection per host: the floor of a tool on that library), `pyinfra` is `pyinfra
+INVENTORY exec -y --parallel 64 --` (pyinfra 3, its own venv); both check host keys against the same file.
+Median of {repeat} alternating runs (the order rotates each round), after one warm-up each below {warm_up}
+hosts (from {warm_up} on, converging warmed hosts and client).
 Client CPU and peak RSS come from GNU time around each client process (with its reaped children; for `ssh`,
 CPU summed over the per-host clients and RSS of the largest). Logins and SSH commands per host are counted
 in the hosts' sshd logs (LogLevel VERBOSE). The hosts' agents and sshds run on the same CPUs as the
@@ -339,14 +395,15 @@ def checked_arguments(args: argparse.Namespace) -> tuple[list[int], list[int], l
     except ValueError as exc:
         raise BenchmarkError(str(exc)) from None
     if args.profile and not os.access(args.py_spy, os.X_OK):
-        raise BenchmarkError(f"no py-spy at {args.py_spy}: .bench-venv/bin/pip install py-spy")
+        raise BenchmarkError(f"no py-spy at {args.py_spy}: {BENCH_VENV_SETUP}")
     if not os.access(GNU_TIME, os.X_OK):
         raise BenchmarkError(f"no GNU time at {GNU_TIME} (it measures each client): apt-get install time")
-    if any(c.name.startswith("ansible") for c in contenders) and not os.access(args.ansible, os.X_OK):
-        raise BenchmarkError(
-            f"no ansible at {args.ansible}: python3 -m venv .bench-venv && .bench-venv/bin/pip install "
-            "ansible-core (or pass --ansible, or leave ansible out of --contenders)"
-        )
+    for peer, command in (("ansible", args.ansible), ("pyinfra", args.pyinfra)):
+        if any(c.name.startswith(peer) for c in contenders) and not os.access(command, os.X_OK):
+            raise BenchmarkError(
+                f"no {peer} at {command}: {BENCH_VENV_SETUP} (or pass --{peer}, or leave {peer} out of "
+                "--contenders)"
+            )
     return sizes, smoke_sizes, contenders
 
 
@@ -375,6 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"hosts {QUICK['hosts']}, repeat {QUICK['repeat']}, smoke on {QUICK['smoke_hosts']} host(s)",
     )
     parser.add_argument("--ansible", default=str(DEFAULT_ANSIBLE), help="the ansible ad-hoc command")
+    parser.add_argument("--pyinfra", default=str(DEFAULT_PYINFRA), help="the pyinfra command")
     parser.add_argument(
         "--smoke-python",
         help="python with torch on the nodes for plan's torch check (default: a venv with a stand-in torch)",
@@ -386,11 +444,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--py-spy", default=str(DEFAULT_PY_SPY), help="the py-spy command (for --profile)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where fleet.md and fleet.json go")
+    parser.add_argument(
+        "--startup-baseline",
+        metavar="REF",
+        help="also run startup.py on REF's package beside this one (issue 32's halved start-up)",
+    )
     args = parser.parse_args(argv)
     # A user's machine keeps bytecode caches; a session that forbids them would have every client (and
     # the tool above all) recompile its modules on each run and measure that instead.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     started = time.time()
+    startup_json: object = None
     try:
         sizes, smoke_sizes, contenders = checked_arguments(args)
         if RUN_ENV not in os.environ:
@@ -401,10 +465,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             load_before = os.getloadavg()[0]
             largest = max([*sizes, *smoke_sizes])
-            testbed = Testbed(run, largest, Path(sys.executable).parent, args.ansible, args.smoke_python)
+            testbed = Testbed(
+                run, largest, Path(sys.executable).parent, args.ansible, args.smoke_python, args.pyinfra
+            )
             try:
                 say(f"{len(testbed.hosts)} test hosts up ({time.time() - started:.0f} s)")
                 singles = measure_singles(testbed, args.singles_runs, say)
+                if args.startup_baseline:
+                    against = startup_against(args.startup_baseline, args.singles_runs, say)
+                    singles = dataclasses.replace(
+                        singles, startup_pairs=against.startup_pairs, baseline=against.baseline
+                    )
+                    startup_json = json.loads((run / "startup.json").read_text())
                 samples = measure_smoke(testbed, smoke_sizes, args.repeat, say)
                 samples += measure(testbed, sizes, contenders, args.repeat, say)
                 info = context(args, sizes, smoke_sizes, testbed, load_before, started)
@@ -421,6 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     page = markdown(rows, context_lines(info), singles)
     (args.out / "fleet.md").write_text(page)
     (args.out / "fleet.json").write_text(json.dumps(as_json(samples, rows, info, singles), indent=2) + "\n")
+    if args.startup_baseline:
+        (args.out / "fleet-startup.json").write_text(json.dumps(startup_json, indent=2) + "\n")
     print(page)
     return 0
 

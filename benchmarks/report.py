@@ -24,6 +24,16 @@ MAX_VALIDATE_S = 0.15
 MAX_IMPORT_MS = 150.0
 MAX_AGENT_CPU_S = 0.050
 FLOORED = ("apply", "smoke")  # measured against a named floor, with no figure to reach
+# Issue 32's targets.
+FABRIC = "fabric"  # plain Fabric: the floor of a tool built on the library plan uses
+MAX_CPU_OVER_FABRIC = 2.0
+PEERS = ("fabric", "pyinfra", "ansible")  # measured beside the floor and the tool at every size
+# startup.py's figures that must halve against the baseline, judged on the best run of each copy.
+HALVED = {
+    "import_commands_plan_ms": ("importing what `plan` needs (`import mgpu_provision.commands.plan`)", "ms"),
+    "plan_local_cpu_s": ("a local `plan --json`'s CPU", "s"),
+    "validate_wall_s": ("`validate`'s wall time (an unchanged rig file)", "s"),
+}
 
 
 @dataclass(frozen=True)
@@ -159,6 +169,10 @@ class Singles:
     plan_local_wall_s: float | None = None  # `plan --json` on the demo's local simulated box
     plan_local_best_wall_s: float | None = None
     plan_local_cpu_s: float | None = None
+    # startup.py run in this run on the baseline and on the frozen package, alternating: figure -> (baseline
+    # best, this best); and the baseline's name
+    startup_pairs: tuple[tuple[str, float, float], ...] = ()
+    baseline: str | None = None
 
 
 def _judged(target: str, value: float | None, limit: float, shown: str) -> Verdict:
@@ -243,7 +257,40 @@ def verdicts(rows: Sequence[Row], singles: Singles | None = None) -> list[Verdic
     found.append(_memory_growth(list(plan_rows.values())))
     for contender in FLOORED:
         found.append(_floored(rows, contender))
-    return found
+    return found + _issue32(rows, one)
+
+
+def _issue32(rows: Sequence[Row], one: Singles) -> list[Verdict]:
+    """Issue 32's targets: start-up halved against the baseline, CPU per host against plain Fabric's, every
+    peer measured at every size."""
+    found: list[Verdict] = []
+    pairs = {name: (old, new) for name, old, new in one.startup_pairs}
+    for name, (label, unit) in HALVED.items():
+        target = f"{label} <= half of {one.baseline or 'the baseline'}'s (startup.py, same run, best of each)"
+        if name not in pairs:
+            found.append(Verdict(target, "not measured", None))
+            continue
+        old, new = pairs[name]
+        shown = f"{new:.3g} {unit} against {old:.3g} {unit} ({new / old:.2f}x)"
+        found.append(Verdict(target, shown, new <= old / 2))
+    by = {(r.contender, r.hosts): r for r in rows}
+    for size in CPU_SIZES:
+        plan, fabric = by.get((TOOL, size)), by.get((FABRIC, size))
+        target = f"plan client CPU per host <= {MAX_CPU_OVER_FABRIC:g}x plain Fabric's at {size} hosts"
+        if plan is None or fabric is None:
+            found.append(Verdict(target, "not measured", None))
+            continue
+        ratio = plan.cpu_s_per_host / fabric.cpu_s_per_host
+        mine, theirs = plan.cpu_s_per_host * 1000, fabric.cpu_s_per_host * 1000
+        shown = f"{mine:.1f} ms against {theirs:.1f} ms ({ratio:.2f}x)"
+        found.append(Verdict(target, shown, ratio <= MAX_CPU_OVER_FABRIC))
+    sizes = sorted({r.hosts for r in rows if r.contender == TOOL})
+    target = f"{', '.join(PEERS)} measured beside the floor and plan at every size"
+    if not sizes:
+        return [*found, Verdict(target, "not measured", None)]
+    missing = [f"{peer} at {size}" for peer in PEERS for size in sizes if (peer, size) not in by]
+    shown = "missing: " + ", ".join(missing) if missing else f"all at {', '.join(map(str, sizes))} hosts"
+    return [*found, Verdict(target, shown, not missing)]
 
 
 def _floored(rows: Sequence[Row], contender: str) -> Verdict:
@@ -366,7 +413,7 @@ def markdown(rows: Sequence[Row], context: Sequence[str], singles: Singles | Non
     lines += _smoke_lines(rows)
     if singles is not None:
         lines += _singles_lines(singles)
-    lines += ["", "| target (issue 20) | measured | met |", "|---|---|---|"]
+    lines += ["", "| target (issues 20 and 32) | measured | met |", "|---|---|---|"]
     for verdict in verdicts(rows, singles):
         met = {True: "yes", False: "**no**", None: "–"}[verdict.met]
         lines.append(f"| {verdict.target} | {verdict.measured} | {met} |")

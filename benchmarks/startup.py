@@ -114,16 +114,26 @@ def cases(
 ) -> tuple[dict[str, Callable[[], float]], list[str]]:
     """Set up one copy of the package in `work`; its measurements by figure name, and which of HEAVY its
     `plan --json` run loads."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "XDG_CACHE_HOME")}
     env["PYTHONPATH"] = str(code)
+    # Each copy has a HOME of its own: its caches (rigs, templates, agent uploads, the torch probe's answer)
+    # are its own, as on a user's machine, instead of two versions overwriting each other's every round.
+    # `python3` on PATH is the node python, as on a node (not a wrapper such as a pyenv shim).
+    env["HOME"] = str(work / "home")
+    env["PATH"] = os.pathsep.join([str(Path(node).parent), env.get("PATH", os.defpath)])
     py = sys.executable
+    # Every python of a copy runs in `work`: started in the checkout, `-c` and `-m` would import the
+    # checkout's package ahead of PYTHONPATH (the folder a python starts in comes first on its path).
     subprocess.run(
-        [py, "-c", _SETUP, str(work), stand_in_torch_python(work / "venv", node)], env=env, check=True
+        [py, "-c", _SETUP, str(work), stand_in_torch_python(work / "venv", node)],
+        env=env,
+        check=True,
+        cwd=work,
     )
     rig, agent = work / "demo" / "demo-rig.yaml", str(work / "agent")
     request = (work / "request.json").read_bytes()
-    cpu_run([node, str(work / "agent.pyz"), "facts"], env, request)  # unpacks agent/ beside it
-    validate = [py, "-m", "mgpu_provision", "validate", str(REPO / example)]
+    cpu_run([node, str(work / "agent.pyz"), "facts"], env, request, cwd=work)  # unpacks agent/ beside it
+    validate = [py, "-m", "mgpu_provision", "validate", str(REPO / example)]  # run in `work`, as the others
     plan = [py, "-m", "mgpu_provision", "plan", str(rig), "--json"]
     cpu_run(plan, env, cwd=work)  # uploads the agent to ~/.cache once, fills the torch probe's cache
 
@@ -134,19 +144,29 @@ def cases(
         return importtime(done.stderr)
 
     loads = [name for name in HEAVY if name in imports(plan[1:])[0]]
+
+    (work / "cold").mkdir()  # not in `work` itself: the agent runs there, and the probe stats it
+
+    def cold() -> dict[str, str]:
+        return {**env, "XDG_CACHE_HOME": tempfile.mkdtemp(dir=work / "cold")}
+
     return {
         "import_commands_plan_ms": lambda: imports(["-c", "import mgpu_provision.commands.plan"])[0][
             "mgpu_provision.commands.plan"
         ],
         "plan_json_run_imports_ms": lambda: imports(plan[1:])[1],
-        "validate_wall_s": lambda: cpu_run(validate, env, cwd=REPO)[0],
-        "validate_cpu_s": lambda: cpu_run(validate, env, cwd=REPO)[1],
+        "validate_wall_s": lambda: cpu_run(validate, env, cwd=work)[0],
+        # a rig file never seen before (or just edited): an empty control-side cache every time
+        "validate_cold_wall_s": lambda: cpu_run(validate, cold(), cwd=work)[0],
+        "validate_cpu_s": lambda: cpu_run(validate, env, cwd=work)[1],
         "plan_local_wall_s": lambda: cpu_run(plan, env, cwd=work)[0],
         "plan_local_cpu_s": lambda: cpu_run(plan, env, cwd=work)[1],
         "node_python_pass_cpu_ms": lambda: 1000 * cpu_run([node, "-c", "pass"], env)[1],
         "node_python_S_I_pass_cpu_ms": lambda: 1000 * cpu_run([node, "-S", "-I", "-c", "pass"], env)[1],
-        "agent_facts_cpu_ms": lambda: 1000 * cpu_run([node, agent, "facts"], env, request)[1],
-        "agent_facts_S_I_cpu_ms": lambda: 1000 * cpu_run([node, "-S", "-I", agent, "facts"], env, request)[1],
+        "agent_facts_cpu_ms": lambda: 1000 * cpu_run([node, agent, "facts"], env, request, work)[1],
+        "agent_facts_S_I_cpu_ms": lambda: (
+            1000 * cpu_run([node, "-S", "-I", agent, "facts"], env, request, work)[1]
+        ),
     }, loads
 
 

@@ -18,11 +18,15 @@ from contenders import (
     AnsibleAdHoc,
     BenchHost,
     Fleet,
+    PlainFabric,
     PlainSsh,
+    PyinfraExec,
     Tool,
     agent_command,
     ansible_files,
     ansible_results,
+    pyinfra_inventory,
+    pyinfra_results,
     select,
 )
 from fleet import DEFAULT_ANSIBLE, BenchmarkError, contenders_for, parse_sizes, rotated
@@ -173,7 +177,7 @@ def test_rounds_rotate_the_order() -> None:
 
 def test_unknown_contender_is_named() -> None:
     with pytest.raises(ValueError, match="unknown contender"):
-        select(["ssh", "pyinfra"])
+        select(["ssh", "salt"])
 
 
 def test_agent_command_is_one_shell_line_that_pipes_the_request() -> None:
@@ -244,6 +248,57 @@ def test_ansible_run_counts_only_when_every_host_answered(tmp_path: Path) -> Non
     good = 'h002 | CHANGED | rc=0 >>\n{"ok": false, "error": {}}\n'
     assert ansible.problem(fleet_of(tmp_path, ["h002"]), one_process(good)) == (
         'ansible: h002: agent failed: \'{"ok": false, "error": {}}\''
+    )
+
+
+# What `pyinfra INVENTORY exec -y -- CMD` printed to stderr for two hosts (progress lines among the output).
+PYINFRA_OUTPUT = """\
+--> Loading config...
+--> Loading inventory...
+--> Connecting to hosts...
+    [h001] Connected
+    [h002] Connected
+--> Proposed changes:
+[h001]   {"ok": true, "result": {}}
+[h002] \x1b[1m{"ok": false, "error": {}}
+--> Beginning operation run...
+"""
+
+
+def test_pyinfra_output_is_split_per_host_and_counts_only_ok_agent_replies(tmp_path: Path) -> None:
+    assert pyinfra_results(PYINFRA_OUTPUT) == {
+        "h001": '{"ok": true, "result": {}}',
+        "h002": '{"ok": false, "error": {}}',
+    }
+    fleet = fleet_of(tmp_path, ["h001", "h002", "h003"])
+    usage = Usage(1.0, (Finished(0, "", PYINFRA_OUTPUT, 0.1, 1000),))
+    assert (
+        PyinfraExec().problem(fleet, usage) == 'pyinfra: h002: agent failed: \'{"ok": false, "error": {}}\''
+    )
+    only_first = fleet_of(tmp_path, ["h001", "h003"])
+    assert PyinfraExec().problem(only_first, usage) == "pyinfra printed nothing for h003 (exit 0)"
+    assert PyinfraExec().problem(fleet_of(tmp_path, ["h001"]), usage) is None
+
+
+def test_pyinfra_inventory_checks_host_keys_with_the_same_files(tmp_path: Path) -> None:
+    text = pyinfra_inventory(fleet_of(tmp_path, ["h001"])).read_text()
+    assert "'ssh_strict_host_key_checking': 'yes'" in text
+    assert f"'ssh_known_hosts_file': '{tmp_path / 'known_hosts'}'" in text
+    assert "'ssh_hostname': '127.0.0.1', 'ssh_port': 2222" in text
+
+
+def test_fabric_group_counts_only_when_every_host_answered(tmp_path: Path) -> None:
+    fleet = fleet_of(tmp_path, ["h001", "h002"])
+    (argv,) = [spawn.argv for spawn in PlainFabric().spawns(fleet)]
+    assert argv[-3:] == (fleet.agent_command, "127.0.0.1:2222", "127.0.0.2:2222")
+    both = json.dumps({"127.0.0.1:2222": '{"ok": true}', "127.0.0.2:2222": '{"ok": true}'})
+    assert PlainFabric().problem(fleet, one_process(both)) is None
+    one_failed = json.dumps({"127.0.0.1:2222": '{"ok": true}', "127.0.0.2:2222": None})
+    assert (
+        PlainFabric().problem(fleet, one_process(one_failed, 1)) == "fabric printed nothing for h002 (exit 1)"
+    )
+    assert PlainFabric().problem(fleet, one_process("Traceback", 1, "ImportError: fabric")) == (
+        "fabric exited 1: ImportError: fabric"
     )
 
 
@@ -341,7 +396,8 @@ def test_script_refuses_bad_arguments_with_a_message() -> None:
     )
     assert done.returncode == 1
     assert done.stderr.strip() == (
-        "error: unknown contender(s) x; choose from ssh, ssh-64, facts, plan, apply, ansible, ansible-raw"
+        "error: unknown contender(s) x; choose from ssh, ssh-64, facts, plan, apply, ansible, ansible-raw, "
+        "fabric, pyinfra"
     )
 
 
@@ -481,3 +537,27 @@ def test_benchmark_end_to_end_on_two_hosts(tmp_path: Path) -> None:
     for name in ("ssh", "plan"):
         assert (rows[(2, name)]["logins_per_host"], rows[(2, name)]["commands_per_host"]) == (1.0, 1.0)
     assert "| 2 | plan |" in (tmp_path / "fleet.md").read_text()
+
+
+def test_issue_32_targets_halve_start_up_and_compare_cpu_with_fabric() -> None:
+    rows = summarize(
+        [
+            sample("plan", 64, 3.0, cpu=0.64),
+            sample("fabric", 64, 3.0, cpu=0.50),
+            sample("plan", 128, 6.0, cpu=2.56),
+            sample("fabric", 128, 6.0, cpu=1.0),
+            sample("pyinfra", 64, 5.0),
+            sample("ansible", 64, 9.0),
+        ]
+    )
+    pairs = (("import_commands_plan_ms", 300.0, 140.0), ("plan_local_cpu_s", 0.4, 0.3))
+    found = {v.target: v for v in verdicts(rows, Singles(startup_pairs=pairs, baseline="93d3991"))}
+    imports = next(v for t, v in found.items() if t.startswith("importing what `plan` needs"))
+    assert (imports.met, imports.measured) == (True, "140 ms against 300 ms (0.47x)")
+    assert next(v for t, v in found.items() if t.startswith("a local `plan --json`")).met is False
+    assert next(v for t, v in found.items() if t.startswith("`validate`'s wall")).met is None
+    at_64 = found["plan client CPU per host <= 2x plain Fabric's at 64 hosts"]
+    assert (at_64.met, at_64.measured) == (True, "10.0 ms against 7.8 ms (1.28x)")
+    assert found["plan client CPU per host <= 2x plain Fabric's at 128 hosts"].met is False
+    peers = found["fabric, pyinfra, ansible measured beside the floor and plan at every size"]
+    assert (peers.met, peers.measured) == (False, "missing: pyinfra at 128, ansible at 128")

@@ -115,7 +115,13 @@ class Testbed:
     """Owns the running hosts; `fleet(n)` gives the first n of them ready for every contender."""
 
     def __init__(
-        self, root: Path, size: int, tools_bin: Path, ansible: str, smoke_python: str | None
+        self,
+        root: Path,
+        size: int,
+        tools_bin: Path,
+        ansible: str,
+        smoke_python: str | None,
+        pyinfra: str = "pyinfra",
     ) -> None:
         reason = harness.harness_unavailable()
         if reason:
@@ -123,6 +129,7 @@ class Testbed:
         self.root = root
         self.tools_bin = tools_bin
         self.ansible = ansible
+        self.pyinfra = pyinfra
         self.smoke_python = smoke_python or self._stand_in_torch_python()
         self.client = harness.ClientKey()
         self.factory = harness.HostFactory(root / "hosts", self.client.path, self.client.pub, WidePool())
@@ -243,6 +250,7 @@ class Testbed:
             workdir=workdir,
             mgpu_provision=self.mgpu_provision,
             ansible=self.ansible,
+            pyinfra=self.pyinfra,
         )
 
     def agent_call(self) -> tuple[list[str], str, str, bytes]:
@@ -255,7 +263,9 @@ class Testbed:
         request = {"args": facts_request(loaded, loaded.spec.hosts[0]), "simulate": None}
         prefix = [
             "nsenter", "-t", str(host.process.pid), "-m", "-u", "--",
-            "env", "-i", "HOME=/root", "USER=root", "LOGNAME=root", "PATH=/usr/local/bin:/usr/bin:/bin",
+            # in the login's HOME, where sshd starts the command (the torch probe's `python -c` looks there)
+            "env", "-C", "/root", "-i", "HOME=/root", "USER=root", "LOGNAME=root",
+            "PATH=/usr/local/bin:/usr/bin:/bin",
             f"MGPU_PROVISION_SIMULATE={host.twin_path}",
         ]  # fmt: skip
         agent = f"/root/{AGENT_CACHE}/{self.agent_name.removesuffix('.pyz')}"

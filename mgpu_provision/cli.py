@@ -15,16 +15,17 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from . import __version__
-from .commands.output import visible
-from .errors import ProvisionError
+from .commands.output import print_json, visible
+from .errors import ProvisionError, SpecError
 
 # Order here is the order in `--help`.
 COMMANDS = (
     "validate", "schema", "facts", "plan", "apply", "smoke", "reclaim", "init", "demo", "slurm-conf",
 )  # fmt: skip
+TOP_OPTIONS = ("--help", "-h", "--version", "-V")
 
 
 class Parser(argparse.ArgumentParser):
@@ -32,8 +33,13 @@ class Parser(argparse.ArgumentParser):
 
     2 is what `plan` and the other fleet commands return for drift or an unreachable host; a script that
     checks for drift must not take a typo for it. Subcommand parsers are made from this class too, so each
-    prints its own usage.
+    prints its own usage. A prefix of an option is refused (`plan --dif` is not `--diff`): an option that
+    means something else once a longer one is added must not be guessed.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
@@ -45,9 +51,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = Parser(
         prog="mgpu-provision",
         description="Declarative provisioning for multi-GPU training boxes.",
-        epilog="Run `mgpu-provision COMMAND --help` for a command's options and examples.",
+        epilog="Run `mgpu-provision help COMMAND` for a command's options and examples.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", "-V", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         if only is not None and name != only:
@@ -60,6 +66,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 continue  # command not built yet
             raise
         module.register(sub)
+    helper = sub.add_parser(
+        "help",
+        help="show the help of a command: mgpu-provision help COMMAND",
+        description="Show the help of a command, or of the whole tool without one.",
+    )
+    helper.add_argument("topic", metavar="COMMAND", nargs="?", choices=COMMANDS, help="the command")
     return parser
 
 
@@ -71,10 +83,19 @@ def unknown_command(word: str) -> str:
 
 
 def parse(words: list[str]) -> argparse.Namespace:
-    """The parsed command line; a usage error exits 1 with the usage of the command it concerns."""
+    """The parsed command line; a usage error exits 1 with the usage of the command it concerns.
+    `help COMMAND` is `COMMAND --help`."""
+    if words[:1] == ["help"] and len(words) == 2 and words[1] in COMMANDS:
+        words = [words[1], "--help"]
     parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
-    if words and not words[0].startswith("-") and words[0] not in COMMANDS:
+    if words and not words[0].startswith("-") and words[0] not in (*COMMANDS, "help"):
         parser.error(unknown_command(words[0]))
+    if words and words[0].startswith("-") and words[0] not in TOP_OPTIONS:
+        close = difflib.get_close_matches(words[0], TOP_OPTIONS, n=1)
+        parser.error(f"unknown option {words[0]}" + (f"; did you mean {close[0]}?" if close else ""))
+    if words == ["help"]:
+        parser.print_help()
+        parser.exit(0)
     args, extra = parser.parse_known_args(words)
     if extra:  # argparse would blame the top-level parser and print its usage
         subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -85,18 +106,26 @@ def parse(words: list[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(list(sys.argv[1:] if argv is None else argv))
     try:
+        args.cli = main  # for a command that runs others, as the demo does
         code: int = args.func(args)
     except ProvisionError as exc:
         print(f"error: {visible(str(exc))}", file=sys.stderr)  # messages may quote a node's output
+        if getattr(args, "json", False):  # `... --json | jq .exit_code` reads 1, not nothing
+            problems = [p.as_dict() for p in exc.problems] if isinstance(exc, SpecError) else []
+            print_json(1, {}, error=str(exc), problems=problems)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # a command that stopped something says what (smoke's SmokeInterrupted)
+        print(f"interrupted: {visible(str(exc))}" if str(exc) else "interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `mgpu-provision plan rig.yaml | head`: the reader left; say nothing more, as other Unix tools do.
         # Point stdout at /dev/null so the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as exc:  # a file of this machine the options did not name (they are checked on parsing)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {visible(where + (exc.strerror or str(exc)))}", file=sys.stderr)
+        return 1
     return code
 
 

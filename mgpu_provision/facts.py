@@ -16,7 +16,7 @@ FACTS_SCHEMA_VERSION = 1
 
 
 class Fact(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
 
 class HostInfo(Fact):
@@ -25,6 +25,7 @@ class HostInfo(Fact):
     kernel: str
     arch: str
     boot_id: str
+    machine_id: str | None = Field(None, description="/etc/machine-id, None when empty or unreadable")
     python: str = Field(description="version of the python running the agent")
     user: str = Field(description="the user the agent runs as")
     simulated: bool = Field(False, description="the NVIDIA layer comes from a twin file")
@@ -83,6 +84,13 @@ class LostGpu(Fact):
     error: str = Field(description='NVML\'s words, e.g. "GPU is lost"')
 
 
+class GpuFabric(Fact):
+    """Where the NVLink fabric placed a GPU: GPUs of one NVLink domain share cluster UUID and clique id."""
+
+    clique_id: int
+    cluster_uuid: str
+
+
 class Gpu(Fact):
     index: int
     name: str
@@ -96,6 +104,7 @@ class Gpu(Fact):
     )
     pcie: PcieLink = PcieLink()
     nvlinks: list[NvLink] = Field(default_factory=list)
+    fabric: GpuFabric | None = Field(None, description="NVLink fabric registration; None outside one")
 
 
 P2PStatus = Literal["OK", "CNS", "GNS", "TNS", "DR", "NS", "U"]
@@ -136,6 +145,25 @@ class FabricManager(Fact):
 class PersistenceDaemon(Fact):
     service: ServiceState = Field("unknown", description="nvidia-persistenced's state; absent: not installed")
     enabled: bool | None = Field(None, description="it starts at boot and puts every GPU in persistence mode")
+    exec_start: str | None = Field(
+        None, description="the unit's effective ExecStart (drop-ins merged); None: not read"
+    )
+
+
+class DriverMirror(Fact):
+    """The driver's set simulated against `driver.repo` alone (apt-get -s in private folders)."""
+
+    missing: list[str] = Field(default_factory=list, description="packages the mirror lacks")
+    error: str | None = Field(None, description="why the mirror could not be read or trusted")
+
+
+class Imex(Fact):
+    """nvidia-imex, the daemon of multi-node NVLink (GB200 NVL72 compute trays)."""
+
+    version: str | None = Field(None, description="installed package version, None when not installed")
+    service: ServiceState = "unknown"
+    enabled: bool | None = None
+    channels: int | None = Field(None, description="IMEX channel devices; None: not read")
 
 
 class Unit(Fact):
@@ -240,8 +268,12 @@ class KernelReadiness(Fact):
     running: str
     installed: list[str] = Field(default_factory=list, description="kernels with an image in /boot")
     nvidia_module_for: list[str] = Field(default_factory=list, description="kernels with an nvidia.ko")
+    next_boot: str | None = Field(None, description="the bootloader's default kernel; None: the newest")
     secure_boot: bool | None = None
     module_signed: bool | None = Field(None, description="judged only with Secure Boot on")
+    module_key_enrolled: bool | None = Field(
+        None, description="the module's signing key is trusted (enrolled); judged only with Secure Boot on"
+    )
 
 
 class HostHealth(Fact):
@@ -293,6 +325,10 @@ class SlurmNode(Fact):
 class Facts(Fact):
     schema_version: int = FACTS_SCHEMA_VERSION
     agent_version: str
+    agent_digest: str | None = Field(
+        None, description="sha256 of the agent's zipapp (what apply installs for the node check); None: "
+        "the agent runs from a source tree"
+    )
     host: HostInfo
     driver: DriverInfo
     gpus: list[Gpu] = Field(default_factory=list)
@@ -302,6 +338,8 @@ class Facts(Fact):
     board: Board = Board()
     fabricmanager: FabricManager | None = None
     persistenced: PersistenceDaemon | None = None
+    imex: Imex | None = Field(None, description="None: not installed and not looked for")
+    driver_mirror: DriverMirror | None = Field(None, description="None: no driver.repo, or not checked")
     units: dict[str, Unit] = Field(default_factory=dict, description="the units the request named, by name")
     sli: SliConfig = SliConfig()
     xorg_layouts: list[XorgLayout] = Field(default_factory=list)

@@ -93,6 +93,23 @@ def positives(required: bool = False) -> Arg:
     return Arg("a list of positive numbers", ok, required)
 
 
+MIRROR_KEYS = ("url", "key", "suite", "components")
+
+
+def _is_mirror(value: Any) -> bool:
+    if not isinstance(value, dict) or set(value) - set(MIRROR_KEYS) or not {"url", "key"} <= set(value):
+        return False
+    key = value["key"]  # an armored key with its signatures outgrows _is_text's bound
+    small = all(_is_text(v) for k, v in value.items() if k != "key")
+    return small and line().ok(value["url"]) and isinstance(key, str) and "\0" not in key and len(key) < 65536
+
+
+def apt_mirror() -> Arg:
+    """An apt mirror of the driver (`driver.repo`): url and ASCII-armored key, suite and components."""
+    words = "null or a mapping of url, key (and suite, components) to strings"
+    return Arg(words, lambda v: v is None or _is_mirror(v))
+
+
 def pids() -> Arg:
     ok = lambda v: isinstance(v, list) and all(_is_int(x) and x >= 1 for x in v)  # noqa: E731
     return Arg("a list of pids (integers >= 1)", ok)
@@ -136,6 +153,8 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "xorg_paths": texts(),
         "xorg_layout_paths": texts(),
         "units": texts(),
+        "driver_repo": apt_mirror(),  # checked: does the driver's set resolve from this mirror alone
+        "driver_packages": texts(),
         "slurm": flag(),
     },
     "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects(), "simulated": flag()},
@@ -204,6 +223,8 @@ def facts_request(
     xorg_paths: Sequence[str] = (),
     xorg_layout_paths: Sequence[str] = (),
     units: Sequence[str] = (),
+    driver_repo: Optional[Dict[str, str]] = None,
+    driver_packages: Sequence[str] = (),
     slurm: bool = False,
 ) -> Dict[str, Any]:
     """The `facts` verb's arguments. With no arguments: the minimal form, enough for GPUs, driver,
@@ -217,6 +238,9 @@ def facts_request(
         "xorg_layout_paths": list(xorg_layout_paths),
         # systemd units (by name) whose state the plan judges beyond the NVIDIA services facts always report
         "units": list(units),
+        # the rig's driver mirror and the set to install from it: facts simulate the install there
+        "driver_repo": driver_repo,
+        "driver_packages": list(driver_packages),
         # what slurmd would register and what the controller holds (a rig with a `slurm` section)
         "slurm": slurm,
     }
@@ -228,6 +252,7 @@ FILE, DRIVER, PERSISTENCE = "file", "driver", "persistence"
 COMPUTE_MODE, POWER_LIMIT = "compute-mode", "power-limit"
 FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU = "fabricmanager", "persistenced", "service", "nouveau"
 REMOVE = "remove"
+AGENT = "agent"  # the running agent's own zipapp, copied to where the node check runs it from
 RESTART = "restart"  # a daemon that reads a managed file only when it starts (slurmd and gres.conf)
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
@@ -301,6 +326,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
             "runfile": with_default(optional_text(), None),  # runfile: the installer's path or https URL
             "sha256": with_default(optional_line(), None),
             "kernel_module_type": with_default(optional_choice("open", "proprietary"), None),
+            "repo": with_default(apt_mirror(), None),  # apt: configure this mirror and install from it
         },
         **_PACKAGE_SET,
     ),
@@ -333,6 +359,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
     PERSISTENCE: {"gpus": gpu_list(), "enabled": flag(required=True)},  # gpus []: every GPU
     COMPUTE_MODE: {"gpus": gpu_list(), "mode": choice(*COMPUTE_MODES, required=True)},
     POWER_LIMIT: {"gpus": gpu_list(), "watts": optional_watts()},  # watts null: each GPU's default
+    AGENT: {"path": line(required=True), "sha256": line(required=True)},  # sha256: of the planned agent
 }
 STEP_KINDS = tuple(STEP_FIELDS)
 
@@ -372,6 +399,12 @@ def file_step(path: str, content: str, mode: str) -> Dict[str, Any]:
 def remove_step(path: str) -> Dict[str, Any]:
     """Make sure `path` does not exist (a managed file the rig no longer wants); a backup keeps its text."""
     return {"kind": REMOVE, "path": path}
+
+
+def agent_step(path: str, sha256: str) -> Dict[str, Any]:
+    """Install the agent that carries the step out at `path`, when its zipapp's digest is `sha256` (the one
+    the plan was made with: the facts report it)."""
+    return {"kind": AGENT, "path": path, "sha256": sha256}
 
 
 def restart_step(command: List[str]) -> Dict[str, Any]:
@@ -419,6 +452,7 @@ def driver_step(
     runfile: Optional[str] = None,
     sha256: Optional[str] = None,
     kernel_module_type: Optional[str] = None,
+    repo: Optional[Dict[str, str]] = None,
 ) -> Dict[str, Any]:
     """Install a driver at `version` (None: the newest of `branch`) with `method` from `source` (None for
     the runfile): apt or dnf installs `packages`, dnf following the branch's module stream where `modules`;
@@ -439,21 +473,22 @@ def driver_step(
         "runfile": runfile,
         "sha256": sha256,
         "kernel_module_type": kernel_module_type,
+        "repo": repo,
     }
 
 
 def fabricmanager_step(
-    version: str, source: str, method: str, packages: PackageSet, hold: bool, start: bool
+    version: str, source: str, method: str, packages: PackageSet, hold: bool, start: bool, unit: str = ""
 ) -> Dict[str, Any]:
     """Fabric Manager and NSCQ (`packages`) at exactly `version`, held when `hold`, its unit enabled;
-    started when `start`."""
+    started when `start`. `unit` nvidia-imex: the same install for IMEX, also at the driver's version."""
     return {
         "kind": FABRICMANAGER,
         "version": version,
         "branch": branch_of(version),
         "source": source,
         "method": method,
-        "unit": FABRICMANAGER_UNIT,
+        "unit": unit or FABRICMANAGER_UNIT,
         "hold": hold,
         "start": start,
         "packages": list(packages.install),

@@ -6,8 +6,10 @@ e2e tests skip with a reason where the harness cannot run (not root, no sshd, no
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ import pytest
 # `tests.hosts` must import the same way under `python -m pytest` (cwd on sys.path) and `pytest`.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import debian_root, hosts
+from tests import apt_repo, debian_root, hosts, systemd_host
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +51,43 @@ def debian_host(test_hosts: hosts.HostFactory) -> hosts.TestHost:
         hosts.skip_or_fail(str(exc))
         raise
     return test_hosts.start_root("deb-a", root)
+
+
+@pytest.fixture
+def booted_host(tmp_path: Path) -> Iterator[systemd_host.SystemdHost]:
+    """A host with real systemd as PID 1 over an overlay of the cached Debian root, booted; killed after."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        hosts.skip_or_fail("a real-systemd host needs root, unshare and nsenter (util-linux)")
+    try:
+        root = debian_root.ensure_root()
+    except debian_root.RootUnavailable as exc:
+        hosts.skip_or_fail(str(exc))
+        raise
+    host = systemd_host.SystemdHost(root, tmp_path / "sd-host")
+    try:
+        host.boot()
+        yield host
+    finally:
+        host.stop()
+
+
+@pytest.fixture
+def mirrors(tmp_path: Path) -> Iterator[Callable[..., apt_repo.SignedRepo]]:
+    """Signed apt mirrors of NVIDIA's real packages on loopback: `mirrors("name", leave_out=(...))`; each
+    server is stopped by its pid after the test."""
+    reason = apt_repo.available()
+    if reason:
+        hosts.skip_or_fail(reason)
+    made: list[apt_repo.SignedRepo] = []
+
+    def make(name: str, leave_out: tuple[str, ...] = ()) -> apt_repo.SignedRepo:
+        repo = apt_repo.nvidia_mirror(tmp_path / name, hosts.loopback_address(80), leave_out)
+        made.append(repo)
+        return repo
+
+    yield make
+    for repo in made:
+        repo.stop()
 
 
 # Tests that start real torch DDP runs (each rank imports torch: seconds of CPU). Run on one xdist worker, one

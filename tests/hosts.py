@@ -53,6 +53,7 @@ MANAGED_DIRS = (
     "/etc/X11/xorg.conf.d",
     "/usr/local/bin",
     "/etc/systemd/system",  # the boot unit for compute mode and power limit (files.systemd_dir)
+    "/usr/local/lib/mgpu-provision",  # the agent the node check runs (node_check.agent)
 )
 REPO = Path(__file__).resolve().parent.parent
 TWINS_DIR = REPO / "examples" / "twins"
@@ -344,6 +345,10 @@ class HostFactory:
         )
         inside = layers["upper"] / "etc" / "mgpu-test"  # written into the overlay's upper layer
         inside.mkdir(parents=True)
+        # Its own machine id, as a first boot gives one (machine-id(5)): a box of its own, not the machine
+        # running the tests, although it shares this kernel's boot id and a loopback address (fleet/here.py).
+        machine_id = hashlib.sha256(f"{address} {name}".encode()).hexdigest()[:32]
+        (layers["upper"] / "etc" / "machine-id").write_text(machine_id + "\n")
         for suffix in ("", ".pub"):
             shutil.copy(host_dir / f"ssh_host_ed25519_key{suffix}", inside / f"host_key{suffix}")
         (inside / "authorized_keys").write_text(self.client_key_pub + "\n")

@@ -9,7 +9,6 @@ Progress lines, notes and errors quote the nodes: they are printed through `outp
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -20,12 +19,15 @@ from ..errors import ProvisionError
 from ..jobs.apply import ApplyResult, ApplySettings, fleet_plan, rollout, to_carry_out
 from ..jobs.plan import FleetPlan
 from ..jobs.playbooks import load_playbook, select_steps
-from ..jobs.rollout import parse_max_fail_percent, parse_serial
+from ..jobs.rollout import Serial, parse_max_fail_percent, parse_serial
 from . import options
-from .output import host_table, shown
-from .plan_view import add_diff_option, change_json, change_lines, render_plan
+from .output import host_table, make_console, print_json, shown
+from .plan_view import add_diff_option, change_json, change_lines, host_ranges, render_plan
 
 MAX_WAIT_S = 3600
+# Without --serial, a rollout that reboots goes one host at a time: a driver that breaks boot must not take
+# every box down at once (the default of Ansible's rolling updates, `serial`, for the same reason).
+REBOOT_SERIAL = Serial(1, False)
 
 
 class NotConfirmed(ProvisionError):
@@ -39,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Converge the fleet to the rig file, a batch of hosts at a time.\n\n"
             "Shows the plan and asks first (unless --yes; without a terminal it needs --yes). Each host is\n"
-            "changed in one locked call with atomic file writes, then read again for the recap. Exit 0 when\n"
+            "changed in one locked call with atomic file writes, then read again for the recap. A failed\n"
+            "check (!) stops none of that host's changes: the others are carried out, the check is reported\n"
+            "and the host ends failed. Exit 0 when\n"
             "every host converged, 2 when one failed, was unreachable, was skipped or needs a reboot,\n"
             "1 on errors."
         ),
@@ -58,11 +62,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--tags", metavar="A,B", help="run only the playbook steps with one of these tags")
     parser.add_argument("--skip-tags", metavar="A,B", help="leave out the playbook steps with these tags")
-    parser.add_argument("--serial", metavar="N|N%", help="hosts per batch (default: all at once)")
+    parser.add_argument(
+        "--serial",
+        metavar="N|N%",
+        help="hosts per batch (default: all at once, or one at a time when a reboot is planned)",
+    )
     parser.add_argument(
         "--max-fail-percent", metavar="P", help="stop the later batches when more than P%% of a batch fails"
     )
     parser.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    parser.add_argument(
+        "--allow-control-machine",
+        action="store_true",
+        help="install a driver on, or reboot, a host that is the machine running mgpu-provision (refused "
+        "by default: a rig file that reaches this machine without simulate: is usually a mistake)",
+    )
     parser.add_argument(
         "--lock-wait",
         type=_seconds,
@@ -100,13 +114,21 @@ def run(args: argparse.Namespace) -> int:
     serial = parse_serial(args.serial) if args.serial else None
     max_fail = parse_max_fail_percent(args.max_fail_percent) if args.max_fail_percent is not None else None
     fleet = options.prepare(args)
-    settings = ApplySettings(steps, lock_wait_s=args.lock_wait, reboot_timeout_s=args.reboot_timeout)
+    settings = ApplySettings(
+        steps,
+        lock_wait_s=args.lock_wait,
+        reboot_timeout_s=args.reboot_timeout,
+        allow_control_machine=args.allow_control_machine,
+    )
     # soft_wrap: diffs and paths stay one line each, whatever the terminal width.
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    out = err if args.json else Console(highlight=False, soft_wrap=True)
+    err = make_console(sys.stderr, soft_wrap=True)
+    out = err if args.json else make_console(soft_wrap=True)
 
     plan = fleet_plan(fleet.loaded, fleet.targets, steps, fleet.options)
     busy = [h for h in plan.hosts if to_carry_out(h, steps)]
+    if serial is None and reboots(plan, steps):
+        serial = REBOOT_SERIAL
+        err.print(shown("note: a reboot is planned, so one host at a time (--serial 1; --serial N chooses)"))
     if busy:
         show_plan(out, plan, steps, args.diff)
         confirm(args.yes, len(busy), err)
@@ -129,10 +151,14 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     if args.json:
-        print(json.dumps(as_json(playbook.name, steps, result), indent=2, sort_keys=True))
-    else:
-        show_recap(out, result)
+        return print_json(result.exit_code, **as_json(playbook.name, steps, result, plan))
+    show_recap(out, result, plan)
     return result.exit_code
+
+
+def reboots(plan: FleetPlan, steps: tuple[str, ...]) -> bool:
+    """Whether apply would reboot a host of `plan` (its `reboot: allowed` and the playbook's reboot step)."""
+    return any(c.resource == "reboot" for h in plan.hosts for c in to_carry_out(h, steps))
 
 
 def confirm(yes: bool, hosts: int, console: Console) -> None:
@@ -153,7 +179,13 @@ def show_plan(console: Console, plan: FleetPlan, steps: tuple[str, ...], new_con
     render_plan(plan, console, new_content)
 
 
-def show_recap(console: Console, result: ApplyResult) -> None:
+def node_kind(simulated: bool | None) -> str:
+    """The RECAP's `node` cell: whether a twin file stood in for the host's NVIDIA layer."""
+    return {True: "simulated", False: "real", None: ""}[simulated]
+
+
+def show_recap(console: Console, result: ApplyResult, plan: FleetPlan) -> None:
+    planned = {h.host: h for h in plan.hosts}
     for recap in result.recaps:
         lines = [f"done: {line}" for line in recap.done] + recap.notes
         if lines or recap.remaining:
@@ -165,6 +197,7 @@ def show_recap(console: Console, result: ApplyResult) -> None:
                 console.print(text, soft_wrap=True)
     rows = {
         r.host: {
+            "node": node_kind(planned[r.host].simulated),
             "status": r.status,
             "done": len(r.done),
             "left": len([c for c in r.remaining if c.resource != "reboot"]),
@@ -173,9 +206,13 @@ def show_recap(console: Console, result: ApplyResult) -> None:
             "error": r.error,
         }
         for r in result.recaps
+        if not (result.stopped and r.status == "skipped")  # one line below says which were not touched
     }
     console.print(Text("RECAP", style="bold"))
-    console.print(host_table(rows, ("status", "done", "left", "reboot", "time", "error")))
+    console.print(host_table(rows, ("node", "status", "done", "left", "reboot", "time", "error")))
+    if result.stopped:
+        untouched = host_ranges([r.host for r in result.recaps if r.status == "skipped"])
+        console.print(shown((result.stopped, "red"), f"; not touched: {untouched}"), soft_wrap=True)
     counts = result.counts()
     needs = counts.pop("reboot_required")
     listed = ", ".join(f"{status} {n}" for status, n in counts.items())
@@ -183,9 +220,12 @@ def show_recap(console: Console, result: ApplyResult) -> None:
     console.print(f"{verdict}: {listed}" + (f", reboot required on {needs}" if needs else ""), soft_wrap=True)
 
 
-def as_json(playbook: str, steps: tuple[str, ...], result: ApplyResult) -> dict[str, Any]:
+def as_json(playbook: str, steps: tuple[str, ...], result: ApplyResult, plan: FleetPlan) -> dict[str, Any]:
+    planned = {h.host: h for h in plan.hosts}
     hosts = {
         r.host: {
+            "simulated": planned[r.host].simulated,
+            "control_machine": planned[r.host].control_machine,
             "status": r.status,
             "done": r.done,
             "remaining": [change_json(c) for c in r.remaining],
@@ -203,4 +243,5 @@ def as_json(playbook: str, steps: tuple[str, ...], result: ApplyResult) -> dict[
         "hosts": hosts,
         "recap": result.counts(),
         "converged": result.converged,
+        "stopped": result.stopped,
     }

@@ -2,7 +2,8 @@
 
 A newcomer has no fleet. The demo writes a rig file for one simulated 2x RTX 3090 NVLink workstation
 reached over a local connection (its managed files live in a sandbox folder), then runs the real commands on
-it in order: validate, plan (drift), apply, plan again (converged) and a Gloo DDP smoke test on the CPU.
+it in order: validate, plan (drift), apply, plan again (converged) and a Gloo DDP smoke test on the CPU
+(left out, with how to add it, when the python has no torch: the other steps need none).
 Nothing here is special-cased for the demo: it drives the same CLI a user would.
 """
 
@@ -20,6 +21,7 @@ from rich.rule import Rule
 
 from ..errors import ProvisionError
 from ..rig.models import schema_comment
+from . import paths
 from .output import shown
 
 DEMO_TWIN = "twin-rtx3090-nvlink.yaml"
@@ -55,7 +57,7 @@ files:
   xorg_conf: {sandbox}/root/etc/X11/xorg.conf.d/20-mgpu-provision.conf
   state_dir: {sandbox}/root/var/lib/mgpu-provision
   systemd_dir: {sandbox}/root/etc/systemd/system
-smoke: {{python: {python}, timeout_s: 120, batch_size: 8}}
+smoke: {{{smoke_python}timeout_s: 120, batch_size: 8}}
 """
 
 # (title, argv after the rig path, the exit code that means the step went as it should)
@@ -75,12 +77,16 @@ def free_port() -> int:
         return port
 
 
-def write_demo(sandbox: Path, python: str) -> Path:
-    """Write the demo rig and twin into `sandbox`; return the rig file's path."""
+def write_demo(sandbox: Path, python: str | None) -> Path:
+    """Write the demo rig and twin into `sandbox`; return the rig file's path. `python` is the smoke's;
+    None (no torch) leaves it out, and with it plan's torch check, which would fail on every run."""
     sandbox = sandbox.resolve()
     if any(ch.isspace() for ch in str(sandbox)):
         raise ProvisionError(f"the demo folder {sandbox} contains spaces; choose another with --dir")
-    sandbox.mkdir(parents=True, exist_ok=True)
+    try:
+        sandbox.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. under /proc, which no one can write
+        raise ProvisionError(f"--dir {sandbox}: cannot make the demo folder ({exc.strerror})") from exc
     twin = resources.files("mgpu_provision.demo").joinpath(DEMO_TWIN).read_text(encoding="utf-8")
     (sandbox / DEMO_TWIN).write_text(twin, encoding="utf-8")
     rig = sandbox / "demo-rig.yaml"
@@ -90,36 +96,41 @@ def write_demo(sandbox: Path, python: str) -> Path:
             twin=DEMO_TWIN,
             sandbox=sandbox,
             port=free_port(),
-            python=python,
+            smoke_python=f"python: {python}, " if python else "",
         ),
         encoding="utf-8",
     )
     return rig
 
 
-def check_torch(python: str) -> None:
-    """The smoke step is a real DDP run: say before anything starts when its python has no torch."""
+def has_torch(python: str) -> bool:
+    """Whether `python` can import torch (the smoke step runs a real DDP job with it)."""
     probe = subprocess.run(
         [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"],
         capture_output=True,
         check=False,
     )
-    if probe.returncode != 0:
-        raise ProvisionError(
-            f"the demo's smoke step runs a real DDP job and needs torch, which {python} does not have. "
-            f"Install the CPU build (about 190 MB): {python} -m pip install torch --index-url {CPU_INDEX}"
-        )
+    return probe.returncode == 0
+
+
+def smoke_hint(python: str) -> str:
+    return (
+        f"{python} has no torch, so the demo leaves out its smoke test (a real DDP run). To add it, install "
+        f"the CPU build (about 190 MB): {python} -m pip install torch --index-url {CPU_INDEX} "
+        "and run mgpu-provision demo again"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import main  # the demo drives the real CLI, step by step
-
+    main = args.cli  # the demo drives the real CLI step by step: cli.main hands itself over
     console = Console()
     python = args.python or sys.executable
-    check_torch(python)
-    rig = write_demo(Path(args.dir), python)
+    steps = STEPS if has_torch(python) else STEPS[:-1]  # validate, plan and apply need no torch
+    rig = write_demo(args.dir, python if steps == STEPS else None)
     console.print(shown("Demo rig written to ", (str(rig), "bold")))  # --dir may hold brackets
-    for title, argv, expected in STEPS:
+    if steps != STEPS:
+        console.print(shown(("note:", "yellow"), f" {smoke_hint(python)}"))
+    for title, argv, expected in steps:
         console.print(Rule(title))
         code = main([argv[0], str(rig), *argv[1:]])
         if code != expected:
@@ -127,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
     console.print(Rule())
     console.print(shown(("Demo done.", "green"), f" The files apply wrote are under {rig.parent / 'root'}."))
+    if steps != STEPS:
+        console.print(shown(("smoke skipped:", "yellow"), f" {smoke_hint(python)}"))
     return 0
 
 
@@ -138,12 +151,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Try the tool on a built-in simulated box: no GPU, no SSH, no root needed.\n\n"
             "Writes a rig file for one simulated 2x RTX 3090 NVLink workstation reached without SSH\n"
             "(its managed files go to the sandbox folder), then runs validate, plan, apply, plan again\n"
-            "and a real DDP smoke test (Gloo on the CPU; needs torch) on it. Only the NVIDIA layer is\n"
-            "simulated."
+            "and a real DDP smoke test (Gloo on the CPU) on it. Only the NVIDIA layer is simulated.\n"
+            "Without torch it runs all but the smoke test and says how to add it."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  mgpu-provision demo\n  mgpu-provision demo --dir /tmp/mgpu-demo",
     )
-    parser.add_argument("--dir", default="mgpu-demo", help="sandbox folder (default ./mgpu-demo)")
-    parser.add_argument("--python", help="python with torch for the smoke test (default: this one)")
+    parser.add_argument(
+        "--dir", type=paths.work_folder, default="mgpu-demo", help="sandbox folder (default ./mgpu-demo)"
+    )
+    parser.add_argument(
+        "--python", type=paths.program, help="python with torch for the smoke test (default: this one)"
+    )
     parser.set_defaults(func=run)

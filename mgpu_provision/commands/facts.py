@@ -10,8 +10,7 @@ inside their functions, so that `--json` never loads it.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ..facts import Facts, Gpu, PcieLink
@@ -19,7 +18,7 @@ from ..fleet.pool import HostOutcome
 from ..jobs.plan import gather_facts
 from ..node.nvidia.topology import format_topology, gpu_matrix
 from . import options
-from .output import make_console, shown
+from .output import make_console, print_json, shown, waiting_for
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -133,14 +132,14 @@ def render(outcomes: dict[str, HostOutcome[Facts]], console: Console) -> None:
 
 def run(args: argparse.Namespace) -> int:
     fleet = options.prepare(args)
-    outcomes = gather_facts(fleet.loaded, fleet.targets, fleet.options)
+    with waiting_for("reading facts", [t.name for t in fleet.targets]) as host_done:
+        run = dataclasses.replace(fleet.options, on_host_done=host_done)
+        outcomes = gather_facts(fleet.loaded, fleet.targets, run)
+    code = 0 if all(o.status == "ok" for o in outcomes.values()) else 2
     if args.json:
-        print(json.dumps(as_json(outcomes), indent=2))
-    else:
-        # Piped output has no terminal width; rich's 80-column default would cut GPU names.
-        width = None if sys.stdout.isatty() else 160
-        render(outcomes, make_console(width=width))
-    return 0 if all(o.status == "ok" for o in outcomes.values()) else 2
+        return print_json(code, **as_json(outcomes))
+    render(outcomes, make_console())
+    return code
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

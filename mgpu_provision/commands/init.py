@@ -22,6 +22,7 @@ from ..fleet.targets import DEFAULT_PYTHON, HostTarget
 from ..jobs.init import env_file_paths, rig_from_facts
 from ..node.nvidia.topology import format_topology, gpu_matrix
 from ..rig.models import path_in_rig, schema_comment
+from . import paths
 
 # Where a `connection: local` box is written to be: the rendezvous address of a one-box rig.
 LOCAL_ADDRESS = "127.0.0.1"
@@ -80,10 +81,6 @@ def run(args: argparse.Namespace) -> int:
     for path in (output, topo_path):  # checked before connecting: a refusal must not cost a login
         if path.exists() and not args.force:
             raise ProvisionError(f"{path} exists; choose another --output or pass --force")
-    if not output.resolve().parent.is_dir():
-        raise ProvisionError(f"-o {output}: the folder {output.resolve().parent} does not exist")
-    if args.simulate and not args.simulate.is_file():
-        raise ProvisionError(f"--simulate {args.simulate}: no such twin file")
     options = FleetOptions(
         accept_new_host_keys=args.accept_new_host_keys,
         known_hosts=args.known_hosts,
@@ -146,20 +143,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--simulate",
-        type=Path,
+        type=paths.input_file,
         metavar="TWIN",
         help="simulate the box's NVIDIA layer from a twin file (rehearsal; see examples/twins/)",
     )
-    parser.add_argument("-o", "--output", type=Path, default=Path("rig.yaml"), help="default ./rig.yaml")
+    parser.add_argument(
+        "-o", "--output", type=paths.output_file, default="rig.yaml", help="default ./rig.yaml"
+    )
     parser.add_argument("--force", action="store_true", help="overwrite the output file")
     parser.add_argument("--name", help="the host's name in the rig file (default: its hostname)")
-    parser.add_argument("--identity-file", type=Path, metavar="KEY", help="SSH private key")
+    parser.add_argument("--identity-file", type=paths.input_file, metavar="KEY", help="SSH private key")
     parser.add_argument("--python", default=DEFAULT_PYTHON, help="python3 on the box that runs the agent")
     parser.add_argument(
         "--smoke-python", default=DEFAULT_PYTHON, metavar="PYTHON", help="python with torch on the box"
     )
     parser.add_argument("--accept-new-host-keys", action="store_true", help="record an unknown host key")
-    parser.add_argument("--known-hosts", type=Path, metavar="FILE", help="default ~/.ssh/known_hosts")
-    parser.add_argument("--ssh-config", type=Path, metavar="FILE", help="default ~/.ssh/config")
+    parser.add_argument(
+        "--known-hosts", type=paths.kept_file, metavar="FILE", help="default ~/.ssh/known_hosts"
+    )
+    parser.add_argument("--ssh-config", type=paths.input_file, metavar="FILE", help="default ~/.ssh/config")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="connect timeout")
     parser.set_defaults(func=run)

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..fleet.options import MAX_FORKS, FleetOptions
 from ..fleet.targets import HostTarget, targets_for
-from ..rig import LoadedRig, load_rig, select_hosts
+from ..rig import LoadedRig, select_hosts
+from ..rig.cache import load_rig
 from ..rig.models import Host
+from . import paths
 
 
 def _positive_int(text: str) -> int:
@@ -53,9 +57,22 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         help="trust and record host keys not yet in known_hosts (a CHANGED key is always refused)",
     )
     parser.add_argument(
-        "--known-hosts", type=Path, metavar="FILE", help="known_hosts file (default: ~/.ssh/known_hosts)"
+        "--known-hosts",
+        type=paths.kept_file,
+        metavar="FILE",
+        help="known_hosts file (default: ~/.ssh/known_hosts)",
     )
-    parser.add_argument("--ssh-config", type=Path, metavar="FILE", help="ssh config (default: ~/.ssh/config)")
+    parser.add_argument(
+        "--ssh-config", type=paths.input_file, metavar="FILE", help="ssh config (default: ~/.ssh/config)"
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log each host's SSH steps with times on stderr (connect, banner, key exchange, login, agent); "
+        "-vv for every detail",
+    )
     parser.add_argument(
         "--timeout",
         type=_positive_seconds,
@@ -86,8 +103,20 @@ def fleet_options(args: argparse.Namespace) -> FleetOptions:
     )
 
 
+def verbose(level: int) -> None:
+    """`-v`: this tool's and Paramiko's log records with the time of each, to see which SSH step is slow."""
+    if level:
+        logging.basicConfig(
+            level=logging.INFO if level == 1 else logging.DEBUG,
+            format="%(asctime)s.%(msecs)03d %(name)s: %(message)s",
+            datefmt="%H:%M:%S",
+            stream=sys.stderr,
+        )
+
+
 def prepare(args: argparse.Namespace) -> FleetRun:
     """Load and check the rig (SpecError on problems), apply --limit, build targets and options."""
+    verbose(args.verbose)
     loaded = load_rig(args.rig)
     hosts = select_hosts(loaded, args.limit)
     targets = targets_for(loaded, hosts)

@@ -13,9 +13,12 @@ rich is imported inside the functions that draw, so that `--json` runs never loa
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
@@ -46,11 +49,61 @@ def shown(*parts: str | tuple[str, str], style: str = "") -> Text:
     )
 
 
-def make_console(file: TextIO | None = None, width: int | None = None) -> Console:
-    """A console for command output: no guessing of highlights in host names or versions."""
+# Where output is not a terminal (a log, a pipe, CI), rich would lay tables out for 80 columns and fold
+# cells mid-word (`would-e` / `nd`). Tables are as wide as their content, so a wide page costs nothing.
+NOT_A_TERMINAL_WIDTH = 1000
+
+
+def make_console(file: TextIO | None = None, width: int | None = None, soft_wrap: bool = False) -> Console:
+    """A console for command output: no guessing of highlights in host names or versions; off a terminal,
+    lines as long as they are (NOT_A_TERMINAL_WIDTH) instead of wrapped at 80 columns."""
     from rich.console import Console
 
-    return Console(file=file or sys.stdout, highlight=False, width=width)
+    out = file or sys.stdout
+    if width is None and not out.isatty():
+        width = NOT_A_TERMINAL_WIDTH
+    return Console(file=out, highlight=False, width=width, soft_wrap=soft_wrap)
+
+
+# The version of the document every `--json` prints (docs/json.md); keys are only ever added.
+JSON_FORMAT_VERSION = 1
+
+
+def print_json(exit_code: int, hosts: Mapping[str, object], **rest: object) -> int:
+    """Print a command's `--json` document: the shared envelope (format_version, exit_code, hosts), then
+    the command's own keys (docs/json.md). Returns `exit_code`, for the command to return."""
+    document = {"format_version": JSON_FORMAT_VERSION, "exit_code": exit_code, "hosts": hosts, **rest}
+    print(json.dumps(document, indent=2))
+    return exit_code
+
+
+@contextlib.contextmanager
+def waiting_for(what: str, names: Sequence[str]) -> Iterator[Callable[[str], None] | None]:
+    """On a terminal, a status line on stderr naming the hosts still pending (`reading facts: 12 of 19
+    done, waiting for gpu-03, gpu-07`); yields the callback for `FleetOptions.on_host_done`, or None off a
+    terminal (logs get the result only)."""
+    if not sys.stderr.isatty() or len(names) < 2:
+        yield None
+        return
+    pending = list(names)
+    lock = threading.Lock()
+    console = make_console(sys.stderr)
+
+    with console.status(shown(pending_line(what, len(names), pending))) as status:
+
+        def host_done(name: str) -> None:
+            with lock:
+                if name in pending:
+                    pending.remove(name)
+                status.update(shown(pending_line(what, len(names), pending)))
+
+        yield host_done
+
+
+def pending_line(what: str, total: int, pending: Sequence[str], most: int = 8) -> str:
+    """`reading facts: 17 of 19 done, waiting for gpu-03, gpu-07`; past `most` names, `and N more`."""
+    names = ", ".join(pending[:most]) + (f" and {len(pending) - most} more" if len(pending) > most else "")
+    return f"{what}: {total - len(pending)} of {total} done, waiting for {names}"
 
 
 def plural(count: int, one: str, many: str | None = None) -> str:

@@ -8,17 +8,20 @@ failed checks or hosts that could not be read, 1 an error (bad rig file, unreada
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from ..jobs.plan import plan_fleet
 from . import options
-from .output import make_console
+from .output import make_console, waiting_for
 from .plan_view import add_diff_option, plan_json, render_plan
 
 
 def run(args: argparse.Namespace) -> int:
     fleet = options.prepare(args)
-    plan = plan_fleet(fleet.loaded, fleet.targets, fleet.options)
+    with waiting_for("reading the hosts", [t.name for t in fleet.targets]) as host_done:
+        run = dataclasses.replace(fleet.options, on_host_done=host_done)
+        plan = plan_fleet(fleet.loaded, fleet.targets, run)
     if args.json:
         print(json.dumps(plan_json(plan), indent=2))
     else:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..jobs.plan import FleetPlan, HostPlan, PlanTotals
+from ..jobs.plan import FleetPlan, HostPlan, PlanTotals, held_names, held_on_control_machine
 from ..plan.change import Change
 from .output import plural, shown
 
@@ -141,30 +141,72 @@ def render_plan(plan: FleetPlan, console: Console, new_content: bool = False) ->
     from rich.text import Text
 
     lines = host_lines(plan.hosts[0], new_content) if len(plan.hosts) == 1 else fleet_lines(plan, new_content)
-    for line in lines:
+    for line in lines + kind_lines(plan):
         console.print(line, soft_wrap=True)  # long paths and diff lines stay whole when piped
     style = "green" if plan.converged else "bold"
     console.print(Text(summary_line(plan), style=style), soft_wrap=True)
 
 
+def kind_lines(plan: FleetPlan) -> list[Text]:
+    """Which hosts are simulated (a twin file stands in for their NVIDIA layer) and which are real, and a
+    warning for the machine running this tool, where apply holds back a driver install and a reboot."""
+    lines = []
+    for kind, value, style in (("simulated", True, "yellow"), ("real", False, "bold")):
+        names = [h.host for h in plan.hosts if h.simulated is value]
+        if names:
+            lines.append(shown((f"{kind}: ", style), host_ranges(names)))
+    for host in plan.hosts:
+        held = held_on_control_machine(list(host.changes))
+        if host.control_machine and held:
+            lines.append(
+                shown(
+                    ("  ! ", "red"),
+                    (host.host, "bold cyan"),
+                    f" is the machine running mgpu-provision ({host.control_machine}): apply will not "
+                    f"carry out {held_names(held)} there without --allow-control-machine",
+                )
+            )
+    return lines
+
+
 def _key(change: Change) -> tuple[object, ...]:
-    return (change.resource, change.action, change.summary, change.reboot, change.diff)
+    """What a person reads of a change: its line. Two new env files that differ only in the header comment
+    naming their host read alike, so they are one line (their diffs, with --diff, each distinct one once)."""
+    return (change.resource, change.action, change.summary, change.reboot)
+
+
+# The distinct diffs of one shared change: each with a change that has it and the hosts it is for.
+Variants = dict[str | None, tuple[Change, list[str]]]
+
+
+def _diffs(variants: Variants) -> list[Text]:
+    """The diff lines of a shared change: the one diff, or each distinct one under the hosts it is for."""
+    if len(variants) == 1:
+        (change, _), = variants.values()
+        return change_lines(change, new_content=True)[1:]
+    lines: list[Text] = []
+    for change, hosts in variants.values():
+        lines.append(shown((f"    on {host_ranges(hosts)}:", "dim")))
+        lines += change_lines(change, new_content=True)[1:]
+    return lines
 
 
 def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:
     """Each change that two or more hosts share once, with their names; then each host with what is its
     own (or why it could not be read); then the hosts with nothing to do."""
-    shared: dict[tuple[object, ...], tuple[Change, list[str]]] = {}
+    shared: dict[tuple[object, ...], tuple[Change, list[str], Variants]] = {}
     for host in plan.hosts:
         for change in host.changes:
-            shared.setdefault(_key(change), (change, []))[1].append(host.host)
+            _, hosts, variants = shared.setdefault(_key(change), (change, [], {}))
+            hosts.append(host.host)
+            variants.setdefault(change.diff, (change, []))[1].append(host.host)
     lines: list[Text] = []
-    for change, hosts in shared.values():
+    for change, hosts, variants in shared.values():
         if len(hosts) < 2:
             continue
-        head, *diff = change_lines(change, new_content=True)
+        head = change_lines(change, new_content=True)[0]
         head.append(f"  on {plural(len(hosts), 'host', 'hosts')}: {host_ranges(hosts)}", style="dim")
-        lines += [head, *(diff if diffs else [])]
+        lines += [head, *(_diffs(variants) if diffs else [])]
     idle = []
     for host in plan.hosts:
         own = [c for c in host.changes if len(shared[_key(c)][1]) == 1]
@@ -199,7 +241,13 @@ def plan_json(plan: FleetPlan) -> dict[str, Any]:
     return {
         "format_version": PLAN_JSON_VERSION,
         "hosts": {
-            h.host: {"status": h.status, "error": h.error, "changes": [change_json(c) for c in h.changes]}
+            h.host: {
+                "status": h.status,
+                "error": h.error,
+                "simulated": h.simulated,
+                "control_machine": h.control_machine,
+                "changes": [change_json(c) for c in h.changes],
+            }
             for h in plan.hosts
         },
         "totals": {

@@ -30,7 +30,7 @@ from ..jobs.reclaim import (
     reclaim_on,
 )
 from . import options
-from .output import make_console, plain_table, shown
+from .output import JSON_FORMAT_VERSION, make_console, plain_table, shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 def as_json(hosts: list[HostReclaim], dry_run: bool, user: str | None = None) -> dict[str, Any]:
     """Stable keys for scripts: per host status, error, processes and freed MiB; the total; the exit code."""
     return {
+        "format_version": JSON_FORMAT_VERSION,  # the envelope every --json shares (docs/json.md)
         "dry_run": dry_run,
         "user": user,
         "hosts": {

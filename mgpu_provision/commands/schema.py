@@ -16,9 +16,23 @@ from ..rig.models import RigFile
 SCHEMA_ID = "https://mgpu-provision.dev/schemas/rig.schema.json"
 
 
+def checked_names(node: Any) -> Any:
+    """`node` with `propertyNames` beside every one-pattern `patternProperties`: alone, a pattern only
+    checks the keys that match it, so `rigs: {"rtx 3090": ...}` left that whole section unchecked."""
+    if isinstance(node, list):
+        return [checked_names(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    fixed = {key: checked_names(value) for key, value in node.items()}
+    patterns = list(fixed.get("patternProperties", {}))
+    if len(patterns) == 1:
+        fixed["propertyNames"] = {**fixed.get("propertyNames", {}), "pattern": patterns[0]}
+    return fixed
+
+
 def rig_schema() -> dict[str, Any]:
-    """The rig file's JSON Schema (draft 2020-12, which pydantic generates)."""
-    schema = RigFile.model_json_schema()
+    """The rig file's JSON Schema (draft 2020-12, which pydantic generates), keys of maps checked too."""
+    schema = checked_names(RigFile.model_json_schema())
     schema.pop("title", None)  # pydantic's is the class name; ours goes first with the ids
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -11,7 +11,6 @@ Exit 0: every DDP group passed; 2: a node failed, a rank never joined or busbw i
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 from typing import Any
@@ -20,7 +19,7 @@ from rich.console import Console
 
 from ..jobs.smoke import GroupReport, SmokeReport, run_smoke
 from . import options
-from .output import plain_table, plural, shown
+from .output import make_console, plain_table, plural, print_json, shown
 
 
 def verdict(ok: object) -> tuple[str, str]:
@@ -103,7 +102,7 @@ def render_human(report: SmokeReport, console: Console) -> None:
 
 def run(args: argparse.Namespace) -> int:
     fleet = options.prepare(args)
-    console = Console(file=sys.stderr if args.json else sys.stdout)
+    console = make_console(sys.stderr if args.json else sys.stdout)
     done: list[str] = []
     lock = threading.Lock()
     total = len(fleet.targets)
@@ -117,11 +116,16 @@ def run(args: argparse.Namespace) -> int:
                 status.update(shown(f"{label} - {len(done)}/{total} done: {', '.join(done)}"))
 
         report = run_smoke(fleet.loaded, fleet.hosts, fleet.targets, fleet.options, on_node_done)
+    code = 0 if report.ok else 2
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
-    else:
-        render_human(report, console)
-    return 0 if report.ok else 2
+        hosts = {
+            node.host: {"ok": node.ok, "group": group.master, "node_rank": node.node_rank}
+            for group in report.groups
+            for node in group.nodes
+        }
+        return print_json(code, hosts, **report.as_dict())
+    render_human(report, console)
+    return code
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

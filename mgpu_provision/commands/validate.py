@@ -8,11 +8,10 @@ one per line as `file:line:col: field: message` (the form editors and CI annotat
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..errors import SpecError
-from ..rig import load_rig
-from .output import visible
+from ..rig.cache import check_rig
+from .output import print_json, visible
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,7 +30,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("rig", metavar="RIG", help="the rig file (YAML)")
-    parser.add_argument("--json", action="store_true", help='print {"valid": bool, "problems": [...]}')
+    parser.add_argument(
+        "--json", action="store_true", help='print JSON: {"valid": bool, "problems": [...], ...}'
+    )
     parser.set_defaults(func=run)
 
 
@@ -41,18 +42,15 @@ def _count(n: int, noun: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        loaded = load_rig(args.rig)
+        checked = check_rig(args.rig)
     except SpecError as exc:
         if args.json:
-            print(json.dumps({"valid": False, "problems": [p.as_dict() for p in exc.problems]}, indent=2))
-        else:
-            for problem in exc.problems:
-                print(visible(problem.render()))  # a problem may quote the file's bytes
-            print(f"{args.rig}: invalid, {_count(len(exc.problems), 'problem')}")
+            return print_json(1, {}, valid=False, problems=[p.as_dict() for p in exc.problems])
+        for problem in exc.problems:
+            print(visible(problem.render()))  # a problem may quote the file's bytes
+        print(f"{args.rig}: invalid, {_count(len(exc.problems), 'problem')}")
         return 1
-    if args.json:
-        print(json.dumps({"valid": True, "problems": []}, indent=2))
-    else:
-        spec = loaded.spec
-        print(f"{args.rig}: valid, {_count(len(spec.hosts), 'host')}, {_count(len(spec.rigs), 'rig')}")
+    if args.json:  # hosts: each host of the file and its rig type (nothing is contacted)
+        return print_json(0, {name: {"rig": rig} for name, rig in checked.host_rigs}, valid=True, problems=[])
+    print(f"{args.rig}: valid, {_count(len(checked.host_rigs), 'host')}, {_count(checked.rigs, 'rig')}")
     return 0

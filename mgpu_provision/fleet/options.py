@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -18,7 +19,6 @@ from .known_hosts import KnownHosts
 if TYPE_CHECKING:
     import paramiko
 
-    from .session import AgentSession
     from .targets import HostTarget
 
 MAX_FORKS = 64
@@ -38,7 +38,11 @@ class AgentPayload(Protocol):
 
 
 class SessionOpener(Protocol):
-    def __call__(self, target: HostTarget, options: FleetOptions, agent: AgentPayload) -> AgentSession: ...
+    """Opens a host's session in place of SSH or a local process; what it returns must be a
+    `session.AgentSession` (checked where it is opened: naming that class here would tie this module and
+    session.py in a circle)."""
+
+    def __call__(self, target: HostTarget, options: FleetOptions, agent: AgentPayload) -> object: ...
 
 
 @dataclass
@@ -106,5 +110,7 @@ class FleetOptions:
     agent: AgentPayload | None = None
     sessions: SessionOpener | None = field(default=None, repr=False, compare=False)
     shared_ssh: SharedSsh | None = field(default=None, repr=False, compare=False)
+    # Told each host's name as its job ends (from the worker thread): the commands' "still waiting for".
+    on_host_done: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
 

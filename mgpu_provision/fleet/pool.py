@@ -7,6 +7,7 @@ never stops or hides the others.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,8 @@ from .session import AgentSession
 from .targets import HostTarget
 
 T = TypeVar("T")
+# `-v` shows these (and Paramiko's own steps: banner, key exchange, authentication) with timestamps.
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,12 +51,16 @@ def _run_one(
     def outcome(
         status: Literal["ok", "failed", "unreachable"], value: T | None, error: str | None
     ) -> HostOutcome[T]:
+        if options.on_host_done is not None:
+            options.on_host_done(target.name)
         return HostOutcome(status, value, error, time.monotonic() - started)
 
+    log.info("%s: connecting", target.name)
     try:
         opened = session.open_session(target, options, agent)
     except ConnectionFailed as exc:
         return outcome("unreachable", None, str(exc))
+    log.info("%s: connected and logged in after %.2fs", target.name, time.monotonic() - started)
     try:
         return outcome("ok", fn(opened), None)
     except ConnectionFailed as exc:
@@ -64,16 +71,26 @@ def _run_one(
         return outcome("failed", None, f"{type(exc).__name__}: {exc}")
     finally:
         opened.close()
+        log.info("%s: done after %.2fs", target.name, time.monotonic() - started)
 
 
 def run_fleet(
     targets: list[HostTarget], fn: Callable[[AgentSession], T], options: FleetOptions
 ) -> dict[str, HostOutcome[T]]:
-    """Run `fn` once per host, at most `forks` at a time; outcomes keyed by host name in target order."""
+    """Run `fn` once per host, at most `forks` at a time; outcomes keyed by host name in target order.
+
+    On Ctrl-C the caller gets the KeyboardInterrupt at once: hosts not started are dropped, and the calls
+    in flight are not waited for (a smoke call lasts its whole run; `jobs/smoke.py` ends them itself)."""
     if not targets:
         return {}
     agent = options.agent or _default_agent()
     forks = max(1, min(options.forks or len(targets), MAX_FORKS, len(targets)))
-    with ThreadPoolExecutor(max_workers=forks, thread_name_prefix="mgpu-fleet") as pool:
+    pool = ThreadPoolExecutor(max_workers=forks, thread_name_prefix="mgpu-fleet")
+    try:
         futures = {t.name: pool.submit(_run_one, t, fn, options, agent) for t in targets}
-        return {name: future.result() for name, future in futures.items()}
+        outcomes = {name: future.result() for name, future in futures.items()}
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return outcomes

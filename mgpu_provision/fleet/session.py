@@ -327,7 +327,10 @@ def open_session(target: HostTarget, options: FleetOptions, agent: AgentPayload)
     """A session ready for `call`; raises ConnectionFailed when the host cannot be reached. `options.sessions`
     opens it instead where set (the tests' injected fake: tests/factories.py)."""
     if options.sessions is not None:
-        return options.sessions(target, options, agent)
+        opened = options.sessions(target, options, agent)
+        if not isinstance(opened, AgentSession):
+            raise TypeError(f"FleetOptions.sessions returned {type(opened).__name__}, not an AgentSession")
+        return opened
     if target.connection == "local":
         return LocalAgentSession(target, agent)
     from .ssh import open_connection  # Fabric and Paramiko load with the first SSH connection, not before

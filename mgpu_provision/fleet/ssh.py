@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -71,6 +72,13 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         self._known_hosts.record(hostname, key)
+        # OpenSSH's words (sshconnect.c), so a trusted key is never recorded silently.
+        kind = key.get_name().removeprefix("ssh-").split("-")[0].upper()
+        print(
+            f"Warning: Permanently added '{hostname}' ({kind}) to the list of known hosts "
+            f"({self._known_hosts.path}).",
+            file=sys.stderr,
+        )
 
 
 def _known_hosts_path(conn: fabric.Connection, options: FleetOptions) -> Path:
@@ -126,6 +134,11 @@ def make_connection(target: HostTarget, options: FleetOptions) -> fabric.Connect
     connect_timeout = max(1, math.ceil(target.connect_timeout_s))
     connect_kwargs: dict[str, Any] = _timeouts(target.connect_timeout_s)
     if target.identity_file:
+        if not Path(target.identity_file).is_file():  # Paramiko would say "No such file" without the name
+            raise ConnectionFailed(
+                f"cannot log in to {describe(target)}: its SSH key {target.identity_file} does not exist "
+                "(identity_file)"
+            )
         # Read once per run: named as a file, Paramiko reads it per connection, up to once per key type.
         key = shared.private_key(target.identity_file)
         if key is not None:
@@ -216,6 +229,12 @@ def connect_error_message(
     if isinstance(exc, paramiko.AuthenticationException):
         key = f" with key {target.identity_file}" if target.identity_file else ""
         return f"authentication failed on {where} as {conn.user}{key}: {exc}"
+    if isinstance(exc, paramiko.SSHException) and "No authentication methods available" in str(exc):
+        return (
+            f"cannot log in to {where} as {conn.user}: no SSH key to offer (no identity_file in the rig "
+            "file, no ~/.ssh/id_ed25519, id_ecdsa or id_rsa, no ssh-agent); set identity_file (on the host "
+            "or under defaults) or load a key with ssh-add"
+        )
     if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError)):
         return f"connection refused by {where}: nothing listens there (is sshd running?)"
     if isinstance(exc, socket.gaierror):

@@ -2,7 +2,8 @@
 
 Per host (`converge_host`), everything the plan can carry out goes to the node in ONE agent `apply` call, so
 the agent holds the host's lock for the whole change; a driver that needs a reboot gets one (when the rig and
-the playbook allow it, and never on the machine running this tool), then facts are read again and whatever
+the playbook allow it); on the machine running this tool (fleet/here.py) neither a driver install nor a reboot
+is sent without --allow-control-machine. Then facts are read again and whatever
 the plan still shows is reported. Across hosts (`rollout`), batches from `--serial` run one after another and
 `--max-fail-percent` stops the later ones. `fleet_plan` is the plan shown for confirmation before anything
 runs, and the one the rollout carries out.
@@ -11,17 +12,15 @@ runs, and the one the rollout carries out.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .. import protocol
 from ..errors import ConnectionFailed, ProvisionError
 from ..facts import Facts
+from ..fleet.here import Here, address_is_here, control_machine
 from ..fleet.options import FleetOptions
 from ..fleet.pool import HostOutcome, run_fleet
 from ..fleet.replies import ApplyReply, RebootReply
@@ -31,7 +30,7 @@ from ..plan.change import Change
 from ..plan.host import facts_request, plan_host
 from ..plan.resources.envfiles import node_path
 from ..rig.models import Host
-from .plan import FleetPlan, HostPlan, plan_fleet
+from .plan import FleetPlan, HostPlan, held_names, held_on_control_machine, plan_fleet
 from .playbooks import carried_out, in_step_order
 from .rollout import Serial, batches, too_many_failed
 
@@ -61,6 +60,7 @@ class ApplySettings:
     lock_wait_s: float = 60.0
     reboot_timeout_s: float = 900.0
     poll_interval_s: float = 5.0
+    allow_control_machine: bool = False  # --allow-control-machine: a driver install or reboot here is meant
 
 
 @dataclass
@@ -81,6 +81,7 @@ class HostRecap:
 @dataclass(frozen=True)
 class ApplyResult:
     recaps: tuple[HostRecap, ...]
+    stopped: str | None = None  # why the later batches were not run (--max-fail-percent), if they were not
 
     @property
     def converged(self) -> bool:
@@ -120,7 +121,7 @@ def finish(
         c for c in changes if c.resource != "reboot" and not (reboot_required and c.action == "verify-failed")
     ]
     if error is None and left:
-        error = f"not converged: {len(left)} change(s) left"
+        error = left_words(left)
     status: RecapStatus = "failed" if error else ("changed" if done or rebooted else "ok")
     if unreachable:
         status = "unreachable"
@@ -137,43 +138,23 @@ def finish(
     )
 
 
+def left_words(left: list[Change]) -> str:
+    """`1 check failed: topology; 2 changes left: driver, persistence`: what keeps a host from converging,
+    failed checks (which apply cannot fix, and which stop none of the host's other changes) first."""
+    checks = [c.resource for c in left if c.action == "verify-failed"]
+    changes = [c.resource for c in left if c.action != "verify-failed"]
+    words = (("check failed", "checks failed"), ("change left", "changes left"))
+    return "; ".join(
+        f"{len(names)} {one if len(names) == 1 else many}: {', '.join(dict.fromkeys(names))}"
+        for names, (one, many) in zip((checks, changes), words, strict=True)
+        if names
+    )
+
+
 def unconfirmed(changes: list[Change], confirmed: list[Change]) -> list[Change]:
     """Changes to carry out now that the person did not see in the confirmed plan."""
     seen = {(c.resource, c.action, c.desired) for c in confirmed}
     return [c for c in changes if (c.resource, c.action, c.desired) not in seen]
-
-
-def reboot_refusal(
-    target: HostTarget, facts: Facts, local_boot_id: str | None, target_is_local_address: bool
-) -> str | None:
-    """Why `target` must not be rebooted because it is the machine running this tool, or None."""
-    if facts.host.simulated:  # a simulated reboot only changes the twin's overlay, never the machine
-        return None
-    if target.connection == "local":
-        return "it is this machine (connection: local)"
-    if local_boot_id is not None and facts.host.boot_id == local_boot_id:
-        return "it reports the boot id of the machine running mgpu-provision"
-    if target_is_local_address:
-        return f"its address {target.address} is this machine"
-    return None
-
-
-def _local_boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def _is_local_address(target: HostTarget) -> bool:
-    if target.jump is not None:  # the address is resolved on the jump host, not here
-        return False
-    try:
-        theirs = {info[4][0] for info in socket.getaddrinfo(target.address, None)}
-        ours = set(socket.gethostbyname_ex(socket.gethostname())[2])
-    except OSError:
-        return False
-    return any(ipaddress.ip_address(str(a)).is_loopback or a in ours for a in theirs)
 
 
 class ReopenableSession:
@@ -302,10 +283,15 @@ def converge_host(
                 raise PlanChanged(
                     f"the box changed since the plan was confirmed ({surprise[0].summary}); run apply again"
                 )
+            mine = control_machine(node.target, facts, Here.read(), address_is_here)
             for _ in range(2):  # a second round only after a reboot, for what the new driver allows
                 todo = [c for c in changes if carried_out(c, settings.steps)]
                 if rebooted:  # never reboot twice: a reboot still wanted afterwards is reported instead
                     todo = [c for c in todo if c.resource != "reboot"]
+                held = held_on_control_machine(todo) if mine and not settings.allow_control_machine else []
+                if held:
+                    notes.append(f"not done ({held_names(held)}): {mine}; --allow-control-machine allows it")
+                    todo = [c for c in todo if c not in held]
                 if not todo:
                     break
                 applied, error = _run_steps(node, todo, lock, settings, facts.host.simulated)
@@ -313,14 +299,7 @@ def converge_host(
                 if error is not None:
                     changes = _planned(loaded, host, node.facts(request), settings.steps)
                     return end(error)
-                reboot_now = any(c.agent_step is not None and c.phase == "reboot" for c in todo)
-                if reboot_now:
-                    target = node.target
-                    refusal = reboot_refusal(target, facts, _local_boot_id(), _is_local_address(target))
-                    if refusal is not None:
-                        notes.append(f"not rebooted: {refusal}")
-                        reboot_now = False
-                if reboot_now:
+                if any(c.agent_step is not None and c.phase == "reboot" for c in todo):
                     _reboot_and_wait(node, lock, settings, progress, facts.host.simulated)
                     rebooted = True
                 facts = node.facts(request)
@@ -378,6 +357,7 @@ def rollout(
     planned = {h.host: h for h in plan.hosts}
     recaps: dict[str, HostRecap] = {}
     stop_reason: str | None = None
+    stopped: str | None = None
     for number, batch in enumerate(batches(targets, serial), start=1):
         if stop_reason is not None:
             recaps.update((t.name, HostRecap(t.name, "skipped", error=stop_reason)) for t in batch)
@@ -402,8 +382,8 @@ def rollout(
             recaps.update((name, _recap_of_outcome(name, o)) for name, o in outcomes.items())
         failed = sum(1 for t in batch if recaps[t.name].status in ("failed", "unreachable"))
         if too_many_failed(failed, len(batch), max_fail_percent):
-            stop_reason = (
-                f"not touched: {failed} of {len(batch)} host(s) of batch {number} failed "
-                f"(--max-fail-percent {max_fail_percent:g})"
-            )
-    return ApplyResult(tuple(recaps[t.name] for t in targets))
+            limit = f"--max-fail-percent {max_fail_percent:g}"
+            stop_reason = f"not touched: {failed} of {len(batch)} host(s) of batch {number} failed ({limit})"
+            stopped = f"stopped after batch {number} ({failed} of {len(batch)} host(s) failed, {limit})"
+    skipped = any(r.status == "skipped" for r in recaps.values())
+    return ApplyResult(tuple(recaps[t.name] for t in targets), stopped if skipped else None)

@@ -11,8 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from .. import protocol
 from ..errors import ProvisionError
 from ..facts import Facts
+from ..fleet.here import Here, address_is_here, control_machine
 from ..fleet.options import FleetOptions
 from ..fleet.pool import HostOutcome, run_fleet
 from ..fleet.session import AgentSession, read_facts
@@ -28,13 +30,19 @@ HostStatus = Literal["ok", "unreachable", "failed"]
 
 @dataclass(frozen=True)
 class HostPlan:
-    """One host's part of a plan: its Changes, or why there are none to show (unreachable, failed)."""
+    """One host's part of a plan: its Changes, or why there are none to show (unreachable, failed).
+
+    `simulated` is the node's word (None when it was not read); `control_machine` says why the host is
+    the machine running this tool (fleet/here.py), where apply installs no driver and reboots nothing
+    unless told to."""
 
     host: str
     status: HostStatus
     changes: tuple[Change, ...] = ()
     error: str | None = None
     elapsed_s: float = 0.0
+    simulated: bool | None = None
+    control_machine: str | None = None
 
     def count(self, *actions: str) -> int:
         return sum(1 for c in self.changes if c.action in actions)
@@ -77,6 +85,21 @@ class FleetPlan:
         return 0 if self.converged else 2
 
 
+def held_on_control_machine(changes: list[Change]) -> list[Change]:
+    """The changes never carried out on the machine running this tool unless allowed: a driver install
+    and a reboot (either can take the operator's own desktop or session down)."""
+    return [
+        c
+        for c in changes
+        if c.agent_step is not None and (c.phase == "reboot" or c.agent_step.get("kind") == protocol.DRIVER)
+    ]
+
+
+def held_names(held: list[Change]) -> str:
+    """`driver, reboot`: what `held_on_control_machine` kept back, each once."""
+    return ", ".join(dict.fromkeys("reboot" if c.phase == "reboot" else c.resource for c in held))
+
+
 def gather_facts(
     loaded: LoadedRig, targets: list[HostTarget], options: FleetOptions
 ) -> dict[str, HostOutcome[Facts]]:
@@ -97,15 +120,20 @@ def plan_fleet(
     """Facts from every host at once, then each host's plan (passed through `arrange`, e.g. a playbook's
     selection and order); a host that was not read or could not be planned keeps its reason."""
     hosts: list[HostPlan] = []
+    here = Here.read()
+    by_name = {t.name: t for t in targets}
     for name, outcome in gather_facts(loaded, targets, options).items():
-        if outcome.status != "ok" or outcome.value is None:
+        facts = outcome.value
+        if outcome.status != "ok" or facts is None:
             status: HostStatus = "failed" if outcome.status == "ok" else outcome.status
             hosts.append(HostPlan(name, status, (), outcome.error, outcome.elapsed_s))
             continue
+        simulated = facts.host.simulated
+        mine = control_machine(by_name[name], facts, here, address_is_here)
         try:
-            changes = arrange(plan_host(loaded, loaded.host(name), outcome.value))
+            changes = arrange(plan_host(loaded, loaded.host(name), facts))
         except ProvisionError as exc:  # e.g. a visible-device UUID no GPU of this box has: this host only
-            hosts.append(HostPlan(name, "failed", (), str(exc), outcome.elapsed_s))
+            hosts.append(HostPlan(name, "failed", (), str(exc), outcome.elapsed_s, simulated, mine))
             continue
-        hosts.append(HostPlan(name, "ok", tuple(changes), None, outcome.elapsed_s))
+        hosts.append(HostPlan(name, "ok", tuple(changes), None, outcome.elapsed_s, simulated, mine))
     return FleetPlan(tuple(hosts))

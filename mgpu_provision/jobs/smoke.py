@@ -12,6 +12,7 @@ behind the launchers' back.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,10 @@ from ..rig.rig import LoadedRig, Rendezvous
 # DataParallel process that a CUDA node runs after its ranks.
 CALL_MARGIN_S = 90.0 + DATA_PARALLEL_TIMEOUT_S
 CLEANUP_TIMEOUT_S = 30.0
+
+
+class SmokeInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a smoke run, after every node's processes of the run were ended; says which."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,16 @@ class SmokeReport:
             "notices": self.notices,
             "groups": [{**dataclasses.asdict(g), "ok": g.ok} for g in self.groups],
         }
+
+
+def with_ddp(loaded: LoadedRig, hosts: list[Host]) -> tuple[list[Host], list[str]]:
+    """The hosts whose rig has a `ddp` section, and a notice naming the others (smoke runs DDP groups, so
+    it leaves them out); when none has one, all of them, for `plan_smoke` to refuse."""
+    chosen = [h for h in hosts if loaded.rig_of(h).ddp is not None]
+    left = [h.name for h in hosts if loaded.rig_of(h).ddp is None]
+    if not chosen or not left:
+        return hosts, []
+    return chosen, [f"skipped {', '.join(left)}: no `ddp` section in their rig (smoke runs DDP groups only)"]
 
 
 def plan_smoke(loaded: LoadedRig, hosts: list[Host], run_id: str) -> list[NodePart]:
@@ -296,6 +311,7 @@ def run_smoke(
 ) -> SmokeReport:
     """Run the smoke on every selected host at once; hosts whose call failed get a cleanup call after."""
     run_id = f"mgpu-smoke-{uuid.uuid4().hex[:12]}"
+    hosts, skipped = with_ddp(loaded, hosts)
     parts = plan_smoke(loaded, hosts, run_id)
     if len(parts) > MAX_FORKS:
         raise ProvisionError(f"smoke starts every node at once; {len(parts)} hosts exceed {MAX_FORKS}")
@@ -303,12 +319,16 @@ def run_smoke(
     chosen = [t for t in targets if t.name in by_host]
     timeout = loaded.spec.smoke.timeout_s + CALL_MARGIN_S
 
+    stopping = threading.Event()  # set on Ctrl-C: a node still reading its facts starts no run after
+
     def call(session: AgentSession) -> dict[str, Any]:
         name = session.target.name
         host = loaded.host(name)
         try:
             facts = read_facts(session, facts_request(loaded, host))
             args = for_this_node(loaded, host, by_host[name], facts)
+            if stopping.is_set():
+                raise ProvisionError("interrupted before the run started")
             result = read_reply(session, "smoke", args, SmokeReply, timeout).model_dump()
         except Exception:
             if on_node_done is not None:
@@ -318,13 +338,10 @@ def run_smoke(
             on_node_done(name, bool(result.get("ok")))
         return result
 
-    # A DDP group with a member still queued behind a fork limit can never complete: start them all.
-    outcomes = run_fleet(chosen, call, dataclasses.replace(options, forks=len(chosen)))
-    failed = [t for t in chosen if outcomes[t.name].status != "ok"]
-    if failed:
+    def clean_up(hosts: list[HostTarget]) -> dict[str, HostOutcome[CleanupReply]]:
         # The node's own deadline ends its processes anyway; this ends them now, even if that call died.
-        run_fleet(
-            failed,
+        return run_fleet(
+            hosts,
             lambda s: read_reply(
                 s,
                 "smoke-cleanup",
@@ -332,6 +349,27 @@ def run_smoke(
                 CleanupReply,
                 CLEANUP_TIMEOUT_S,
             ),
-            dataclasses.replace(options, forks=len(failed)),
+            dataclasses.replace(options, forks=len(hosts)),
         )
-    return build_report(run_id, parts, outcomes, loaded.spec.smoke.busbw_floor_gbps)
+
+    try:
+        # A DDP group with a member still queued behind a fork limit can never complete: start them all.
+        outcomes = run_fleet(chosen, call, dataclasses.replace(options, forks=len(chosen)))
+    except KeyboardInterrupt:
+        # Ending the run's processes on every node also ends the smoke calls waiting for them.
+        stopping.set()
+        raise SmokeInterrupted(interrupted_line(run_id, clean_up(chosen))) from None
+    failed = [t for t in chosen if outcomes[t.name].status != "ok"]
+    if failed:
+        clean_up(failed)
+    report = build_report(run_id, parts, outcomes, loaded.spec.smoke.busbw_floor_gbps)
+    return dataclasses.replace(report, notices=[*skipped, *report.notices])
+
+
+def interrupted_line(run_id: str, cleaned: Mapping[str, HostOutcome[Any]]) -> str:
+    """What Ctrl-C stopped: the nodes whose processes of the run were ended, and those that could not be
+    reached to end them (their own deadline ends them)."""
+    ended = [name for name, outcome in cleaned.items() if outcome.status == "ok"]
+    missed = [f"{name} ({outcome.error})" for name, outcome in cleaned.items() if outcome.status != "ok"]
+    line = f"smoke run {run_id} stopped; its processes were ended on {', '.join(ended) or 'no node'}"
+    return line + (f"; not reached: {', '.join(missed)}" if missed else "")

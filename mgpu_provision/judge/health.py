@@ -189,13 +189,16 @@ def kernel(facts: Facts, expect: Expectation) -> List[Finding]:
         message = f"the NVIDIA module is not built for the running kernel {running}"
         findings.append(Finding("kernel", message, "not built", "built", advice=REBUILD.format(k=running)))
     newest = max(installed, key=kernel_key) if installed else None
-    if newest is not None and newest != running and newest not in built:
-        message = f"the NVIDIA module is not built for kernel {newest}, the newest installed"
+    following = found.get("next_boot") or newest  # the bootloader's default, else GRUB's first: the newest
+    if following is not None and following != running and following not in built:
+        which = "the bootloader's default" if found.get("next_boot") else "the newest installed"
+        message = f"the NVIDIA module is not built for kernel {following}, {which}"
         advice = (
             "the next reboot would come up without a GPU driver; "
-            f"{REBUILD.format(k=newest)}, or hold the kernel"
+            f"{REBUILD.format(k=following)}, or hold the kernel"
         )
-        findings.append(Finding("kernel", message, f"{newest}: not built", f"{newest}: built", advice=advice))
+        current, desired = f"{following}: not built", f"{following}: built"
+        findings.append(Finding("kernel", message, current, desired, advice=advice))
     if found.get("secure_boot") and found.get("module_signed") is False:
         message = "Secure Boot is on and the NVIDIA module is unsigned, so the kernel refuses it"
         advice = (
@@ -203,4 +206,12 @@ def kernel(facts: Facts, expect: Expectation) -> List[Finding]:
             "distribution's signed modules"
         )
         findings.append(Finding("kernel", message, "unsigned", "signed", advice=advice))
+    elif found.get("secure_boot") and found.get("module_key_enrolled") is False:
+        # A signer is not enough: a DKMS module signed with a MOK that was never enrolled is refused too.
+        message = "Secure Boot is on and the NVIDIA module is signed with a key that is not enrolled"
+        advice = (
+            "the kernel refuses it: enroll the key (mokutil --import, then confirm at the next boot) or use "
+            "the distribution's signed prebuilt modules"
+        )
+        findings.append(Finding("kernel", message, "key not enrolled", "key enrolled", advice=advice))
     return findings

@@ -16,8 +16,16 @@ Judge = Callable[[Dict[str, Any], Expectation], List[Finding]]
 JUDGES: Tuple[Judge, ...] = (inventory, topology, pcie, fabricmanager, health, kernel, driver, files)
 
 
+def judge_each(facts: Dict[str, Any], expect: Expectation) -> List[Tuple[str, List[Finding]]]:
+    """(judge's name, its findings) for every judge in order, each finding with its GPU's UUID where it
+    names a GPU the facts list: the node check reports which judge passed, per GPU too."""
+    uuids = {gpu["index"]: gpu.get("uuid") for gpu in facts.get("gpus") or ()}
+    return [
+        (judge.__name__, [f._replace(uuid=uuids.get(f.gpu)) if f.gpu is not None else f for f in found])
+        for judge, found in ((judge, judge(facts, expect)) for judge in JUDGES)
+    ]
+
+
 def judge_node(facts: Dict[str, Any], expect: Expectation) -> List[Finding]:
     """Every finding about the box, each with its GPU's UUID where it names a GPU the facts list."""
-    uuids = {gpu["index"]: gpu.get("uuid") for gpu in facts.get("gpus") or ()}
-    findings = [finding for judge in JUDGES for finding in judge(facts, expect)]
-    return [f._replace(uuid=uuids.get(f.gpu)) if f.gpu is not None else f for f in findings]
+    return [finding for _, found in judge_each(facts, expect) for finding in found]

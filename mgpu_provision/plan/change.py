@@ -55,6 +55,7 @@ class HostContext:
     facts: Facts
     visible_count: int
     expected_topology: TopoMatrix | None = None  # parsed from the rig's captured topology_file
+    driver_repo: dict[str, str] | None = None  # driver.repo as the agent takes it (the key's text read)
 
     @cached_property
     def expect(self) -> Expectation:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..judge.records import Expectation
 from ..node.nvidia.topology import TopoMatrix
+from ..rig.cards import fabric_manager_elsewhere
 from ..rig.models import Host, Rig
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ def for_rig(
         topology=None if topology is None else captured_cells(topology),
         driver_version=None if driver is None else driver.version,
         driver_branch=None if driver is None else driver.branch,
-        fabricmanager=bridge.kind == "nvswitch" or (driver is not None and driver.fabricmanager),
+        # A GB200/GB300 compute tray's NVLinks end at the rack's switch trays, which run Fabric Manager.
+        fabricmanager=not fabric_manager_elsewhere(rig.gpus.model)
+        and (bridge.kind == "nvswitch" or (driver is not None and driver.fabricmanager)),
         health_skip=tuple(health.skip),
         critical_xids=tuple(health.critical_xids),
         ecc=health.ecc,

@@ -24,6 +24,9 @@ from .resources import (
     envfiles,
     fabricmanager,
     gpu_settings,
+    imex,
+    mirror,
+    node_check,
     persistence,
     sli,
     slurm,
@@ -41,8 +44,10 @@ DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
     checks.topology,
     checks.pcie,
     fabricmanager.diff,
+    imex.diff,
     checks.health,
     checks.kernel,
+    mirror.diff,
     torch_probe.diff,
     driver.diff,
     persistence.diff,
@@ -60,8 +65,9 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
     smoke = loaded.spec.smoke
     xorg = [path for path, phase in managed if phase == "sli"]
     unit = boot_unit.unit_path(loaded, host)
+    checker = node_check.managed_paths(loaded, host)
     return protocol.facts_request(
-        files=[path for path, _ in managed] + ([unit] if unit else []) + slurm_files,
+        files=[path for path, _ in managed] + ([unit] if unit else []) + checker + slurm_files,
         include_content=True,
         python=smoke.python if "python" in smoke.model_fields_set else None,
         xorg_paths=xorg,
@@ -69,7 +75,9 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         xorg_layout_paths=[XORG_CONF, *(os.path.dirname(path) for path in xorg)]
         if sli.desired_mode(host, loaded.rig_of(host))
         else [],
-        units=[boot_unit.UNIT] if unit else [],
+        units=([boot_unit.UNIT] if unit else []) + node_check.units(loaded, host),
+        driver_repo=mirror.repo_of(loaded, host),
+        driver_packages=mirror.packages_of(loaded, host),
         slurm=loaded.rig_of(host).slurm is not None,
     )
 
@@ -78,7 +86,10 @@ def expectation_of(loaded: LoadedRig, host: Host, facts: Facts) -> Expectation:
     """What a node holds itself to once apply has run: the rig's expectation with the managed files (and
     their digests) apply writes to this host."""
     desired = envfiles.desired_files(loaded, host, facts)
-    desired += slurm.desired_files(host, loaded.rig_of(host), facts)
+    return _expectation(loaded, host, desired + slurm.desired_files(host, loaded.rig_of(host), facts))
+
+
+def _expectation(loaded: LoadedRig, host: Host, desired: list[envfiles.DesiredFile]) -> Expectation:
     return expectation.build(loaded, host, {want.path: want.sha256 for want in desired})
 
 
@@ -92,11 +103,16 @@ def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
         facts=facts,
         visible_count=rig.gpus.count if visible is None else len(visible),
         expected_topology=loaded.topologies.get(host.rig),
+        driver_repo=mirror.repo_of(loaded, host),
     )
     changes = [change for diff in DIFFS for change in diff(ctx)]
     changes += envfiles.env_checks(loaded, host, facts)
-    changes += envfiles.diff_files(envfiles.desired_files(loaded, host, facts), facts)
+    desired = envfiles.desired_files(loaded, host, facts)
+    changes += envfiles.diff_files(desired, facts)
     changes += envfiles.diff_unwanted(envfiles.unwanted_files(loaded, host), facts)
     changes += slurm.diff(host, rig, facts)
     changes += boot_unit.diff(loaded, host, facts)  # after the NVML steps of its phase, which set them now
+    # After the env files: the expectations it installs hold their digests.
+    managed = desired + slurm.desired_files(host, rig, facts)
+    changes += node_check.diff(loaded, host, facts, _expectation(loaded, host, managed))
     return sorted(changes, key=lambda c: PHASES.index(c.phase))  # stable within a step

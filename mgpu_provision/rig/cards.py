@@ -1,9 +1,10 @@
 """What a GPU model's name says about SLI: its card class and whether it has an NVLink/SLI bridge connector.
 
 The rules refuse rig files that no real box can satisfy: SLI Mosaic on a GeForce card (its driver offers
-Base Mosaic only) and a bridge or SLI on a GeForce card that has no connector to plug a bridge into. The table
-is small on purpose: it names only the GeForce families NVIDIA built without the connector, and every name it
-does not know passes, so a new card never fails validate because of this table.
+Base Mosaic only), a bridge or SLI on a GeForce card that has no connector to plug a bridge into, an NVLink
+bridge on a professional card built without one, and the proprietary kernel modules on GPUs that only run
+the open ones. The tables are small on purpose: they name only the families NVIDIA built that way, and every
+name they do not know passes, so a new card never fails validate because of them.
 
 SLI Mosaic is for professional cards (Quadro, RTX A-series, RTX Ada, RTX PRO); GeForce and TITAN cards get
 Base Mosaic, which spans the displays without SLI rendering (NVIDIA X driver README, "SLI Mosaic").
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import re
 from typing import Literal
+
+from ..node.packages import sources
 
 CardClass = Literal["geforce", "professional", "unknown"]
 
@@ -31,6 +34,72 @@ _NO_CONNECTOR: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     (re.compile(r"GeForce GTX 16\d0", re.IGNORECASE), "GeForce GTX 16 series"),
 )
+# Professional and data-center cards without an NVLink connector (NVIDIA's product briefs: the RTX Ada
+# workstation cards, L4/L40/L40S, A10, RTX A4000 and the RTX PRO Blackwell cards have none; the RTX A6000,
+# A5000 and A4500 have one). Mosaic works on them without a bridge, so only bridges are refused.
+_NO_NVLINK: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"RTX [456]000( SFF)? Ada", re.IGNORECASE), "RTX Ada workstation cards"),
+    (re.compile(r"\bL40S?\b|\bL4\b", re.IGNORECASE), "L4, L40 and L40S"),
+    (re.compile(r"\bA10G?\b", re.IGNORECASE), "A10"),
+    (re.compile(r"RTX A4000\b", re.IGNORECASE), "RTX A4000"),
+    (re.compile(r"RTX PRO \d{4} Blackwell", re.IGNORECASE), "RTX PRO Blackwell cards"),
+)
+# GPUs that run only the open kernel modules (NVIDIA's driver installation guide: "for Grace Hopper or
+# Blackwell you must use the open-source GPU kernel modules; the proprietary drivers are unsupported").
+_OPEN_ONLY: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\bGH\d{3}\b", re.IGNORECASE), "Grace Hopper"),
+    (re.compile(r"\bGB\d{2,3}\b", re.IGNORECASE), "Grace Blackwell"),
+    (re.compile(r"\bB\d{3}\b|Blackwell|GeForce RTX 50\d0", re.IGNORECASE), "Blackwell"),
+)
+
+
+# NVML names (`nvidia-smi --query-gpu=name`) of cards people train on, to suggest the exact name for a
+# shorthand (`RTX 3090`). Only a suggestion: a name not listed here is never refused for that.
+NVML_NAMES = (
+    "NVIDIA GeForce RTX 2080 Ti",
+    "NVIDIA GeForce RTX 3080",
+    "NVIDIA GeForce RTX 3080 Ti",
+    "NVIDIA GeForce RTX 3090",
+    "NVIDIA GeForce RTX 3090 Ti",
+    "NVIDIA GeForce RTX 4080",
+    "NVIDIA GeForce RTX 4090",
+    "NVIDIA GeForce RTX 5090",
+    "NVIDIA TITAN RTX",
+    "NVIDIA RTX A4000",
+    "NVIDIA RTX A5000",
+    "NVIDIA RTX A6000",
+    "NVIDIA RTX 6000 Ada Generation",
+    "NVIDIA L4",
+    "NVIDIA L40S",
+    "NVIDIA A10",
+    "NVIDIA A40",
+    "NVIDIA A100-PCIE-40GB",
+    "NVIDIA A100 80GB PCIe",
+    "NVIDIA A100-SXM4-40GB",
+    "NVIDIA A100-SXM4-80GB",
+    "NVIDIA H100 PCIe",
+    "NVIDIA H100 80GB HBM3",
+    "NVIDIA H200",
+    "Tesla V100-SXM2-16GB",
+    "Tesla V100-SXM2-32GB",
+)
+# What `init` or a copied example may leave where a model belongs.
+_PLACEHOLDER = re.compile(r"\b(replace|todo|fixme|changeme|tbd|xxx+|your|example)\b", re.IGNORECASE)
+
+
+def nvml_name_for(model: str) -> str | None:
+    """The NVML name that `model` abbreviates (`RTX 3090` → `NVIDIA GeForce RTX 3090`), or None when it is
+    one already, or matches none (a card this table does not know)."""
+    if model in NVML_NAMES:
+        return None
+    wanted = model.strip().casefold()
+    matches = [n for n in NVML_NAMES if n.casefold() == wanted or n.casefold().endswith(" " + wanted)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def placeholder(model: str) -> bool:
+    """Whether `model` is a placeholder (`REPLACE ME`, `TODO`) rather than a card's name."""
+    return bool(_PLACEHOLDER.search(model))
 
 
 def card_class(model: str) -> CardClass:
@@ -43,5 +112,41 @@ def card_class(model: str) -> CardClass:
 
 
 def missing_connector(model: str) -> str | None:
-    """The family of a card known to have no NVLink/SLI connector, or None (it has one, or it is unknown)."""
-    return next((family for pattern, family in _NO_CONNECTOR if pattern.search(model)), None)
+    """The family of a GeForce card known to have no NVLink/SLI connector, or None (it has one, or it is
+    unknown)."""
+    return _family(_NO_CONNECTOR, model)
+
+
+def missing_nvlink(model: str) -> str | None:
+    """The family of a professional or data-center card built without an NVLink connector, or None."""
+    return _family(_NO_NVLINK, model)
+
+
+def open_modules_only(model: str) -> str | None:
+    """The architecture (Blackwell, Grace Hopper, Grace Blackwell) of a GPU that runs only the open kernel
+    modules, or None."""
+    return _family(_OPEN_ONLY, model)
+
+
+def fabric_manager_elsewhere(model: str) -> bool:
+    """Grace Blackwell compute trays (GB200, GB300 NVL72): their NVLinks end at the rack's switch trays, which
+    run Fabric Manager; the tray itself runs none (it runs nvidia-imex for multi-node NVLink)."""
+    return open_modules_only(model) == "Grace Blackwell"
+
+
+def nvlink5_hgx(model: str) -> bool:
+    """HGX B200/B300 baseboards: NVLink5 NVSwitches, which need NVLink Subnet Manager beside Fabric
+    Manager."""
+    return open_modules_only(model) == "Blackwell" and bool(re.search(r"\bB[123]00\b", model))
+
+
+def module_type(flavor: str | None, model: str, branch: str) -> str:
+    """open or proprietary: what a flavor installs, and for no flavor NVIDIA's default for the branch on
+    this GPU (open from 560 on Turing and later)."""
+    if flavor is None:
+        return sources.runfile_module_type(None, model, branch)
+    return "open" if flavor.endswith("open") else "proprietary"
+
+
+def _family(table: tuple[tuple[re.Pattern[str], str], ...], model: str) -> str | None:
+    return next((family for pattern, family in table if pattern.search(model)), None)

@@ -7,6 +7,7 @@ was expected, and all of them come at once: the rules also run on the parts of a
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -55,6 +56,7 @@ def load_rig(path: str | Path) -> LoadedRig:
             findings.append((Finding(problem.loc, problem.message, problem.at_key), False))
     rule_findings, topologies = _rule_findings(data, spec, base_dir, part)
     findings.extend((f, False) for f in rule_findings)
+    findings = _dedented(data, findings)
     # A refused tag or merge key already explains why the value under it is missing or wrong.
     explained = [loc for loc, _, _ in yaml_problems]
     findings = [(f, m) for f, m in findings if not any(f.loc[: len(loc)] == loc for loc in explained)]
@@ -101,6 +103,11 @@ def _salvage(model: type[M], raw: object, loc: Loc, left_out: list[Loc]) -> M | 
             if saved is not None:
                 kept[key] = saved
                 continue
+        if info is not None and key in raw:
+            entries = _salvage_entries(Annotated[info.annotation, info], raw[key], (*loc, key), left_out)
+            if entries is not None:
+                kept[key] = entries
+                continue
         if info is not None and info.is_required():
             left_out.append(loc)
             return None
@@ -122,8 +129,26 @@ def _salvage_section(name: str, raw: object, left_out: list[Loc]) -> Any:
     try:
         return TypeAdapter(annotated).validate_python(raw)
     except ValidationError:
-        left_out.append((name,))
+        entries = _salvage_entries(annotated, raw, (name,), left_out)
+        if entries is None:
+            left_out.append((name,))
+        return entries
+
+
+def _salvage_entries(annotated: Any, raw: object, loc: Loc, left_out: list[Loc]) -> dict[str, Any] | None:
+    """A map (`env`, `path_prepend`) that failed as a whole, entry by entry: the entries that validate alone
+    are kept for the rules (a bad name beside `PATH: $PATH:...` must not hide that value's own problem),
+    the others left out. None when `raw` is no map of such entries."""
+    if not isinstance(raw, dict) or typing.get_origin(unwrap(annotated)) is not dict:
         return None
+    adapter: TypeAdapter[Any] = TypeAdapter(annotated)
+    kept: dict[str, Any] = {}
+    for key, value in raw.items():
+        try:
+            kept.update(adapter.validate_python({key: value}))
+        except ValidationError:
+            left_out.append((*loc, key))
+    return kept
 
 
 def _rule_findings(
@@ -167,6 +192,18 @@ def _rule_findings(
     # A finding inside a left-out part, or about a part that lost a child, may only echo the schema error.
     findings = [f for f in check_rules(inp) if not any(_related(f.loc, part) for part in left_out)]
     return findings, topologies
+
+
+def _dedented(data: dict[str, object], findings: list[tuple[Finding, bool]]) -> list[tuple[Finding, bool]]:
+    """A rig's own key (`bridge:`, `driver:`) written one level too far left reads as a rig type of that
+    name, with a problem for each of its keys: one line that says what happened instead."""
+    rigs = data.get("rigs")
+    sections = [key for key in (rigs if isinstance(rigs, dict) else {}) if key in Rig.model_fields]
+    kept = [(f, m) for f, m in findings if not any(f.loc[:2] == ("rigs", key) for key in sections)]
+    for key in sections:
+        message = f"'{key}' is a key of a rig, not a rig type: indented one level too far left?"
+        kept.append((Finding(("rigs", key), message, at_key=True), False))
+    return kept
 
 
 def _related(a: Loc, b: Loc) -> bool:

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import Strict as StrictMode
 
 from ..judge.health import CRITICAL_XIDS
+from .cards import placeholder
 
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
 SAFE_TOKEN = r"^[A-Za-z0-9_.,:=@%+/^-]*$"
@@ -53,8 +55,10 @@ def schema_comment(rig_folder: Path) -> str:
     to make one.
     """
     if not SCHEMA_FILE.exists():
-        return "# Editor completion: mgpu-provision schema > rig.schema.json, then put this on line 1:\n" \
+        return (
+            "# Editor completion: mgpu-provision schema > rig.schema.json, then put this on line 1:\n"
             "# yaml-language-server: $schema=rig.schema.json"
+        )
     return f"# yaml-language-server: $schema={path_in_rig(SCHEMA_FILE, rig_folder)}"
 
 
@@ -66,9 +70,10 @@ def path_in_rig(path: Path, rig_folder: Path) -> str:
 
 
 class Strict(BaseModel):
-    """Base of every rig-file model: unknown keys are errors, values are not coerced silently."""
+    """Base of every rig-file model: unknown keys are errors, values are not coerced silently (strict:
+    `port: "29500"` is a string where a number belongs, as the JSON Schema says too)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 
 class Connection(Strict):
@@ -126,6 +131,18 @@ class Gpus(Strict):
         pattern=r"^[A-Za-z0-9 ._()/+-]+$",
         description='exact NVML name, e.g. "NVIDIA GeForce RTX 3090"',
     )
+
+    @field_validator("model")
+    @classmethod
+    def _not_a_placeholder(cls, value: str) -> str:
+        # Checked with the schema, not as a rule: a rig with other errors reports it at once too.
+        if placeholder(value):
+            raise ValueError(
+                f"'{value}' is a placeholder: write the GPU's exact NVML name, as "
+                "`nvidia-smi --query-gpu=name --format=csv,noheader` prints it"
+            )
+        return value
+
     count: StrictInt = Field(ge=1, le=64, description="number of GPUs every box of this rig has")
     min_pcie_gen: int | None = Field(None, ge=1, le=7, description="lowest PCIe generation (judged by max)")
     min_pcie_width: int | None = Field(None, ge=1, le=32, description="narrowest PCIe link width, e.g. 16")
@@ -142,7 +159,8 @@ class Bridge(Strict):
             "nvswitch (HGX/DGX: every link ends at a switch)"
         ),
     )
-    pairs: list[tuple[int, int]] = Field(
+    # A YAML pair is a list: the tuple may come from one (StrictMode(False)); its indices may not be strings.
+    pairs: list[Annotated[tuple[StrictInt, StrictInt], StrictMode(False)]] = Field(
         default_factory=list, description="GPU index pairs joined by NVLink (bridge or mesh)"
     )
     links: int | None = Field(
@@ -153,6 +171,18 @@ class Bridge(Strict):
         None,
         description="`nvidia-smi topo -m` captured from a known-good box (relative to the rig file)",
     )
+
+
+class DriverRepo(Strict):
+    """An internal apt mirror of the driver's packages (air-gapped or regulated sites)."""
+
+    url: str = Field(pattern="^https?://[^\\s'\"`$;]+$", description="the mirror's URL (http or https)")
+    key: str = Field(
+        description="file with the mirror's public signing key (ASCII-armored), relative to the rig file; "
+        "apt trusts it for this mirror only"
+    )
+    suite: str = Field("./", pattern=r"^[A-Za-z0-9./_-]+$", description='"./" for a flat repository')
+    components: str | None = Field(None, pattern=r"^[A-Za-z0-9_ -]+$", description='e.g. "main contrib"')
 
 
 class Driver(Strict):
@@ -172,7 +202,7 @@ class Driver(Strict):
         None,
         description=(
             "kernel module and build: open (open kernel modules), server/server-open (Ubuntu's datacenter "
-            "builds); default: the source's own (server on Ubuntu, proprietary elsewhere)"
+            "builds); proprietary ones are refused on Blackwell and Grace, which run only the open modules"
         ),
     )
     packages: list[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9+.-]{1,99}$")]] | None = Field(
@@ -187,12 +217,28 @@ class Driver(Strict):
         "never", description='allowed: reboot to load a new driver; never: report "reboot required"'
     )
     fabricmanager: bool = Field(False, description="install Fabric Manager at exactly the driver's version")
-    runfile_url: str | None = Field(None, pattern=r"^(https://|/)[^\s'\"`$;]+$", description="runfile source")
+    imex: bool = Field(
+        False,
+        description="multi-node NVLink (GB200/GB300 NVL72 compute trays): nvidia-imex at the driver's "
+        "version, its unit enabled and running, an IMEX channel",
+    )
+    runfile_url: str | None = Field(None, pattern="^(https://|/)[^\\s'\"`$;]+$", description="runfile source")
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    repo: DriverRepo | None = Field(
+        None, description="apt only: install from this mirror, checked in plan to hold the whole set"
+    )
 
 
 HealthCheck = Literal[
-    "xid", "ecc", "memory_repair", "nvlink_errors", "throttle", "power", "compute_mode", "mig", "fabric",
+    "xid",
+    "ecc",
+    "memory_repair",
+    "nvlink_errors",
+    "throttle",
+    "power",
+    "compute_mode",
+    "mig",
+    "fabric",
     "kernel",
 ]
 HEALTH_CHECKS: tuple[str, ...] = get_args(HealthCheck)
@@ -408,6 +454,43 @@ class Reclaim(Strict):
         return value
 
 
+# A systemd time span as the timer's OnUnitActiveSec reads it: one number and one unit.
+TIME_SPAN = r"^[1-9][0-9]{0,5}(s|min|h)$"
+
+
+class NodeCheck(Strict):
+    """The check every node runs on itself (`mgpu-provision-check`), installed by apply: the shipped judge
+    over the node's own facts and the expectations apply wrote, run by a systemd timer, Slurm or by hand."""
+
+    interval: str | None = Field(
+        "5min",
+        pattern=TIME_SPAN,
+        description="how often the systemd timer runs the check (a systemd time span: 30s, 5min, 1h); "
+        "null: no timer (Slurm's HealthCheckProgram or cron runs the command)",
+    )
+    # Slurm kills HealthCheckProgram after 60 s (slurm.conf), and a check must end on its own before that.
+    deadline_s: float = Field(
+        45.0, ge=10, le=55, description="the check ends within this many seconds, even when NVML hangs"
+    )
+    textfile_dir: PathStr | None = Field(
+        None,
+        description="node_exporter's textfile collector folder: each run writes mgpu-provision-check.prom "
+        "there; null: no metrics file",
+    )
+    command: PathStr = Field("/usr/local/bin/mgpu-provision-check", description="the check's command")
+    agent: PathStr = Field(
+        "/usr/local/lib/mgpu-provision/agent.pyz", description="the agent the command runs (a zipapp)"
+    )
+    expectations: PathStr = Field(
+        "/etc/mgpu-provision/expectation.json", description="what the node holds itself to (JSON)"
+    )
+
+    def paths(self) -> list[tuple[str, str]]:
+        """(field, path) of every path of the section, for the rules on paths."""
+        named = [("command", self.command), ("agent", self.agent), ("expectations", self.expectations)]
+        return named + ([("textfile_dir", self.textfile_dir)] if self.textfile_dir else [])
+
+
 class RigFile(Strict):
     """The whole rig file."""
 
@@ -438,3 +521,6 @@ class RigFile(Strict):
     files: Files = Files()
     smoke: Smoke = Smoke()
     reclaim: Reclaim = Reclaim()
+    node_check: NodeCheck | None = Field(
+        None, description="install the node check on every Linux host (apply writes and removes it)"
+    )

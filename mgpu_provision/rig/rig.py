@@ -71,11 +71,20 @@ class LoadedRig:
     spec: RigFile
     topologies: Mapping[str, TopoMatrix] = field(default_factory=dict)  # rig name -> its topology_file
 
-    def host(self, name: str) -> Host:
+    @cached_property
+    def _hosts_by_name(self) -> dict[str, Host]:
+        """Every host by name, made once: a run asks for each of its hosts by name (at 10,000 hosts a scan
+        per question was the largest part of plan's CPU, benchmarks/results/paper-fleet.md)."""
+        found: dict[str, Host] = {}
         for host in self.spec.hosts:
-            if host.name == name:
-                return host
-        raise ProvisionError(f"{self.path}: no host named '{name}'")
+            found.setdefault(host.name, host)  # the first of a name, as the scan did (rules refuse twins)
+        return found
+
+    def host(self, name: str) -> Host:
+        found = self._hosts_by_name.get(name)
+        if found is None:
+            raise ProvisionError(f"{self.path}: no host named '{name}'")
+        return found
 
     def rig_of(self, host: Host) -> Rig:
         return self.spec.rigs[host.rig]

@@ -12,14 +12,23 @@ references against every name the file declares (`declared_hosts`, `declared_rig
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..node.nvidia.topology import TopoMatrix
-from ..node.packages import sources
-from .cards import card_class, missing_connector
+from ..node.packages import names, sources
+from .cards import (
+    card_class,
+    fabric_manager_elsewhere,
+    missing_connector,
+    missing_nvlink,
+    module_type,
+    nvml_name_for,
+    open_modules_only,
+)
 from .envvalues import path_entry_problem, value_problem
 from .files import resolve_path
 from .models import SLI_MODES, Driver, Host, Rig, RigFile, nvml_gres_type
@@ -137,7 +146,10 @@ def group_members_exist(inp: RuleInput) -> Iterator[Finding]:
     for group, members in inp.spec.groups.items():
         for index, member in enumerate(members):
             if member not in inp.declared_hosts:
-                yield Finding(("groups", group, index), f"group member '{member}' is not a host of the fleet")
+                hint = did_you_mean(member, inp.declared_hosts)
+                yield Finding(
+                    ("groups", group, index), f"group member '{member}' is not a host of the fleet{hint}"
+                )
 
 
 def group_names_distinct_from_hosts(inp: RuleInput) -> Iterator[Finding]:
@@ -150,13 +162,32 @@ def group_names_distinct_from_hosts(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`; did you mean 'lab-1'?` for a close name (difflib, as the CLI's commands), or ''."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.75)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
 def ddp_master_in_fleet(inp: RuleInput) -> Iterator[Finding]:
     if not inp.hosts_known:
         return
     for loc, rig in inp.rigs():
         if rig.ddp is not None and rig.ddp.master not in inp.declared_hosts:
+            hint = did_you_mean(rig.ddp.master, inp.declared_hosts)
             yield Finding(
-                (*loc, "ddp", "master"), f"ddp master '{rig.ddp.master}' is not a host of the fleet"
+                (*loc, "ddp", "master"), f"ddp master '{rig.ddp.master}' is not a host of the fleet{hint}"
+            )
+
+
+def gpu_model_is_a_name(inp: RuleInput) -> Iterator[Finding]:
+    """The model is matched against NVML's name exactly: a shorthand never matches (a placeholder is
+    refused by the model itself)."""
+    for loc, rig in inp.rigs():
+        model = rig.gpus.model
+        if (name := nvml_name_for(model)) is not None:
+            yield Finding(
+                (*loc, "gpus", "model"),
+                f"'{model}' is not an NVML name (plan compares it exactly); did you mean '{name}'?",
             )
 
 
@@ -284,6 +315,17 @@ def card_has_bridge_connector(inp: RuleInput) -> Iterator[Finding]:
             yield Finding((*loc, "sli", "mode"), f"{why}: SLI mode {rig.sli.mode} is impossible")
 
 
+def card_has_nvlink_connector(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        family = missing_nvlink(rig.gpus.model)
+        if family is not None and rig.bridge.kind in NVLINK_KINDS:
+            yield Finding(
+                (*loc, "bridge", "kind"),
+                f"{rig.gpus.model} has no NVLink connector ({family}): bridge kind {rig.bridge.kind} is "
+                "impossible; use kind none (PCIe)",
+            )
+
+
 def bridge_pairs_in_range(inp: RuleInput) -> Iterator[Finding]:
     for loc, rig in inp.rigs():
         for index, pair in enumerate(rig.bridge.pairs):
@@ -309,12 +351,15 @@ def bridge_pairs_distinct(inp: RuleInput) -> Iterator[Finding]:
 
 
 def bridge_links_given(inp: RuleInput) -> Iterator[Finding]:
+    # A captured matrix gives the links of every pair itself (its NV# cells), as the README offers.
     for loc, rig in inp.rigs():
-        if rig.bridge.kind in NVLINK_KINDS and rig.bridge.links is None:
+        bridge = rig.bridge
+        if bridge.kind in NVLINK_KINDS and bridge.links is None and bridge.topology_file is None:
             yield Finding(
                 (*loc, "bridge"),
-                f"bridge kind {rig.bridge.kind} needs `links`: the active NVLinks expected per "
-                + ("GPU (to the switches)" if rig.bridge.kind == "nvswitch" else "bridged pair"),
+                f"bridge kind {bridge.kind} needs `links` (the active NVLinks expected per "
+                + ("GPU, to the switches" if bridge.kind == "nvswitch" else "bridged pair")
+                + ") or a `topology_file` (a capture of `nvidia-smi topo -m` that shows them)",
             )
 
 
@@ -445,6 +490,56 @@ def driver_source_fits(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def kernel_modules_fit_architecture(inp: RuleInput) -> Iterator[Finding]:
+    """Blackwell and Grace GPUs come up without a usable GPU (RmInitAdapter failed) on the proprietary
+    modules: refused here, whether the rig asks for them or its branch defaults to them."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        family = open_modules_only(rig.gpus.model)
+        if driver is None or family is None:
+            continue
+        branch = str(driver.branch or str(driver.version or "").split(".")[0])
+        if not branch.isdigit():
+            continue  # driver_version_or_branch says what is missing
+        if module_type(driver.flavor, rig.gpus.model, branch) == "open":
+            continue
+        why = (
+            f"{rig.gpus.model} ({family}) runs only the open kernel modules; NVIDIA does not support the "
+            "proprietary ones there and the GPU does not initialize"
+        )
+        if driver.flavor is not None:
+            yield Finding((*loc, "driver", "flavor"), f"{why}: flavor {driver.flavor} is proprietary")
+        else:
+            yield Finding(
+                (*loc, "driver"),
+                f"{why}: branch {branch} installs them by default (open from {sources.OPEN_DEFAULT_FROM}); "
+                f"use branch {sources.OPEN_DEFAULT_FROM} or later, or set flavor open",
+            )
+
+
+PGP_ARMOR = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
+
+
+def driver_repo_usable(inp: RuleInput) -> Iterator[Finding]:
+    """A mirror is apt's here (a deb822 source); its key file must be there and be a public key."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None or driver.repo is None:
+            continue
+        at = (*loc, "driver", "repo")
+        if driver.method in ("dnf", "runfile") or driver.source == "rhel":
+            method = driver.method or "dnf"
+            yield Finding(at, f"driver.repo is an apt mirror; this rig installs with {method}")
+        path = resolve_path(inp.base_dir, driver.repo.key)
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as exc:
+            yield Finding((*at, "key"), f"cannot read the mirror's key {path}: {exc.strerror}")
+            continue
+        if PGP_ARMOR not in text:
+            yield Finding((*at, "key"), f"{path} is not an ASCII-armored public key ({PGP_ARMOR} ...)")
+
+
 def _runfile_fits(at: Loc, driver: Driver) -> Iterator[Finding]:
     for key in ("source", "packages"):
         if getattr(driver, key) is not None:
@@ -461,6 +556,33 @@ def _runfile_fits(at: Loc, driver: Driver) -> Iterator[Finding]:
             (*at, "fabricmanager"),
             "Fabric Manager has no runfile path here: install the driver with method apt or dnf",
         )
+
+
+def imex_fits(inp: RuleInput) -> Iterator[Finding]:
+    """nvidia-imex is NVIDIA's (CUDA and RHEL repositories, from branch 550); Fabric Manager never runs on a
+    Grace Blackwell compute tray."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver is None:
+            continue
+        if driver.fabricmanager and fabric_manager_elsewhere(rig.gpus.model):
+            yield Finding(
+                (*loc, "driver", "fabricmanager"),
+                f"{rig.gpus.model} compute trays run no Fabric Manager (the rack's NVLink switch trays do): "
+                "set fabricmanager false, and imex true for multi-node NVLink",
+            )
+        if not driver.imex:
+            continue
+        branch = str(driver.branch or str(driver.version or "").split(".")[0])
+        if driver.source in ("ubuntu", "debian") or driver.method == "runfile":
+            where = f"the {driver.source} source" if driver.method != "runfile" else "method runfile"
+            yield Finding(
+                (*loc, "driver", "imex"), f"{where} has no nvidia-imex package; use source cuda (NVIDIA's)"
+            )
+        elif branch.isdigit() and names.component("cuda", "apt", int(branch), "imex") is None:
+            yield Finding(
+                (*loc, "driver", "imex"), f"nvidia-imex exists from branch 550; this rig has {branch}"
+            )
 
 
 def fabricmanager_needs_nvswitch(inp: RuleInput) -> Iterator[Finding]:
@@ -581,14 +703,24 @@ def topology_file_matches(inp: RuleInput) -> Iterator[Finding]:
             yield Finding(where, f"{path} shows {found.gpu_count} GPU(s) but gpus.count is {rig.gpus.count}")
 
 
+def _managed_paths(inp: RuleInput) -> Iterator[tuple[Loc, str]]:
+    """Every path the tool writes on a node, where the rig file names it: `files` and `node_check`."""
+    for key, value in inp.spec.files:
+        if isinstance(value, str):
+            yield ("files", key), value
+    if inp.spec.node_check is not None:
+        for key, value in inp.spec.node_check.paths():
+            yield ("node_check", key), value
+
+
 def ssh_files_absolute(inp: RuleInput) -> Iterator[Finding]:
     ssh_hosts = [host.name for _, host in inp.hosts() if host.connection == "ssh"]
     if not ssh_hosts:
         return
-    for key, value in inp.spec.files:
-        if isinstance(value, str) and not value.startswith("/"):
+    for loc, value in _managed_paths(inp):
+        if not value.startswith("/"):
             yield Finding(
-                ("files", key),
+                loc,
                 f"'{value}' must be an absolute path (start with /): it is a path on ssh hosts "
                 f"such as {ssh_hosts[0]}; only local hosts may use relative paths",
             )
@@ -596,12 +728,59 @@ def ssh_files_absolute(inp: RuleInput) -> Iterator[Finding]:
 
 def files_without_dot_dot(inp: RuleInput) -> Iterator[Finding]:
     # The tool writes these paths as root: `/etc/profile.d/../../tmp/x` lands outside the folder it names.
-    for key, value in inp.spec.files:
-        if isinstance(value, str) and ".." in value.split("/"):
+    for loc, value in _managed_paths(inp):
+        if ".." in value.split("/"):
             yield Finding(
-                ("files", key),
+                loc,
                 f"'{value}' contains '..': name the managed file's folder directly, without climbing out",
             )
+
+
+def node_check_timer_has_systemd(inp: RuleInput) -> Iterator[Finding]:
+    check = inp.spec.node_check
+    if check is not None and check.interval is not None and inp.spec.files.systemd_dir is None:
+        yield Finding(
+            ("node_check", "interval"),
+            "a timer needs files.systemd_dir (where apply writes its units); set it, or set "
+            "node_check.interval to null and run the check from Slurm or cron",
+        )
+
+
+def identity_files_exist(inp: RuleInput) -> Iterator[Finding]:
+    """A key file that is not there fails every login later with a bare "No such file or directory"."""
+    named: list[tuple[Loc, str]] = [
+        (loc, host.identity_file) for loc, host in inp.written_hosts() if host.identity_file
+    ]
+    if inp.spec.defaults.identity_file:
+        named.append((("defaults",), inp.spec.defaults.identity_file))
+    for loc, value in named:
+        path = resolve_path(inp.base_dir, value)
+        if not path.is_file():
+            what = "is a folder" if path.is_dir() else "does not exist"
+            yield Finding((*loc, "identity_file"), f"the SSH key {path} {what}")
+
+
+def local_hosts_apart(inp: RuleInput) -> Iterator[Finding]:
+    """Two simulated hosts on this machine (`connection: local`, a rehearsal of a fleet) write the same
+    managed files (`files:` is one for the fleet): each apply would undo the other's, forever, while each
+    twin says its box converged. A rig that writes no env file (all null) is safe to read and plan that
+    way, and real local hosts are this one machine under several names (smoke tests use that)."""
+    files = inp.spec.files
+    if files.profile_d is None and files.environment_file is None and files.launcher is None:
+        return
+    first: tuple[Loc, Host] | None = None
+    for loc, host in inp.written_hosts():
+        if host.connection != "local" or host.simulate is None:
+            continue
+        if first is None:
+            first = (loc, host)
+            continue
+        yield Finding(
+            (*loc, "connection"),
+            f"'{host.name}' and '{first[1].name}' are simulated on this machine (connection: local) and "
+            "would write the same managed files (files:) over each other; rehearse several nodes with one "
+            "rig file per local host, or with SSH hosts (README, \"Rehearsing a fleet\")",
+        )
 
 
 def slurm_type_matches_nvml(inp: RuleInput) -> Iterator[Finding]:
@@ -626,6 +805,7 @@ RULES: tuple[Rule, ...] = (
     group_members_exist,
     group_names_distinct_from_hosts,
     ddp_master_in_fleet,
+    gpu_model_is_a_name,
     ddp_master_uses_rig,
     ddp_master_has_address,
     visible_devices_valid,
@@ -636,6 +816,7 @@ RULES: tuple[Rule, ...] = (
     sli_needs_bridge,
     sli_mosaic_needs_professional_cards,
     card_has_bridge_connector,
+    card_has_nvlink_connector,
     bridge_pairs_in_range,
     bridge_pairs_distinct,
     bridge_links_given,
@@ -645,14 +826,20 @@ RULES: tuple[Rule, ...] = (
     driver_version_or_branch,
     runfile_complete,
     driver_source_fits,
+    kernel_modules_fit_architecture,
+    driver_repo_usable,
     reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,
+    imex_fits,
     env_safe,
     path_prepend_safe,
     env_or_path_prepend,
     topology_file_matches,
     ssh_files_absolute,
     files_without_dot_dot,
+    identity_files_exist,
+    local_hosts_apart,
+    node_check_timer_has_systemd,
     slurm_type_matches_nvml,
 )
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import fnmatch
 
 from ..errors import ProvisionError
-from .loader import LoadedRig
 from .models import Host
+from .rig import LoadedRig
 
 
 def _groups_of(loaded: LoadedRig, host: Host) -> set[str]:

@@ -81,7 +81,11 @@ def test_debian_packages_install_hold_upgrade_downgrade_and_refuse_unknown_versi
     assert (driver["nvml"], driver["installed"], driver["loaded"]) == ("driver-not-loaded", OLD, None)
     assert driver["reboot_required"] is True
     daemon = facts["hosts"][host.name]["facts"]["persistenced"]
-    assert daemon == {"service": "inactive", "enabled": True}  # starts at the boot that loads the driver
+    assert daemon == {  # starts at the boot that loads the driver, with the agent's drop-in
+        "service": "inactive",
+        "enabled": True,
+        "exec_start": "/usr/bin/nvidia-persistenced --user nvpd --persistence-mode",
+    }
     code, plan = cli_json(capsys, "plan", *common)
     summaries = [c["summary"] for c in plan["hosts"][host.name]["changes"]]
     assert f"installed {OLD}, no kernel module loaded: reboot required (policy: never)" in summaries

@@ -138,9 +138,13 @@ def test_unknown_host_key_is_refused_until_accepted(
     assert error.startswith(f"host key of gpu-a ({host.address}:2222) is not in known_hosts ({known_hosts})")
     assert "run with --accept-new-host-keys, or add it with `ssh-keyscan -p 2222" in error
 
-    code, answer = facts_json(capsys, str(rig), "--known-hosts", str(known_hosts), "--accept-new-host-keys")
-    assert code == 0
+    capsys.readouterr()
+    accept = ["--known-hosts", str(known_hosts), "--accept-new-host-keys", "--json"]
+    assert main(["facts", str(rig), *accept]) == 0
     assert known_hosts.read_text().split() == host.known_hosts_line.split()
+    # Said as OpenSSH says it: a key is never trusted silently.
+    added = f"Warning: Permanently added '[{host.address}]:2222' (ED25519) to the list of known hosts"
+    assert f"{added} ({known_hosts})." in capsys.readouterr().err
     assert facts_json(capsys, str(rig), "--known-hosts", str(known_hosts))[0] == 0
 
 

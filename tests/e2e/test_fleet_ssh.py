@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import time
@@ -185,6 +186,33 @@ def test_wrong_key_is_an_authentication_failure(test_hosts: HostFactory, tmp_pat
     assert (outcome.error or "").startswith(f"authentication failed on gpu-a ({host.address}:2222) as root")
 
 
+def test_a_missing_key_file_is_named(test_hosts: HostFactory, tmp_path: Path) -> None:
+    host = test_hosts.start("gpu-a")
+    missing = tmp_path / "id_gone"
+    chosen = [target(host, test_hosts, identity_file=str(missing))]
+    outcome = run_fleet(chosen, call("facts"), options(test_hosts, fake_agent()))["gpu-a"]
+    assert outcome.status == "unreachable"
+    assert outcome.error == (
+        f"cannot log in to gpu-a ({host.address}:2222): its SSH key {missing} does not exist (identity_file)"
+    )
+
+
+def test_no_key_at_all_says_so_and_how_to_give_one(
+    test_hosts: HostFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = test_hosts.start("gpu-a")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh keys
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)  # no ssh-agent
+    outcome = run_fleet(
+        [target(host, test_hosts, identity_file=None)], call("facts"), options(test_hosts, fake_agent())
+    )["gpu-a"]
+    assert outcome.status == "unreachable"
+    assert (outcome.error or "").startswith(
+        f"cannot log in to gpu-a ({host.address}:2222) as root: no SSH key to offer (no identity_file"
+    ), outcome.error
+    assert "ssh-add" in (outcome.error or "")
+
+
 @pytest.mark.parametrize(
     ("verb", "args", "message"),
     [
@@ -352,3 +380,25 @@ def test_real_agent_unpacks_once_then_runs_from_its_folder(test_hosts: HostFacto
         f"-n /usr/bin/python3 -S -I {folder} facts {host.twin_path}",
     ]
     assert list(Path(folder, "mgpu_provision", "node", "verbs", "__pycache__").glob("facts.*.pyc"))
+
+
+def test_dash_v_shows_each_ssh_step_with_its_time(test_hosts: HostFactory, tmp_path: Path) -> None:
+    host = test_hosts.start("gpu-a")
+    rig = test_hosts.write_rig(tmp_path / "rig.yaml", [host])
+    known = ["--known-hosts", str(test_hosts.known_hosts)]
+    done = subprocess.run(
+        [sys.executable, "-m", "mgpu_provision", "facts", str(rig), *known, "-v"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HOME": str(tmp_path)},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+
+    def logged(pattern: str) -> bool:
+        return any(re.match(r"\d\d:\d\d:\d\d\.\d{3} " + pattern, line) for line in lines)
+
+    assert logged(r"mgpu_provision\.fleet\.pool: gpu-a: connected and logged in after "), lines
+    assert logged(r"paramiko\.transport: Authentication \(publickey\) successful"), lines
+    assert logged(r"mgpu_provision\.fleet\.pool: gpu-a: done after "), lines

@@ -495,6 +495,7 @@ def test_every_builder_makes_a_step_the_door_takes_as_it_is() -> None:
     built = [
         protocol.file_step("/etc/x", "x\n", "0644"),
         protocol.remove_step("/etc/x"),
+        protocol.agent_step("/usr/local/lib/mgpu-provision/agent.pyz", "0" * 64),
         protocol.driver_step("apt", "ubuntu", "server", "550", "550.54.15", True, True, packages=apt),
         runfile,
         protocol.fabricmanager_step("550.54.15", "cuda", "dnf", protocol.NO_PACKAGES, True, False),

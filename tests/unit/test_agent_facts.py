@@ -449,13 +449,15 @@ gpus:
       default_power_limit_w: 400
       compute_mode: default
       mig: false
-      fabric: {state: completed, status: success}
+      fabric: {state: completed, status: success, clique_id: 3,
+               cluster_uuid: "9b0c6f0e-3d5a-4c1e-8f2b-6a7d1e4c9b20"}
       lost: false
       p2p_ok_with: [1]
   - name: "NVIDIA A100-SXM4-80GB"
     memory_mib: 81920
 kernel: {running: "6.8.0-45-generic", installed: ["6.8.0-45-generic", "6.8.0-47-generic"],
-         nvidia_module_for: ["6.8.0-45-generic"], secure_boot: false, module_signed: true}
+         nvidia_module_for: ["6.8.0-45-generic"], secure_boot: false, module_signed: true,
+         module_key_enrolled: true, next_boot: "6.8.0-45-generic"}
 """
 
 
@@ -475,3 +477,36 @@ def test_the_issue_twin_format_is_read_and_described_by_the_schema(tmp_path: Pat
     link = health["nvlink_errors"]["items"]["properties"]
     assert set(twin["gpus"][0]["health"]["nvlink_errors"][0]) == set(link)
     assert set(twin["kernel"]) == set(schema["properties"]["kernel"]["properties"])
+
+
+def test_the_blackwell_twins_read_as_their_boxes() -> None:
+    """HGX B200: NVSwitch, open modules, Fabric Manager at the driver's version. GB200 compute tray: links
+    to switch trays, no Fabric Manager of its own, every GPU registered in the rack's NVLink domain."""
+    hgx = facts_from_twin(TWINS / "hgx-b200.yaml")
+    assert (hgx.nvswitch, hgx.driver.kernel_module, len(hgx.gpus)) == (True, "open", 8)
+    assert hgx.fabricmanager is not None and hgx.fabricmanager.version == "580.95.05"
+    assert all(gpu.fabric is None for gpu in hgx.gpus)  # registered, but in no multi-node domain
+    tray = facts_from_twin(TWINS / "gb200-tray.yaml")
+    assert (tray.nvswitch, len(tray.gpus), tray.gpus[0].name) == (True, 4, "NVIDIA GB200")
+    assert tray.fabricmanager is not None and tray.fabricmanager.version is None
+    fabrics = {(g.fabric.clique_id, g.fabric.cluster_uuid) for g in tray.gpus if g.fabric is not None}
+    assert fabrics == {(7, "5e1c9a52-7f3d-4a8b-9c0e-2d6f8b1a4c37")}
+
+
+def test_imex_facts_of_a_tray(tmp_path: Path) -> None:
+    twin = tmp_path / "tray.yaml"
+    twin.write_text((TWINS / "gb200-tray.yaml").read_text())
+    assert facts_from_twin(twin).imex is None  # not installed yet
+    twin.write_text(twin.read_text() + 'imex: "580.95.05"\n')
+    twin.write_text(
+        twin.read_text().replace(
+            "nvidia-imex: {enabled: false, running: false}", "nvidia-imex: {enabled: true, running: true}"
+        )
+    )
+    imex = facts_from_twin(twin).imex
+    assert imex is not None and (imex.version, imex.service, imex.enabled, imex.channels) == (
+        "580.95.05",
+        "active",
+        True,
+        1,
+    )

@@ -20,6 +20,7 @@ from mgpu_provision.errors import AgentError, ConnectionFailed
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet import pool
 from mgpu_provision.fleet import session as fleet
+from mgpu_provision.fleet.here import Here, control_machine
 from mgpu_provision.fleet.targets import HostTarget, targets_for
 from mgpu_provision.jobs import apply
 from mgpu_provision.jobs.apply import (
@@ -27,7 +28,6 @@ from mgpu_provision.jobs.apply import (
     HostRecap,
     finish,
     fleet_plan,
-    reboot_refusal,
     rollout,
     unconfirmed,
 )
@@ -63,6 +63,7 @@ class Box:
     gpus: int = 2
     files: dict[str, tuple[str, str]] = field(default_factory=dict)
     boot_id: str = field(default_factory=lambda: f"boot-{next(_boot_ids)}")
+    machine_id: str | None = None
     reboot_changes_boot_id: bool = True
     fail_kind: str | None = None  # an apply step of this kind fails
     locked_by: int | None = None
@@ -95,6 +96,7 @@ class Box:
             for i in range(self.gpus)
         ]
         host = {"hostname": "box", "os": "Linux", "kernel": "6", "arch": "x86_64", "boot_id": self.boot_id}
+        host["machine_id"] = self.machine_id
         return {
             "agent_version": "test",
             "host": {**host, "python": "3.10", "user": "root"},
@@ -370,7 +372,9 @@ def test_finish_judges_what_is_left() -> None:
     reboot_only = finish("h", [change("reboot", "manual")], ["driver: installed"])
     assert (reboot_only.status, reboot_only.reboot_required) == ("changed", True)
     left = finish("h", [change("gpus", "verify-failed")], [])
-    assert (left.status, left.error) == ("failed", "not converged: 1 change(s) left")
+    assert (left.status, left.error) == ("failed", "1 check failed: gpus")
+    both = finish("h", [change("topology", "verify-failed"), change("driver"), change("file:/a")], [])
+    assert both.error == "1 check failed: topology; 2 changes left: driver, file:/a"
     assert finish("h", [], [], error="boom", unreachable=True).status == "unreachable"
 
 
@@ -380,8 +384,8 @@ def test_unconfirmed_compares_resource_action_and_desired_state() -> None:
     assert unconfirmed([change("driver", desired="555")], seen) == [change("driver", desired="555")]
 
 
-def facts(boot_id: str = "b1", simulated: bool = False) -> Facts:
-    box = Box(boot_id=boot_id).facts({"files": []})
+def facts(boot_id: str = "b1", simulated: bool = False, machine_id: str | None = None) -> Facts:
+    box = Box(boot_id=boot_id, machine_id=machine_id).facts({"files": []})
     box["host"]["simulated"] = simulated
     return Facts.model_validate(box)
 
@@ -390,29 +394,72 @@ def target(connection: str = "ssh", address: str = "10.0.0.11") -> HostTarget:
     return HostTarget("gpu-a", address, 22, None, None, None, True, "python3", connection, None, 5.0, 60.0)  # type: ignore[arg-type]
 
 
-def test_never_reboot_the_machine_running_the_tool() -> None:
-    assert reboot_refusal(target("local"), facts(), None, False) == "it is this machine (connection: local)"
-    assert reboot_refusal(target(), facts("mine"), "mine", False) == (
+def test_the_machine_running_the_tool_is_known_by_its_own_word() -> None:
+    here = Here(machine_id="m-here", boot_id="b-here")
+    local, elsewhere = (lambda _t: True), (lambda _t: False)
+    assert control_machine(target("local"), facts(), here, elsewhere) == (
+        "it is this machine (connection: local)"
+    )
+    assert control_machine(target(), facts("b-here", machine_id="m-here"), here, elsewhere) == (
+        "it reports the machine id and boot id of the machine running mgpu-provision"
+    )
+    # A box on loopback in its own namespaces or chroot shares the kernel and the address, not the machine id.
+    box = facts("b-here", machine_id="m-box")
+    assert control_machine(target(address="127.0.0.9"), box, here, local) is None
+    # Without a machine id on the node, the boot id and then the address decide.
+    assert control_machine(target(), facts("b-here"), here, elsewhere) == (
         "it reports the boot id of the machine running mgpu-provision"
     )
-    assert reboot_refusal(target(address="127.0.0.1"), facts(), "other", True) == (
+    assert control_machine(target(address="127.0.0.1"), facts(), here, local) == (
         "its address 127.0.0.1 is this machine"
     )
-    assert reboot_refusal(target(), facts(), "other", False) is None
+    assert control_machine(target(), facts(), here, elsewhere) is None
+    # A simulated host's driver and reboot change only its twin's overlay.
+    twin = facts("b-here", simulated=True, machine_id="m-here")
+    assert control_machine(target("local"), twin, here, local) is None
 
 
-def test_simulated_boxes_may_always_reboot() -> None:
-    assert reboot_refusal(target("local"), facts("mine", simulated=True), "mine", True) is None
-
-
-def test_the_local_host_is_not_rebooted_and_reports_why(
+def test_the_control_machine_gets_no_driver_install_and_no_reboot_unless_allowed(
     tmp_path: Path, boxes: Boxes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(apply, "_local_boot_id", lambda: boxes["gpu-a"].boot_id)
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    monkeypatch.setattr(Here, "read", classmethod(lambda cls: cls(None, boxes["gpu-a"].boot_id)))
     recap = by_host(run(boxes, load(tmp_path)))["gpu-a"]
-    assert recap.notes == ["not rebooted: it reports the boot id of the machine running mgpu-provision"]
-    assert recap.reboot_required and "reboot" not in boxes["gpu-a"].calls
+    assert recap.notes == [
+        "not done (driver, reboot): it reports the boot id of the machine running mgpu-provision; "
+        "--allow-control-machine allows it"
+    ]
+    assert all("driver" not in steps for steps in boxes["gpu-a"].steps_seen)
+    assert boxes["gpu-a"].installed == "535.161.08" and "reboot" not in boxes["gpu-a"].calls
+    assert recap.status == "failed" and [c.resource for c in recap.remaining] == ["driver", "reboot"]
+
+    boxes["gpu-a"] = drifted()
+    monkeypatch.setattr(Here, "read", classmethod(lambda cls: cls(None, boxes["gpu-a"].boot_id)))
+    recap = by_host(run(boxes, load(tmp_path), allow_control_machine=True))["gpu-a"]
+    assert recap.notes == [] and recap.rebooted and boxes["gpu-a"].installed == "550.54.15"
+
+
+def test_plan_marks_each_host_simulated_or_real_and_the_control_machine(
+    tmp_path: Path, boxes: Boxes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu_provision.commands.plan_view import plan_json, render_plan
+
+    boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
+    monkeypatch.setattr(Here, "read", classmethod(lambda cls: cls(None, boxes["gpu-a"].boot_id)))
+    loaded = load(tmp_path)
+    plan = fleet_plan(loaded, targets_for(loaded, loaded.spec.hosts), ALL, boxes.options)
+    hosts = plan_json(plan)["hosts"]
+    assert [hosts[h]["simulated"] for h in ("gpu-a", "gpu-b", "gpu-c")] == [False] * 3
+    assert hosts["gpu-a"]["control_machine"] == "it reports the boot id of the machine running mgpu-provision"
+    assert hosts["gpu-b"]["control_machine"] is None
+    console = Console(width=200, record=True)
+    render_plan(plan, console)
+    text = console.export_text()
+    assert "real: gpu-a, gpu-b, gpu-c" in text
+    assert (
+        "! gpu-a is the machine running mgpu-provision (it reports the boot id of the machine running "
+        "mgpu-provision): apply will not carry out driver, reboot there without --allow-control-machine"
+    ) in text
 
 
 def test_cli_refuses_without_a_terminal_or_yes(
@@ -451,6 +498,9 @@ def test_cli_json_recap(
         == "reboot required to load driver 550.54.15 (policy: never)"
     )
     assert sorted(out["hosts"]) == ["gpu-a", "gpu-c"] and out["converged"] is False
+    # Per host: real or simulated (null: never read) and whether it is the machine running the tool.
+    assert [out["hosts"][h]["simulated"] for h in ("gpu-a", "gpu-c")] == [False, None]
+    assert out["hosts"]["gpu-a"]["control_machine"] is None
 
 
 def test_declining_the_prompt_changes_nothing(
@@ -491,3 +541,42 @@ def test_a_malformed_apply_or_reboot_reply_fails_the_host_with_a_plain_error(
         "boot_id: Field required"
     )
     assert recaps["gpu-c"].status == "changed"  # the other hosts go on
+
+
+def test_the_recap_names_a_stop_once_and_never_wraps_in_a_log(
+    tmp_path: Path, cli_boxes: Boxes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    boxes = cli_boxes
+    boxes.update({"gpu-a": Box(persistence=False), "gpu-b": Box(persistence=False), "gpu-c": Box()})
+    boxes["gpu-a"].fail_kind = "persistence"
+    load(tmp_path)
+    argv = ["apply", str(tmp_path / "rig.yaml"), "--yes", "--serial", "1", "--max-fail-percent", "0"]
+    assert cli.main(argv) == 2
+    out = capsys.readouterr().out  # not a terminal, as a log or a pipe
+    lines = out.splitlines()
+    stop = "stopped after batch 1 (1 of 1 host(s) failed, --max-fail-percent 0); not touched: gpu-b, gpu-c"
+    assert stop in lines
+    rows = [line for line in lines if "│" in line]  # the table's rows
+    assert len(rows) == 1 and rows[0].rstrip().endswith("step 4 (persistence) failed: persistence broke"), out
+
+
+def test_a_failed_check_reads_as_a_check_not_as_a_change(tmp_path: Path, boxes: Boxes) -> None:
+    boxes.update({"gpu-a": Box(gpus=1), "gpu-b": Box(), "gpu-c": Box()})
+    recap = by_host(run(boxes, load(tmp_path)))["gpu-a"]
+    assert recap.status == "failed" and recap.error == "1 check failed: gpus"
+
+
+def test_a_rollout_that_reboots_goes_one_host_at_a_time_by_default(
+    tmp_path: Path, cli_boxes: Boxes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    boxes = cli_boxes
+    boxes.update({"gpu-a": drifted(), "gpu-b": drifted(), "gpu-c": Box()})
+    load(tmp_path)
+    assert cli.main(["apply", str(tmp_path / "rig.yaml"), "--yes"]) == 0
+    err = capsys.readouterr().err
+    assert "note: a reboot is planned, so one host at a time (--serial 1; --serial N chooses)" in err
+    assert "batch 1: applying on gpu-a" in err and "batch 2: applying on gpu-b" in err
+    # Without a reboot, all at once as before.
+    boxes.update({"gpu-a": Box(persistence=False), "gpu-b": Box(persistence=False)})
+    assert cli.main(["apply", str(tmp_path / "rig.yaml"), "--yes"]) == 0
+    assert "batch 1: applying on gpu-a, gpu-b" in capsys.readouterr().err

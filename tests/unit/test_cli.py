@@ -22,7 +22,7 @@ DEVELOPER_WORDS = ("Thin", "module", "initgen", "rig_from_facts", "preview", "ro
 def test_every_commands_help_is_for_users(name: str) -> None:
     parser = build_parser()
     (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(sub.choices) == set(COMMANDS)
+    assert set(sub.choices) == {*COMMANDS, "help"}
     command = sub.choices[name]
     description = (command.description or "").splitlines()
     summary = description[0]
@@ -97,3 +97,25 @@ def test_help_and_version_still_exit_0(capsys: pytest.CaptureFixture[str]) -> No
             main(argv)
         assert stopped.value.code == 0
     capsys.readouterr()
+
+
+def test_a_prefix_of_an_option_is_not_taken_for_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "unrecognized arguments: --dif" in _usage_error(["plan", str(EXAMPLE), "--dif"], capsys)
+    assert "unrecognized arguments: --ye" in _usage_error(["apply", str(EXAMPLE), "--ye"], capsys)
+
+
+def test_a_misspelled_top_level_option_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(["--versoin"], capsys)
+    assert "unknown option --versoin; did you mean --version?" in err
+
+
+def test_dash_v_and_the_help_command(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, expected in (
+        (["-V"], "mgpu-provision "),
+        (["help", "plan"], "usage: mgpu-provision plan "),
+        (["help"], "usage: mgpu-provision "),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 0
+        assert capsys.readouterr().out.startswith(expected), argv

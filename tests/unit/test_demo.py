@@ -85,7 +85,7 @@ def test_demo_refuses_a_folder_with_spaces(tmp_path: Path) -> None:
     assert "contains spaces; choose another with --dir" in done.stderr
 
 
-def test_demo_says_how_to_get_torch_before_it_starts(tmp_path: Path) -> None:
+def test_demo_without_torch_runs_validate_plan_apply_and_says_how_to_add_smoke(tmp_path: Path) -> None:
     bare = tmp_path / "python"  # this interpreter without site-packages: no torch
     bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     bare.chmod(0o755)
@@ -93,9 +93,24 @@ def test_demo_says_how_to_get_torch_before_it_starts(tmp_path: Path) -> None:
         [*CLI, "demo", "--dir", str(tmp_path / "demo"), "--python", str(bare)],
         capture_output=True,
         text=True,
-        timeout=60,
+        env={**os.environ, "COLUMNS": "400"},
+        timeout=300,
     )
-    assert done.returncode == 1
-    assert f"needs torch, which {bare} does not have" in done.stderr
-    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in done.stderr
-    assert not (tmp_path / "demo").exists()  # refused before anything was written
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = ("Plan: 4 to change, on 1 of 1 host", "No changes. 1 host matches the rig file.", "Demo done")
+    for line in steps:
+        assert line in done.stdout
+    assert "smoke: a real DDP run" not in done.stdout
+    hint = (
+        f"smoke skipped: {bare} has no torch, so the demo leaves out its smoke test (a real DDP run). To add "
+        f"it, install the CPU build (about 190 MB): {bare} -m pip install torch --index-url "
+        "https://download.pytorch.org/whl/cpu"
+    )
+    assert hint in done.stdout
+
+
+def test_the_readmes_first_command_needs_no_torch() -> None:
+    """Where PyTorch's index is unreachable, a first command with torch took 9 minutes and 2.75 GB."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    first = readme.split("```sh\n", 1)[1].split("\n", 1)[0]
+    assert first == "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/mgpu-provision demo"

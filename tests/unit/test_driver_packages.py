@@ -15,7 +15,7 @@ import pytest
 from mgpu_provision import protocol
 from mgpu_provision.node.core import system
 from mgpu_provision.node.core.errors import AgentFailure
-from mgpu_provision.node.packages import apt, dnf, driver, runfile, services, sources
+from mgpu_provision.node.packages import apt, dnf, driver, names, runfile, services, sources
 from mgpu_provision.node.packages.common import Command
 from mgpu_provision.plan.resources.fabricmanager import package_set
 
@@ -162,8 +162,8 @@ def test_a_branch_pins_its_newest_version_and_no_hold_leaves_no_pin(
         ("cuda", "550", "default", ["cuda-drivers-550"], "nvidia-kernel-source-550"),
         ("cuda", "575", "open", ["nvidia-open-575"], "libnvidia-extra-575"),
         ("cuda", "590", "default", ["cuda-drivers"], "libnvidia-compute"),
-        ("debian", "535", "default", [*sources.DEBIAN_COMPUTE, "nvidia-kernel-dkms"], "nvidia-alternative"),
-        ("debian", "535", "open", [*sources.DEBIAN_COMPUTE, "nvidia-open-kernel-dkms"], "libcuda1"),
+        ("debian", "535", "default", [*names.DEBIAN_COMPUTE, "nvidia-kernel-dkms"], "nvidia-alternative"),
+        ("debian", "535", "open", [*names.DEBIAN_COMPUTE, "nvidia-open-kernel-dkms"], "libcuda1"),
     ],
 )
 def test_each_source_names_its_packages_and_holds_the_whole_set(
@@ -320,7 +320,7 @@ class FakeSystemd:
         self, argv: list[str], timeout: float = 0, env: object = None
     ) -> subprocess.CompletedProcess[str]:
         self.calls.append(list(argv))
-        if argv[0] != "systemctl":
+        if argv[0] != "systemctl" or argv[1:] == ["daemon-reload"]:
             return subprocess.CompletedProcess(argv, 0, "", "")
         verb, unit = argv[1], argv[2].removesuffix(".service")
         active, enabled = self.units.get(unit, ("inactive", False))
@@ -377,6 +377,9 @@ def test_services_are_enabled_and_started_only_when_asked(monkeypatch: pytest.Mo
     fake = FakeSystemd({"nvidia-fabricmanager": ("inactive", False)})
     monkeypatch.setattr(system, "run", fake)
     assert services.switch("nvidia-fabricmanager", True, False) == (True, "nvidia-fabricmanager enabled")
+    # Unit files apply has just written are read again before the unit is switched.
+    enable = ["systemctl", "enable", "nvidia-fabricmanager"]
+    assert fake.calls[-2:] == [["systemctl", "daemon-reload"], enable]
     assert services.switch("nvidia-fabricmanager", True, True) == (True, "nvidia-fabricmanager started")
     assert services.switch("nvidia-fabricmanager", True, True) == (
         False,
@@ -409,3 +412,32 @@ def test_the_persistence_daemon_is_installed_where_it_is_a_package_of_its_own(
     changed, message = services.persistence_daemon(step)
     assert changed and message == "installed nvidia-persistenced; nvidia-persistenced enabled"
     assert [*apt.INSTALL, "nvidia-persistenced"] in fake.calls
+
+
+def test_nvlink5_fabric_manager_brings_the_subnet_manager_and_loads_ib_umad(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 26 defect 2: on HGX B200 Fabric Manager's start wrapper runs NVLSM, which needs ib_umad."""
+    monkeypatch.setattr(apt, "PREFERENCES", str(tmp_path / "mgpu-provision-nvidia"))
+    monkeypatch.setattr(services, "MODULES_LOAD", str(tmp_path / "modules-load-{}.conf"))
+    ran: list[list[str]] = []
+    systemd = FakeSystemd({"nvidia-fabricmanager": ("inactive", True)})
+
+    def box(argv: list[str], timeout: float = 0, env: object = None) -> subprocess.CompletedProcess[str]:
+        ran.append(argv)
+        if argv[0] == "systemctl":
+            return systemd(argv)
+        out = ""
+        if argv[:2] == ["apt-cache", "madison"]:
+            out = f" {argv[2]} | 580.95.05-1 | https://developer.download.nvidia.com/compute/cuda/repos x\n"
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(system, "run", box)
+    fm = package_set("cuda", "apt", "580.95.05", nvlink5=True)
+    assert fm.install == ["nvidia-fabricmanager", "libnvidia-nscq", "libnvsdm", "nvlsm", "infiniband-diags"]
+    step = protocol.fabricmanager_step("580.95.05", "cuda", "apt", fm, hold=False, start=True)
+    services.install_fabric_manager(step)
+    assert (tmp_path / "modules-load-ib_umad.conf").read_text().endswith("ib_umad\n")
+    assert ["modprobe", "ib_umad"] in ran
+    (install,) = [argv for argv in ran if argv[:2] == ["apt-get", "install"]]
+    assert {"nvlsm", "infiniband-diags", "libnvsdm"} <= set(install)

@@ -61,13 +61,16 @@ def test_readiness_after_an_unattended_kernel_upgrade(
         },
     )
     monkeypatch.setattr(kernel, "secure_boot", lambda: False)
+    monkeypatch.setattr(kernel, "_run", lambda argv: None)  # no grubby, no modinfo
     ready = kernel.readiness(modules, boot)
     assert ready == {
         "running": running,
         "installed": sorted([running, "999.0.0-1-generic", "0.1.0-1-generic"], key=kernel.kernel_key),
         "nvidia_module_for": sorted([running, "0.1.0-1-generic"], key=kernel.kernel_key),
+        "next_boot": None,  # no grubby, no GRUB environment: the newest kernel is GRUB's first entry
         "secure_boot": False,
         "module_signed": None,  # only asked with Secure Boot on
+        "module_key_enrolled": None,
     }
 
 
@@ -78,8 +81,96 @@ def test_secure_boot_asks_modinfo_for_the_signer(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(kernel, "_run", lambda argv: asked.append(argv) or "\n")
     ready = kernel.readiness(modules, boot)
     assert ready is not None and ready["module_signed"] is False
-    assert asked[0][:3] == ["modinfo", "-F", "signer"] and asked[0][3].endswith("nvidia-550srv/nvidia.ko")
+    signer = next(argv for argv in asked if argv[:3] == ["modinfo", "-F", "signer"])
+    assert signer[3].endswith("nvidia-550srv/nvidia.ko")
 
 
 def test_no_lib_modules_is_not_judged(tmp_path: Path) -> None:
     assert kernel.readiness(str(tmp_path / "absent"), str(tmp_path)) is None
+
+
+def modinfo(version: str) -> bytes:
+    """An ELF-ish module whose .modinfo strings carry the driver version, as the kernel's build writes."""
+    return b"\x7fELF\0\0license=NVIDIA\0srcversion=0123ABCD\0version=" + version.encode() + b"\0alias=pci\0"
+
+
+def test_a_module_of_another_driver_version_does_not_count_as_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lzma
+
+    running = os.uname().release
+    modules, boot = lay_out(tmp_path, {running: None, "999.0.0-1-generic": None, "0.1.0-1-generic": None})
+    (Path(modules) / running / "updates" / "dkms").mkdir(parents=True)
+    (Path(modules) / running / "updates" / "dkms" / "nvidia.ko").write_bytes(modinfo("535.216.03"))
+    stale = Path(modules) / "999.0.0-1-generic" / "kernel" / "nvidia-535srv" / "nvidia.ko.xz"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(lzma.compress(modinfo("535.161.08")))  # left by the driver before
+    unreadable = Path(modules) / "0.1.0-1-generic" / "extra" / "nvidia.ko"
+    unreadable.parent.mkdir(parents=True)
+    unreadable.write_bytes(b"\x7fELF")  # no .modinfo to read: counted, as before
+    monkeypatch.setattr(kernel, "secure_boot", lambda: False)
+    monkeypatch.setattr(kernel, "_run", lambda argv: None)
+    assert kernel.module_version(str(stale)) == "535.161.08"
+    ready = kernel.readiness(modules, boot, driver_version="535.216.03")
+    assert ready is not None
+    assert ready["nvidia_module_for"] == sorted([running, "0.1.0-1-generic"], key=kernel.kernel_key)
+
+
+def test_next_boot_is_the_bootloaders_default_not_the_highest_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed = ["6.8.0-4-generic", "6.8.0-45-generic", "6.8.0-47-generic"]
+    boot, default = tmp_path / "boot", tmp_path / "grub"
+    (boot / "grub").mkdir(parents=True)
+    env = boot / "grub" / "grubenv"
+    env.write_text(
+        "# GRUB Environment Block\n"
+        "saved_entry=gnulinux-advanced-1a2b>gnulinux-6.8.0-45-generic-advanced-1a2b\n"
+    )
+    monkeypatch.setattr(kernel, "_run", lambda argv: None)
+    default.write_text("GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\n")
+    assert kernel.next_boot(installed, str(boot), str(default)) is None  # saved_entry unused: entry 0
+    default.write_text('GRUB_DEFAULT="saved"\n')
+    assert kernel.next_boot(installed, str(boot), str(default)) == "6.8.0-45-generic"
+    env.write_text(env.read_text() + "next_entry=gnulinux-6.8.0-4-generic-advanced-1a2b\n")  # grub-reboot
+    assert kernel.next_boot(installed, str(boot), str(default)) == "6.8.0-4-generic"
+    monkeypatch.setattr(kernel, "_run", lambda argv: "/boot/vmlinuz-6.8.0-47-generic\n")  # grubby (RHEL)
+    assert kernel.next_boot(installed, str(boot), str(default)) == "6.8.0-47-generic"
+
+
+MOKUTIL = """\
+[key 1]
+SHA1 Fingerprint: 76:a0:92:06:58:00:bf:37:69:01:c3:72:cd:55:a9:0e:1f:de:d2:e0
+Certificate:
+    Data:
+        Version: 3 (0x2)
+        Serial Number:
+            5f:42:8a:16:93:d0:5e:b7:1c:11:9e:1c:d9:a2:2c:f6:07:3c:1d:e0
+        X509v3 extensions:
+            X509v3 Subject Key Identifier:
+                1C:4F:0A:22:7B:3E:9D:51:04:66:29:E8:3F:D6:0B:74:AA:19:53:06
+"""
+
+
+def test_secure_boot_trusts_a_module_only_when_its_key_is_enrolled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = tmp_path / "nvidia.ko"
+    module.write_bytes(b"\x7fELF")
+    answers = {"sig_key": "5F:42:8A:16:93:D0:5E:B7:1C:11:9E:1C:D9:A2:2C:F6:07:3C:1D:E0\n", "mokutil": MOKUTIL}
+    monkeypatch.setattr(kernel, "_run", lambda argv: answers[argv[2] if argv[0] == "modinfo" else argv[0]])
+    monkeypatch.setattr(kernel, "_read", lambda path: "")
+    assert kernel.module_key_enrolled(str(module)) is True
+    answers["sig_key"] = "DE:AD:BE:EF:00:11:22:33:44:55:66:77:88:99:AA:BB\n"  # a DKMS MOK never enrolled
+    assert kernel.module_key_enrolled(str(module)) is False
+    answers["sig_key"] = "\n"  # unsigned
+    assert kernel.module_key_enrolled(str(module)) is False
+    proc_keys = (
+        "1a2b3c4d I------     1 perm 1f010000     0     0 asymmetri "
+        "DKMS module signing key: deadbeef00112233445566778899aabb X509.rsa 30f5 []\n"
+    )
+    monkeypatch.setattr(kernel, "_read", lambda path: proc_keys)
+    answers["sig_key"] = "DE:AD:BE:EF:00:11:22:33:44:55:66:77:88:99:AA:BB\n"
+    answers["mokutil"] = None  # type: ignore[assignment]
+    assert kernel.module_key_enrolled(str(module)) is True

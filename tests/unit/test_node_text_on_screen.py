@@ -170,7 +170,8 @@ def test_apply_recap_lines_and_errors_quoting_a_node_are_printed_literally() -> 
         error=f"apt said {ESC_TEXT} [/x]",
         notes=[f"the agent said {ESC_TEXT} [bold]"],
     )
-    text = screen(lambda console: show_recap(console, ApplyResult((recap,))))
+    plan = FleetPlan((HostPlan("gpu-a", "ok", simulated=True),))
+    text = screen(lambda console: show_recap(console, ApplyResult((recap,)), plan))
     assert not set(text) & RAW
     assert f"  done: file: wrote /etc/x ({SHOWN})" in text
     assert f"  the agent said {SHOWN} [bold]" in text

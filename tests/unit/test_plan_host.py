@@ -42,12 +42,20 @@ def test_facts_request_names_managed_files_x_config_and_smoke_python(loaded: Loa
             "/etc/X11/xorg.conf.d/20-mgpu-provision.conf",
             # read also when the rig sets no GPU setting: a unit left from an earlier rig must be found
             "/etc/systemd/system/mgpu-provision-gpu-settings.service",
+            # the node check's files, read too when the rig asks for none: one left behind is removed
+            "/usr/local/lib/mgpu-provision/agent.pyz",
+            "/etc/mgpu-provision/expectation.json",
+            "/usr/local/bin/mgpu-provision-check",
+            "/etc/systemd/system/mgpu-provision-check.service",
+            "/etc/systemd/system/mgpu-provision-check.timer",
         ],
         "include_content": True,
         "python": "/opt/venv/bin/python",
         "xorg_paths": ["/etc/X11/xorg.conf.d/20-mgpu-provision.conf"],
         "xorg_layout_paths": [],  # SLI Off: no snippet, so no ServerLayout can hide one
         "units": ["mgpu-provision-gpu-settings"],
+        "driver_repo": None,  # no driver.repo: no mirror to check
+        "driver_packages": [],
         "slurm": False,  # the rig has no `slurm` section
     }
 

@@ -132,6 +132,24 @@ def test_a_fleet_with_the_same_drift_reads_in_a_screenful_and_the_odd_host_stand
     assert out.getvalue().count("      -a") == 2  # each distinct diff once, not once per host
 
 
+def test_the_first_plan_of_a_new_fleet_groups_files_whose_header_names_the_host() -> None:
+    path = "/etc/mgpu-provision/environment"
+
+    def new_env(host: str) -> Change:
+        diff = f"--- /dev/null\n+++ {path}\n+# managed by mgpu-provision for {host}\n+A=1\n"
+        summary = "new file, 2 lines, mode 0644"
+        return Change(f"file:{path}", "create", summary, None, None, diff=diff, phase="env")
+
+    hosts = [HostPlan(f"gpu-{n:02d}", "ok", (new_env(f"gpu-{n:02d}"),)) for n in range(1, 19)]
+    lines = rendered(fleet(*hosts)).splitlines()
+    assert lines[0] == f"  + file:{path}: new file, 2 lines, mode 0644  on 18 hosts: gpu-[01-18]"
+    assert len(lines) == 2, lines  # the change and the totals, not a line per host
+    out = io.StringIO()
+    render_plan(fleet(*hosts), make_console(file=out), new_content=True)
+    text = out.getvalue()  # with --diff: each distinct content once, under the hosts it is for
+    assert "    on gpu-07:" in text and text.count("+A=1") == 18
+
+
 def test_long_lines_are_not_wrapped_when_piped() -> None:
     long = Change("file:/x", "update", "update /x (content)", None, None, diff="+" + "y" * 200 + "\n")
     text = rendered(fleet(HostPlan("a", "ok", (long,))))
@@ -152,7 +170,13 @@ def test_json_schema_keys_are_stable() -> None:
         "failed": 0,
     }
     assert list(doc["hosts"]) == ["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e", "gpu-f", "gpu-g", "gpu-h"]
-    assert doc["hosts"]["gpu-c"] == {"status": "unreachable", "error": "connection refused", "changes": []}
+    assert doc["hosts"]["gpu-c"] == {
+        "status": "unreachable",
+        "error": "connection refused",
+        "simulated": None,  # never read
+        "control_machine": None,
+        "changes": [],
+    }
     driver = doc["hosts"]["gpu-a"]["changes"][0]
     assert driver == {
         "resource": "driver",

@@ -154,6 +154,15 @@ def test_groups_with_different_masters_run_side_by_side(tmp_path: Path) -> None:
     ]
 
 
+def test_hosts_whose_rig_has_no_ddp_are_left_out_with_a_notice(tmp_path: Path) -> None:
+    loaded = load_rig(rig_file(tmp_path, [*HOSTS, {"name": "box", "rig": "bare"}]))
+    chosen, notices = control.with_ddp(loaded, list(loaded.spec.hosts))
+    assert [h.name for h in chosen] == [h["name"] for h in HOSTS]
+    assert notices == ["skipped box: no `ddp` section in their rig (smoke runs DDP groups only)"]
+    alone = [h for h in loaded.spec.hosts if h.name == "box"]
+    assert control.with_ddp(loaded, alone) == (alone, [])  # none has one: plan_smoke refuses, as below
+
+
 def test_rig_without_ddp_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ProvisionError) as info:
         plan(tmp_path, [*HOSTS, {"name": "box", "rig": "bare"}])

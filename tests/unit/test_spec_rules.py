@@ -162,6 +162,65 @@ CASES = {
         "NVIDIA GeForce RTX 5090 has no NVLink/SLI connector (GeForce RTX 50 series): SLI mode BaseMosaic is "
         "impossible",
     ),
+    "card-has-nvlink-connector": (
+        rig(
+            'gpus: {model: "NVIDIA L40S", count: 2}',
+            "bridge: {kind: nvlink-bridge, pairs: [[0, 1]], links: 4}  # <-",
+        ),
+        "rigs.pair.bridge.kind",
+        "NVIDIA L40S has no NVLink connector (L4, L40 and L40S): bridge kind nvlink-bridge is impossible",
+    ),
+    "blackwell-refuses-proprietary-flavor": (
+        rig(
+            'gpus: {model: "NVIDIA B200", count: 2}',
+            'driver: {branch: "580", source: ubuntu, flavor: server}  # <-',
+        ),
+        "rigs.pair.driver.flavor",
+        "NVIDIA B200 (Blackwell) runs only the open kernel modules; NVIDIA does not support the proprietary "
+        "ones there and the GPU does not initialize: flavor server is proprietary",
+    ),
+    "grace-hopper-refuses-a-proprietary-default": (
+        rig('gpus: {model: "NVIDIA GH200 480GB", count: 2}', 'driver: {branch: "550"}  # <-'),
+        "rigs.pair.driver",
+        "NVIDIA GH200 480GB (Grace Hopper) runs only the open kernel modules; NVIDIA does not support the "
+        "proprietary ones there and the GPU does not initialize: branch 550 installs them by default (open "
+        "from 560)",
+    ),
+    "driver-repo-key-readable": (
+        rig(
+            GPUS.strip(),
+            'driver: {version: "535.216.03", source: debian,',
+            "         repo: {url: http://mirror.lab/nvidia/, key: absent.asc}}  # <-",
+        ),
+        "rigs.pair.driver.repo.key",
+        "cannot read the mirror's key",
+    ),
+    "driver-repo-is-apt": (
+        rig(
+            GPUS.strip(),
+            'driver: {version: "550.54.15", source: rhel, method: dnf,',
+            "         repo: {url: http://mirror.lab/nvidia/, key: absent.asc}}  # <-",
+        ),
+        "rigs.pair.driver.repo",
+        "driver.repo is an apt mirror; this rig installs with dnf",
+    ),
+    "no-fabric-manager-on-a-gb200-tray": (
+        rig(
+            'gpus: {model: "NVIDIA GB200", count: 4}',
+            "bridge: {kind: nvswitch, links: 18}",
+            'driver: {branch: "580", source: cuda, fabricmanager: true}  # <-',
+        ),
+        "rigs.pair.driver.fabricmanager",
+        "NVIDIA GB200 compute trays run no Fabric Manager (the rack's NVLink switch trays do)",
+    ),
+    "imex-is-nvidias": (
+        rig(
+            'gpus: {model: "NVIDIA GB200", count: 4}',
+            'driver: {branch: "580", source: ubuntu, imex: true}  # <-',
+        ),
+        "rigs.pair.driver.imex",
+        "the ubuntu source has no nvidia-imex package; use source cuda",
+    ),
     "bridge-pairs-in-range": (
         rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[0, 3]], links: 4}  # <-"),
         "rigs.pair.bridge.pairs[0][1]",
@@ -437,6 +496,19 @@ CASES = {
         "'bin/mgpu-torchrun' must be an absolute path (start with /): it is a path on ssh hosts "
         "such as gpu-a",
     ),
+    "identity-files-exist": (
+        "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, identity_file: keys/id_gone}  # <-\n"
+        "rigs:\n  pair:\n" + GPUS,
+        "hosts[0].identity_file",
+        "keys/id_gone does not exist",
+    ),
+    "local-hosts-apart": (
+        "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, connection: local, simulate: a.yaml}\n"
+        "  - {name: gpu-b, rig: pair, connection: local, simulate: b.yaml}  # <-\nrigs:\n  pair:\n" + GPUS,
+        "hosts[1].connection",
+        "'gpu-b' and 'gpu-a' are simulated on this machine (connection: local) and would write the same "
+        "managed files",
+    ),
 }
 
 
@@ -557,3 +629,12 @@ def test_topology_file_relative_to_rig_file_folder(tmp_path: Path, monkeypatch: 
     monkeypatch.chdir(tmp_path)  # the working directory must not matter
     loaded = load_rig("sub/rig.yaml")
     assert loaded.resolve("topo.txt") == (tmp_path / "sub" / "topo.txt").resolve()
+
+
+@pytest.mark.parametrize("kind", ["nvlink", "nvlink-bridge"])
+def test_a_topology_file_stands_in_for_links(tmp_path: Path, kind: str) -> None:
+    """The README offers `topology_file` instead of `links`: the capture's NV# cells give every pair's."""
+    shutil.copy(RIGS / "topo-2x-rtx3090.txt", tmp_path / "topo.txt")
+    bridge = f"bridge: {{kind: {kind}, topology_file: topo.txt}}"
+    (tmp_path / "rig.yaml").write_text(rig(GPUS.strip(), bridge))
+    assert load_rig(tmp_path / "rig.yaml").spec.rigs["pair"].bridge.links is None

@@ -43,6 +43,12 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def cli_modules(tmp_path: Path, cache: Path, *argv: str) -> tuple[int, set[str]]:
     """(exit code, top-level packages loaded) of `mgpu-provision ARGV` in a fresh interpreter, HOME in tmp."""
+    code, modules = cli_all_modules(tmp_path, cache, *argv)
+    return code, {name.split(".")[0] for name in modules}
+
+
+def cli_all_modules(tmp_path: Path, cache: Path, *argv: str) -> tuple[int, set[str]]:
+    """(exit code, every module loaded) of `mgpu-provision ARGV` in a fresh interpreter, HOME in tmp."""
     report = tmp_path / "modules.json"
     done = subprocess.run(
         [sys.executable, "-c", _CLI_THEN_MODULES, str(report), *argv],
@@ -54,7 +60,7 @@ def cli_modules(tmp_path: Path, cache: Path, *argv: str) -> tuple[int, set[str]]
     )
     assert report.exists(), done.stderr
     found = json.loads(report.read_text())
-    return found["code"], {name.split(".")[0] for name in found["modules"]}
+    return found["code"], set(found["modules"])
 
 
 @pytest.fixture
@@ -89,6 +95,66 @@ def test_validate_loads_no_console_templates_or_ssh(tmp_path: Path, bundles: Pat
     code, loaded = cli_modules(tmp_path, bundles, "validate", str(ROOT / "examples" / "mixed-fleet.yaml"))
     assert code == 0
     assert not loaded & {"rich", "jinja2", *SSH, "ansible"}
+
+
+def test_validate_of_an_unchanged_rig_file_answers_from_the_cache_without_pydantic(
+    tmp_path: Path, bundles: Path
+) -> None:
+    """Issue 32: the rig cache knows a valid file's counts, so validate needs neither the parser nor the
+    models the second time."""
+    rig = ROOT / "examples" / "mixed-fleet.yaml"
+    first, before = cli_modules(tmp_path, bundles, "validate", str(rig))
+    second, after = cli_modules(tmp_path, bundles, "validate", str(rig))
+    assert first == second == 0
+    assert {"pydantic", "yaml"} <= before
+    assert not after & {"pydantic", "pydantic_core", "yaml", "jinja2", "rich", *SSH}
+
+
+def test_plan_of_an_unchanged_rig_file_loads_no_rig_parser(
+    tmp_path: Path, bundles: Path, local_rig: Path
+) -> None:
+    """Issue 32: the second plan of the same rig file takes the loaded rig from the cache: no YAML parser,
+    no loader, no rules."""
+    first, before = cli_all_modules(tmp_path, bundles, "plan", str(local_rig), "--json")
+    second, after = cli_all_modules(tmp_path, bundles, "plan", str(local_rig), "--json")
+    assert first == second == 2
+    parsing = {"yaml", "mgpu_provision.rig.loader", "mgpu_provision.rig.rules", "mgpu_provision.rig.source"}
+    assert parsing <= before
+    assert not after & parsing
+
+
+# Runs the real CLI with jinja2's template parser counting its calls; prints the count to argv[1].
+_CLI_COUNTING_TEMPLATE_PARSES = (
+    "import sys, jinja2\n"
+    "parses = []\n"
+    "parse = jinja2.Environment._parse\n"
+    "jinja2.Environment._parse = lambda self, *a: parses.append(a[1]) or parse(self, *a)\n"
+    "from mgpu_provision.cli import main\n"
+    "code = main(sys.argv[2:])\n"
+    "open(sys.argv[1], 'w').write(f'{code} {len(parses)}')\n"
+)
+
+
+def test_templates_are_compiled_once_not_on_every_run(tmp_path: Path, bundles: Path, local_rig: Path) -> None:
+    """Issue 32: jinja2's bytecode cache keeps the compiled templates: a later run parses none."""
+    report = tmp_path / "parses.txt"
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    runs = []
+    for _ in range(2):
+        argv = [
+            sys.executable,
+            "-c",
+            _CLI_COUNTING_TEMPLATE_PARSES,
+            str(report),
+            "plan",
+            str(local_rig),
+            "--json",
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert report.exists(), done.stderr
+        runs.append(report.read_text())
+    assert runs[0] != "2 0" and runs[0].startswith("2 ")  # the first run parsed every template it rendered
+    assert runs[1] == "2 0"
 
 
 def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> None:
@@ -153,9 +219,9 @@ def test_the_torch_probe_answers_from_its_cache_without_json_or_torch(tmp_path: 
         argv = [sys.executable, "-S", "-X", "importtime", "-c", _TORCH_PROBE, key]
         return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=True)
 
-    key = json.loads(probe("").stdout)["key"]
+    key = json.loads(probe("").stdout.splitlines()[-1])["key"]
     cached = probe(repr(key))
-    assert json.loads(cached.stdout) == {"cached": True}
+    assert json.loads(cached.stdout.splitlines()[-1]) == {"cached": True}
     loaded = set(re.findall(r"^import time:.*\| +(\S+)$", cached.stderr, re.MULTILINE))
     assert not loaded & {"json", "torch"}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -104,3 +105,73 @@ def test_unwritable_or_corrupt_cache_still_answers(torch_install: Path, tmp_path
 def test_default_cache_lives_in_the_agent_cache_of_the_home(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", "/home/ops")
     assert torch_probe.torch_cache_file() == "/home/ops/.cache/mgpu-provision/torch-probe.json"
+
+
+@pytest.fixture
+def starts(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Every python the probe starts."""
+    started: list[list[str]] = []
+    run = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: started.append(list(argv)) or run(argv, **kw))
+    return started
+
+
+def test_an_unchanged_python_answers_without_starting_it(
+    torch_install: Path, tmp_path: Path, starts: list[list[str]]
+) -> None:
+    """Issue 32: the second interpreter was most of a facts call; an unchanged python needs none."""
+    cache = str(tmp_path / "torch-probe.json")
+    assert probe_torch(sys.executable, cache_file=cache) == EXPECTED
+    assert probe_torch(sys.executable, cache_file=cache) == EXPECTED
+    assert probe_torch(sys.executable, cache_file=cache) == EXPECTED
+    assert len(starts) == 1 and imports(tmp_path) == 1
+
+
+def test_a_torch_installed_earlier_on_the_path_after_the_first_probe_is_seen(
+    torch_install: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, starts: list[list[str]]
+) -> None:
+    """Never stale: pip putting another torch into a folder that python searches first changes that
+    folder, and the next probe asks the python again."""
+    first = tmp_path / "first"
+    first.mkdir()
+    monkeypatch.setenv("PYTHONPATH", f"{first}{os.pathsep}{torch_install.parents[1]}")
+    cache = str(tmp_path / "torch-probe.json")
+    assert probe_torch(sys.executable, cache_file=cache)["version"] == "2.13.0"
+    assert probe_torch(sys.executable, cache_file=cache)["version"] == "2.13.0"
+    (first / "torch").mkdir()
+    (first / "torch" / "__init__.py").write_text(FAKE_TORCH.replace("2.13.0", "2.99.0"))
+    assert probe_torch(sys.executable, cache_file=cache)["version"] == "2.99.0"
+    assert probe_torch(sys.executable, cache_file=cache)["version"] == "2.99.0"
+    assert len(starts) == 2 and imports(tmp_path) == 2
+
+
+def test_a_pth_file_or_a_moved_path_is_asked_again(
+    torch_install: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, starts: list[list[str]]
+) -> None:
+    cache = str(tmp_path / "torch-probe.json")
+    probe_torch(sys.executable, cache_file=cache)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setenv("PYTHONPATH", f"{elsewhere}{os.pathsep}{torch_install.parents[1]}")
+    probe_torch(sys.executable, cache_file=cache)
+    pth = torch_install.parents[1] / "extra.pth"
+    pth.write_text(str(elsewhere) + "\n")
+    probe_torch(sys.executable, cache_file=cache)
+    later = os.stat(pth).st_mtime_ns + 5_000_000_000
+    os.utime(pth, ns=(later, later))  # an edited .pth: its folder's mtime stays, the file's does not
+    probe_torch(sys.executable, cache_file=cache)
+    probe_torch(sys.executable, cache_file=cache)
+    assert len(starts) == 4
+
+
+def test_a_wrapper_script_python_is_always_asked(
+    torch_install: Path, tmp_path: Path, starts: list[list[str]]
+) -> None:
+    """A wrapper (pyenv's shim, a script) may pick another interpreter on every start."""
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    cache = str(tmp_path / "torch-probe.json")
+    assert probe_torch(str(wrapper), cache_file=cache)["version"] == "2.13.0"
+    assert probe_torch(str(wrapper), cache_file=cache)["version"] == "2.13.0"
+    assert len(starts) == 2 and imports(tmp_path) == 1

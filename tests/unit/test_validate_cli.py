@@ -62,7 +62,9 @@ def test_json_invalid(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_json_valid(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--json", str(RIGS / "valid-minimal.yaml")]) == 0
-    assert json.loads(capsys.readouterr().out) == {"valid": True, "problems": []}
+    document = json.loads(capsys.readouterr().out)
+    assert (document["valid"], document["problems"]) == (True, [])
+    assert (document["format_version"], document["exit_code"]) == (1, 0)  # the envelope of every --json
 
 
 def test_json_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -55,8 +55,9 @@ def _remove_quietly(path: str) -> None:
 class HostLock:
     """An exclusive `flock` on a lock file, held by this process; the holder's pid is written into it."""
 
-    def __init__(self, path: str, wait_s: float, poll_s: float = 0.05) -> None:
+    def __init__(self, path: str, wait_s: float, poll_s: float = 0.05, holder: str = "apply") -> None:
         self.path = path
+        self.holder = holder  # what holds the lock, in the message to whoever waited for it
         self.wait_s = wait_s
         self.poll_s = poll_s
         self._handle: Optional[IO[str]] = None
@@ -87,7 +88,7 @@ class HostLock:
                     handle.close()
                     raise AgentFailure(
                         "locked",
-                        f"another apply is running on this host (pid {holder}, lock {self.path}); "
+                        f"another {self.holder} is running on this host (pid {holder}, lock {self.path}); "
                         f"waited {self.wait_s:g} s",
                     ) from None
                 time.sleep(self.poll_s)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import getpass
 import os
 import re
-import subprocess
 import sys
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+if TYPE_CHECKING:
+    import subprocess
 
 _NVRM = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+([0-9]+(?:\.[0-9]+)+)")
 
@@ -26,6 +28,14 @@ def read_text(path: str) -> Optional[str]:
 
 def boot_id() -> str:
     return (read_text("/proc/sys/kernel/random/boot_id") or "unknown").strip()
+
+
+def machine_id() -> Optional[str]:
+    """/etc/machine-id (machine-id(5)): which OS installation this is, None when empty or unreadable.
+
+    The control side compares it with its own to tell the machine it runs on from a box that only shares
+    its kernel or its address (a container, a chroot on loopback): see fleet/here.py."""
+    return (read_text("/etc/machine-id") or "").strip() or None
 
 
 def dmi_board() -> Dict[str, Optional[str]]:
@@ -84,6 +94,7 @@ def host_info(
         "kernel": uname.release,
         "arch": uname.machine,
         "boot_id": boot,
+        "machine_id": machine_id(),
         "python": sys.version.split()[0],  # what platform.python_version() parses, without importing it
         "user": _user(),
         "simulated": simulated,
@@ -101,6 +112,8 @@ def run(
     argv: List[str], timeout: float = 600.0, env: Optional[Dict[str, str]] = None
 ) -> "subprocess.CompletedProcess[str]":
     """Run a command, capture its text output; a missing program reads as exit 127 rather than raising."""
+    import subprocess  # here: a facts call on a box that changed nothing may run no command at all
+
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     except FileNotFoundError:

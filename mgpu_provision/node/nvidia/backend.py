@@ -89,6 +89,15 @@ class Backend(abc.ABC):
     def persistence_daemon(self) -> Dict[str, Any]:
         """`{"service", "enabled"}` of nvidia-persistenced (service "absent" when not installed)."""
 
+    @abc.abstractmethod
+    def imex(self) -> Optional[Dict[str, Any]]:
+        """`{"version", "service", "enabled", "channels"}` of nvidia-imex, None when it is not installed."""
+
+    def check_mirror(self, repo: Dict[str, str], packages: List[str]) -> Optional[Dict[str, Any]]:
+        """`{"missing", "error"}`: whether `packages` resolve from the driver's mirror alone; None where
+        there is no package manager to ask (a simulated node)."""
+        return None
+
     def unheld_driver_packages(self, version: str) -> List[str]:
         """Packages of the installed driver set that the package manager does not hold; none by default."""
         return []
@@ -282,3 +291,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def fabric_info(self, gpu: int) -> Optional[Tuple[int, str]]:
         """(FABRIC_STATES key, "success" or NVML's words for the registration's result)."""
+
+    @abc.abstractmethod
+    def fabric_clique(self, gpu: int) -> Optional[Tuple[int, str]]:
+        """(clique id, cluster UUID) of a GPU registered with an NVLink fabric; None elsewhere. GPUs of one
+        NVLink domain (a GB200 NVL72 rack) share the cluster UUID and clique id."""

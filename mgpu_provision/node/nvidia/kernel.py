@@ -95,25 +95,104 @@ def _dmesg() -> Optional[str]:
     return _run(["dmesg"])
 
 
-def readiness(modules_root: str = "/lib/modules", boot: str = "/boot") -> Optional[Dict[str, Any]]:
-    """Running and installed kernels, the ones an NVIDIA module is built for, Secure Boot and the module's
-    signature; None when the box has no /lib/modules to look at."""
+def readiness(
+    modules_root: str = "/lib/modules",
+    boot: str = "/boot",
+    driver_version: Optional[str] = None,
+    grub_default: str = "/etc/default/grub",
+) -> Optional[Dict[str, Any]]:
+    """Running and installed kernels, the ones an NVIDIA module of the installed driver is built for, the
+    kernel the bootloader starts next, Secure Boot and the module's signature; None when the box has no
+    /lib/modules to look at."""
     if not os.path.isdir(modules_root):
         return None
     running = os.uname().release
     installed = installed_kernels(modules_root, boot)
     if running not in installed:
         installed.append(running)
-    built = [k for k in installed if module_path(os.path.join(modules_root, k)) is not None]
+    built = [k for k in installed if _module_of(os.path.join(modules_root, k), driver_version) is not None]
     secure = secure_boot()
     module = module_path(os.path.join(modules_root, running))
+    checked = module is not None and bool(secure)
     return {
         "running": running,
         "installed": sorted(installed, key=kernel_key),
         "nvidia_module_for": sorted(built, key=kernel_key),
+        "next_boot": next_boot(installed, boot, grub_default),
         "secure_boot": secure,
-        "module_signed": None if module is None or not secure else module_signed(module),
+        "module_signed": module_signed(module) if checked and module else None,
+        "module_key_enrolled": module_key_enrolled(module) if checked and module else None,
     }
+
+
+def _module_of(kernel_dir: str, driver_version: Optional[str]) -> Optional[str]:
+    """The kernel's nvidia module when it is the installed driver's: a module left from another version
+    (a removed DKMS build, an older prebuilt package) fails to load against the new userspace."""
+    path = module_path(kernel_dir)
+    if path is None or driver_version is None:
+        return path
+    version = module_version(path)
+    return path if version is None or version == driver_version else None
+
+
+_MODINFO_VERSION = re.compile(rb"(?:^|\0)version=([0-9][0-9.]*)\0")
+
+
+def module_version(path: str) -> Optional[str]:
+    """The `version=` of a module's .modinfo (compressed modules too), None when it cannot be read."""
+    try:
+        if path.endswith(".zst"):  # no zstd in Python's standard library
+            text = _run(["modinfo", "-F", "version", path])
+            return (text.strip() or None) if text else None
+        with _open_module(path) as handle:
+            data = handle.read()
+    except (OSError, EOFError, ValueError, ImportError):
+        return None
+    found = _MODINFO_VERSION.search(data)
+    return found.group(1).decode("ascii") if found else None
+
+
+def _open_module(path: str) -> Any:
+    if path.endswith(".xz"):
+        import lzma
+
+        return lzma.open(path, "rb")
+    if path.endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def next_boot(installed: List[str], boot: str, grub_default: str) -> Optional[str]:
+    """The kernel the bootloader starts next: grubby's default (RHEL and its rebuilds), else GRUB's
+    one-time `next_entry` or, with GRUB_DEFAULT=saved, its `saved_entry`; None when neither says (GRUB's
+    first entry, the newest kernel, is then the default)."""
+    text = _run(["grubby", "--default-kernel"])
+    if text and os.path.basename(text.strip()).startswith("vmlinuz-"):
+        return os.path.basename(text.strip())[len("vmlinuz-") :]
+    env = _key_values(_read(os.path.join(boot, "grub", "grubenv")))
+    saved = _key_values(_read(grub_default)).get("GRUB_DEFAULT", "").strip("\"'") == "saved"
+    entry = env.get("next_entry") or (env.get("saved_entry") if saved else None)
+    if not entry:
+        return None
+    # Entries name the kernel inside a title or id ("gnulinux-6.8.0-45-generic-advanced-<uuid>"); the
+    # longest installed release it contains is the one (6.8.0-45-generic, not 6.8.0-4).
+    named = [k for k in installed if k in entry]
+    return max(named, key=len) if named else None
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _key_values(text: str) -> Dict[str, str]:
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    return {key.strip(): value.strip() for key, value in pairs}
 
 
 def installed_kernels(modules_root: str, boot: str) -> List[str]:
@@ -161,3 +240,39 @@ def secure_boot() -> Optional[bool]:
 def module_signed(path: str) -> Optional[bool]:
     signer = _run(["modinfo", "-F", "signer", path])
     return None if signer is None else bool(signer.strip())
+
+
+def module_key_enrolled(path: str) -> Optional[bool]:
+    """Whether the key the module is signed with is one the firmware or MOK list trusts: a DKMS module
+    signed with a MOK that was never enrolled carries a signer and is still refused at load. None when the
+    module's key or the enrolled keys cannot be read."""
+    key = _run(["modinfo", "-F", "sig_key", path])
+    if key is None:
+        return None
+    wanted = _hex(key)
+    if not wanted:
+        return False  # unsigned
+    enrolled = enrolled_key_ids(_run(["mokutil", "--list-enrolled"]), _read("/proc/keys"))
+    if not enrolled:
+        return None
+    return any(k.endswith(wanted) or wanted.endswith(k) for k in enrolled)
+
+
+def enrolled_key_ids(mokutil: Optional[str], proc_keys: str) -> List[str]:
+    """Serial numbers and subject key ids of the keys the kernel trusts for modules: mokutil's enrolled
+    certificates and the kernel's keyrings (/proc/keys descriptions end in the key's id)."""
+    found: List[str] = []
+    lines = (mokutil or "").splitlines()
+    for index, line in enumerate(lines):
+        label = line.strip()
+        if label.startswith("Serial Number:") or label.startswith("X509v3 Subject Key Identifier:"):
+            value = label.split(":", 1)[1].strip() or (lines[index + 1] if index + 1 < len(lines) else "")
+            short = re.search(r"\(0x([0-9a-fA-F]+)\)", value)  # "Serial Number: 12345 (0x3039)"
+            found.append(_hex(short.group(1) if short else value))
+    # "... asymmetri Canonical Ltd Secure Boot Signing: 61482aa2830d0ab2ad5af10b7250da9033ddcef0 X509.rsa ..."
+    found += [m.group(1).lower() for m in re.finditer(r"asymmetri .*?: ([0-9a-fA-F]{16,}) ", proc_keys)]
+    return [k for k in found if k]
+
+
+def _hex(text: str) -> str:
+    return re.sub(r"[^0-9a-f]", "", text.lower())

@@ -28,6 +28,9 @@ class RealHealth:
     def _optional(self, call: Callable[[], Any]) -> Any:
         raise NotImplementedError  # RealBackend's: None where NVML cannot answer
 
+    def installed_version(self) -> Optional[str]:
+        raise NotImplementedError  # RealBackend's
+
     def _first(self, gpu: int, names: Tuple[str, ...], *args: Any) -> Any:
         """The first of `names` (newest first) this libnvidia-ml has, called on the GPU; None if none has."""
         nvml, handle = self._nvml, self._handle(gpu)
@@ -44,7 +47,8 @@ class RealHealth:
         return kernel.read_xids()
 
     def kernel_readiness(self) -> Optional[Dict[str, Any]]:
-        return kernel.readiness()
+        # A module of another driver version does not count as built (it fails to load).
+        return kernel.readiness(driver_version=self.installed_version())
 
     def ecc_mode(self, gpu: int) -> Optional[Tuple[bool, bool]]:
         modes = self._optional(lambda: self._nvml.nvmlDeviceGetEccMode(self._handle(gpu)))
@@ -116,6 +120,22 @@ class RealHealth:
         return None if modes is None else (modes[0] == on, modes[1] == on)
 
     def fabric_info(self, gpu: int) -> Optional[Tuple[int, str]]:
+        info = self._fabric(gpu)
+        if info is None:
+            return None
+        status = int(info.status)
+        return int(info.state), "success" if status == 0 else str(self._nvml.NVMLError(status))
+
+    def fabric_clique(self, gpu: int) -> Optional[Tuple[int, str]]:
+        """The clique id and cluster UUID the fabric gave the GPU, once its registration completed."""
+        info = self._fabric(gpu)
+        if info is None or int(info.state) != self._nvml.NVML_GPU_FABRIC_STATE_COMPLETED:
+            return None
+        import uuid  # only a GPU in an NVLink fabric needs it (and it loads `platform`)
+
+        return int(info.cliqueId), str(uuid.UUID(bytes=bytes(bytearray(info.clusterUuid))))
+
+    def _fabric(self, gpu: int) -> Any:
         """Hopper and later on NVSwitch systems; `...InfoV` since R550, the first version since R530."""
         nvml = self._nvml
         for name, struct in (
@@ -125,6 +145,5 @@ class RealHealth:
             info = getattr(nvml, struct)()  # the V struct's constructor sets its version field
             if self._first(gpu, (name,), ctypes.byref(info)) is None:
                 continue  # not in this driver (or not supported: then the older call says so too)
-            status = int(info.status)
-            return int(info.state), "success" if status == 0 else str(nvml.NVMLError(status))
+            return info
         return None

@@ -15,9 +15,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ... import protocol
 from ..core import system
+from ..core.errors import AgentFailure
 from ..host import procs
 from ..host.pci import sysfs_name
-from ..packages import driver, runfile, services
+from ..packages import driver, imex, persistenced, runfile, services
 from .backend import Backend, GpuLost, NoSuchLink, NvmlUnavailable, nvml_message
 from .nvml_health import RealHealth
 
@@ -71,7 +72,21 @@ class RealBackend(RealHealth, Backend):
         return {"version": version, **state}
 
     def persistence_daemon(self) -> Dict[str, Any]:
-        return services.state(protocol.PERSISTENCED_UNIT)
+        state = services.state(protocol.PERSISTENCED_UNIT)
+        if state["service"] in ("absent", "unknown"):
+            return state
+        return dict(state, exec_start=persistenced.effective_exec_start())
+
+    def check_mirror(self, repo: Dict[str, str], packages: List[str]) -> Optional[Dict[str, Any]]:
+        from ..packages import mirror  # only a rig with driver.repo asks
+
+        try:
+            return {"missing": mirror.check(repo, packages), "error": None}
+        except AgentFailure as exc:
+            return {"missing": [], "error": exc.message}
+
+    def imex(self) -> Optional[Dict[str, Any]]:
+        return imex.facts(services.state(imex.UNIT))
 
     def unheld_driver_packages(self, version: str) -> List[str]:
         return driver.unheld_packages(version)

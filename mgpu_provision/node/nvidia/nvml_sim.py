@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ...protocol import FABRICMANAGER_UNIT, GPU_SETTINGS_UNIT, PERSISTENCED_UNIT, branch_of
 from ..core import system
 from ..core.errors import AgentFailure
+from ..packages import persistenced
 from ..packages.driver import version_key
 from .backend import P2P_NVLINK, REMOTE_GPU, REMOTE_SWITCH, Backend, NoSuchLink, NvmlUnavailable, nvml_message
 from .sim_health import SimulatedHealth
@@ -21,6 +22,7 @@ from .twin import Twin, link_plan
 _PCIE_LEVELS = {"PIX": 10, "PSB": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50, "SOC": 50}
 _P2P_OK, _P2P_NOT_SUPPORTED = 0, 5
 _SWITCH_BUSES = 4
+IMEX = "nvidia-imex"
 
 
 class SimulatedBackend(SimulatedHealth, Backend):
@@ -45,12 +47,7 @@ class SimulatedBackend(SimulatedHealth, Backend):
             return None
         if version is None:
             return {"version": None, "service": "absent", "enabled": False}
-        unit = self.twin.service(FABRICMANAGER_UNIT)
-        # Fabric Manager refuses to start unless it matches the loaded driver exactly.
-        service = (
-            "inactive" if not unit["running"] else "active" if version == self.loaded_version() else "failed"
-        )
-        return {"version": version, "service": service, "enabled": unit["enabled"]}
+        return self._versioned_daemon(FABRICMANAGER_UNIT, version)
 
     def persistence_daemon(self) -> Dict[str, Any]:
         # It comes with the driver's packages, and runs only while the driver's module is loaded.
@@ -58,7 +55,23 @@ class SimulatedBackend(SimulatedHealth, Backend):
             return {"service": "absent", "enabled": False}
         unit = self.twin.service(PERSISTENCED_UNIT)
         running = unit["running"] and self.loaded_version() == self.twin.driver_version()
-        return {"service": "active" if running else "inactive", "enabled": unit["enabled"]}
+        service = "active" if running else "inactive"
+        command = self.twin.exec_start(PERSISTENCED_UNIT)
+        return {"service": service, "enabled": unit["enabled"], "exec_start": command}
+
+    def imex(self) -> Optional[Dict[str, Any]]:
+        # The twin's `imex:` is the installed package's version (schemas/twin.schema.json).
+        version = self.twin.state.get("imex", self.twin.imex)
+        if version is None:  # not installed
+            return None
+        return dict(self._versioned_daemon(IMEX, version), channels=self.twin.imex_channels)
+
+    def _versioned_daemon(self, unit_name: str, version: str) -> Dict[str, Any]:
+        # Fabric Manager and IMEX refuse to start unless they match the loaded driver exactly.
+        unit = self.twin.service(unit_name)
+        matches = version == self.loaded_version()
+        service = "inactive" if not unit["running"] else "active" if matches else "failed"
+        return {"version": version, "service": service, "enabled": unit["enabled"]}
 
     def kernel_module(self) -> Optional[str]:
         # Only tracked when the twin says which modules run (driver.kernel_module); an install of the other
@@ -72,18 +85,30 @@ class SimulatedBackend(SimulatedHealth, Backend):
         return self.twin.nouveau and not self.twin.state.get("nouveau_blacklisted_at_boot")
 
     def install_fabric_manager(self, step: Dict[str, Any]) -> Tuple[bool, str]:
-        version = str(step["version"])
-        changed = self.twin.fabricmanager_version() != version
-        self.twin.state["fabricmanager"] = version
-        started, message = self.switch_service(step["unit"], True, step["start"])
-        return changed or started, f"installed Fabric Manager {version}; {message}" if changed else message
+        version, unit = str(step["version"]), step["unit"]
+        key, what = ("imex", unit) if unit == IMEX else ("fabricmanager", "Fabric Manager")
+        imex = self.twin.state.get("imex", self.twin.imex)
+        changed = (imex if key == "imex" else self.twin.fabricmanager_version()) != version
+        if changed:
+            # Saved here: switch_service saves only when the unit changes, and it was often enabled already.
+            self.twin.state[key] = version
+            self.twin.save_state()
+        started, message = self.switch_service(unit, True, step["start"])
+        return changed or started, f"installed {what} {version}; {message}" if changed else message
 
     def set_persistence_daemon(self, step: Dict[str, Any]) -> Tuple[bool, str]:
         if self.twin.driver_version() is None:
             raise AgentFailure(
                 "persistence", f"{PERSISTENCED_UNIT} is not installed; it comes with the driver's packages"
             )
-        return self.switch_service(step["unit"], step["enabled"], step["start"])
+        command = self.twin.exec_start(PERSISTENCED_UNIT)
+        dropped = step["enabled"] and command is not None and not persistenced.persistence_on(command)
+        if dropped and command is not None:  # as the real agent's drop-in does
+            override = persistenced.exec_start_of([persistenced.drop_in(command)])
+            self.twin.set_exec_start(PERSISTENCED_UNIT, override or command)
+            self.twin.save_state()
+        changed, message = self.switch_service(step["unit"], step["enabled"], step["start"])
+        return changed or dropped, (f"drop-in with {persistenced.ON}; " if dropped else "") + message
 
     def unit_state(self, unit: str) -> Dict[str, Any]:
         found = self.twin.service(unit)
@@ -203,6 +228,11 @@ class SimulatedBackend(SimulatedHealth, Backend):
         return len(self.twin.gpus)
 
     def name(self, gpu: int) -> str:
+        hang = self.twin.gpus[gpu]["nvml_hang_s"]
+        if hang:  # as NVML does on a GPU that fell off the bus: the first call about it does not return
+            import time
+
+            time.sleep(hang)
         self.alive(gpu)
         return str(self.twin.gpus[gpu]["name"])
 

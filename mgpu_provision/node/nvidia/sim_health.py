@@ -123,6 +123,12 @@ class SimulatedHealth:
             return None
         return _STATE_CODES[fabric.get("state", "completed")], fabric.get("status", "success")
 
+    def fabric_clique(self, gpu: int) -> Optional[Tuple[int, str]]:
+        fabric = self._health(gpu).get("fabric") or {}
+        if fabric.get("state", "completed") != "completed" or "clique_id" not in fabric:
+            return None
+        return int(fabric["clique_id"]), str(fabric.get("cluster_uuid") or "")
+
     def forget_gpu_settings(self) -> None:
         """What a driver load does to NVML's settings: every GPU back to its default power limit and to
         compute mode `default` (the caller saves the overlay)."""

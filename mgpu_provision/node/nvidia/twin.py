@@ -36,6 +36,8 @@ class Twin:
         self.board: Optional[Dict[str, Any]] = data.get("board")
         self.nvswitch = bool(data.get("nvswitch", False))
         self.fabricmanager: Optional[str] = data.get("fabricmanager")
+        self.imex: Optional[str] = data.get("imex")
+        self.imex_channels = int(data.get("imex_channels", 1))
         self.boot_id: Optional[str] = data.get("boot_id")
         self.nouveau = bool(data.get("nouveau", False))
         self.services: Dict[str, Any] = _mapping(data.get("services") or {}, "services")
@@ -94,9 +96,19 @@ class Twin:
         """`{"enabled", "running"}` of a simulated unit; Fabric Manager runs unless the twin says not."""
         default = {"enabled": True, "running": True} if unit == "nvidia-fabricmanager" else {}
         base = dict({"enabled": False, "running": False}, **default)
-        base.update(_mapping(self.services.get(unit) or {}, f"services.{unit}"))
+        given = _mapping(self.services.get(unit) or {}, f"services.{unit}")
+        base.update({key: value for key, value in given.items() if key in ("enabled", "running")})
         base.update(self.state.get("services", {}).get(unit, {}))
         return {"enabled": bool(base["enabled"]), "running": bool(base["running"])}
+
+    def exec_start(self, unit: str) -> Optional[str]:
+        """The unit's effective ExecStart the twin gives (`services.<unit>.exec_start`), as apply left it."""
+        given = _mapping(self.services.get(unit) or {}, f"services.{unit}").get("exec_start")
+        found = self.state.get("exec_start", {}).get(unit, given)
+        return None if found is None else str(found)
+
+    def set_exec_start(self, unit: str, command: str) -> None:
+        self.state.setdefault("exec_start", {})[unit] = command
 
     def set_service(self, unit: str, **values: bool) -> None:
         self.state.setdefault("services", {}).setdefault(unit, {}).update(values)
@@ -152,6 +164,9 @@ def _complete_gpu(path: str, index: int, raw: Any) -> Dict[str, Any]:
         raise _bad(path, f'{where}.cpu_affinity must be a CPU list string such as "0-3,8-11"')
     gpu["pcie"] = dict(DEFAULT_PCIE, **_mapping(gpu.get("pcie") or {}, f"{where}.pcie"))
     gpu["health"] = read_gpu_health(path, f"{where}.health", gpu.get("health"))
+    hang = gpu.setdefault("nvml_hang_s", 0)
+    if not isinstance(hang, (int, float)) or isinstance(hang, bool) or hang < 0:
+        raise _bad(path, f"{where}.nvml_hang_s must be a number of seconds (0 or more)")
     return gpu
 
 

@@ -48,7 +48,7 @@ def _mapping_of(fields: Dict[str, Rule]) -> Rule:
 ECC = {"mode": FLAG, "volatile_uncorrectable": COUNT, "aggregate_uncorrectable": COUNT}
 RETIRED = {"pending": FLAG, "count": COUNT}
 REMAPPED = {"pending": FLAG, "failure": FLAG, "uncorrectable": COUNT}
-FABRIC = {"state": _choice(FABRIC_STATE_NAMES), "status": TEXT}
+FABRIC = {"state": _choice(FABRIC_STATE_NAMES), "status": TEXT, "clique_id": COUNT, "cluster_uuid": TEXT}
 LINK_ERRORS = {"link": COUNT, "crc": COUNT, "replay": COUNT, "recovery": COUNT}
 NESTED = {"ecc": ECC, "retired_pages": RETIRED, "remapped_rows": REMAPPED, "fabric": FABRIC}
 HEALTH: Dict[str, Rule] = {
@@ -78,6 +78,8 @@ KERNEL: Dict[str, Rule] = {
     "nvidia_module_for": TEXTS,
     "secure_boot": FLAG,
     "module_signed": FLAG,
+    "module_key_enrolled": FLAG,
+    "next_boot": TEXT,
 }
 
 
@@ -110,6 +112,8 @@ def read_kernel(path: str, raw: Any) -> Optional[Dict[str, Any]]:
         "nvidia_module_for": list(kernel.get("nvidia_module_for") or []),
         "secure_boot": kernel.get("secure_boot", False),
         "module_signed": kernel.get("module_signed", True),
+        "module_key_enrolled": kernel.get("module_key_enrolled", True),
+        "next_boot": kernel.get("next_boot"),
     }
 
 

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...protocol import PackageSet, branch_of
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
-from . import sources
+from . import mirror, names, sources
 from .common import Command, installed_debs, run_all, upstream, version_key
+from .driver import installed_version
 
 PREFERENCES = "/etc/apt/preferences.d/mgpu-provision-nvidia"
 INSTALL = ["apt-get", "install", "-y", "--no-install-recommends", "--allow-downgrades"]
@@ -54,8 +56,46 @@ def preferences(packages: List[str], version: str) -> str:
     )
 
 
-def matching(names: List[str], patterns: List[str]) -> List[str]:
-    return sorted({n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)})
+def matching(packages: List[str], patterns: List[str]) -> List[str]:
+    return sorted({n for n in packages if any(fnmatch.fnmatchcase(n, p) for p in patterns)})
+
+
+def holdable(packages: List[str]) -> List[str]:
+    """The packages a hold may freeze: never Ubuntu's prebuilt modules for one kernel (held, the next
+    kernel's modules could not come in and that kernel would boot without a driver)."""
+    return [n for n in packages if not matching([n], list(names.NEVER_HOLD))]
+
+
+_BRANCH_IN_NAME = re.compile(r"^(?:nvidia|libnvidia|cuda-drivers)[a-z0-9-]*?-(\d{3})(?:-server)?(?:-open)?$")
+
+
+def moved_branch(show: str, branch: str) -> Optional[str]:
+    """The branch a package of `branch` was folded into (Ubuntu replaces retired branches with transitional
+    packages that depend on the next branch's), None when it is a package of its own branch."""
+    for line in show.splitlines():
+        if not line.startswith(("Depends:", "Pre-Depends:")):
+            continue
+        for alternative in re.split(r"[,|]", line.split(":", 1)[1]):
+            name = alternative.strip().split(" ")[0].split(":")[0]
+            found = _BRANCH_IN_NAME.match(name)
+            if found and found.group(1) != branch:
+                return found.group(1)
+    return None
+
+
+def ubuntu_prebuilt_available(madison: str, branch: int, flavor: str, kernel: str) -> bool:
+    """Whether Ubuntu's archive has signed prebuilt modules for the running kernel: the flavour's
+    metapackage and the package for this kernel's ABI (ubuntu-drivers asks for both)."""
+    flavour = names.kernel_flavour(kernel)
+    if flavour is None:
+        return False
+    server = "server-open" if flavor.endswith("open") else "server"
+    wanted = {
+        "linux-modules-nvidia-{}-{}-{}".format(branch, server, flavour),
+        "linux-modules-nvidia-{}-{}-{}".format(branch, server, kernel),
+    }
+    offered = {line.split("|")[0].strip() for line in madison.splitlines() if line.count("|") >= 2}
+    return wanted <= offered
 
 
 def install_commands(pkgset: PackageSet, held_now: List[str]) -> List[Command]:
@@ -74,31 +114,103 @@ def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
     """Install the step's package set (as the plan resolved it) at one version and hold it; `what` names it
     in the messages."""
     source, branch, hold = step["source"], step["branch"], step["hold"]
-    pkgset = PackageSet(step["pinning"], step["packages"], step["hold_patterns"])
+    if step.get("repo"):
+        use_mirror(step["repo"], step["packages"])
     run_all([Command(["apt-get", "update", "-q"])])  # stale lists say "not available"
-    target = resolve_version(pkgset.install, step["version"], branch)
-    pin = preferences(pkgset.install, target)
+    packages, modules = ubuntu_modules(step) if what == "driver" else (step["packages"], "")
+    pkgset = PackageSet(step["pinning"], packages, step["hold_patterns"])
+    versioned = holdable(pkgset.install)  # the kernel's module packages carry the kernel's version
+    target = resolve_version(versioned, step["version"], branch)
+    refuse_transitional(pkgset.install[0], target, branch)
+    pin = preferences(versioned, target)
     before = installed_debs(sources.APT_PIN_NAMES)
     if _in_place(before, pkgset, target, hold) and system.read_text(PREFERENCES) == (pin if hold else None):
         return False, f"{what} {upstream(target)} already installed ({target})"
     atomic_write(PREFERENCES, pin.encode("utf-8"), 0o644)
     run_all(install_commands(pkgset, [name for name, (_, held) in before.items() if held]))
+    if what == "driver":
+        check_installed_branch(branch)
     if hold:
-        held = matching(list(installed_debs(sources.APT_PIN_NAMES)), pkgset.hold)
+        held = holdable(matching(list(installed_debs(sources.APT_PIN_NAMES)), pkgset.hold))
         run_all([Command(["apt-mark", "hold", *held])] if held else [])
         kept = f"{len(held)} packages held"
     else:
         os.remove(PREFERENCES)  # no hold asked for: later upgrades may move the driver
         kept = "not held"
     reboot = "; reboot to load it" if what == "driver" else ""
-    return True, f"installed {what} {upstream(target)} ({target}) from {source}, {kept}{reboot}"
+    return True, f"installed {what} {upstream(target)} ({target}) from {source}{modules}, {kept}{reboot}"
+
+
+def use_mirror(repo: Dict[str, str], packages: List[str]) -> None:
+    """Check that the set resolves from the mirror alone (before anything changes), then configure it."""
+    missing = mirror.check(repo, packages)
+    if missing:
+        raise AgentFailure(
+            "driver",
+            f"mirror {repo['url']} lacks {', '.join(missing)} (needed by {', '.join(packages)}); nothing "
+            "was changed",
+        )
+    mirror.configure(repo)
+
+
+def running_kernel() -> str:
+    return os.uname().release
+
+
+def ubuntu_modules(step: Dict[str, Any]) -> Tuple[List[str], str]:
+    """(packages, how the modules come) for Ubuntu's server builds: Canonical's signed prebuilt modules for
+    the running kernel's flavour when the archive has them (ubuntu-drivers' choice, and the one that loads
+    under Secure Boot without a MOK), else the source's own set, which builds them with DKMS."""
+    packages: List[str] = list(step["packages"])
+    flavor = step["flavor"] or ""
+    if step["source"] != "ubuntu" or not flavor.startswith("server"):
+        return packages, ""
+    branch = int(step["branch"])
+    if packages != names.driver_set("ubuntu", branch, flavor)[1]:
+        return packages, ""  # the rig's own `packages`, or Fabric Manager's
+    kernel = running_kernel()
+    flavour = names.kernel_flavour(kernel)
+    if flavour is None:
+        return packages, f" (DKMS: {kernel} is not an Ubuntu kernel)"
+    prebuilt = names.ubuntu_prebuilt(branch, flavor, flavour)
+    abi = prebuilt[-1][: -len(flavour)] + kernel
+    madison = system.run(["apt-cache", "madison", prebuilt[-1], abi], timeout=120).stdout
+    if not ubuntu_prebuilt_available(madison, branch, flavor, kernel):
+        return packages, f" (DKMS: no prebuilt modules for {kernel})"
+    return prebuilt, f" (signed prebuilt modules for {kernel})"
+
+
+def refuse_transitional(package: str, target: str, branch: str) -> None:
+    """A package of a retired branch that only depends on another branch's set would install that branch
+    unpinned and unheld, and every later plan would show it moving back: refused, naming the branch."""
+    show = system.run(["apt-cache", "show", f"{package}={target}"], timeout=120).stdout
+    moved = moved_branch(show, branch)
+    if moved is not None:
+        raise AgentFailure(
+            "driver",
+            f"{package} {target} is a transitional package: the archive moved branch {branch} to {moved} "
+            f"(it depends on the {moved} set); set driver.branch to \"{moved}\"; nothing was changed",
+        )
+
+
+def check_installed_branch(branch: str) -> None:
+    """After an install, the driver library apt put on the box is of the branch asked for."""
+    version = installed_version()
+    if version is not None and version.split(".")[0] != branch:
+        raise AgentFailure(
+            "driver",
+            f"apt installed driver {version}, not branch {branch}: the archive's packages of branch {branch} "
+            "lead to another branch; pin that branch in the rig file",
+        )
 
 
 def _in_place(
     installed: Dict[str, Tuple[str, bool]], pkgset: PackageSet, target: str, hold: bool
 ) -> bool:
-    at_version = all(upstream(installed.get(p, ("", False))[0]) == upstream(target) for p in pkgset.install)
-    unheld = [n for n in matching(list(installed), pkgset.hold) if not installed[n][1]]
+    present = all(p in installed for p in pkgset.install)
+    versioned = holdable(pkgset.install)  # the kernel's module packages carry the kernel's version
+    at_version = present and all(upstream(installed[p][0]) == upstream(target) for p in versioned)
+    unheld = [n for n in holdable(matching(list(installed), pkgset.hold)) if not installed[n][1]]
     return at_version and not (hold and unheld)
 
 

@@ -13,8 +13,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...protocol import FABRICMANAGER_UNIT
 from ..core import system
+from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
-from . import apt, driver
+from . import apt, driver, persistenced
 from .common import Command, installed_debs, rpm_provider, run_all, upstream
 
 
@@ -26,7 +27,8 @@ def state(unit: str) -> Dict[str, Any]:
     service = result.stdout.strip()
     if service not in ("active", "failed"):
         # A unit that does not exist reads "inactive" on some systemd versions: ask whether it is installed.
-        listed = system.run(["systemctl", "list-unit-files", unit + ".service", "--no-legend"], timeout=20)
+        named = unit if unit.endswith((".service", ".timer")) else unit + ".service"
+        listed = system.run(["systemctl", "list-unit-files", named, "--no-legend"], timeout=20)
         service = "inactive" if listed.stdout.strip() else "absent"
     enabled = system.run(["systemctl", "is-enabled", unit], timeout=20).stdout.strip()
     return {"service": service, "enabled": enabled in ("enabled", "enabled-runtime", "static")}
@@ -46,7 +48,9 @@ def switch(unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
         commands.append(Command(["systemctl", "stop", unit]))
     if not commands:
         return False, f"{unit} already {'enabled' if enable else 'disabled'}"
-    run_all(commands, "service")
+    # A unit file apply has just written or changed is read again first: without it a changed timer would
+    # keep its old interval until the next boot.
+    run_all([Command(["systemctl", "daemon-reload"]), *commands], "service")
     done = {"enable": "enabled", "restart": "started", "disable": "disabled", "stop": "stopped"}
     verbs = " and ".join(done[c.argv[1]] for c in commands)
     return True, f"{unit} {verbs}"
@@ -54,10 +58,14 @@ def switch(unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
 
 def install_fabric_manager(step: Dict[str, Any]) -> Tuple[bool, str]:
     """Fabric Manager and NSCQ (the step's packages) at exactly the driver's version, held, the service
-    enabled (and started)."""
+    enabled (and started); the same for nvidia-imex (the step's unit), which also lives at the driver's
+    version. NVLink Subnet Manager (in Fabric Manager's set on NVLink5 boards) needs the ib_umad module."""
     version, unit, names = step["version"], step["unit"], step["packages"]
+    what = "Fabric Manager" if unit == FABRICMANAGER_UNIT else unit
+    if "nvlsm" in names:
+        _load_at_boot("ib_umad", bool(step["start"]))
     if step["method"] == "dnf":
-        installed = rpm_provider(FABRICMANAGER_UNIT)
+        installed = rpm_provider(unit)  # nvidia-fabric-manager Provides nvidia-fabricmanager
         changed = installed is None or installed[1] != version
         if changed:
             run_all(
@@ -67,11 +75,24 @@ def install_fabric_manager(step: Dict[str, Any]) -> Tuple[bool, str]:
                 ],
                 "fabricmanager",
             )
-        message = f"installed Fabric Manager {version}" if changed else f"Fabric Manager {version} installed"
+        message = f"installed {what} {version}" if changed else f"{what} {version} installed"
     else:
-        changed, message = apt.install(step, "Fabric Manager")
+        changed, message = apt.install(step, what)
     started, service = switch(unit, True, step["start"])
     return changed or started, f"{message}; {service}"
+
+
+MODULES_LOAD = "/etc/modules-load.d/mgpu-provision-{}.conf"
+
+
+def _load_at_boot(module: str, now: bool) -> None:
+    """A kernel module loaded at every boot (modules-load.d) and, when `now`, at once."""
+    path = MODULES_LOAD.format(module)
+    text = f"# Written by mgpu-provision: NVLink Subnet Manager needs it.\n{module}\n"
+    if system.read_text(path) != text:
+        atomic_write(path, text.encode("utf-8"), 0o644)
+    if now:
+        run_all([Command(["modprobe", module])], "fabricmanager")
 
 
 def persistence_daemon(step: Dict[str, Any]) -> Tuple[bool, str]:
@@ -85,8 +106,12 @@ def persistence_daemon(step: Dict[str, Any]) -> Tuple[bool, str]:
         run_all([Command([*manager, package])], "persistence")
         installed = True
         _hold_what_it_pulled_in()
+    dropped, why = persistenced.ensure_persistence_mode() if enable else (False, "")
+    if dropped and step["start"] and state(unit)["service"] == "active":
+        run_all([Command(["systemctl", "restart", unit])], "persistence")  # the new command line
     changed, message = switch(unit, enable, step["start"])
-    return changed or installed, (f"installed {package}; " if installed else "") + message
+    message = f"{why}; {message}" if dropped else message
+    return changed or installed or dropped, (f"installed {package}; " if installed else "") + message
 
 
 def _hold_what_it_pulled_in() -> None:

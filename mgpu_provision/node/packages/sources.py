@@ -11,6 +11,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from ...protocol import PackageSet
+from . import names
 
 SOURCES = ("ubuntu", "cuda", "debian", "rhel")
 FLAVORS: Dict[str, Tuple[str, ...]] = {
@@ -19,10 +20,8 @@ FLAVORS: Dict[str, Tuple[str, ...]] = {
     "debian": ("default", "open"),
     "rhel": ("default", "open"),
 }
-DEFAULT_FLAVOR = {"ubuntu": "server", "cuda": "default", "debian": "default", "rhel": "default"}
 # Debian has no Fabric Manager package at all; the others ship it at every driver version.
 HAS_FABRICMANAGER = {"ubuntu": True, "cuda": True, "debian": False, "rhel": True}
-UNVERSIONED_FROM = 590  # NVIDIA's CUDA repository: package names without the branch from here on
 
 # Held together with the driver: Ubuntu and the CUDA repository put the branch in every versioned piece
 # (libraries, utils, kernel source, NSCQ, prebuilt linux-modules-nvidia-<branch>-<kernel>); the unversioned
@@ -34,7 +33,6 @@ APT_PIN_NAMES = ("*nvidia*", "libcuda*", "cuda-drivers*", "libnvsdm*")
 RHEL_LIKE = ("rhel", "rocky", "almalinux", "ol", "centos", "fedora", "amzn")
 # Debian (contrib) and NVIDIA's RPM repository ship the daemon on its own; Ubuntu's driver packages carry it.
 PERSISTENCED_PACKAGE = "nvidia-persistenced"
-DEBIAN_COMPUTE = ("nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp")
 
 
 # NVML names of GPUs older than Turing (Kepler, Maxwell, Pascal, Volta): open kernel modules need the GSP
@@ -61,6 +59,15 @@ def runfile_module_type(flavor: Optional[str], model: str, branch: str) -> str:
     return "open"
 
 
+def default_flavor(source: str, model: str, branch: str) -> str:
+    """The flavor a rig without one gets: NVIDIA's default module type for the branch on this GPU (open from
+    560 on Turing and later), in the source's words (Ubuntu: the server builds)."""
+    open_modules = runfile_module_type(None, model, branch) == "open"
+    if source == "ubuntu":
+        return "server-open" if open_modules else "server"
+    return "open" if open_modules else "default"
+
+
 def default_source(os_id: Optional[str], os_like: List[str]) -> Optional[str]:
     """The source a node's /etc/os-release suggests, None when the distribution is not one of ours."""
     ids = [os_id or "", *os_like]
@@ -83,32 +90,35 @@ def method_of(source: str, os_id: Optional[str], os_like: List[str]) -> str:
 
 
 def apt_set(
-    source: str, branch: str, flavor: str, fabricmanager: bool, packages: Optional[List[str]] = None
+    source: str,
+    branch: str,
+    flavor: str,
+    fabricmanager: bool,
+    packages: Optional[List[str]] = None,
+    debian_family: bool = False,
+    nvlink5: bool = False,
 ) -> PackageSet:
+    """The set one apt install puts on a node (names from node/packages/names.py). NVIDIA's repository for
+    Debian names its libraries without the branch at every branch (`debian_family`: the node is Debian), as
+    the CUDA repository does everywhere from 590: the unversioned set is held by name."""
     b = int(branch)
-    if source == "ubuntu":
-        suffix = {"default": "", "server": "-server", "open": "-open", "server-open": "-server-open"}[flavor]
-        install = ["nvidia-driver-{}{}".format(b, suffix)]
-        pinning: List[str] = []
-        hold = [p.format(b=b) for p in _BRANCH_HOLD]
-    elif source == "cuda":
-        unversioned = b >= UNVERSIONED_FROM
-        name = "nvidia-open" if flavor == "open" else "cuda-drivers"
-        install = [name if unversioned else "{}-{}".format(name, b)]
-        pinning = ["nvidia-driver-pinning-{}".format(b)] if unversioned else []
-        hold = list(_UNVERSIONED_HOLD) if unversioned else [p.format(b=b) for p in _BRANCH_HOLD]
-    elif source == "debian":
-        module = "nvidia-open-kernel-dkms" if flavor == "open" else "nvidia-kernel-dkms"
-        install = [*DEBIAN_COMPUTE, module]
-        pinning = []
+    pinning, install = names.driver_set(source, b, flavor)
+    unversioned = source == "cuda" and (b >= names.UNVERSIONED_DRIVER_FROM or debian_family)
+    if unversioned or source == "debian":
         hold = list(_UNVERSIONED_HOLD)
     else:
-        raise ValueError("source {!r} is not installed with apt".format(source))
+        hold = [p.format(b=b) for p in _BRANCH_HOLD]
     if packages:
         install = list(packages)
     if fabricmanager:
-        install += fabricmanager_packages(source, branch)
+        install += fabricmanager_packages(source, branch, "apt", nvlink5)
     return PackageSet(pinning, install, hold)
+
+
+def fabricmanager_packages(source: str, branch: str, method: str = "apt", nvlink5: bool = False) -> List[str]:
+    """Fabric Manager and NSCQ (the NVSwitch library it loads), always at the driver's exact version, and
+    on NVLink5 boxes NVSDM and the subnet manager; the names change at 580 (node/packages/names.py)."""
+    return names.fabric_set(source, method, int(branch), nvlink5)
 
 
 def dnf_packages(branch: str, flavor: str, exact: bool, fabricmanager: bool) -> List[str]:
@@ -117,20 +127,7 @@ def dnf_packages(branch: str, flavor: str, exact: bool, fabricmanager: bool) -> 
     open_modules = flavor == "open"
     if exact:
         kmod = "kmod-nvidia-open-dkms" if open_modules else "kmod-nvidia-latest-dkms"
-        names = ["nvidia-driver", "nvidia-driver-cuda", kmod]
+        wanted = ["nvidia-driver", "nvidia-driver-cuda", kmod]
     else:
-        names = ["nvidia-open" if open_modules else "cuda-drivers"]
-    return names + (fabricmanager_packages("rhel", branch, "dnf") if fabricmanager else [])
-
-
-def fabricmanager_packages(source: str, branch: str, method: str = "apt") -> List[str]:
-    """Fabric Manager and NSCQ (the NVSwitch library it loads), always at the driver's exact version.
-
-    RPMs call it `nvidia-fabric-manager` (which Provides `nvidia-fabricmanager`); debs carry the branch.
-    """
-    b = int(branch)
-    if method == "dnf":
-        return ["nvidia-fabric-manager", "libnvidia-nscq-{}".format(b)]
-    if source == "cuda" and b >= UNVERSIONED_FROM:
-        return ["nvidia-fabricmanager", "libnvidia-nscq"]
-    return ["nvidia-fabricmanager-{}".format(b), "libnvidia-nscq-{}".format(b)]
+        wanted = ["nvidia-open" if open_modules else "cuda-drivers"]
+    return wanted + (fabricmanager_packages("rhel", branch, "dnf") if fabricmanager else [])

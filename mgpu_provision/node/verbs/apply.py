@@ -14,6 +14,7 @@ import subprocess
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ... import protocol
+from ..core import archive
 from ..core.atomic import HostLock, atomic_write
 from ..core.errors import AgentFailure
 from ..nvidia.backend import Backend, NvmlUnavailable
@@ -81,6 +82,7 @@ def run_step(step: Dict[str, Any], backend: Backend) -> StepResult:
         protocol.COMPUTE_MODE: gpu_settings.set_compute_mode,
         protocol.POWER_LIMIT: gpu_settings.set_power_limit,
         protocol.REMOVE: lambda s, b: remove_file(s["path"]),
+        protocol.AGENT: lambda s, b: archive.install(s["path"], s["sha256"]),
         protocol.RESTART: lambda s, b: restart(s["command"]),
     }
     return kinds[step["kind"]](step, backend)

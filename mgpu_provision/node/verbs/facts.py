@@ -11,7 +11,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from ... import __version__
-from ..core import system
+from ..core import archive, system
 from ..host import files, hostenv, machine, procs, torch_probe
 from ..host.pci import same_pci
 from ..nvidia.backend import (
@@ -40,10 +40,15 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
     facts: Dict[str, Any] = {
         "schema_version": FACTS_SCHEMA_VERSION,
         "agent_version": __version__,
+        "agent_digest": archive.archive_digest(),
         "host": system.host_info(backend.simulated, backend.boot_id(), backend.distribution()),
         "board": backend.board(),
         "fabricmanager": backend.fabric_manager(),
         "persistenced": backend.persistence_daemon(),
+        "imex": backend.imex(),
+        "driver_mirror": backend.check_mirror(args["driver_repo"], args.get("driver_packages") or [])
+        if args.get("driver_repo")
+        else None,
         "units": {str(unit): backend.unit_state(str(unit)) for unit in args.get("units") or ()},
         "sli": files.read_sli(args.get("xorg_paths") or []),
         "xorg_layouts": files.server_layouts(args.get("xorg_layout_paths") or []),
@@ -150,7 +155,13 @@ def gpu_facts(backend: Backend, index: int) -> Dict[str, Any]:
         "persistence_mode": backend.persistence_mode(index),
         "pcie": backend.pcie_link(index),
         "nvlinks": nvlink_facts(backend, index),
+        "fabric": _fabric(backend, index),
     }
+
+
+def _fabric(backend: Backend, index: int) -> Optional[Dict[str, Any]]:
+    clique = backend.fabric_clique(index)
+    return None if clique is None else {"clique_id": clique[0], "cluster_uuid": clique[1]}
 
 
 def nvlink_facts(backend: Backend, index: int) -> List[Dict[str, Any]]:

@@ -15,6 +15,7 @@ from ... import protocol
 from ...facts import HostInfo
 from ...judge import driver as judge
 from ...node.packages import sources
+from ...rig.cards import nvlink5_hgx, open_modules_only
 from ...rig.models import Driver
 from ..change import Action, Change, HostContext
 
@@ -33,7 +34,9 @@ class Source:
         return f"{self.name} packages" if self.name else "runfile"
 
 
-def resolve(want: Driver, host: HostInfo) -> Source:
+def resolve(want: Driver, host: HostInfo, model: str) -> Source:
+    """Source, method and flavor for this host; a rig without `flavor` gets NVIDIA's default module type
+    for its branch on `model` (the rig's GPU): open from 560 on Turing and later."""
     if want.method == "runfile":
         return Source(None, "runfile", want.flavor)
     # Facts without os-release (older agents) read as Ubuntu, the first source this tool supported.
@@ -47,7 +50,7 @@ def resolve(want: Driver, host: HostInfo) -> Source:
             f"no known driver source for {host.os}: set driver.source",
         )
     method = want.method or sources.method_of(name, os_id, host.os_like)
-    flavor = want.flavor or sources.DEFAULT_FLAVOR[name]
+    flavor = want.flavor or sources.default_flavor(name, model, branch_of_rig(want))
     problem = None
     if flavor not in sources.FLAVORS[name]:
         problem = f"the {name} source has no {flavor} flavor (it has {', '.join(sources.FLAVORS[name])})"
@@ -114,12 +117,20 @@ def _clear_nouveau(want: Driver, desired: str) -> list[Change]:
     return [blacklist, reboot]
 
 
+def branch_of_rig(want: Driver) -> str:
+    """The branch the rig asks for (validate makes sure it names a version or a branch)."""
+    return protocol.branch_of(want.version) if want.version else str(want.branch or "0")
+
+
 def _flavor_mismatch(ctx: HostContext, want: Driver) -> str | None:
-    """The module type running when it is not the one the rig's flavor asks for, else None."""
+    """The module type running when it is not the one the rig's flavor asks for, else None. Without a
+    flavor either type is accepted, except on GPUs that run only the open modules (Blackwell, Grace)."""
     running = ctx.facts.driver.kernel_module
-    if running is None or ctx.host.os != "linux" or (want.flavor is None and want.method != "runfile"):
+    if running is None or ctx.host.os != "linux":
         return None
-    flavor = resolve(want, ctx.facts.host).flavor or ""
+    if want.flavor is None and want.method != "runfile" and not open_modules_only(ctx.rig.gpus.model):
+        return None
+    flavor = resolve(want, ctx.facts.host, ctx.rig.gpus.model).flavor or ""
     if want.method == "runfile":
         wanted = sources.runfile_module_type(
             want.flavor, ctx.rig.gpus.model, protocol.branch_of(ctx.facts.driver.installed or "0")
@@ -148,7 +159,7 @@ def _install(
     if ctx.host.os != "linux":
         summary = f"{summary} (by hand on {ctx.host.os})"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
-    source = resolve(want, ctx.facts.host)
+    source = resolve(want, ctx.facts.host, ctx.rig.gpus.model)
     if source.problem:
         summary = f"{summary}: {source.problem}"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
@@ -164,20 +175,33 @@ def _install(
         assert source.name is not None and source.flavor is not None  # resolve() says a problem otherwise
         summary = f"{summary} ({source.label})"
         if source.method == "apt":
-            packages = sources.apt_set(source.name, branch, source.flavor, want.fabricmanager, want.packages)
+            packages = sources.apt_set(
+                source.name, branch, source.flavor, want.fabricmanager, want.packages,
+                debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5_hgx(ctx.rig.gpus.model),
+            )  # fmt: skip
         else:  # dnf: one transaction, nothing to pin first or hold by pattern (versionlock does)
             names = sources.dnf_packages(branch, source.flavor, want.version is not None, want.fabricmanager)
             packages = protocol.PackageSet([], names, [])
         step = protocol.driver_step(
             source.method, source.name, source.flavor, branch, want.version, want.hold, want.fabricmanager,
             packages=packages, modules=source.method != "dnf" or _has_module_streams(ctx.facts.host),
+            repo=ctx.driver_repo if source.method == "apt" else None,
         )  # fmt: skip
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
 
 
+def debian_family(host: HostInfo) -> bool:
+    """A Debian node (not Ubuntu): NVIDIA's repository for it names the driver's libraries without the
+    branch."""
+    return sources.default_source(host.os_id, host.os_like) == "debian"
+
+
 def _has_module_streams(host: HostInfo) -> bool:
-    """RHEL 8/9 and their rebuilds serve NVIDIA's driver as dnf module streams; RHEL 10 and Fedora do not."""
+    """RHEL 8/9 and their rebuilds serve NVIDIA's driver as dnf module streams, and so does Amazon Linux 2023
+    (NVIDIA's installation guide lists it with them); RHEL 10 and Fedora do not."""
     major = protocol.branch_of(host.os_version_id or "0")
+    if host.os_id == "amzn":
+        return major == "2023"
     return host.os_id != "fedora" and major.isdigit() and int(major) < 10
 
 

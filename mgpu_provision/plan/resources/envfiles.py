@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from ...errors import ProvisionError
 from ...facts import Facts, ManagedFile
 from ...judge.files import same_digest
 from ...node.host import envpath
+from ...rig.cache import control_cache_dir
 from ...rig.envvalues import value_problem
 from ...rig.models import Host, Rig
 from ..change import Change, Phase, check_failed
@@ -100,11 +102,15 @@ def sh_prepend(name: str, entries: list[str]) -> list[str]:
 @functools.cache
 def _templates() -> jinja2.Environment:
     """The one template environment of a run, made (and jinja2 imported) when the first file is rendered:
-    a run that renders no file never loads jinja2, and each template is compiled once per run."""
+    a run that renders no file never loads jinja2, and each template is compiled once per run; the compiled
+    templates are kept in the control machine's cache (jinja2's own, checked against each template's
+    source), so a later run does not compile them again."""
     import jinja2
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("mgpu_provision", "templates"),
+        bytecode_cache=_compiled_templates(jinja2.__version__),
+        auto_reload=False,  # the package's templates do not change during a run: no stat per render
         undefined=jinja2.StrictUndefined,
         autoescape=False,  # shell and config files, not HTML; values go through the quoting filters instead
         trim_blocks=True,
@@ -113,6 +119,18 @@ def _templates() -> jinja2.Environment:
     )
     env.filters.update(shell_quote=shell_quote, env_quote=env_quote)
     return env
+
+
+def _compiled_templates(version: str) -> jinja2.BytecodeCache | None:
+    """jinja2's bytecode cache in a folder per jinja2 version; none where that folder cannot be made."""
+    import jinja2
+
+    folder = control_cache_dir() / f"templates-jinja2-{version}"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(str(folder)) if os.access(folder, os.W_OK) else None
 
 
 def render(template: str, **context: Any) -> str:

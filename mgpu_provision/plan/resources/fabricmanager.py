@@ -14,9 +14,10 @@ from __future__ import annotations
 from ... import protocol
 from ...judge import driver as judge
 from ...node.packages import sources
+from ...rig.cards import nvlink5_hgx
 from ...rig.models import Driver
 from ..change import Change, HostContext, failed_checks
-from .driver import resolve, satisfies
+from .driver import debian_family, resolve, satisfies
 
 UNIT = protocol.FABRICMANAGER_UNIT
 
@@ -39,12 +40,14 @@ def _converge(ctx: HostContext, want: Driver, driver: str) -> list[Change]:
     start = ctx.facts.driver.loaded == driver
     judged = {finding.kind for finding in judge.fabricmanager(ctx.facts_json, ctx.expect)}
     if judged & {"missing", "version"}:
-        source = resolve(want, ctx.facts.host)
+        source = resolve(want, ctx.facts.host, ctx.rig.gpus.model)
         if source.name is None or source.problem:
             why = source.problem or "no package source"
             summary = f"Fabric Manager {version or 'missing'} → {driver}: {why}"
             return [Change("fabricmanager", "manual", summary, version, driver, phase="driver")]
-        packages = package_set(source.name, source.method, driver)
+        packages = package_set(
+            source.name, source.method, driver, nvlink5_hgx(ctx.rig.gpus.model), debian_family(ctx.facts.host)
+        )
         step = protocol.fabricmanager_step(driver, source.name, source.method, packages, want.hold, start)
         if version is None:
             summary = f"install Fabric Manager {driver} (the driver's version)"
@@ -61,10 +64,13 @@ def _converge(ctx: HostContext, want: Driver, driver: str) -> list[Change]:
     return [Change("fabricmanager", "update", summary, state, wanted, agent_step=step, phase="driver")]
 
 
-def package_set(source: str, method: str, version: str) -> protocol.PackageSet:
-    """Fabric Manager and NSCQ at the driver's branch: apt's set from `source`, or dnf's names."""
+def package_set(
+    source: str, method: str, version: str, nvlink5: bool = False, debian: bool = False
+) -> protocol.PackageSet:
+    """Fabric Manager and NSCQ at the driver's branch (with NVSDM, NVLink Subnet Manager and its tools on
+    NVLink5 boards): apt's set from `source`, or dnf's names."""
     branch = protocol.branch_of(version)
-    names = sources.fabricmanager_packages(source, branch, method)
+    names = sources.fabricmanager_packages(source, branch, method, nvlink5)
     if method == "dnf":
         return protocol.PackageSet([], names, [])
-    return sources.apt_set(source, branch, "default", False, names)
+    return sources.apt_set(source, branch, "default", False, names, debian_family=debian)

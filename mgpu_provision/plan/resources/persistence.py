@@ -11,7 +11,7 @@ Linux only, and only when the rig file asks for a value.
 from __future__ import annotations
 
 from ... import protocol
-from ...node.packages import sources
+from ...node.packages import persistenced, sources
 from ..change import Change, HostContext, Phase
 from .driver import resolve
 
@@ -36,7 +36,9 @@ def _daemon_change(ctx: HostContext, wanted: bool) -> Change | None:
     driver = ctx.facts.driver
     start = driver.installed is not None and driver.loaded == driver.installed
     running = daemon.service == "active"
-    if wanted and daemon.enabled and (running or not start):
+    # Enabled and active is not yet persistence: Ubuntu's unit runs the daemon with --no-persistence-mode.
+    mode_off = wanted and daemon.exec_start is not None and not persistenced.persistence_on(daemon.exec_start)
+    if wanted and daemon.enabled and (running or not start) and not mode_off:
         return None
     if not wanted and not daemon.enabled and not running:
         return None
@@ -48,6 +50,13 @@ def _daemon_change(ctx: HostContext, wanted: bool) -> Change | None:
     else:
         desired = "enabled and active" if start else "enabled (it starts at boot)"
     summary = f"persistence mode {_WORD[wanted]} through {UNIT}: {state} → {desired}"
+    if mode_off:
+        state = f"{state}, without {persistenced.ON}"
+        desired = f"{desired}, {persistenced.ON} (drop-in)"
+        summary = (
+            f"persistence mode on through {UNIT}: its command line {daemon.exec_start!r} lacks "
+            f"{persistenced.ON} (a drop-in adds it)"
+        )
     # Installing the daemon is a package install of the driver set: it runs after the driver's own install
     # (same phase, later in plan order), so apt or dnf resolves its dependencies at the pinned version.
     phase: Phase = "driver" if daemon.service == "absent" else "persistence"
@@ -59,7 +68,7 @@ def _package(ctx: HostContext) -> tuple[str | None, str | None]:
     want = ctx.rig.driver
     if want is None or want.method == "runfile":
         return None, None  # the runfile installs the daemon with the driver
-    source = resolve(want, ctx.facts.host)
+    source = resolve(want, ctx.facts.host, ctx.rig.gpus.model)
     if source.name is None or source.name == "ubuntu":
         return None, None
     return sources.PERSISTENCED_PACKAGE, source.method

@@ -1,0 +1,63 @@
+"""Where the running agent came from: the zipapp the control side uploaded, or the folder it unpacked into.
+
+The node check runs the agent from a stable path, so apply installs the very archive that answered its
+facts: the facts report that archive's digest, and apply's `agent` step copies it (docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Optional, Tuple
+
+from .errors import AgentFailure
+
+
+def agent_root() -> str:
+    """The archive (or folder) the `mgpu_provision` package is imported from: what a child puts on its
+    path to run the same code."""
+    import mgpu_provision
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(mgpu_provision.__file__)))
+
+
+def agent_archive() -> Optional[str]:
+    """The zipapp this agent runs from (`agent-H.pyz`, or the one beside its unpacked `agent-H/`); None when
+    it runs from a source tree."""
+    root = agent_root()
+    if root.endswith(".pyz") and os.path.isfile(root):
+        return root
+    beside = root + ".pyz"
+    return beside if os.path.isfile(beside) else None
+
+
+def archive_digest() -> Optional[str]:
+    """sha256 of the agent's zipapp, as the facts report a managed file's; None without one."""
+    path = agent_archive()
+    if path is None:
+        return None
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def install(path: str, sha256: str) -> Tuple[bool, str]:
+    """apply's `agent` step: this agent's zipapp at `path` (0644), when it is the one that was planned."""
+    from .atomic import atomic_write  # only apply's step writes; the facts verb only hashes
+
+    source = agent_archive()
+    if source is None:
+        raise AgentFailure(
+            "bad-request", "this agent runs from a source tree, not a zipapp: nothing to install"
+        )
+    with open(source, "rb") as handle:
+        data = handle.read()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise AgentFailure("refused", f"this agent is not the one planned (sha256 {sha256[:12]}): plan again")
+    try:
+        with open(path, "rb") as handle:
+            if hashlib.sha256(handle.read()).hexdigest() == sha256:
+                return False, f"{path} is up to date"
+    except FileNotFoundError:
+        pass
+    atomic_write(path, data, 0o644)
+    return True, f"installed the agent at {path} (sha256 {sha256[:12]}…)"

@@ -1,0 +1,265 @@
+"""`mgpu-provision-check`: the node judges itself, with no SSH and no control machine.
+
+Slurm's HealthCheckProgram, a systemd timer and a person at the console all run this one command, as root,
+often with nothing but PATH set. It reads the expectations apply wrote (`judge.records.Expectation` as
+JSON), gathers the node's facts with the agent's own `facts` verb and judges them with the shipped judge
+(`judge.verdict`), the same functions `plan` runs on the control side, so both report the same findings.
+
+Its contract (docs: README "Monitoring and scheduled checks"):
+- exit 0: healthy and as the rig says; 2: something failed or drifted, one line per finding; 1: it could
+  not check (why, on stderr). `--json` prints one object with the same findings.
+- It ends within its deadline even when NVML hangs on a GPU that fell off the bus: the facts are gathered
+  in a child process that is killed when its share of the deadline is spent, and that timeout is itself a
+  finding. Slurm kills the program after 60 s, so the default deadline is well under that.
+- Two runs never overlap (a lock in the state folder); it changes nothing on the node but its own lock
+  and, with `--textfile-dir`, node_exporter's `.prom` file, replaced atomically (a temporary file in the
+  same folder, then a rename) so a scrape never reads half of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+
+from ... import __version__, protocol
+from ...judge.records import Expectation, Finding, expectation_from_json
+from ...judge.verdict import judge_each
+from ..core.archive import agent_root
+from ..core.atomic import HostLock, atomic_write
+from ..core.errors import AgentFailure
+from . import check_metrics
+
+EXIT_HEALTHY, EXIT_ERROR, EXIT_FAILED = 0, 1, 2
+DEFAULT_DEADLINE_S = 45.0
+# Below this no run can finish: starting the child Python and reading a healthy box take about a second.
+MIN_DEADLINE_S = 5.0
+# What is kept back from the facts' share for judging, writing the metrics file and ending the child.
+RESERVE_S = 2.0
+# The longest a run waits for another run's lock, as a share of its deadline (the other run ends within
+# its own deadline; the rest is the facts').
+LOCK_SHARE = 0.25
+PROM_FILE = "mgpu-provision-check.prom"
+# Names the check's .prom files ever had (or may get): any other one left in the folder would repeat the
+# same series, and node_exporter fails the whole textfile scrape on a duplicate.
+PROM_PREFIX = "mgpu-provision-check"
+DEFAULT_EXPECTATIONS = "/etc/mgpu-provision/expectation.json"
+DEFAULT_LOCK = "/var/lib/mgpu-provision/check.lock"
+# The child: the agent's door, from the same archive (or folder) this command runs from.
+_CHILD = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from mgpu_provision.node.__main__ import main; "
+    "sys.exit(main(['agent', 'facts'], sys.stdin, sys.stdout))"
+)
+
+
+class CheckError(Exception):
+    """The check could not be made (exit 1): the message says why."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse's own exit code is 2, which this command's callers read as a failed check.
+        raise CheckError(f"{message} (see --help)")
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = _Parser(
+        prog="mgpu-provision-check",
+        description="Judge this node against the expectations apply wrote. Exit 0: healthy; 2: a failed "
+        "check or drift (one line each); 1: it could not check.",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=DEFAULT_DEADLINE_S,
+        metavar="S",
+        help=f"end within S seconds, even when NVML hangs (default {DEFAULT_DEADLINE_S:g})",
+    )
+    parser.add_argument("--expectations", default=DEFAULT_EXPECTATIONS, metavar="FILE")
+    parser.add_argument(
+        "--textfile-dir", metavar="DIR", help="node_exporter textfile folder for the .prom file"
+    )
+    parser.add_argument("--lock", default=DEFAULT_LOCK, metavar="FILE")
+    return parser.parse_args(list(argv))
+
+
+def load_expectation(path: str) -> Expectation:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        raise CheckError(f"{path} is missing: run `mgpu-provision apply` for this host") from None
+    except OSError as exc:
+        raise CheckError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CheckError(f"{path} is not JSON ({exc}): run `mgpu-provision apply` for this host") from None
+    try:
+        return expectation_from_json(data)
+    except ValueError as exc:
+        raise CheckError(f"{path}: {exc}: run `mgpu-provision apply` for this host") from None
+
+
+def gather_facts(expect: Expectation, budget_s: float) -> Tuple[Optional[Dict[str, Any]], List[Finding]]:
+    """(the facts, []) from the agent's facts verb in a child, or (None, [the timeout]) when the child did
+    not answer within `budget_s`; a child that answers with an error is a CheckError."""
+    request = {"args": protocol.facts_request(files=sorted(expect.files)), "simulate": None}
+    child = subprocess.Popen(
+        [sys.executable, "-S", "-I", "-c", _CHILD, agent_root()],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group: whatever it started is ended with it
+        text=True,
+    )
+    try:
+        out, err = child.communicate(json.dumps(request), timeout=max(budget_s, 0.1))
+    except subprocess.TimeoutExpired:
+        _end(child)
+        message = f"the node's facts did not come within {budget_s:.1f} s: an NVML call hangs"
+        advice = "a GPU may have fallen off the bus; look for Xid 79 in the kernel log and drain the node"
+        return None, [Finding("nvml", message, "no answer", "facts", kind="timeout", advice=advice)]
+    try:
+        reply = json.loads(out)
+    except ValueError:
+        raise CheckError(
+            f"the agent's facts verb broke (exit {child.returncode}): {err.strip()[-500:]}"
+        ) from None
+    if not reply.get("ok"):
+        error = reply.get("error") or {}
+        raise CheckError(f"facts: {error.get('kind')}: {error.get('message')}")
+    facts: Dict[str, Any] = reply["result"]
+    return facts, []
+
+
+def _end(child: "subprocess.Popen[str]") -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(child.pid, signal.SIGKILL)
+    # A process stuck in the kernel (a hung NVML ioctl) may not die: it is not waited for long.
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.communicate(timeout=1.0)
+
+
+def check_textfile_dir(folder: str) -> None:
+    if not os.path.isdir(folder):
+        raise CheckError(
+            f"the textfile folder {folder} does not exist (node_exporter's --collector.textfile.directory)"
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CheckError(f"the textfile folder {folder} is not writable")
+
+
+def write_prom(folder: str, text: str) -> None:
+    """Replace the check's .prom file, then remove every other file of the check there (older names)."""
+    path = os.path.join(folder, PROM_FILE)
+    try:
+        atomic_write(path, text.encode("utf-8"), 0o644)
+        for name in os.listdir(folder):
+            if name.startswith(PROM_PREFIX) and name.endswith(".prom") and name != PROM_FILE:
+                os.unlink(os.path.join(folder, name))
+    except OSError as exc:
+        raise CheckError(f"cannot write {path}: {exc.strerror}") from None
+
+
+class Run:
+    """One run's outcome: what the output and the metrics file are made from."""
+
+    def __init__(self, started_s: float) -> None:
+        self.started_s = started_s
+        self.clock = time.monotonic()
+        self.facts: Optional[Dict[str, Any]] = None
+        self.judged: Optional[List[Tuple[str, List[Finding]]]] = None
+        self.extra: List[Finding] = []
+        self.error: Optional[str] = None
+        self.prom_dir: Optional[str] = None  # the textfile folder, once known to be writable
+
+    @property
+    def findings(self) -> List[Finding]:
+        return [f for _, found in self.judged or () for f in found] + self.extra
+
+    @property
+    def exit_code(self) -> int:
+        if self.error is not None:
+            return EXIT_ERROR
+        return EXIT_FAILED if self.findings else EXIT_HEALTHY
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.clock
+
+
+def judge(options: argparse.Namespace, run: Run) -> None:
+    """Fill `run` with the verdict; a CheckError says why there is none."""
+    if os.geteuid() != 0:
+        raise CheckError("must run as root (it reads every GPU and the managed files)")
+    if not options.deadline >= MIN_DEADLINE_S:
+        raise CheckError(f"--deadline {options.deadline:g} is too short: at least {MIN_DEADLINE_S:g} s")
+    if options.textfile_dir:
+        check_textfile_dir(options.textfile_dir)
+        run.prom_dir = options.textfile_dir
+    expect = load_expectation(options.expectations)
+    try:
+        lock = HostLock(options.lock, options.deadline * LOCK_SHARE, holder="node check").__enter__()
+    except AgentFailure as exc:
+        raise CheckError(exc.message) from None
+    try:
+        budget = options.deadline - run.elapsed() - RESERVE_S
+        run.facts, run.extra = gather_facts(expect, budget)
+        run.judged = [] if run.facts is None else judge_each(run.facts, expect)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def finding_json(finding: Finding) -> Dict[str, Any]:
+    return dict(finding._asdict(), summary=finding.summary)
+
+
+def report_json(run: Run) -> Dict[str, Any]:
+    status = {EXIT_HEALTHY: "healthy", EXIT_FAILED: "failed", EXIT_ERROR: "error"}[run.exit_code]
+    return {
+        "host": socket.gethostname(),
+        "status": status,
+        "exit_code": run.exit_code,
+        "error": run.error,
+        "findings": [finding_json(f) for f in run.findings],
+        "checked_at": run.started_s,
+        "duration_s": round(run.elapsed(), 3),
+        "version": __version__,
+    }
+
+
+def main(argv: Sequence[str], out: Any = None, err: Any = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    run = Run(time.time())
+    options: Optional[argparse.Namespace] = None
+    try:
+        options = parse(argv)
+        judge(options, run)
+    except CheckError as exc:
+        run.error = str(exc)
+    if run.prom_dir is not None and options is not None:
+        # Written when the run could not check too: `up 0` is what an alert on a silent node needs.
+        text = check_metrics.render(
+            __version__, run.exit_code, run.started_s, run.elapsed(), None if run.error else run.judged,
+            run.extra, run.facts,
+        )  # fmt: skip
+        try:
+            write_prom(run.prom_dir, text)
+        except CheckError as exc:
+            run.error = str(exc)
+    if options is not None and options.json:
+        out.write(json.dumps(report_json(run), indent=2) + "\n")
+    elif run.error is not None:
+        err.write(f"mgpu-provision-check: cannot check: {run.error}\n")
+    elif run.findings:
+        out.writelines(f"FAIL {f.check}: {f.summary}\n" for f in run.findings)
+    else:
+        out.write(f"OK: {socket.gethostname()} is healthy and as the rig says\n")
+    return run.exit_code

@@ -1,0 +1,153 @@
+"""The node check's verdict as Prometheus text for node_exporter's textfile collector (pure: no I/O).
+
+Conventions that decide whether a series reaches Prometheus at all: no sample timestamps (node_exporter
+refuses a textfile that has them), base units (seconds, bytes per second), versions as labels of an
+`_info` gauge whose value is 1, and labels that join dcgm-exporter's GPU series: `gpu` (the NVML index),
+`UUID` and `pci_bus_id`, spelled as dcgm-exporter spells them. Every series is written on every run (a
+check that passed is a 1, not a missing series), so an alert on `== 0` never mistakes a gap for health.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ...judge.records import Finding
+
+PREFIX = "mgpu_provision_check_"
+Labels = Sequence[Tuple[str, str]]
+# The judges whose findings may name a GPU; the others (driver, files, ...) get no per-GPU series.
+GPU_JUDGES = ("inventory", "topology", "pcie", "health")
+
+
+class Metrics:
+    """Metric families in the order they are added, each with its HELP and TYPE lines once."""
+
+    def __init__(self) -> None:
+        self._families: List[Tuple[str, str, List[str]]] = []
+
+    def add(self, name: str, help_text: str, samples: Sequence[Tuple[Labels, float]]) -> None:
+        lines = [f"{name}{_labels(labels)} {_number(value)}" for labels, value in samples]
+        self._families.append((name, help_text, lines))
+
+    def text(self) -> str:
+        out: List[str] = []
+        for name, help_text, lines in self._families:
+            out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *lines]
+        return "\n".join(out) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: Labels) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{key}="{_escape(value)}"' for key, value in labels) + "}"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def gpu_labels(facts: Optional[Dict[str, Any]]) -> List[Tuple[int, Labels]]:
+    """(index, dcgm-exporter's labels) of every GPU the facts name, the lost ones too (their UUID unknown)."""
+    found: Dict[int, Labels] = {}
+    for gpu in (facts or {}).get("gpus") or ():
+        found[gpu["index"]] = (
+            ("gpu", str(gpu["index"])),
+            ("UUID", gpu.get("uuid") or ""),
+            ("pci_bus_id", gpu.get("pci_bus_id") or ""),
+        )
+    for gpu in (facts or {}).get("lost_gpus") or ():
+        found.setdefault(
+            gpu["index"],
+            (("gpu", str(gpu["index"])), ("UUID", ""), ("pci_bus_id", gpu.get("pci_bus_id") or "")),
+        )
+    return sorted(found.items())
+
+
+def render(
+    version: str,
+    exit_code: int,
+    started_s: float,
+    duration_s: float,
+    judged: Optional[List[Tuple[str, List[Finding]]]],
+    extra: List[Finding],
+    facts: Optional[Dict[str, Any]],
+) -> str:
+    """The .prom file of one run. `judged` is None when the run could not judge (exit 1); `extra` are the
+    findings of the run itself (facts that did not come in time)."""
+    m = Metrics()
+    m.add(PREFIX + "info", "the node check's version", [((("version", version),), 1)])
+    m.add(
+        PREFIX + "up",
+        "1 when the last run could check the node, 0 when it could not (exit 1)",
+        [((), 0 if judged is None else 1)],
+    )
+    m.add(
+        PREFIX + "exit_code",
+        "the last run's exit code: 0 healthy, 2 a finding, 1 could not check",
+        [((), exit_code)],
+    )
+    m.add(PREFIX + "last_run_timestamp_seconds", "when the last run started (Unix time)", [((), started_s)])
+    m.add(PREFIX + "duration_seconds", "how long the last run took", [((), round(duration_s, 3))])
+    if judged is not None:
+        findings = [f for _, found in judged for f in found] + extra
+        m.add(
+            PREFIX + "findings",
+            "findings of the last run (0: healthy and as the rig says)",
+            [((), len(findings))],
+        )
+        drifted = {f.check for name, found in judged if name == "files" for f in found}
+        m.add(
+            PREFIX + "drifted_resources",
+            "managed files that are missing or not what apply wrote",
+            [((), len(drifted))],
+        )
+        m.add(
+            PREFIX + "passed",
+            "1 when the check found nothing wrong, 0 otherwise",
+            [((("check", name),), 0 if found else 1) for name, found in judged]
+            + [((("check", f.check),), 0) for f in extra],
+        )
+        gpus = gpu_labels(facts)
+        failed = {(name, f.gpu) for name, found in judged for f in found if f.gpu is not None}
+        m.add(
+            PREFIX + "gpu_passed",
+            "1 when the check found nothing wrong with this GPU, 0 otherwise",
+            [
+                ((("check", name), *labels), 0 if (name, index) in failed else 1)
+                for name in GPU_JUDGES
+                for index, labels in gpus
+            ],
+        )
+    _versions(m, facts)
+    return m.text()
+
+
+def _versions(m: Metrics, facts: Optional[Dict[str, Any]]) -> None:
+    if facts is None:
+        return
+    driver = facts.get("driver") or {}
+    m.add(
+        PREFIX + "driver_info",
+        "the NVIDIA driver: installed and loaded versions, NVML's state",
+        [
+            (
+                (
+                    ("installed", driver.get("installed") or ""),
+                    ("loaded", driver.get("loaded") or ""),
+                    ("nvml", driver.get("nvml") or ""),
+                ),
+                1,
+            )
+        ],
+    )
+    fm = facts.get("fabricmanager")
+    if fm is not None:
+        m.add(
+            PREFIX + "fabricmanager_info",
+            "Fabric Manager: its version and its service's state",
+            [((("version", fm.get("version") or ""), ("service", fm.get("service") or "")), 1)],
+        )

@@ -1,0 +1,158 @@
+"""The Ubuntu, CUDA-repository and RHEL paths against recorded answers (tests/fixtures/packages/README.md):
+what those archives print for the packages of 2026's boxes, read by the agent's own parsers."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mgpu_provision.node.core import system
+from mgpu_provision.node.core.errors import AgentFailure
+from mgpu_provision.node.packages import apt, names
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "packages"
+
+
+def recorded(name: str) -> str:
+    """A fixture without its `#` header: exactly what the command printed."""
+    lines = (FIXTURES / name).read_text().splitlines(True)
+    return "".join(line for line in lines if not line.startswith("#"))
+
+
+def test_cuda_repository_580_has_fabric_manager_under_the_names_of_the_table() -> None:
+    """Defect 3: at 580 the CUDA repository has `nvidia-fabricmanager`, and no `nvidia-fabricmanager-580`."""
+    madison = recorded("cuda-ubuntu2404-madison-fabricmanager-580.txt")
+    offered = {line.split("|")[0].strip() for line in madison.splitlines()}
+    wanted = names.fabric_set("cuda", "apt", 580)
+    assert set(wanted) <= offered
+    assert {"nvidia-fabricmanager-580", "libnvidia-nscq-580"}.isdisjoint(offered)
+    lines = [line for line in madison.splitlines() if line.startswith("nvidia-fabricmanager ")]
+    assert apt.pick_version(apt.madison_versions("\n".join(lines)), None, "580") == "580.95.05-1"
+
+
+def test_rhel_names_change_at_580() -> None:
+    listing = recorded("rhel9-dnf-list-fabricmanager.txt")
+    offered = {line.split()[0].rsplit(".", 1)[0]: line.split()[1] for line in listing.splitlines()[1:]}
+    for branch in (570, 580):
+        for package in names.fabric_set("rhel", "dnf", branch):
+            assert offered[package].startswith(str(branch)), package
+
+
+def test_a_transitional_branch_names_what_it_moved_to() -> None:
+    """Defect 6: nvidia-headless-565-server only depends on the 580 set."""
+    show = recorded("ubuntu-noble-show-nvidia-headless-565-server.txt")
+    assert apt.moved_branch(show, "565") == "580"
+    own = show.replace("Depends: nvidia-headless-580-server", "Depends: libc6")
+    assert apt.moved_branch(own, "565") is None
+
+
+def test_prebuilt_modules_are_found_for_the_running_kernel() -> None:
+    madison = recorded("ubuntu-noble-madison-linux-modules-nvidia-580.txt")
+    assert apt.ubuntu_prebuilt_available(madison, 580, "server-open", "6.8.0-85-generic")
+    assert not apt.ubuntu_prebuilt_available(madison, 580, "server-open", "6.8.0-86-generic")  # no ABI build
+    assert not apt.ubuntu_prebuilt_available(madison, 580, "server", "6.8.0-85-generic")  # proprietary: none
+
+
+def test_holds_never_freeze_the_kernel_specific_prebuilt_packages() -> None:
+    """Defect 4: the old patterns held linux-modules-nvidia-*-generic, so the next kernel had no module."""
+    query = recorded("ubuntu-noble-dpkg-query-prebuilt.txt")
+    installed = [line.split()[0] for line in query.splitlines()]
+    old_patterns = ["*nvidia*-580", "*nvidia*-580-*", "cuda-drivers-580"]
+    held = apt.holdable(apt.matching(installed, old_patterns))
+    assert not [n for n in held if n.startswith(("linux-modules-", "linux-objects-", "linux-signatures-"))]
+    assert "nvidia-utils-580-server" in held and "libnvidia-compute-580-server" in held
+
+
+def test_install_of_a_transitional_branch_is_refused_before_anything_changes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(apt, "PREFERENCES", str(tmp_path / "pin"))
+    calls: list[list[str]] = []
+    madison = "nvidia-headless-565-server | 565.57.01-0ubuntu0.24.04.4 | http://archive.ubuntu.com/ubuntu x\n"
+    answers: dict[str, Callable[[list[str]], str]] = {
+        "madison": lambda argv: madison,
+        "show": lambda argv: recorded("ubuntu-noble-show-nvidia-headless-565-server.txt"),
+    }
+
+    def run(argv: list[str], timeout: float = 0, env: object = None) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        out = answers[argv[1]](argv) if argv[0] == "apt-cache" else ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(system, "run", run)
+    step = {
+        "source": "ubuntu",
+        "flavor": "server",
+        "branch": "565",
+        "version": None,
+        "packages": ["nvidia-headless-565-server"],
+        "pinning": [],
+        "hold_patterns": ["*nvidia*-565", "*nvidia*-565-*"],
+        "hold": True,
+    }
+    with pytest.raises(AgentFailure, match=r'moved branch 565 to 580 .*set driver.branch to "580"'):
+        apt.install(step, "driver")
+    assert not [c for c in calls if c[:2] == ["apt-get", "install"] or c[0] == "apt-mark"]
+    assert not (tmp_path / "pin").exists()
+
+
+def ubuntu_box(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, modules_madison: str) -> list[list[str]]:
+    """An Ubuntu 24.04 box running 6.8.0-85-generic whose archive answers from the recorded madison."""
+    monkeypatch.setattr(apt, "PREFERENCES", str(tmp_path / "pin"))
+    monkeypatch.setattr(apt, "running_kernel", lambda: "6.8.0-85-generic")
+    calls: list[list[str]] = []
+    driver = "580.95.05-0ubuntu0.24.04.2"
+
+    def run(argv: list[str], timeout: float = 0, env: object = None) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        out = ""
+        if argv[:2] == ["apt-cache", "madison"] and argv[2].startswith("linux-modules-"):
+            out = modules_madison
+        elif argv[:2] == ["apt-cache", "madison"]:
+            out = f"{argv[2]} | {driver} | http://archive.ubuntu.com/ubuntu noble-updates/restricted amd64\n"
+        elif argv[0] == "dpkg-query" and any(c[:2] == ["apt-get", "install"] for c in calls):
+            out = f"libnvidia-compute-580-server {driver} ii \n"
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(system, "run", run)
+    return calls
+
+
+UBUNTU_580 = {
+    "source": "ubuntu",
+    "flavor": "server-open",
+    "branch": "580",
+    "version": None,
+    "packages": ["nvidia-driver-580-server-open"],
+    "pinning": [],
+    "hold_patterns": ["*nvidia*-580", "*nvidia*-580-*"],
+    "hold": False,
+}
+
+
+def test_ubuntu_installs_the_signed_prebuilt_modules_when_the_archive_has_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Defect 4: the server metapackage hard-depends on DKMS; ubuntu-drivers takes the prebuilt modules."""
+    calls = ubuntu_box(monkeypatch, tmp_path, recorded("ubuntu-noble-madison-linux-modules-nvidia-580.txt"))
+    changed, message = apt.install(dict(UBUNTU_580), "driver")
+    assert changed and "signed prebuilt modules for 6.8.0-85-generic" in message, message
+    (install,) = [c for c in calls if c[:2] == ["apt-get", "install"]]
+    assert install[len(apt.INSTALL) :] == [
+        "nvidia-headless-no-dkms-580-server-open",
+        "nvidia-utils-580-server",
+        "linux-modules-nvidia-580-server-open-generic",
+    ]
+
+
+def test_ubuntu_falls_back_to_dkms_without_prebuilt_modules(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = ubuntu_box(monkeypatch, tmp_path, "")
+    changed, message = apt.install(dict(UBUNTU_580), "driver")
+    assert changed and "DKMS: no prebuilt modules for 6.8.0-85-generic" in message, message
+    (install,) = [c for c in calls if c[:2] == ["apt-get", "install"]]
+    assert install[len(apt.INSTALL) :] == ["nvidia-driver-580-server-open"]
