@@ -4,7 +4,8 @@
 the nodes register idle with their GPUs' affinity (`(S:...)`): on a box with SMT on and DeepOps-style affinity
 (`0-3,8-11`: OS CPUs with siblings) gres.conf gets Slurm's logical cores. A box that loses a GPU is reported
 by plan while its node is still idle, before a restarted slurmd would make it INVAL. The HealthCheckProgram
-script drains a sick node with an `mgpu:` reason, resumes its own drain and leaves an admin's.
+script runs the installed node check, drains a sick node with an `mgpu:` reason, resumes its own drain and
+leaves an admin's.
 """
 
 from __future__ import annotations
@@ -130,39 +131,26 @@ def test_apply_writes_gres_conf_and_the_nodes_register_idle_with_logical_cores(
     assert cluster.node_state("nb")["State"].startswith("IDLE")
 
 
-# A stand-in for the node check (`mgpu-provision-check`, built by the node-check work), keeping its CLI
-# contract: exit 0 with an `OK:` line, exit 2 with one `FAIL <check>: <message>: <advice>` line per finding.
-STAND_IN_CHECK = """\
-#!/bin/sh
-verdict=$(cat "$(dirname "$0")/verdict")
-if [ "$verdict" = sick ]; then
-    echo "FAIL health: GPU 1: 2 uncorrectable ECC errors since the driver loaded: drain and reset the GPU"
-    echo "FAIL pcie: GPU 0 runs Gen3: reseat it"
-    exit 2
-fi
-echo "OK: healthy and as the rig says"
-"""
-
-
 def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_only_its_own_drain(
     test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     host = test_hosts.start("na", twin(2), rig="pair")
     cluster.add_node(host, "", gpus=2)
     restart_script(host, cluster)
-    bin_dir = host.dir / "managed" / str(MANAGED_DIRS.index("/usr/local/bin"))
-    (bin_dir / "check").write_text(STAND_IN_CHECK)
-    (bin_dir / "check").chmod(0o755)
-    (bin_dir / "verdict").write_text("sick")
     rig = test_hosts.write_rig(
         tmp_path / "rig.yaml",
         [host],
         rigs={
             "pair": {
                 "gpus": {"model": MODEL, "count": 2},
-                "slurm": {"restart_command": [RESTART], "health_check": "/usr/local/bin/check"},
+                "slurm": {
+                    "restart_command": [RESTART],
+                    "health_check": "/usr/local/bin/mgpu-provision-check",
+                    "health_deadline_s": 20,
+                },
             }
         },
+        node_check={"interval": None},  # Slurm runs it: the node check apply installs
     )
     cluster.node_lines["na"] = (
         f"Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=1000 Gres=gpu:{GRES_TYPE}:2"
@@ -173,23 +161,31 @@ def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_on
     cluster.wait_state("na", ["IDLE"])
 
     def health_check() -> None:
-        # As slurmd runs HealthCheckProgram: root, only PATH and SLURMD_NODENAME, no SLURM_CONF.
+        # As slurmd runs HealthCheckProgram: root, only PATH and SLURMD_NODENAME (no SLURM_CONF), plus the
+        # twin that stands for this box's NVIDIA layer.
         env = "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURMD_NODENAME=na"
+        env += f" MGPU_PROVISION_SIMULATE={host.twin_path}"
         host.run_in_ns(f"{env} /usr/local/bin/mgpu-provision-slurm-health")
 
+    sick = twin(2)
+    sick["gpus"][1]["health"] = {"xid": [79]}  # fallen off the bus
+    healthy_state = cluster.node_state("na")
+    health_check()  # healthy: nothing changes
+    assert cluster.node_state("na")["State"] == healthy_state["State"]
+    host.set_twin(sick)
     health_check()
     state = cluster.node_state("na")
     assert "DRAIN" in state["State"], state
-    assert state["Reason"].startswith("mgpu: health: GPU 1: 2 uncorrectable ECC errors"), state
+    assert state["Reason"].startswith("mgpu: xid: GPU 1 logged Xid 79 since boot"), state
 
-    (bin_dir / "verdict").write_text("healthy")
+    host.set_twin(twin(2))
     health_check()
     assert "DRAIN" not in cluster.wait_state("na", ["IDLE"])["State"]  # resumed: the drain was its own
 
     cluster.scontrol("update", "nodename=na", "state=drain", "reason=disk swap")
-    (bin_dir / "verdict").write_text("sick")
+    host.set_twin(sick)
     health_check()
-    (bin_dir / "verdict").write_text("healthy")
+    host.set_twin(twin(2))
     health_check()
     state = cluster.node_state("na")
     assert "DRAIN" in state["State"] and state["Reason"].startswith("disk swap"), state
