@@ -379,7 +379,6 @@ class Slurm(Strict):
     health_script: PathStr = Field(
         "/usr/local/bin/mgpu-provision-slurm-health", description="where that script is written"
     )
-    health_deadline_s: int = Field(45, ge=5, le=55, description="the check's deadline: slurmd kills at 60 s")
     restart_command: list[Annotated[str, Field(pattern=SAFE_TOKEN, min_length=1)]] = Field(
         default_factory=lambda: ["systemctl", "restart", "slurmd"],
         min_length=1,

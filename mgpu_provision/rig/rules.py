@@ -783,6 +783,16 @@ def local_hosts_apart(inp: RuleInput) -> Iterator[Finding]:
         )
 
 
+def slurm_health_check_has_node_check(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.slurm is not None and rig.slurm.health_check is not None and inp.spec.node_check is None:
+            yield Finding(
+                (*loc, "slurm", "health_check"),
+                "health_check runs the node check, which apply installs only with a `node_check` section "
+                "(interval: null leaves the scheduling to Slurm)",
+            )
+
+
 def slurm_type_matches_nvml(inp: RuleInput) -> Iterator[Finding]:
     for loc, rig in inp.rigs():
         if rig.slurm is None or rig.slurm.gres_type is None:
@@ -841,6 +851,7 @@ RULES: tuple[Rule, ...] = (
     local_hosts_apart,
     node_check_timer_has_systemd,
     slurm_type_matches_nvml,
+    slurm_health_check_has_node_check,
 )
 
 

@@ -146,11 +146,10 @@ def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_on
                 "slurm": {
                     "restart_command": [RESTART],
                     "health_check": "/usr/local/bin/mgpu-provision-check",
-                    "health_deadline_s": 20,
                 },
             }
         },
-        node_check={"interval": None},  # Slurm runs it: the node check apply installs
+        node_check={"interval": None, "deadline_s": 20},  # Slurm runs it: the node check apply installs
     )
     cluster.node_lines["na"] = (
         f"Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=1000 Gres=gpu:{GRES_TYPE}:2"

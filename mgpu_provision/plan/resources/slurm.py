@@ -124,7 +124,6 @@ def desired_files(host: Host, rig: Rig, facts: Facts) -> list[DesiredFile]:
             # scontrol reads slurm.conf beside gres.conf; slurmd passes no SLURM_CONF to the program.
             slurm_conf=os.path.join(os.path.dirname(rig.slurm.gres_conf), "slurm.conf"),
             check=rig.slurm.health_check,
-            deadline_s=rig.slurm.health_deadline_s,
         )
         files.append(DesiredFile(rig.slurm.health_script, script, "0755", "env"))
     return files
