@@ -10,7 +10,6 @@ the controller holds, so a check can compare them with the facts before slurmd m
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from typing import Any, Dict, List, Optional
 
@@ -117,6 +116,8 @@ def slurm(hostname: str, minors: List[Optional[int]], dev_dir: str = "/dev") -> 
     """What slurmd would register (`slurmd -C`), the controller's line for this node, and which of the GPUs'
     /dev/nvidia<minor> are missing (slurmd exits when a gres.conf File= is); None without slurmd. A
     controller that cannot be reached is an `error`, never a failure of the verb."""
+    import shutil  # here: every facts call pays for its imports, and only Slurm's boxes need this one
+
     slurmd = shutil.which("slurmd") or next(
         (p for p in ("/usr/sbin/slurmd", "/usr/local/sbin/slurmd") if os.access(p, os.X_OK)), None
     )
