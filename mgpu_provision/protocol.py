@@ -257,7 +257,9 @@ RESTART = "restart"  # a daemon that reads a managed file only when it starts (s
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
 COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
-DRIVER_METHODS = ("apt", "dnf", "runfile")
+# The package managers (node/packages/families.py picks one per distribution) and NVIDIA's installer.
+PACKAGE_METHODS = ("apt", "dnf", "yum", "zypper")
+DRIVER_METHODS = (*PACKAGE_METHODS, "runfile")
 FABRICMANAGER_UNIT = "nvidia-fabricmanager"
 PERSISTENCED_UNIT = "nvidia-persistenced"
 
@@ -335,7 +337,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
             "version": line(required=True),
             "branch": digits(required=True),
             "source": line(required=True),
-            "method": choice("apt", "dnf", required=True),
+            "method": choice(*PACKAGE_METHODS, required=True),
             "unit": line(required=True),
             "hold": with_default(flag(), False),
             "start": with_default(flag(), False),
@@ -347,7 +349,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
         "start": flag(required=True),
         "unit": line(required=True),
         "package": with_default(optional_line(), None),  # where it is a package of its own
-        "method": with_default(optional_choice("apt", "dnf"), None),  # what installs `package`
+        "method": with_default(optional_choice(*PACKAGE_METHODS), None),  # what installs `package`
     },
     SERVICE: {
         "unit": line(required=True),

@@ -17,7 +17,7 @@ import pytest
 # `tests.hosts` must import the same way under `python -m pytest` (cwd on sys.path) and `pytest`.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import apt_repo, debian_root, hosts, systemd_host
+from tests import apt_repo, debian_root, hosts, rpm_roots, systemd_host
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +51,19 @@ def debian_host(test_hosts: hosts.HostFactory) -> hosts.TestHost:
         hosts.skip_or_fail(str(exc))
         raise
     return test_hosts.start_root("deb-a", root)
+
+
+@pytest.fixture(scope="session")
+def rpm_repository() -> Iterator[str]:
+    """URL of the stand-in NVIDIA RPM repository (tests/rpm_roots.py), served on 127.0.0.1 for the session."""
+    hosts.require_harness()
+    try:
+        repo = rpm_roots.build_repository(debian_root.CACHE / "stand-in-rpms")
+    except rpm_roots.RootUnavailable as exc:
+        hosts.skip_or_fail(str(exc))
+    address = hosts.loopback_address(rpm_roots.REPOSITORY_PORT)  # this session's own loopback range
+    with rpm_roots.served(repo, address, rpm_roots.REPOSITORY_PORT) as url:
+        yield url
 
 
 @pytest.fixture

@@ -199,19 +199,30 @@ def kernel(facts: Facts, expect: Expectation) -> List[Finding]:
         )
         current, desired = f"{following}: not built", f"{following}: built"
         findings.append(Finding("kernel", message, current, desired, advice=advice))
-    if found.get("secure_boot") and found.get("module_signed") is False:
-        message = "Secure Boot is on and the NVIDIA module is unsigned, so the kernel refuses it"
-        advice = (
-            "sign it with an enrolled MOK key (DKMS does when mokutil has its key), or use the "
-            "distribution's signed modules"
-        )
-        findings.append(Finding("kernel", message, "unsigned", "signed", advice=advice))
-    elif found.get("secure_boot") and found.get("module_key_enrolled") is False:
-        # A signer is not enough: a DKMS module signed with a MOK that was never enrolled is refused too.
-        message = "Secure Boot is on and the NVIDIA module is signed with a key that is not enrolled"
-        advice = (
-            "the kernel refuses it: enroll the key (mokutil --import, then confirm at the next boot) or use "
-            "the distribution's signed prebuilt modules"
-        )
-        findings.append(Finding("kernel", message, "key not enrolled", "key enrolled", advice=advice))
+    refused = _secure_boot_refusal(found) if found.get("secure_boot") else None
+    if refused is not None:
+        message, advice, current, desired = refused
+        findings.append(Finding("kernel", message, current, desired, advice=advice))
     return findings
+
+
+def _secure_boot_refusal(found: Dict[str, Any]) -> Optional[Tuple[str, str, str, str]]:
+    """(message, advice, current, desired) when Secure Boot makes the kernel refuse the NVIDIA module."""
+    if found.get("module_signed") is False:
+        return (
+            "Secure Boot is on and the NVIDIA module is unsigned, so the kernel refuses it",
+            "sign it with an enrolled MOK key (DKMS does when mokutil has its key), or use the "
+            "distribution's signed modules",
+            "unsigned",
+            "signed",
+        )
+    if found.get("module_key_enrolled") is False:
+        # A signer is not enough: a DKMS module signed with a MOK that was never enrolled is refused too.
+        return (
+            "Secure Boot is on and the NVIDIA module is signed with a key that is not enrolled",
+            "the kernel refuses it: enroll the key (mokutil --import, then confirm at the next boot) or use "
+            "the distribution's signed prebuilt modules",
+            "key not enrolled",
+            "key enrolled",
+        )
+    return None

@@ -316,3 +316,13 @@ def _one_line(exc: BaseException) -> str:
     message = message[max(start, 0) :].split("The error appears to be in")[0]
     message = " ".join(message.split())
     return _PATH_LINE.sub("", message).replace(": :", ":").strip(" :")
+
+
+def line_of_host(inventory: Path, name: str) -> int | None:
+    """The first line of the inventory that names `name` (where Ansible's parser does not say)."""
+    try:
+        lines = inventory.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    word = re.compile(rf"(^|[\s\[]){re.escape(name)}($|[\s:=\]])")
+    return next((number for number, text in enumerate(lines, start=1) if word.search(text)), None)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from .inventory import Inventory, InventoryHost, Located
+from .inventory import Inventory, InventoryHost, Located, line_of_host
 from .messages import error_message
 from .models import HOST_NAME, Host
 from .rules import Loc
@@ -111,7 +111,7 @@ def _host(found: InventoryHost, rig: str, inventory: Path, problems: list[Invent
                 f"inventory host '{found.name}' cannot be a host name here: letters, digits, '.', '_' and "
                 "'-' only (starting with a letter or digit), 63 at most",
                 shown,
-                _line_of_host(inventory, found.name),
+                line_of_host(inventory, found.name),
             )
         )
         return None
@@ -204,13 +204,3 @@ def _become(found: InventoryHost, fields: dict[str, object], problems: list[Inve
         problems.append(
             _problem(found, "ansible_become_user", f"'{user.value}' cannot be used: the agent becomes root")
         )
-
-
-def _line_of_host(inventory: Path, name: str) -> int | None:
-    """The first line of the inventory that names `name` (where Ansible's parser does not say)."""
-    try:
-        lines = inventory.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    word = re.compile(rf"(^|[\s\[]){re.escape(name)}($|[\s:=\]])")
-    return next((number for number, text in enumerate(lines, start=1) if word.search(text)), None)

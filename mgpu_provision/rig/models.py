@@ -188,8 +188,13 @@ class DriverRepo(Strict):
 class Driver(Strict):
     version: str | None = Field(None, pattern=DRIVER_VERSION, description='exact version, e.g. "550.54.15"')
     branch: str | None = Field(None, pattern=DRIVER_BRANCH, description='a branch, e.g. "550" (any 550.x)')
-    method: Literal["apt", "dnf", "runfile"] | None = Field(
-        None, description="apt or dnf (default: the node's, from its os-release), or runfile"
+    method: Literal["apt", "dnf", "yum", "zypper", "runfile"] | None = Field(
+        None,
+        description=(
+            "package manager (default: the node's, from its os-release): apt (Ubuntu, Debian), dnf (RHEL "
+            "8-10 family, Amazon Linux 2023, Fedora), yum (EL7, Amazon Linux 2), zypper (SUSE Linux "
+            "Enterprise Server 15, openSUSE Leap 15); or runfile"
+        ),
     )
     source: Literal["ubuntu", "cuda", "debian", "rhel"] | None = Field(
         None,

@@ -12,14 +12,16 @@ references against every name the file declares (`declared_hosts`, `declared_rig
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import ipaddress
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..node.nvidia.topology import TopoMatrix
-from ..node.packages import names, sources
+from ..node.packages import families, names, sources
 from .cards import (
     card_class,
     fabric_manager_elsewhere,
@@ -31,6 +33,7 @@ from .cards import (
 )
 from .envvalues import path_entry_problem, value_problem
 from .files import resolve_path
+from .inventory import line_of_host
 from .models import SLI_MODES, Driver, Host, Rig, RigFile, nvml_gres_type
 
 Loc = tuple[str | int, ...]
@@ -138,6 +141,45 @@ def host_names_unique(inp: RuleInput) -> Iterator[Finding]:
             )
         else:
             first[host.name] = loc
+
+
+def _box(inp: RuleInput, host: Host) -> tuple[str, str, int]:
+    """(jump, address, port) the host is reached at: two hosts with the same are one box. The same
+    private address behind two jump hosts may be two boxes; names are compared as written (no DNS)."""
+    address = host.target.lower().rstrip(".")
+    with contextlib.suppress(ValueError):  # a name, not an IP
+        address = str(ipaddress.ip_address(address))  # one spelling for ::1 and 0:0::1
+    jump = (host.jump or inp.spec.defaults.jump or "").lower()
+    return jump, address, host.port or inp.spec.defaults.port or 22
+
+
+def _defined_at(inp: RuleInput, loc: Loc, host: Host) -> str:
+    if loc[0] == "hosts":
+        return f"'{host.name}' at hosts[{loc[1]}]"
+    inventory = resolve_path(inp.base_dir, inp.spec.inventory or "")
+    line = line_of_host(inventory, host.name)
+    return f"'{host.name}' in the inventory {inventory}" + (f" line {line}" if line else "")
+
+
+def hosts_are_distinct_boxes(inp: RuleInput) -> Iterator[Finding]:
+    """Two hosts at one address and port would be converged twice in parallel: two agents, one lock,
+    two reboots. Local hosts are this machine by design (rehearsals), so only SSH hosts count."""
+    first: dict[tuple[str, str, int], tuple[Loc, Host]] = {}
+    for loc, host in inp.hosts():
+        if host.connection == "local":
+            continue
+        box = _box(inp, host)
+        if box not in first:
+            first[box] = (loc, host)
+            continue
+        other_loc, other = first[box]
+        if other.name == host.name:
+            continue  # one name written twice: host_names_unique says so
+        via = f" through {box[0]}" if box[0] else ""
+        where = f"{_defined_at(inp, other_loc, other)}, {_defined_at(inp, loc, host)}"
+        at = (*loc, "address" if host.address else "name") if loc[0] == "hosts" else loc
+        same = f"hosts '{other.name}' and '{host.name}' are the same box ({box[1]} port {box[2]}{via})"
+        yield Finding(at, f"{same}: {where}; one apply would converge it twice at once: list each box once")
 
 
 def group_members_exist(inp: RuleInput) -> Iterator[Finding]:
@@ -444,8 +486,11 @@ def runfile_complete(inp: RuleInput) -> Iterator[Finding]:
                     )
 
 
-# How each package source is installed; the CUDA repository serves both families.
-SOURCE_METHODS = {"ubuntu": ("apt",), "debian": ("apt",), "rhel": ("dnf",), "cuda": ("apt", "dnf")}
+# How each package source is installed; the CUDA repository serves every family (node/packages/families.py).
+SOURCE_METHODS = {
+    source: tuple(method for method, served in families.METHOD_SOURCES.items() if source in served)
+    for source in sources.SOURCES
+}
 
 
 def driver_source_fits(inp: RuleInput) -> Iterator[Finding]:
@@ -464,9 +509,9 @@ def driver_source_fits(inp: RuleInput) -> Iterator[Finding]:
         if driver.method == "runfile":
             yield from _runfile_fits(at, driver)
             continue
-        if driver.packages is not None and driver.method == "dnf":
+        if driver.packages is not None and driver.method not in (None, "apt"):
             yield Finding(
-                (*at, "packages"), "`packages` is for apt sources; dnf installs the module stream's set"
+                (*at, "packages"), f"`packages` is for apt sources; {driver.method} installs NVIDIA's set"
             )
         if driver.source is None:
             continue
@@ -809,6 +854,7 @@ def slurm_type_matches_nvml(inp: RuleInput) -> Iterator[Finding]:
 
 RULES: tuple[Rule, ...] = (
     fleet_has_hosts,
+    hosts_are_distinct_boxes,
     host_rig_exists,
     inventory_has_rig_groups,
     host_names_unique,

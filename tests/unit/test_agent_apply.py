@@ -408,12 +408,12 @@ def test_apply_is_atomic_under_sigkill(tmp_path: Path) -> None:
 
 
 def test_driver_install_refusals_before_any_command(tmp_path: Path) -> None:
-    zypper = dict(
-        protocol.driver_step("apt", "ubuntu", "server", "550", "550.54.15", False, False), method="zypper"
+    pacman = dict(
+        protocol.driver_step("apt", "ubuntu", "server", "550", "550.54.15", False, False), method="pacman"
     )
-    reply = call("apply", {"lock": str(tmp_path / "apply.lock"), "steps": [zypper]})
+    reply = call("apply", {"lock": str(tmp_path / "apply.lock"), "steps": [pacman]})
     assert reply["error"]["message"] == (
-        "apply: step 0 (driver): `method` must be one of apt, dnf, runfile, got 'zypper'"
+        "apply: step 0 (driver): `method` must be one of apt, dnf, yum, zypper, runfile, got 'pacman'"
     )
     runfile = tmp_path / "NVIDIA.run"
     runfile.write_bytes(b"#!/bin/sh\nexit 0\n")

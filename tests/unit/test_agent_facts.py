@@ -313,6 +313,39 @@ def test_topology_file_is_relative_to_the_twin(tmp_path: Path) -> None:
     assert facts.cell(3, 4) == "PHB"
 
 
+@pytest.mark.parametrize(
+    ("release", "pretty"),
+    [
+        (
+            {
+                "id": "sles",
+                "version_id": "15.6",
+                "like": ["suse"],
+                "pretty_name": "SUSE Linux Enterprise Server 15 SP6",
+            },
+            "SUSE Linux Enterprise Server 15 SP6",
+        ),
+        ({"id": "rocky", "version_id": "9.5", "like": ["rhel"]}, "rocky 9.5"),
+        (None, "Ubuntu 22.04 LTS"),
+    ],
+)
+def test_a_simulated_nodes_distribution_comes_from_the_twin_alone(
+    tmp_path: Path, release: dict[str, Any] | None, pretty: str
+) -> None:
+    extra = {"os_release": release} if release else {}
+    host = facts_from_twin(write_twin(tmp_path, None, 1, **extra)).host
+    want = release or {"id": "ubuntu", "version_id": "22.04", "like": ["debian"]}
+    assert (host.os_id, host.os_version_id, host.os_like) == (want["id"], want["version_id"], want["like"])
+    assert host.os == pretty  # never this machine's own PRETTY_NAME next to the twin's ID
+
+
+def test_a_real_nodes_distribution_is_its_own_os_release() -> None:
+    host = facts_from_twin(None).host
+    text = Path("/etc/os-release").read_text()
+    assert host.os_id is not None and f"ID={host.os_id}" in text.replace('"', "")
+    assert host.os in text
+
+
 def test_schema_describes_every_field_the_examples_use() -> None:
     schema = json.loads((ROOT / "schemas" / "twin.schema.json").read_text())
     gpu_fields = set(schema["properties"]["gpus"]["items"]["properties"])

@@ -11,7 +11,7 @@ import pytest
 
 from mgpu_provision.node.core import system
 from mgpu_provision.node.core.errors import AgentFailure
-from mgpu_provision.node.packages import apt, names
+from mgpu_provision.node.packages import apt, common, names
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "packages"
 
@@ -30,7 +30,7 @@ def test_cuda_repository_580_has_fabric_manager_under_the_names_of_the_table() -
     assert set(wanted) <= offered
     assert {"nvidia-fabricmanager-580", "libnvidia-nscq-580"}.isdisjoint(offered)
     lines = [line for line in madison.splitlines() if line.startswith("nvidia-fabricmanager ")]
-    assert apt.pick_version(apt.madison_versions("\n".join(lines)), None, "580") == "580.95.05-1"
+    assert common.pick_version(apt.madison_versions("\n".join(lines)), None, "580") == "580.95.05-1"
 
 
 def test_rhel_names_change_at_580() -> None:

@@ -188,6 +188,34 @@ def test_host_both_written_and_in_the_inventory(tmp_path: Path) -> None:
     )
 
 
+def test_two_inventory_hosts_on_one_box_are_refused_naming_both(tmp_path: Path) -> None:
+    # DeepOps-style: two names for one machine (a renamed node left in the file).
+    ini = INI.replace("gpu-b ansible_host=10.0.0.12", "gpu-b ansible_host=10.0.0.11 ansible_port=2222")
+    rig = rig_text()
+    problem = only(problems(tmp_path, {"rig.yaml": rig, "hosts.ini": ini}))
+    assert (problem.line, problem.field) == (line_of(rig, "rig_groups"), "rig_groups.gpu_3090")
+    inventory = tmp_path / "hosts.ini"
+    assert problem.message == (
+        "hosts 'gpu-a' and 'gpu-b' are the same box (10.0.0.11 port 2222): "
+        f"'gpu-a' in the inventory {inventory} line 2, 'gpu-b' in the inventory {inventory} line 3; "
+        "one apply would converge it twice at once: list each box once"
+    )
+
+
+def test_a_written_host_and_an_inventory_host_on_one_box(tmp_path: Path) -> None:
+    rig = rig_text(extra="hosts:\n  - {name: old-a, address: 10.0.1.1, rig: h100}\n")
+    problem = only(problems(tmp_path, {"rig.yaml": rig}))
+    same = "hosts 'old-a' and 'hgx-1' are the same box (10.0.1.1 port 22): 'old-a' at hosts[0]"
+    assert same in problem.message
+    assert f"'hgx-1' in the inventory {tmp_path / 'hosts.ini'} line 6" in problem.message
+
+
+def test_one_address_behind_two_jump_hosts_is_two_boxes(tmp_path: Path) -> None:
+    rig = rig_text(extra="hosts:\n  - {name: far-a, address: 10.0.1.1, jump: bastion-2, rig: h100}\n")
+    hosts = load(tmp_path, {"rig.yaml": rig}).spec.hosts
+    assert [h.name for h in hosts] == ["far-a", "gpu-a", "gpu-b", "hgx-1"]
+
+
 def test_port_that_is_not_a_number_points_into_the_inventory(tmp_path: Path) -> None:
     ini = INI.replace("gpu-b ansible_host=10.0.0.12", "gpu-b ansible_host=10.0.0.12 ansible_port=ssh")
     problem = only(problems(tmp_path, {"hosts.ini": ini}))

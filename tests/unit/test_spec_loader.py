@@ -236,11 +236,11 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         "expected a list, got '/usr/local/cuda/bin'",
     ),
     "literal": (
-        rig_with('driver: {version: "550.54.15", method: yum}'),
+        rig_with('driver: {version: "550.54.15", method: pacman}'),
         "rigs.pair.driver.method",
         6,
         44,
-        "expected one of 'apt', 'dnf' or 'runfile', got 'yum'",
+        "expected one of 'apt', 'dnf', 'yum', 'zypper' or 'runfile', got 'pacman'",
     ),
     "lower-bound": (
         GOOD.decode().replace("count: 2", "count: 0"),

@@ -49,6 +49,18 @@ CASES = {
         "hosts[2].rig",
         "rig 'a100' is not defined under `rigs` (defined: pair)",
     ),
+    "hosts-are-distinct-boxes": (
+        HEAD + "  - {name: gpu-c, address: GPU-A., rig: pair}  # <-\nrigs:\n  pair:\n" + GPUS,
+        "hosts[2].address",
+        "hosts 'gpu-a' and 'gpu-c' are the same box (gpu-a port 22): 'gpu-a' at hosts[0], "
+        "'gpu-c' at hosts[2]; one apply would converge it twice at once",
+    ),
+    "hosts-are-distinct-boxes-by-ip": (
+        HEAD.replace("{name: gpu-b, rig: pair}", "{name: gpu-b, address: '0::1', rig: pair}")
+        + "  - {name: gpu-c, address: '0:0::1', port: 22, rig: pair}  # <-\nrigs:\n  pair:\n" + GPUS,
+        "hosts[2].address",
+        "hosts 'gpu-b' and 'gpu-c' are the same box (::1 port 22)",
+    ),
     "host-names-unique": (
         HEAD + "  - {name: gpu-a, rig: pair}  # <-\nrigs:\n  pair:\n" + GPUS,
         "hosts[2].name",
@@ -310,7 +322,17 @@ CASES = {
     "driver-source-method": (
         rig(GPUS.strip(), 'driver: {version: "550.54.15", source: rhel, method: apt}  # <-'),
         "rigs.pair.driver.method",
-        "the rhel source is installed with dnf, not apt",
+        "the rhel source is installed with dnf or yum, not apt",
+    ),
+    "driver-source-method-zypper": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", source: ubuntu, method: zypper}  # <-'),
+        "rigs.pair.driver.method",
+        "the ubuntu source is installed with apt, not zypper",
+    ),
+    "driver-packages-are-apt-only-not-zypper": (
+        rig(GPUS.strip(), 'driver: {version: "550.54.15", method: zypper, packages: [nvidia-smi]}  # <-'),
+        "rigs.pair.driver.packages",
+        "`packages` is for apt sources; zypper installs NVIDIA's set",
     ),
     "driver-packages-are-apt-only": (
         rig(GPUS.strip(), 'driver: {version: "550.54.15", method: dnf, packages: [nvidia-driver]}  # <-'),

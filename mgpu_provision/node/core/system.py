@@ -84,13 +84,15 @@ def parse_nvrm_version(text: Optional[str]) -> Optional[str]:
 def host_info(
     simulated: bool, boot: str, distribution: Optional[Dict[str, object]] = None
 ) -> Dict[str, object]:
-    """Host facts; `distribution` (os_id, os_version_id, os_like) stands in for the real os-release."""
+    """Host facts; `distribution` (os_id, os_version_id, os_like and the pretty name `os`) stands in for the
+    real os-release, whole: a simulated SLES box never reports the machine's own "Debian GNU/Linux 12"."""
     uname = os.uname()
-    release = read_text("/etc/os-release")
+    if distribution is None:
+        release = read_text("/etc/os-release")
+        distribution = dict(os_release(release), os=os_pretty_name(release))
     return {
-        **(distribution or os_release(release)),
+        **distribution,
         "hostname": uname.nodename,  # gethostname(2) is uname's nodename; `socket` costs every call
-        "os": os_pretty_name(release),
         "kernel": uname.release,
         "arch": uname.machine,
         "boot_id": boot,

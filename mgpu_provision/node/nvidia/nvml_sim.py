@@ -153,7 +153,8 @@ class SimulatedBackend(SimulatedHealth, Backend):
         if self.twin.driver_version() != target:
             self.twin.state["driver_version"] = target
             changed = True
-            messages.append(f"installed driver {target}")
+            # Says how a real node of the twin's distribution would have installed it (the plan chose).
+            messages.append(f"installed driver {target} with {step['method']}")
         if step["fabricmanager"] and self.twin.fabricmanager_version() != target:
             self.twin.state["fabricmanager"] = target
             changed = True

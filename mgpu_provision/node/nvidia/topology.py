@@ -25,7 +25,9 @@ _CELL = re.compile(r"^(X|SOC|SYS|NODE|PHB|PXB|PIX|PSB|NV[1-9][0-9]*)$")
 _GPU_LABEL = re.compile(r"^GPU([0-9]+)$")
 _TRAILING_TITLES = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _NIC_LEGEND_ENTRY = re.compile(r"^\s*(NIC[0-9]+)\s*:\s*(\S+)\s*$")
-_COMMAND_LINE = re.compile(r"^\s*(\$\s*)?nvidia-smi\s+topo\b")
+# The command as people paste it: bare, after `$ `, or after a whole prompt (`user@host:~$`, `[root@h ~]#`,
+# `PS C:\>`), with or without sudo.
+_COMMAND_LINE = re.compile(r"^(.*[$#>%]\s*)?(sudo\s+)?nvidia-smi(\.exe)?\s+topo\b")
 # Terminal escapes (CSI sequences): nvidia-smi underlines the header row on a TTY, and captures keep them.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -107,7 +109,7 @@ def parse_topology(text: str) -> TopoMatrix:
     rows: Dict[str, TopoRow] = {}
     row_lines: Dict[str, int] = {}
     index += 1
-    while index < len(lines) and lines[index].strip() and not _is_legend(lines[index]):
+    while index < len(lines) and _is_row(lines[index]):
         label, row = _parse_row(lines[index], index + 1, devices, titles)
         if label in rows:
             raise TopologyParseError(index + 1, f"row {label} appears twice")
@@ -116,7 +118,11 @@ def parse_topology(text: str) -> TopoMatrix:
         index += 1
     missing_gpus = [d for d in devices if _GPU_LABEL.match(d) and d not in rows]
     if missing_gpus:
-        raise TopologyParseError(index + 1, f"no row for {', '.join(missing_gpus)}")
+        ended = lines[index].strip() if index < len(lines) else ""
+        why = ""
+        if ended and not _is_legend(ended):
+            why = f" (the matrix ends at {ended!r}, which is not a row)"
+        raise TopologyParseError(index + 1, f"no row for {', '.join(missing_gpus)}{why}")
     matrix = TopoMatrix(devices=devices, rows=rows, titles=titles, nic_names=_nic_legend(lines[index:]))
     _check_symmetry(matrix, row_lines)
     return matrix
@@ -127,6 +133,13 @@ def _skip_preamble(lines: Sequence[str]) -> int:
     while index < len(lines) and (not lines[index].strip() or _COMMAND_LINE.match(lines[index])):
         index += 1
     return index
+
+
+def _is_row(line: str) -> bool:
+    """Whether a line after the header continues the matrix: a label and a cell. A note (`# die P100 ist
+    GPU0`), a blank line, a legend or a prompt after the output ends it."""
+    tokens = line.split()
+    return len(tokens) >= 2 and bool(_CELL.match(tokens[1])) and not _is_legend(line)
 
 
 def _is_legend(line: str) -> bool:
@@ -169,7 +182,10 @@ def _parse_row(
     if len(extra) > len(titles):
         raise TopologyParseError(lineno, f"row {label} has more values than columns: {' '.join(extra)!r}")
     values: Dict[str, Optional[str]] = {title: None for title in _TRAILING_TITLES}
-    values.update((title, extra[k]) for k, title in enumerate(titles) if k < len(extra))
+    # Short rows lack their leading values: Windows prints no CPU or NUMA affinity, only the GPU NUMA ID,
+    # so the values that are there belong to the last columns (a CPU affinity never reads a NUMA id).
+    first = len(titles) - len(extra)
+    values.update((titles[first + k], value) for k, value in enumerate(extra))
     return label, TopoRow(
         cells=tuple(cells),
         cpu_affinity=values["CPU Affinity"],

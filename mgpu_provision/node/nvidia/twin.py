@@ -19,7 +19,12 @@ from .miniyaml import MiniYamlError, loads
 from .topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
 from .twin_health import read_gpu_health, read_kernel
 
-DEFAULT_OS_RELEASE = {"id": "ubuntu", "version_id": "22.04", "like": ["debian"]}
+DEFAULT_OS_RELEASE = {
+    "id": "ubuntu",
+    "version_id": "22.04",
+    "like": ["debian"],
+    "pretty_name": "Ubuntu 22.04 LTS",
+}
 DEFAULT_PCIE = {"gen": 4, "width": 16, "max_gen": 4, "max_width": 16}
 
 
@@ -42,11 +47,15 @@ class Twin:
         self.nouveau = bool(data.get("nouveau", False))
         self.services: Dict[str, Any] = _mapping(data.get("services") or {}, "services")
         # Whose NVIDIA packages the simulated box has (it decides the driver source); Ubuntu unless told.
+        # All of it comes from the twin, the name too: the machine's own os-release never mixes in.
         release = _mapping(data.get("os_release") or DEFAULT_OS_RELEASE, "os_release")
+        os_id = str(release.get("id") or "ubuntu")
+        version = None if release.get("version_id") is None else str(release["version_id"])
         self.os_release: Dict[str, object] = {
-            "os_id": str(release.get("id") or "ubuntu"),
-            "os_version_id": None if release.get("version_id") is None else str(release["version_id"]),
+            "os_id": os_id,
+            "os_version_id": version,
             "os_like": [str(x) for x in _list(release.get("like"), "os_release.like")],
+            "os": str(release.get("pretty_name") or f"{os_id} {version or ''}".strip()),
         }
         drivers = _list(data.get("available_drivers"), "available_drivers")
         self.available_drivers: List[str] = [str(v) for v in drivers]

@@ -16,12 +16,12 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...protocol import PackageSet, branch_of
+from ...protocol import PackageSet
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
 from . import mirror, names, sources
-from .common import Command, installed_debs, run_all, upstream, version_key
+from .common import Command, installed_debs, resolve_version, run_all, upstream
 from .driver import installed_version
 
 PREFERENCES = "/etc/apt/preferences.d/mgpu-provision-nvidia"
@@ -36,14 +36,6 @@ def madison_versions(madison: str) -> List[str]:
         if len(parts) >= 3 and parts[1] and parts[1] not in found:
             found.append(parts[1])
     return found
-
-
-def pick_version(available: List[str], version: Optional[str], branch: str) -> Optional[str]:
-    """The full version to pin: the exact upstream version asked for, else the newest of the branch."""
-    if version:
-        return next((v for v in available if upstream(v) == version), None)
-    of_branch = [v for v in available if branch_of(upstream(v)) == branch]
-    return max(of_branch, key=lambda v: version_key(upstream(v))) if of_branch else None
 
 
 def preferences(packages: List[str], version: str) -> str:
@@ -120,7 +112,7 @@ def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
     packages, modules = ubuntu_modules(step) if what == "driver" else (step["packages"], "")
     pkgset = PackageSet(step["pinning"], packages, step["hold_patterns"])
     versioned = holdable(pkgset.install)  # the kernel's module packages carry the kernel's version
-    target = resolve_version(versioned, step["version"], branch)
+    target = resolve_version(versioned, _offered, step["version"], branch, "the apt sources")
     refuse_transitional(pkgset.install[0], target, branch)
     pin = preferences(versioned, target)
     before = installed_debs(sources.APT_PIN_NAMES)
@@ -214,20 +206,5 @@ def _in_place(
     return at_version and not (hold and unheld)
 
 
-def resolve_version(packages: List[str], version: Optional[str], branch: str) -> str:
-    """The full version to pin, checked against what the sources offer for every package of the set."""
-    target: Optional[str] = None
-    for package in packages:
-        available = madison_versions(system.run(["apt-cache", "madison", package], timeout=120).stdout)
-        found = pick_version(available, upstream(target) if target else version, branch)
-        if found is None:
-            offered = ", ".join(sorted({upstream(v) for v in available}, key=version_key)) or "none"
-            raise AgentFailure(
-                "driver",
-                f"{package} {version or 'of branch ' + branch} is not available from the apt sources "
-                f"(they offer: {offered}); nothing was changed",
-            )
-        target = target or found
-    if target is None:
-        raise AgentFailure("driver", "the driver step names no package to install")
-    return target
+def _offered(package: str) -> List[str]:
+    return madison_versions(system.run(["apt-cache", "madison", package], timeout=120).stdout)

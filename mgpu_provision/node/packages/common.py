@@ -7,8 +7,9 @@ command list (the first failure stops it, with the line that explains it) and on
 from __future__ import annotations
 
 import os
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
+from ...protocol import branch_of
 from ..core import system
 from ..core.errors import AgentFailure
 
@@ -44,6 +45,48 @@ def upstream(version: str) -> str:
     return version.split(":", 1)[-1].rsplit("-", 1)[0]
 
 
+def pick_version(available: List[str], version: Optional[str], branch: str) -> Optional[str]:
+    """The full version to install: the exact upstream version asked for, else the newest of the branch."""
+    if version:
+        return next((v for v in available if upstream(v) == version), None)
+    of_branch = [v for v in available if branch_of(upstream(v)) == branch]
+    return max(of_branch, key=lambda v: version_key(upstream(v))) if of_branch else None
+
+
+def resolve_version(
+    names: List[str], offered: Callable[[str], List[str]], version: Optional[str], branch: str, where: str
+) -> str:
+    """The full version (as the sources write the first package's) at which every package of the set is
+    offered: exactly `version`, else the newest of `branch`. One the sources lack fails here, naming the
+    versions they have, before anything changes."""
+    target: Optional[str] = None
+    for name in names:
+        available = offered(name)
+        found = pick_version(available, upstream(target) if target else version, branch)
+        if found is None:
+            have = ", ".join(sorted({upstream(v) for v in available}, key=version_key)) or "none"
+            raise AgentFailure(
+                "driver",
+                f"{name} {version or 'of branch ' + branch} is not available from {where} "
+                f"(they offer: {have}); nothing was changed",
+            )
+        target = target or found
+    if target is None:
+        raise AgentFailure("driver", "the driver step names no package to install")
+    return target
+
+
+def listed_versions(output: str, name: str) -> List[str]:
+    """Versions of `name` in `dnf list --showduplicates` / `yum list --showduplicates` output, installed and
+    available (`nvidia-driver.x86_64   3:550.54.15-1.el9   cuda-rhel9-x86_64`), in the listed order."""
+    found: List[str] = []
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0].rsplit(".", 1)[0] == name and parts[1] not in found:
+            found.append(parts[1])
+    return found
+
+
 def installed_debs(patterns: Tuple[str, ...]) -> Dict[str, Tuple[str, bool]]:
     """Installed packages whose names match the dpkg patterns: name -> (version, held)."""
     query = ["dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n", *patterns]
@@ -53,6 +96,17 @@ def installed_debs(patterns: Tuple[str, ...]) -> Dict[str, Tuple[str, bool]]:
         # dpkg also lists names it merely knows of (no version); ii is installed, hi installed and held.
         if len(parts) == 3 and parts[2][1:2] == "i":
             found[parts[0].split(":")[0]] = (parts[1], parts[2][0] == "h")
+    return found
+
+
+def installed_rpms(names: List[str]) -> Dict[str, str]:
+    """The installed version of each of `names` that rpm knows; the others are left out."""
+    result = system.run(["rpm", "-q", "--qf", "%{NAME} %{VERSION}\n", *names], 60)
+    found = {}
+    for line in result.stdout.splitlines():
+        parts = line.split()  # "package X is not installed" has more words
+        if len(parts) == 2 and parts[0] in names:
+            found[parts[0]] = parts[1]
     return found
 
 

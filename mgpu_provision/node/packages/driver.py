@@ -1,9 +1,10 @@
-"""Carrying out a `driver` step on a real node: which source and flavor, then the apt, dnf or runfile path.
+"""Carrying out a `driver` step on a real node: which source and flavor, then the apt, dnf or yum, zypper or
+runfile path.
 
 The control side decides the source (from the node's os-release or the rig), the flavor, the branch, apt's
 package set and, for a runfile, the kernel module type; this module defaults none of them: it checks that
 the source and flavor are ones it knows and hands the step to the path that knows the package manager
-(node/packages/apt.py, node/packages/dnf.py, node/packages/runfile.py).
+(node/packages/apt.py, node/packages/dnf.py, node/packages/zypper.py, node/packages/runfile.py).
 """
 
 from __future__ import annotations
@@ -29,17 +30,20 @@ def check_source(step: Dict[str, Any]) -> None:
 
 def install(step: Dict[str, Any], current: Optional[str]) -> Tuple[bool, str]:
     """Install the step's driver unless the exact version is already there; return (changed, message)."""
-    from . import apt, dnf, runfile  # only an install needs them: facts reads versions through this module
+    from . import apt, dnf, runfile, zypper  # only an install needs them: facts reads versions through here
 
     method, branch, version = step["method"], step["branch"], step["version"]
     if method != "runfile":
         check_source(step)
     if method == "apt":
         return apt.install(step, "driver")
+    if method == "zypper":
+        return zypper.install(step, "driver")
     if version and current == version:
         return False, f"driver {version} already installed"
-    if method == "dnf":
-        run_all(dnf.commands(step))
+    if method in ("dnf", "yum"):
+        dnf.check_available(step)
+        run_all(dnf.commands(step, current))
     else:
         runfile.install(step)
     return True, f"installed driver {version or 'branch ' + branch} with {method}; reboot to load it"

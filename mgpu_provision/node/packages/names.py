@@ -51,7 +51,7 @@ def component(source: str, method: str, branch: int, what: str) -> Optional[str]
         per_branch = {"fabricmanager": "nvidia-fabricmanager-{}", "nscq": "libnvidia-nscq-{}"}
         return per_branch[what].format(branch) if what in per_branch else None
     unversioned = branch >= UNVERSIONED_EXTRAS_FROM
-    rpm = method == "dnf" or source == "rhel"
+    rpm = method != "apt" or source == "rhel"  # dnf, yum and zypper install the RPMs
     if what == "fabricmanager":
         if unversioned:
             return "nvidia-fabricmanager"

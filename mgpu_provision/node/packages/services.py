@@ -15,7 +15,7 @@ from ...protocol import FABRICMANAGER_UNIT
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
-from . import apt, driver, persistenced
+from . import apt, dnf, driver, persistenced, zypper
 from .common import Command, installed_debs, rpm_provider, run_all, upstream
 
 
@@ -60,22 +60,24 @@ def install_fabric_manager(step: Dict[str, Any]) -> Tuple[bool, str]:
     """Fabric Manager and NSCQ (the step's packages) at exactly the driver's version, held, the service
     enabled (and started); the same for nvidia-imex (the step's unit), which also lives at the driver's
     version. NVLink Subnet Manager (in Fabric Manager's set on NVLink5 boards) needs the ib_umad module."""
-    version, unit, names = step["version"], step["unit"], step["packages"]
+    version, unit, names, tool = step["version"], step["unit"], step["packages"], step["method"]
     what = "Fabric Manager" if unit == FABRICMANAGER_UNIT else unit
     if "nvlsm" in names:
         _load_at_boot("ib_umad", bool(step["start"]))
-    if step["method"] == "dnf":
+    if tool in ("dnf", "yum"):
         installed = rpm_provider(unit)  # nvidia-fabric-manager Provides nvidia-fabricmanager
         changed = installed is None or installed[1] != version
         if changed:
             run_all(
                 [
-                    Command(["dnf", "-y", "install", "--allowerasing", *[f"{n}-{version}" for n in names]]),
-                    Command(["dnf", "-y", "versionlock", "add", f"*nvidia*{version}*"]),
+                    Command([*dnf.install_argv(tool), *[f"{n}-{version}" for n in names]]),
+                    Command([tool, "-y", "versionlock", "add", f"*nvidia*{version}*"]),
                 ],
                 "fabricmanager",
             )
         message = f"installed {what} {version}" if changed else f"{what} {version} installed"
+    elif tool == "zypper":
+        changed, message = zypper.install(step, what)
     else:
         changed, message = apt.install(step, what)
     started, service = switch(unit, True, step["start"])
@@ -102,7 +104,8 @@ def persistence_daemon(step: Dict[str, Any]) -> Tuple[bool, str]:
     if enable and state(unit)["service"] == "absent":
         if not package:
             raise AgentFailure("persistence", f"{unit} is not installed; it comes with the driver's packages")
-        manager = ["dnf", "-y", "install"] if step["method"] == "dnf" else apt.INSTALL
+        manager = {"zypper": [*zypper.ZYPPER, "install"], "apt": apt.INSTALL}.get(step["method"])
+        manager = manager or [step["method"], "-y", "install"]  # dnf, yum
         run_all([Command([*manager, package])], "persistence")
         installed = True
         _hold_what_it_pulled_in()

@@ -30,7 +30,6 @@ _BRANCH_HOLD = ("*nvidia*-{b}", "*nvidia*-{b}-*", "cuda-drivers-{b}")
 _UNVERSIONED_HOLD = ("*nvidia*", "libcuda*", "cuda-drivers*", "libnvsdm*")
 # The apt preferences stanza pins every package of these names offered at the wanted upstream version.
 APT_PIN_NAMES = ("*nvidia*", "libcuda*", "cuda-drivers*", "libnvsdm*")
-RHEL_LIKE = ("rhel", "rocky", "almalinux", "ol", "centos", "fedora", "amzn")
 # Debian (contrib) and NVIDIA's RPM repository ship the daemon on its own; Ubuntu's driver packages carry it.
 PERSISTENCED_PACKAGE = "nvidia-persistenced"
 
@@ -66,27 +65,6 @@ def default_flavor(source: str, model: str, branch: str) -> str:
     if source == "ubuntu":
         return "server-open" if open_modules else "server"
     return "open" if open_modules else "default"
-
-
-def default_source(os_id: Optional[str], os_like: List[str]) -> Optional[str]:
-    """The source a node's /etc/os-release suggests, None when the distribution is not one of ours."""
-    ids = [os_id or "", *os_like]
-    if "ubuntu" in ids:
-        return "ubuntu"
-    if "debian" in ids:
-        return "debian"
-    if any(i in RHEL_LIKE for i in ids):
-        return "rhel"
-    return None
-
-
-def method_of(source: str, os_id: Optional[str], os_like: List[str]) -> str:
-    """apt or dnf: the CUDA repository exists for both families; the other sources belong to one."""
-    if source == "rhel":
-        return "dnf"
-    if source == "cuda" and default_source(os_id, os_like) == "rhel":
-        return "dnf"
-    return "apt"
 
 
 def apt_set(

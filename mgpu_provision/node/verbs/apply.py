@@ -17,7 +17,7 @@ from ... import protocol
 from ..core import archive
 from ..core.atomic import HostLock, atomic_write
 from ..core.errors import AgentFailure
-from ..nvidia.backend import Backend, NvmlUnavailable
+from ..nvidia.backend import Backend
 from . import gpu_settings
 
 BACKUP_SUFFIX = ".mgpu-provision.bak"
@@ -78,7 +78,7 @@ def run_step(step: Dict[str, Any], backend: Backend) -> StepResult:
         protocol.PERSISTENCED: lambda s, b: b.set_persistence_daemon(s),
         protocol.SERVICE: lambda s, b: b.switch_service(s["unit"], s["enable"], s["start"]),
         protocol.NOUVEAU: lambda s, b: b.blacklist_nouveau(),
-        protocol.PERSISTENCE: set_persistence,
+        protocol.PERSISTENCE: gpu_settings.set_persistence,
         protocol.COMPUTE_MODE: gpu_settings.set_compute_mode,
         protocol.POWER_LIMIT: gpu_settings.set_power_limit,
         protocol.REMOVE: lambda s, b: remove_file(s["path"]),
@@ -136,29 +136,6 @@ def remove_file(path: str) -> StepResult:
     atomic_write(path + BACKUP_SUFFIX, old, old_mode)
     os.unlink(path)
     return True, f"removed {path} (backup {path + BACKUP_SUFFIX})"
-
-
-def set_persistence(step: Dict[str, Any], backend: Backend) -> StepResult:
-    enabled = step["enabled"]
-    try:
-        backend.open()
-    except NvmlUnavailable as exc:
-        raise AgentFailure("nvml", f"cannot set persistence mode: {exc.message}") from None
-    try:
-        gpus = step["gpus"] or list(range(backend.device_count()))
-        changed = [gpu for gpu in gpus if backend.persistence_mode(int(gpu)) is not enabled]
-        for gpu in changed:
-            backend.set_persistence_mode(int(gpu), enabled)
-    finally:
-        backend.close()
-    word = "enabled" if enabled else "disabled"
-    if not changed:
-        return False, f"persistence mode already {word} on GPU {_list(gpus)}"
-    return True, f"persistence mode {word} on GPU {_list(changed)}"
-
-
-def _list(gpus: List[Any]) -> str:
-    return ",".join(str(g) for g in gpus)
 
 
 def reboot(args: Dict[str, Any], backend: Backend) -> Tuple[Dict[str, Any], Optional[Callable[[], None]]]:

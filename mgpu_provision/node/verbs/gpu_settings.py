@@ -21,7 +21,7 @@ def set_compute_mode(step: Dict[str, Any], backend: Backend) -> StepResult:
     name = step["mode"]  # one of protocol.COMPUTE_MODES: the door checked it
     code = COMPUTE_MODE_CODES[name]
     changed, gpus = _converge(
-        backend, step, "compute mode", lambda gpu: code, backend.compute_mode, backend.set_compute_mode
+        backend, step, "the compute mode", lambda gpu: code, backend.compute_mode, backend.set_compute_mode
     )
     return _result(f"compute mode {name}", changed, gpus)
 
@@ -38,12 +38,28 @@ def set_power_limit(step: Dict[str, Any], backend: Backend) -> StepResult:
     changed, gpus = _converge(
         backend,
         step,
-        "power limit",
+        "the power limit",
         lambda gpu: watts * 1000 if watts is not None else limits(gpu)[1],
         lambda gpu: limits(gpu)[0],
         backend.set_power_limit_mw,
     )
     return _result("power limit " + (f"{watts} W" if watts is not None else "default"), changed, gpus)
+
+
+def set_persistence(step: Dict[str, Any], backend: Backend) -> StepResult:
+    enabled = step["enabled"]
+    changed, gpus = _converge(
+        backend,
+        step,
+        "persistence mode",
+        lambda gpu: enabled,
+        backend.persistence_mode,
+        backend.set_persistence_mode,
+    )
+    word = "enabled" if enabled else "disabled"
+    if not changed:
+        return False, f"persistence mode already {word} on GPU {_listed(gpus)}"
+    return True, f"persistence mode {word} on GPU {_listed(changed)}"
 
 
 def _converge(
@@ -58,7 +74,7 @@ def _converge(
     try:
         backend.open()
     except NvmlUnavailable as exc:
-        raise AgentFailure("nvml", f"cannot set the {what}: {exc.message}") from None
+        raise AgentFailure("nvml", f"cannot set {what}: {exc.message}") from None
     try:
         gpus = step["gpus"] or list(range(backend.device_count()))
         changed = []
@@ -73,7 +89,10 @@ def _converge(
 
 
 def _result(setting: str, changed: List[int], gpus: List[int]) -> StepResult:
-    listed = ",".join(str(g) for g in (changed or gpus))
     if changed:
-        return True, f"{setting} set on GPU {listed}"
-    return False, f"{setting} already on GPU {listed}"
+        return True, f"{setting} set on GPU {_listed(changed)}"
+    return False, f"{setting} already on GPU {_listed(gpus)}"
+
+
+def _listed(gpus: List[int]) -> str:
+    return ",".join(str(g) for g in gpus)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ... import protocol
 from ...facts import HostInfo
 from ...judge import driver as judge
-from ...node.packages import sources
+from ...node.packages import families, sources, zypper
 from ...rig.cards import nvlink5_hgx, open_modules_only
 from ...rig.models import Driver
 from ..change import Action, Change, HostContext
@@ -39,26 +39,27 @@ def resolve(want: Driver, host: HostInfo, model: str) -> Source:
     for its branch on `model` (the rig's GPU): open from 560 on Turing and later."""
     if want.method == "runfile":
         return Source(None, "runfile", want.flavor)
-    # Facts without os-release (older agents) read as Ubuntu, the first source this tool supported.
-    os_id = host.os_id or "ubuntu"
-    name = want.source or sources.default_source(os_id, host.os_like)
+    family = family_of(host)
+    name = want.source or family.source
+    method = want.method or family.method or "apt"
     if name is None:
-        return Source(
-            None,
-            want.method or "apt",
-            want.flavor,
-            f"no known driver source for {host.os}: set driver.source",
-        )
-    method = want.method or sources.method_of(name, os_id, host.os_like)
+        return Source(None, method, want.flavor, family.problem)
     flavor = want.flavor or sources.default_flavor(name, model, branch_of_rig(want))
-    problem = None
-    if flavor not in sources.FLAVORS[name]:
-        problem = f"the {name} source has no {flavor} flavor (it has {', '.join(sources.FLAVORS[name])})"
-    elif method == "apt" and name == "rhel":
-        problem = "the rhel source installs with dnf, not apt: set driver.method: dnf"
-    elif want.fabricmanager and not sources.HAS_FABRICMANAGER[name]:
-        problem = f"the {name} source has no Fabric Manager package: set driver.source: cuda"
+    problem = families.method_problem(family, method, name) or _source_problem(want, name, flavor)
     return Source(name, method, flavor, problem)
+
+
+def family_of(host: HostInfo) -> families.Family:
+    """The node's family; facts without os-release (older agents) read as Ubuntu, the first one supported."""
+    return families.family_of(host.os_id or "ubuntu", host.os_version_id, host.os_like)
+
+
+def _source_problem(want: Driver, name: str, flavor: str) -> str | None:
+    if flavor not in sources.FLAVORS[name]:
+        return f"the {name} source has no {flavor} flavor (it has {', '.join(sources.FLAVORS[name])})"
+    if want.fabricmanager and not sources.HAS_FABRICMANAGER[name]:
+        return f"the {name} source has no Fabric Manager package: set driver.source: cuda"
+    return None
 
 
 def diff(ctx: HostContext) -> list[Change]:
@@ -179,12 +180,14 @@ def _install(
                 source.name, branch, source.flavor, want.fabricmanager, want.packages,
                 debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5_hgx(ctx.rig.gpus.model),
             )  # fmt: skip
-        else:  # dnf: one transaction, nothing to pin first or hold by pattern (versionlock does)
+        elif source.method == "zypper":  # every name at the version in one transaction, each locked
+            packages = zypper.package_set(branch, source.flavor, want.fabricmanager)
+        else:  # dnf, yum: one transaction, nothing to pin first or hold by pattern (versionlock does)
             names = sources.dnf_packages(branch, source.flavor, want.version is not None, want.fabricmanager)
             packages = protocol.PackageSet([], names, [])
         step = protocol.driver_step(
             source.method, source.name, source.flavor, branch, want.version, want.hold, want.fabricmanager,
-            packages=packages, modules=source.method != "dnf" or _has_module_streams(ctx.facts.host),
+            packages=packages, modules=family_of(ctx.facts.host).modules,
             repo=ctx.driver_repo if source.method == "apt" else None,
         )  # fmt: skip
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
@@ -193,16 +196,7 @@ def _install(
 def debian_family(host: HostInfo) -> bool:
     """A Debian node (not Ubuntu): NVIDIA's repository for it names the driver's libraries without the
     branch."""
-    return sources.default_source(host.os_id, host.os_like) == "debian"
-
-
-def _has_module_streams(host: HostInfo) -> bool:
-    """RHEL 8/9 and their rebuilds serve NVIDIA's driver as dnf module streams, and so does Amazon Linux 2023
-    (NVIDIA's installation guide lists it with them); RHEL 10 and Fedora do not."""
-    major = protocol.branch_of(host.os_version_id or "0")
-    if host.os_id == "amzn":
-        return major == "2023"
-    return host.os_id != "fedora" and major.isdigit() and int(major) < 10
+    return family_of(host).source == "debian"
 
 
 def _reboot(want: Driver, version: str, loaded: str | None, installed: str | None = None) -> Change:

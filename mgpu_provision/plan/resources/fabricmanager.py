@@ -68,9 +68,10 @@ def package_set(
     source: str, method: str, version: str, nvlink5: bool = False, debian: bool = False
 ) -> protocol.PackageSet:
     """Fabric Manager and NSCQ at the driver's branch (with NVSDM, NVLink Subnet Manager and its tools on
-    NVLink5 boards): apt's set from `source`, or dnf's names."""
+    NVLink5 boards): apt's set from `source`, or the RPM names (zypper locks each of them; dnf and yum lock
+    by version)."""
     branch = protocol.branch_of(version)
     names = sources.fabricmanager_packages(source, branch, method, nvlink5)
-    if method == "dnf":
-        return protocol.PackageSet([], names, [])
+    if method != "apt":
+        return protocol.PackageSet([], names, names if method == "zypper" else [])
     return sources.apt_set(source, branch, "default", False, names, debian_family=debian)
