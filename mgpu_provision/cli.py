@@ -22,7 +22,9 @@ from .commands.output import print_json, visible
 from .errors import ProvisionError, SpecError
 
 # Order here is the order in `--help`.
-COMMANDS = ("validate", "schema", "facts", "plan", "apply", "smoke", "reclaim", "init", "demo")
+COMMANDS = (
+    "validate", "schema", "facts", "plan", "apply", "smoke", "reclaim", "init", "demo", "slurm-conf",
+)  # fmt: skip
 TOP_OPTIONS = ("--help", "-h", "--version", "-V")
 
 
@@ -58,9 +60,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             sub.add_parser(name)
             continue
         try:
-            module = importlib.import_module(f"mgpu_provision.commands.{name}")
+            module = importlib.import_module(f"mgpu_provision.commands.{name.replace('-', '_')}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"mgpu_provision.commands.{name}":
+            if exc.name == f"mgpu_provision.commands.{name.replace('-', '_')}":
                 continue  # command not built yet
             raise
         module.register(sub)

@@ -98,6 +98,10 @@ class Gpu(Fact):
     pci_bus_id: str
     memory_mib: int
     persistence_mode: bool | None = None
+    minor_number: int | None = Field(None, description="N of /dev/nvidiaN; None from an older agent")
+    cpu_affinity: str | None = Field(
+        None, description='OS CPUs near the GPU as topo -m prints them ("0-3,8-11", SMT siblings included)'
+    )
     pcie: PcieLink = PcieLink()
     nvlinks: list[NvLink] = Field(default_factory=list)
     fabric: GpuFabric | None = Field(None, description="NVLink fabric registration; None outside one")
@@ -344,6 +348,31 @@ class CpuInfo(Fact):
     cores: int | None = Field(None, description="physical cores among them, None when unknown")
 
 
+class CpuThread(Fact):
+    cpu: int = Field(description="the OS CPU id")
+    socket: int = Field(description="physical_package_id")
+    core: int = Field(description="core_id within the socket (not dense: numbers may skip)")
+    numa: int | None = None
+
+
+class Machine(Fact):
+    """Every online CPU's place and the memory: what slurm.conf's node line and gres.conf's Cores= need."""
+
+    threads: list[CpuThread]
+    memory_mib: int | None = None
+
+
+class SlurmNode(Fact):
+    """What Slurm says of this node (only when the request asks and slurmd is installed)."""
+
+    registers: dict[str, str] | None = Field(None, description="`slurmd -C`'s line as key=value pairs")
+    controller: dict[str, str] | None = Field(None, description="`scontrol show node -o` of this node")
+    error: str | None = Field(None, description="why the controller's line is missing")
+    missing_devices: list[str] = Field(
+        default_factory=list, description="the GPUs' /dev/nvidia<minor> that do not exist"
+    )
+
+
 class Facts(Fact):
     schema_version: int = FACTS_SCHEMA_VERSION
     agent_version: str
@@ -371,6 +400,8 @@ class Facts(Fact):
     health: HostHealth | None = Field(None, description="None from an agent that does not read health")
     interfaces: list[NetInterface] | None = Field(None, description="None: the agent did not report them")
     cpu: CpuInfo | None = None
+    machine: Machine | None = Field(None, description="None: an older agent, or /sys could not say")
+    slurm: SlurmNode | None = Field(None, description="None: not asked, or no slurmd installed")
 
     def file(self, path: str) -> ManagedFile | None:
         return next((f for f in self.files if f.path == path), None)

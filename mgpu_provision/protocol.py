@@ -156,6 +156,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "driver_repo": apt_mirror(),  # checked: does the driver's set resolve from this mirror alone
         "driver_packages": texts(),
         "state_dir": optional_text(),  # where the node keeps its previous health counter sample
+        "slurm": flag(),
     },
     "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects(), "simulated": flag()},
     "reboot": {"lock": line(), "lock_wait_s": number(), "simulated": flag()},
@@ -227,6 +228,7 @@ def facts_request(
     driver_repo: Optional[Dict[str, str]] = None,
     driver_packages: Sequence[str] = (),
     state_dir: Optional[str] = None,
+    slurm: bool = False,
 ) -> Dict[str, Any]:
     """The `facts` verb's arguments. With no arguments: the minimal form, enough for GPUs, driver,
     processes and the boot id (what apply's reboot wait and reclaim's check need)."""
@@ -244,6 +246,8 @@ def facts_request(
         "driver_packages": list(driver_packages),
         # the node's state folder: health counters are judged as their change since the previous sample
         "state_dir": state_dir,
+        # what slurmd would register and what the controller holds (a rig with a `slurm` section)
+        "slurm": slurm,
     }
 
 
@@ -254,6 +258,7 @@ COMPUTE_MODE, POWER_LIMIT = "compute-mode", "power-limit"
 FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU = "fabricmanager", "persistenced", "service", "nouveau"
 REMOVE = "remove"
 AGENT = "agent"  # the running agent's own zipapp, copied to where the node check runs it from
+RESTART = "restart"  # a daemon that reads a managed file only when it starts (slurmd and gres.conf)
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
 COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
@@ -357,6 +362,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
         "start": flag(required=True),
     },
     NOUVEAU: {},
+    RESTART: {"command": Arg("a non-empty list of strings", lambda v: texts().ok(v) and bool(v), True)},
     PERSISTENCE: {"gpus": gpu_list(), "enabled": flag(required=True)},  # gpus []: every GPU
     COMPUTE_MODE: {"gpus": gpu_list(), "mode": choice(*COMPUTE_MODES, required=True)},
     POWER_LIMIT: {"gpus": gpu_list(), "watts": optional_watts()},  # watts null: each GPU's default
@@ -406,6 +412,11 @@ def agent_step(path: str, sha256: str) -> Dict[str, Any]:
     """Install the agent that carries the step out at `path`, when its zipapp's digest is `sha256` (the one
     the plan was made with: the facts report it)."""
     return {"kind": AGENT, "path": path, "sha256": sha256}
+
+
+def restart_step(command: List[str]) -> Dict[str, Any]:
+    """Run `command` (e.g. systemctl restart slurmd); its failure fails the step with its output."""
+    return {"kind": RESTART, "command": list(command)}
 
 
 def persistence_step(gpus: List[int], enabled: bool) -> Dict[str, Any]:

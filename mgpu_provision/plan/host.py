@@ -29,6 +29,7 @@ from .resources import (
     node_check,
     persistence,
     sli,
+    slurm,
 )
 from .resources import torch as torch_probe
 
@@ -60,12 +61,13 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
     when the rig file names a smoke python, that python for the torch probe (importing torch takes seconds,
     and a rig that never said which python has torch would only get a failed probe of `python3`)."""
     managed = envfiles.managed_paths(loaded, host)
+    slurm_files = slurm.managed_paths(loaded.rig_of(host))
     smoke = loaded.spec.smoke
     xorg = [path for path, phase in managed if phase == "sli"]
     unit = boot_unit.unit_path(loaded, host)
     checker = node_check.managed_paths(loaded, host)
     return protocol.facts_request(
-        files=[path for path, _ in managed] + ([unit] if unit else []) + checker,
+        files=[path for path, _ in managed] + ([unit] if unit else []) + checker + slurm_files,
         include_content=True,
         python=smoke.python if "python" in smoke.model_fields_set else None,
         xorg_paths=xorg,
@@ -77,13 +79,15 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         driver_repo=mirror.repo_of(loaded, host),
         driver_packages=mirror.packages_of(loaded, host),
         state_dir=envfiles.node_path(loaded, host, loaded.spec.files.state_dir),
+        slurm=loaded.rig_of(host).slurm is not None,
     )
 
 
 def expectation_of(loaded: LoadedRig, host: Host, facts: Facts) -> Expectation:
     """What a node holds itself to once apply has run: the rig's expectation with the managed files (and
     their digests) apply writes to this host."""
-    return _expectation(loaded, host, envfiles.desired_files(loaded, host, facts))
+    desired = envfiles.desired_files(loaded, host, facts)
+    return _expectation(loaded, host, desired + slurm.desired_files(host, loaded.rig_of(host), facts))
 
 
 def _expectation(loaded: LoadedRig, host: Host, desired: list[envfiles.DesiredFile]) -> Expectation:
@@ -107,7 +111,9 @@ def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
     desired = envfiles.desired_files(loaded, host, facts)
     changes += envfiles.diff_files(desired, facts)
     changes += envfiles.diff_unwanted(envfiles.unwanted_files(loaded, host), facts)
+    changes += slurm.diff(host, rig, facts)
     changes += boot_unit.diff(loaded, host, facts)  # after the NVML steps of its phase, which set them now
     # After the env files: the expectations it installs hold their digests.
-    changes += node_check.diff(loaded, host, facts, _expectation(loaded, host, desired))
+    managed = desired + slurm.desired_files(host, rig, facts)
+    changes += node_check.diff(loaded, host, facts, _expectation(loaded, host, managed))
     return sorted(changes, key=lambda c: PHASES.index(c.phase))  # stable within a step

@@ -366,6 +366,43 @@ class Files(Strict):
     state_dir: PathStr = Field("/var/lib/mgpu-provision", description="lock file and backups")
 
 
+def nvml_gres_type(model: str) -> str:
+    """The GRES type Slurm's AutoDetect=nvml gives a GPU: its NVML name lower-cased, spaces as underscores
+    ("NVIDIA GeForce RTX 3090" -> "nvidia_geforce_rtx_3090"); a configured type must be a substring of it."""
+    return "_".join(model.lower().split())
+
+
+class Slurm(Strict):
+    """How the box presents its GPUs to Slurm: gres.conf generated from facts, checked against the
+    controller's node line."""
+
+    gres_type: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9_.-]{1,64}$",
+        description="the GRES type (gpu:<type>:<n>); default: the NVML name lower-cased with underscores. "
+        "A shorter type must be a substring of that, as AutoDetect=nvml matches it",
+    )
+    gres_conf: PathStr = Field("/etc/slurm/gres.conf", description="the gres.conf apply writes")
+    cores: bool = Field(True, description="write Cores= (Slurm's logical core indices near each GPU)")
+    links: bool = Field(True, description="write Links= (NVLinks to each other GPU, from the facts)")
+    health_check: PathStr | None = Field(
+        None,
+        description="the node check (mgpu-provision-check) to run as slurmd's HealthCheckProgram through a "
+        "managed script that drains the node on a failed check; null: none",
+    )
+    health_script: PathStr = Field(
+        "/usr/local/bin/mgpu-provision-slurm-health", description="where that script is written"
+    )
+    restart_command: list[Annotated[str, Field(pattern=SAFE_TOKEN, min_length=1)]] = Field(
+        default_factory=lambda: ["systemctl", "restart", "slurmd"],
+        min_length=1,
+        description="what apply runs when gres.conf changed (slurmd reads gres.conf only when it starts)",
+    )
+
+    def type_for(self, model: str) -> str:
+        return self.gres_type or nvml_gres_type(model)
+
+
 class Rig(Strict):
     """A rig type: what every box that names it must look like."""
 
@@ -378,6 +415,7 @@ class Rig(Strict):
         None, description="GPU indices or UUIDs CUDA may see (CUDA_VISIBLE_DEVICES); default all"
     )
     ddp: Ddp | None = None
+    slurm: Slurm | None = Field(None, description="the box runs slurmd: gres.conf and Slurm checks")
     health: Health = Field(default_factory=Health, description="GPU health checks (all on by default)")
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="extra variables for this rig, merged over the fleet's `env`"

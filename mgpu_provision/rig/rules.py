@@ -34,7 +34,7 @@ from .cards import (
 from .envvalues import path_entry_problem, value_problem
 from .files import resolve_path
 from .inventory import line_of_host
-from .models import SLI_MODES, Driver, Host, Rig, RigFile
+from .models import SLI_MODES, Driver, Host, Rig, RigFile, nvml_gres_type
 
 Loc = tuple[str | int, ...]
 
@@ -828,6 +828,30 @@ def local_hosts_apart(inp: RuleInput) -> Iterator[Finding]:
         )
 
 
+def slurm_health_check_has_node_check(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.slurm is not None and rig.slurm.health_check is not None and inp.spec.node_check is None:
+            yield Finding(
+                (*loc, "slurm", "health_check"),
+                "health_check runs the node check, which apply installs only with a `node_check` section "
+                "(interval: null leaves the scheduling to Slurm)",
+            )
+
+
+def slurm_type_matches_nvml(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.slurm is None or rig.slurm.gres_type is None:
+            continue
+        nvml = nvml_gres_type(rig.gpus.model)
+        if rig.slurm.gres_type not in nvml:
+            yield Finding(
+                (*loc, "slurm", "gres_type"),
+                f"GRES type '{rig.slurm.gres_type}' is not part of '{nvml}' (the NVML name lower-cased with "
+                "underscores): Slurm's AutoDetect=nvml would not match it; use a substring such as "
+                f"'{'_'.join(nvml.split('_')[-2:])}'",
+            )
+
+
 RULES: tuple[Rule, ...] = (
     fleet_has_hosts,
     hosts_are_distinct_boxes,
@@ -872,6 +896,8 @@ RULES: tuple[Rule, ...] = (
     identity_files_exist,
     local_hosts_apart,
     node_check_timer_has_systemd,
+    slurm_type_matches_nvml,
+    slurm_health_check_has_node_check,
 )
 
 

@@ -505,6 +505,7 @@ def test_every_builder_makes_a_step_the_door_takes_as_it_is() -> None:
         protocol.persistence_step([0, 1], True),
         protocol.compute_mode_step([1], "exclusive_process"),
         protocol.power_limit_step([0], None),
+        protocol.restart_step(["systemctl", "restart", "slurmd"]),
     ]
     assert sorted({step["kind"] for step in built}) == sorted(protocol.STEP_KINDS)
     for index, step in enumerate(built):

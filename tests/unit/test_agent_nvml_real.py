@@ -54,6 +54,9 @@ class ScriptedNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
         return SimpleNamespace(total=24 * 1024**3)
 
+    def nvmlDeviceGetMinorNumber(self, handle: int) -> int:
+        return [1, 0, 2][handle]  # /dev/nvidiaN need not follow NVML's index
+
     def nvmlDeviceGetPersistenceMode(self, handle: int) -> int:
         if handle == 2:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -199,6 +202,7 @@ def test_facts_from_a_scripted_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gpus[1].nvlinks[0].remote_type == "gpu"
     assert (gpus[1].pcie.gen, gpus[1].pcie.max_gen, gpus[1].pcie.max_width) == (3, 4, None)
     assert [g.persistence_mode for g in gpus] == [True, True, None]
+    assert [g.minor_number for g in gpus] == [1, 0, 2]
     pairs = {(p.a, p.b): p for p in (GpuPair.model_validate(p) for p in raw["pairs"])}
     assert pairs[(0, 1)].cell == "NV3"  # one of the four links is down on GPU0's side
     assert (pairs[(0, 1)].pcie, pairs[(0, 1)].p2p_read, pairs[(0, 1)].p2p_nvlink) == ("PHB", "OK", "OK")

@@ -97,6 +97,17 @@ def test_profile_script_exports_cuda_nccl_gloo_and_the_rig_env(tmp_path: Path) -
     assert env["GLOO_NOTE"] == "two words"
 
 
+@pytest.mark.parametrize("job", ["", "4242"])
+def test_under_slurm_the_profile_script_leaves_a_jobs_gpus_alone(tmp_path: Path, job: str) -> None:
+    """A batch script `#!/bin/bash -l` sources profile.d: outside a job the rig's GPUs, inside one Slurm's."""
+    loaded = load(tmp_path, **{"    env: {NCCL": "    slurm: {}\n    env: {NCCL"})
+    script = files_of(loaded)["mgpu-provision.sh"]
+    prefix = f"SLURM_JOB_ID={job} CUDA_VISIBLE_DEVICES=3 && export SLURM_JOB_ID CUDA_VISIBLE_DEVICES &&"
+    env = sourced_env(script.content, tmp_path, prefix=prefix)
+    assert env["CUDA_VISIBLE_DEVICES"] == ("3" if job else "1,0")
+    assert env["NCCL_DEBUG"] == "WARN"  # everything else is set as before
+
+
 def test_environment_file_sets_the_same_variables_as_the_profile_script(tmp_path: Path) -> None:
     files = files_of(load(tmp_path))
     profile = sourced_env(files["mgpu-provision.sh"].content, tmp_path)

@@ -506,6 +506,17 @@ CASES = {
         "rig_groups.gpu_h100",
         "rig 'h100' is not defined under `rigs` (defined: pair)",
     ),
+    "slurm-type-matches-nvml": (
+        rig(GPUS.strip(), "slurm: {gres_type: rtx3090}  # <-"),
+        "rigs.pair.slurm.gres_type",
+        "GRES type 'rtx3090' is not part of 'nvidia_geforce_rtx_3090' (the NVML name lower-cased with "
+        "underscores): Slurm's AutoDetect=nvml would not match it; use a substring such as 'rtx_3090'",
+    ),
+    "slurm-health-check-has-node-check": (
+        rig(GPUS.strip(), "slurm: {health_check: /usr/local/bin/mgpu-provision-check}  # <-"),
+        "rigs.pair.slurm.health_check",
+        "health_check runs the node check, which apply installs only with a `node_check` section",
+    ),
     "ssh-files-absolute": (
         rig(GPUS.strip(), tail="files:\n  launcher: bin/mgpu-torchrun  # <-\n"),
         "files.launcher",

@@ -35,6 +35,10 @@ def same_pci(a: Optional[str], b: Optional[str]) -> bool:
     return key is not None and key == pci_key(b)
 
 
+def sysfs_name(address: str) -> Optional[str]:
+    """The device's folder name under /sys/bus/pci/devices ("0000:01:00.0"), None when not an address."""
+    key = pci_key(address)
+    return None if key is None else "{:04x}:{:02x}:{:02x}.{:x}".format(*key)
 
 def same_slot(a: Optional[str], b: Optional[str]) -> bool:
     """Same domain, bus and device: the kernel's Xid lines leave the function out."""

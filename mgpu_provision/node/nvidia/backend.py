@@ -158,6 +158,10 @@ class Backend(abc.ABC):
         """os_id, os_version_id, os_like to report instead of /etc/os-release's; None: the real file's."""
         return None
 
+    def machine(self) -> Optional[Dict[str, Any]]:
+        """CPU layout and memory to report instead of /sys's (node/host/machine.py shape); None: the real."""
+        return None
+
     @abc.abstractmethod
     def board(self) -> Dict[str, Optional[str]]:
         """`{"vendor", "model"}` of the mainboard."""
@@ -224,6 +228,15 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def memory_total_bytes(self, gpu: int) -> int: ...
+
+    @abc.abstractmethod
+    def minor_number(self, gpu: int) -> Optional[int]:
+        """N of the GPU's /dev/nvidiaN (NVML's minor number), None when NVML cannot say."""
+
+    @abc.abstractmethod
+    def cpu_affinity(self, gpu: int) -> Optional[str]:
+        """The OS CPUs near the GPU as a kernel CPU list ("0-3,8-11", SMT siblings included, as
+        `nvidia-smi topo -m` prints them); None when unknown."""
 
     @abc.abstractmethod
     def persistence_mode(self, gpu: int) -> Optional[bool]: ...

@@ -17,6 +17,7 @@ from ... import protocol
 from ..core import system
 from ..core.errors import AgentFailure
 from ..host import procs
+from ..host.pci import sysfs_name
 from ..packages import driver, imex, persistenced, runfile, services
 from .backend import Backend, GpuLost, NoSuchLink, NvmlUnavailable, nvml_message
 from .nvml_health import RealHealth
@@ -195,6 +196,18 @@ class RealBackend(RealHealth, Backend):
 
     def memory_total_bytes(self, gpu: int) -> int:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle(gpu)).total)
+
+    def minor_number(self, gpu: int) -> Optional[int]:
+        minor = self._optional(lambda: self._nvml.nvmlDeviceGetMinorNumber(self._handle(gpu)))
+        return None if minor is None else int(minor)
+
+    def cpu_affinity(self, gpu: int) -> Optional[str]:
+        # The kernel's own list for the GPU's PCI device: what nvidia-smi prints in topo -m's column.
+        name = sysfs_name(self.pci_bus_id(gpu))
+        text = (
+            None if name is None else system.read_text("/sys/bus/pci/devices/{}/local_cpulist".format(name))
+        )
+        return None if text is None else text.strip() or None
 
     def persistence_mode(self, gpu: int) -> Optional[bool]:
         mode = self._optional(lambda: self._nvml.nvmlDeviceGetPersistenceMode(self._handle(gpu)))

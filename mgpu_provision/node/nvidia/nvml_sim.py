@@ -135,6 +135,9 @@ class SimulatedBackend(SimulatedHealth, Backend):
     def distribution(self) -> Optional[Dict[str, object]]:
         return self.twin.os_release
 
+    def machine(self) -> Optional[Dict[str, Any]]:
+        return self.twin.machine
+
     def board(self) -> Dict[str, Optional[str]]:
         if self.twin.board:
             return {"vendor": self.twin.board.get("vendor"), "model": self.twin.board.get("model")}
@@ -242,6 +245,17 @@ class SimulatedBackend(SimulatedHealth, Backend):
 
     def memory_total_bytes(self, gpu: int) -> int:
         return int(self.twin.gpus[gpu]["memory_mib"]) * 1024 * 1024
+
+    def minor_number(self, gpu: int) -> Optional[int]:
+        return int(self.twin.gpus[gpu]["minor"])
+
+    def cpu_affinity(self, gpu: int) -> Optional[str]:
+        given = self.twin.gpus[gpu].get("cpu_affinity")
+        if given is not None:
+            return str(given)
+        matrix = self.twin.topology
+        row = None if matrix is None else matrix.rows.get("GPU{}".format(gpu))
+        return None if row is None or row.cpu_affinity in (None, "N/A") else row.cpu_affinity
 
     def persistence_mode(self, gpu: int) -> Optional[bool]:
         # The daemon keeps every GPU in persistence mode while it runs; else NVML's legacy setting counts.

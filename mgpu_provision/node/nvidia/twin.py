@@ -14,6 +14,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..core.errors import AgentFailure
+from ..host.machine import simulated_machine
 from .miniyaml import MiniYamlError, loads
 from .topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
 from .twin_health import read_gpu_health, read_kernel, read_sxids, read_uptime
@@ -59,6 +60,7 @@ class Twin:
         drivers = _list(data.get("available_drivers"), "available_drivers")
         self.available_drivers: List[str] = [str(v) for v in drivers]
         self.topology = self._topology(data)
+        self.machine = _machine(self.path, data.get("machine"))
         self.kernel = read_kernel(self.path, data.get("kernel"))
         self.sxids = read_sxids(self.path, data.get("sxid"))
         self.uptime_s = read_uptime(self.path, data.get("uptime_s"))
@@ -167,12 +169,30 @@ def _complete_gpu(path: str, index: int, raw: Any) -> Dict[str, Any]:
     _int(gpu, "memory_mib", where)
     gpu.setdefault("uuid", stable_uuid(path, index, gpu["name"]))
     gpu.setdefault("pci_bus_id", default_bus_id(index))
+    gpu.setdefault("minor", index)
+    _int(gpu, "minor", where)
+    if gpu.get("cpu_affinity") is not None and not isinstance(gpu["cpu_affinity"], str):
+        raise _bad(path, f'{where}.cpu_affinity must be a CPU list string such as "0-3,8-11"')
     gpu["pcie"] = dict(DEFAULT_PCIE, **_mapping(gpu.get("pcie") or {}, f"{where}.pcie"))
     gpu["health"] = read_gpu_health(path, f"{where}.health", gpu.get("health"))
     hang = gpu.setdefault("nvml_hang_s", 0)
     if not isinstance(hang, (int, float)) or isinstance(hang, bool) or hang < 0:
         raise _bad(path, f"{where}.nvml_hang_s must be a number of seconds (0 or more)")
     return gpu
+
+
+def _machine(path: str, raw: Any) -> Optional[Dict[str, Any]]:
+    """The twin's `machine` (sockets, cores_per_socket, threads_per_core, memory_mib); None: the real's."""
+    if raw is None:
+        return None
+    given = _mapping(raw, "machine")
+    sizes = [_int(given, key, "machine") for key in _MACHINE_KEYS]
+    if any(size < 1 for size in sizes):
+        raise _bad(path, "machine: " + ", ".join(_MACHINE_KEYS) + " must each be 1 or more")
+    return simulated_machine(*sizes)
+
+
+_MACHINE_KEYS = ("sockets", "cores_per_socket", "threads_per_core", "memory_mib")
 
 
 def stable_uuid(path: str, index: int, name: str) -> str:

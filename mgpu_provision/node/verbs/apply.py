@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import subprocess
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ... import protocol
@@ -21,6 +22,7 @@ from . import gpu_settings
 
 BACKUP_SUFFIX = ".mgpu-provision.bak"
 DEFAULT_LOCK_WAIT_S = 10.0
+RESTART_TIMEOUT_S = 120
 
 StepResult = Tuple[bool, str]
 
@@ -81,6 +83,7 @@ def run_step(step: Dict[str, Any], backend: Backend) -> StepResult:
         protocol.POWER_LIMIT: gpu_settings.set_power_limit,
         protocol.REMOVE: lambda s, b: remove_file(s["path"]),
         protocol.AGENT: lambda s, b: archive.install(s["path"], s["sha256"]),
+        protocol.RESTART: lambda s, b: restart(s["command"]),
     }
     return kinds[step["kind"]](step, backend)
 
@@ -104,6 +107,22 @@ def write_file(path: str, content: str, mode: int) -> StepResult:
     atomic_write(path, data, mode)
     digest = hashlib.sha256(data).hexdigest()[:12]
     return True, f"{'updated' if old is not None else 'created'} {path} (sha256 {digest}…)"
+
+
+def restart(command: List[str]) -> StepResult:
+    """Run the restart command the rig names; a failure is the step's, with the command's own words."""
+    try:
+        done = subprocess.run(
+            command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RESTART_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        words = " ".join(command)
+        message = "{} did not finish within {} s".format(words, RESTART_TIMEOUT_S)
+        raise AgentFailure("restart", message) from None
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip()[-500:]
+        raise AgentFailure("restart", "{} exited {}: {}".format(" ".join(command), done.returncode, said))
+    return True, "ran {}".format(" ".join(command))
 
 
 def remove_file(path: str) -> StepResult:

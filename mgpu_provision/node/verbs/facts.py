@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ... import __version__
 from ..core import archive, system
-from ..host import files, hostenv, procs, torch_probe
+from ..host import files, hostenv, machine, procs, torch_probe
 from ..host.pci import same_pci
 from ..nvidia.backend import (
     NVLINK_MAX_LINKS,
@@ -56,8 +56,11 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "torch": torch_probe.probe_torch(args["python"]) if args.get("python") else None,
         "interfaces": hostenv.interfaces(),
         "cpu": hostenv.cpu(),
+        "machine": backend.machine() or machine.machine(),
     }
     facts.update(nvidia_facts(backend, args.get("state_dir")))
+    if args.get("slurm"):
+        facts["slurm"] = machine.slurm(facts["host"]["hostname"], [g["minor_number"] for g in facts["gpus"]])
     return facts
 
 
@@ -147,6 +150,8 @@ def gpu_facts(backend: Backend, index: int) -> Dict[str, Any]:
         "uuid": backend.uuid(index),
         "pci_bus_id": backend.pci_bus_id(index),
         "memory_mib": backend.memory_total_bytes(index) // _MIB,
+        "minor_number": backend.minor_number(index),
+        "cpu_affinity": backend.cpu_affinity(index),
         "persistence_mode": backend.persistence_mode(index),
         "pcie": backend.pcie_link(index),
         "nvlinks": nvlink_facts(backend, index),

@@ -283,6 +283,7 @@ def desired_files(loaded: LoadedRig, host: Host, facts: Facts) -> list[DesiredFi
         "prepend_lines": [line for name, entries in prepends for line in sh_prepend(name, entries)],
         "systemd_prepends": systemd_prepends(prepends),
         "visible": _visible_labels(rig),
+        "slurm": rig.slurm is not None,  # CUDA_VISIBLE_DEVICES is Slurm's inside a job
     }
     files: list[DesiredFile] = []
     if paths.profile:

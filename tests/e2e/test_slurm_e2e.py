@@ -1,0 +1,190 @@
+"""Slurm end to end: SSH test hosts running a real slurmd each, a real slurmctld and munged on loopback.
+
+`slurm-conf` prints the node lines from the boxes' facts, apply writes gres.conf and restarts slurmd, and
+the nodes register idle with their GPUs' affinity (`(S:...)`): on a box with SMT on and DeepOps-style affinity
+(`0-3,8-11`: OS CPUs with siblings) gres.conf gets Slurm's logical cores. A box that loses a GPU is reported
+by plan while its node is still idle, before a restarted slurmd would make it INVAL. The HealthCheckProgram
+script runs the installed node check, drains a sick node with an `mgpu:` reason, resumes its own drain and
+leaves an admin's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mgpu_provision import cli
+from tests.hosts import MANAGED_DIRS, HostFactory, TestHost
+from tests.slurm import SlurmCluster, require_slurm
+
+SMT_TOPOLOGY = """\
+\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity
+GPU0\t X \tNV4\t0-3,8-11\t0
+GPU1\tNV4\t X \t4-7,12-15\t1
+"""
+MODEL = "NVIDIA GeForce RTX 3090"
+GRES_TYPE = "nvidia_geforce_rtx_3090"
+
+
+def twin(gpus: int) -> dict[str, Any]:
+    return {
+        "driver": {"version": "550.54.15", "loaded": "550.54.15", "cuda": "12.4"},
+        "gpus": [{"name": MODEL, "memory_mib": 24576} for _ in range(gpus)],
+        "topology": SMT_TOPOLOGY if gpus == 2 else None,
+        "machine": {"sockets": 2, "cores_per_socket": 4, "threads_per_core": 2, "memory_mib": 1000},
+    }
+
+
+RESTART = "/usr/local/bin/restart-slurmd"
+
+
+def restart_script(host: TestHost, cluster: SlurmCluster) -> None:
+    """The test hosts have no systemd: the rig's restart command stops this host's slurmd by its pid file
+    and starts it again, as `systemctl restart slurmd` would."""
+    pid_file = cluster.dir / f"slurmd-{host.name}.pid"
+    path = host.dir / "managed" / str(MANAGED_DIRS.index("/usr/local/bin")) / Path(RESTART).name
+    path.write_text(
+        "#!/bin/sh\n"
+        f'pid=$(cat {pid_file} 2>/dev/null) && kill "$pid" 2>/dev/null \\\n'
+        '    && while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done\n'
+        "exec env -u SLURM_CONF /usr/sbin/slurmd\n"
+    )
+    path.chmod(0o755)
+
+
+def cli_out(*args: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(list(args))
+    return code, out.getvalue()
+
+
+@pytest.fixture
+def cluster(test_hosts: HostFactory) -> Any:
+    require_slurm()
+    made = SlurmCluster(Path(tempfile.mkdtemp(prefix="mgpu-slurm-")), test_hosts.pool.take())
+    yield made
+    made.stop()
+
+
+def test_apply_writes_gres_conf_and_the_nodes_register_idle_with_logical_cores(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    hosts = [test_hosts.start(name, twin(2), rig="pair") for name in ("na", "nb")]
+    for host in hosts:
+        cluster.add_node(host, "", gpus=2)
+        restart_script(host, cluster)
+    rig = test_hosts.write_rig(
+        tmp_path / "rig.yaml",
+        hosts,
+        rigs={
+            "pair": {
+                "gpus": {"model": MODEL, "count": 2},
+                "slurm": {"restart_command": [RESTART]},
+            }
+        },
+    )
+    known = ["--known-hosts", str(test_hosts.known_hosts)]
+
+    code, printed = cli_out("slurm-conf", str(rig), *known)
+    assert code == 0, printed
+    lines = printed.splitlines()
+    assert "GresTypes=gpu" in lines
+    for host in hosts:
+        want = (
+            f"NodeName={host.name} Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=1000 "
+            f"Gres=gpu:{GRES_TYPE}:2"
+        )
+        assert want in lines, printed
+        cluster.node_lines[host.name] = want.split(" ", 1)[1]
+    cluster.start(slurmd=False)  # apply's restart starts them, once gres.conf is there
+
+    code, report = cli_out("apply", str(rig), *known, "--yes", "--json")
+    assert code == 0, report
+    assert all(h["status"] == "changed" for h in json.loads(report)["hosts"].values()), report
+    for host in hosts:
+        gres = (host.dir / "etc-slurm" / "gres.conf").read_text()
+        # Logical cores of the GPU's socket, not topo -m's OS CPUs with SMT siblings (deepops#1195).
+        assert f"Name=gpu Type={GRES_TYPE} File=/dev/nvidia0 Cores=0-3 Links=-1,4\n" in gres
+        assert f"Name=gpu Type={GRES_TYPE} File=/dev/nvidia1 Cores=4-7 Links=4,-1\n" in gres
+        cluster.wait_state(host.name, ["IDLE"])
+    assert cluster.sinfo_gres() == dict.fromkeys(("na", "nb"), f"gpu:{GRES_TYPE}:2(S:0-1)")
+    assert "invalid GRES core specification" not in cluster.logs()
+
+    # A GPU falls off nb: plan says so while the node is still idle, before a restart would make it INVAL;
+    # na loses a device node, which would stop its slurmd at the next start.
+    hosts[1].set_twin(twin(1))
+    hosts[0].run_in_ns("rm /dev/nvidia1")
+    code, plan = cli_out("plan", str(rig), *known, "--json")
+    assert code == 2, plan
+    changes = json.loads(plan)["hosts"]["nb"]["changes"]
+    gres_checks = [c for c in changes if c["resource"] == "slurm:gres"]
+    assert gres_checks and "INVAL" in gres_checks[0]["summary"], changes
+    devices = [c for c in json.loads(plan)["hosts"]["na"]["changes"] if c["resource"] == "slurm:devices"]
+    assert devices and devices[0]["summary"].startswith("/dev/nvidia1 missing"), plan
+    assert cluster.node_state("nb")["State"].startswith("IDLE")
+
+
+def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_only_its_own_drain(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    host = test_hosts.start("na", twin(2), rig="pair")
+    cluster.add_node(host, "", gpus=2)
+    restart_script(host, cluster)
+    rig = test_hosts.write_rig(
+        tmp_path / "rig.yaml",
+        [host],
+        rigs={
+            "pair": {
+                "gpus": {"model": MODEL, "count": 2},
+                "slurm": {
+                    "restart_command": [RESTART],
+                    "health_check": "/usr/local/bin/mgpu-provision-check",
+                },
+            }
+        },
+        node_check={"interval": None, "deadline_s": 20},  # Slurm runs it: the node check apply installs
+    )
+    cluster.node_lines["na"] = (
+        f"Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=1000 Gres=gpu:{GRES_TYPE}:2"
+    )
+    cluster.start(slurmd=False)
+    code, report = cli_out("apply", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--yes", "--json")
+    assert code == 0, report
+    cluster.wait_state("na", ["IDLE"])
+
+    def health_check() -> None:
+        # As slurmd runs HealthCheckProgram: root, only PATH and SLURMD_NODENAME (no SLURM_CONF), plus the
+        # twin that stands for this box's NVIDIA layer.
+        env = "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURMD_NODENAME=na"
+        env += f" MGPU_PROVISION_SIMULATE={host.twin_path}"
+        host.run_in_ns(f"{env} /usr/local/bin/mgpu-provision-slurm-health")
+
+    sick = twin(2)
+    sick["gpus"][1]["health"] = {"xid": [79]}  # fallen off the bus
+    healthy_state = cluster.node_state("na")
+    health_check()  # healthy: nothing changes
+    assert cluster.node_state("na")["State"] == healthy_state["State"]
+    host.set_twin(sick)
+    health_check()
+    state = cluster.node_state("na")
+    assert "DRAIN" in state["State"], state
+    assert state["Reason"].startswith("mgpu: xid: GPU 1 logged Xid 79 since boot"), state
+
+    host.set_twin(twin(2))
+    health_check()
+    assert "DRAIN" not in cluster.wait_state("na", ["IDLE"])["State"]  # resumed: the drain was its own
+
+    cluster.scontrol("update", "nodename=na", "state=drain", "reason=disk swap")
+    host.set_twin(sick)
+    health_check()
+    host.set_twin(twin(2))
+    health_check()
+    state = cluster.node_state("na")
+    assert "DRAIN" in state["State"] and state["Reason"].startswith("disk swap"), state
