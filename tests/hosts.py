@@ -54,6 +54,7 @@ MANAGED_DIRS = (
     "/usr/local/bin",
     "/etc/systemd/system",  # the boot unit for compute mode and power limit (files.systemd_dir)
     "/usr/local/lib/mgpu-provision",  # the agent the node check runs (node_check.agent)
+    "/etc/slurm",  # gres.conf, where a rig's slurm section has apply write it
 )
 REPO = Path(__file__).resolve().parent.parent
 TWINS_DIR = REPO / "examples" / "twins"

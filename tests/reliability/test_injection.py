@@ -95,7 +95,24 @@ FIELDS: dict[str, tuple[Any, ...]] = {
     "files.systemd_dir": ("files", "systemd_dir"),
     "smoke.python": ("smoke", "python"),
     "reclaim.patterns[]": ("reclaim", "patterns", 0),
+    "rigs{}.driver.repo.url": ("rigs", "pair", "driver", "repo", "url"),
+    "rigs{}.driver.repo.key": ("rigs", "pair", "driver", "repo", "key"),
+    "rigs{}.driver.repo.suite": ("rigs", "pair", "driver", "repo", "suite"),
+    "rigs{}.driver.repo.components": ("rigs", "pair", "driver", "repo", "components"),
+    "node_check.agent": ("node_check", "agent"),
+    "node_check.command": ("node_check", "command"),
+    "node_check.expectations": ("node_check", "expectations"),
+    "node_check.interval": ("node_check", "interval"),
+    "node_check.textfile_dir": ("node_check", "textfile_dir"),
+    "rigs{}.slurm.gres_conf": ("rigs", "pair", "slurm", "gres_conf"),
+    "rigs{}.slurm.gres_type": ("rigs", "pair", "slurm", "gres_type"),
+    "rigs{}.slurm.health_check": ("rigs", "pair", "slurm", "health_check"),
+    "rigs{}.slurm.health_script": ("rigs", "pair", "slurm", "health_script"),
+    "rigs{}.slurm.restart_command[]": ("rigs", "pair", "slurm", "restart_command", 0),
 }
+# A slurm section a trial adds restarts slurmd when gres.conf changes: never the machine's own (a test host
+# shares its /run), so the trials' sections restart with `true` unless the command itself is the field tried.
+SLURM = ("rigs", "pair", "slurm")
 
 
 def string_fields(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
@@ -147,6 +164,8 @@ def base_document(factory: HostFactory, hosts: list[TestHost], tmp: Path) -> dic
 
 def put(document: dict[str, Any], path: tuple[Any, ...], value: str) -> dict[str, Any]:
     document = copy.deepcopy(document)
+    if path[: len(SLURM)] == SLURM:
+        document["rigs"]["pair"].setdefault("slurm", {}).setdefault("restart_command", ["true"])
     node: Any = document
     for step, after in itertools.pairwise(path):
         if isinstance(step, str) and step not in node:
@@ -174,6 +193,14 @@ def field_value(field: str, payload: str) -> str:
         "files.state_dir": "/var/lib/mgpu-provision/",
         "files.systemd_dir": "/etc/systemd/system/",
         "rigs{}.driver.runfile_url": "/srv/",
+        "rigs{}.driver.repo.url": "http://127.0.0.1/",
+        "node_check.agent": "/usr/local/lib/mgpu-provision/",
+        "node_check.command": "/usr/local/bin/",
+        "node_check.expectations": "/etc/mgpu-provision/",
+        "node_check.textfile_dir": "/var/lib/mgpu-provision/",
+        "rigs{}.slurm.gres_conf": "/etc/slurm/",
+        "rigs{}.slurm.health_check": "/usr/local/bin/",
+        "rigs{}.slurm.health_script": "/usr/local/bin/",
         "path_prepend{}[]": "/opt/",
         "rigs{}.path_prepend{}[]": "/opt/",
     }
