@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from mgpu_provision import cli
+from mgpu_provision.node.verbs.health_rates import SAMPLE_FILE
 from mgpu_provision.plan.resources.envfiles import SYSTEMD_DEFAULT_PATH
 from tests.factories import pair_rig_file as rig_file
 from tests.factories import rtx3090_twin
@@ -43,11 +44,13 @@ def on_host(host: TestHost, path: str) -> Path:
 
 
 def managed_state(hosts: list[TestHost]) -> dict[str, tuple[int, int]]:
-    """mtime (ns) and size of every file in every host's managed folders."""
+    """mtime (ns) and size of every file in every host's managed folders, but the node's own health
+    counter sample (every facts call may record one: node/verbs/health_rates.py), which apply does not
+    write."""
     state = {}
     for host in hosts:
         for path in sorted((host.dir / "managed").rglob("*")):
-            if path.is_file():
+            if path.is_file() and path.name != SAMPLE_FILE:
                 info = path.stat()
                 state[str(path)] = (info.st_mtime_ns, info.st_size)
     return state

@@ -72,3 +72,22 @@ def test_a_counter_that_fell_was_reset_by_a_driver_reload() -> None:
         "replay": 3,
         "recovery": 2,
     }
+
+
+def test_a_sample_younger_than_a_minute_stays_the_base_of_the_next_calls(tmp_path: Path) -> None:
+    """Calls seconds apart judge one window of at least a minute (DCGM's per-minute limits), not a rate
+    over two seconds; and they write nothing."""
+    state = tmp_path / "state"
+    twin = twin_with(tmp_path, {"crc": 120, "replay": 5})
+    facts_from_twin(twin, state_dir=str(state))
+    first = (state / SAMPLE_FILE).read_bytes()
+    _put(twin, {"nvlink_errors": [{"link": 0, "crc": 120, "replay": 6}]})
+    facts_from_twin(twin, state_dir=str(state))
+    facts = facts_from_twin(twin, state_dir=str(state))
+    assert (state / SAMPLE_FILE).read_bytes() == first
+    assert link0(facts).change["replay"] == 1  # still against the first sample
+    sample = json.loads(first)
+    sample["time"] -= 61
+    (state / SAMPLE_FILE).write_text(json.dumps(sample))
+    facts_from_twin(twin, state_dir=str(state))
+    assert json.loads((state / SAMPLE_FILE).read_text())["gpus"] != sample["gpus"]  # replaced once old

@@ -19,6 +19,10 @@ import os
 from typing import Any, Dict, Optional
 
 SAMPLE_FILE = "health-counters.json"
+# A sample younger than this is kept as the base of the next call: calls a few seconds apart (apply's facts
+# before and after, a plan run twice) judge the same window of at least a minute, as DCGM's per-minute
+# limits mean, rather than a rate over two seconds; and a facts call then writes nothing.
+MIN_WINDOW_S = 60.0
 LINK_COUNTERS = ("crc", "replay", "recovery", "recovery_events", "recovery_failed", "symbol")
 GPU_COUNTERS = (
     "ecc_volatile_uncorrectable",
@@ -95,7 +99,7 @@ def add_changes(
     else:
         health["counters_since"] = "sample"
         health["counters_interval_s"] = round(now_s - float(then["time"]), 1)
-    if path:
+    if path and (then is None or now_s - float(then["time"]) >= MIN_WINDOW_S):
         with contextlib.suppress(OSError):  # read-only state folder: the next call counts from boot again
             _write(path, dict(now, boot_id=boot_id, time=now_s))
 
