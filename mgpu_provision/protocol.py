@@ -191,6 +191,8 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "interconnect": choice("nvlink", "nvswitch", "pcie"),  # what joins the GPUs: sizes, NCCL transport
     },
     "smoke-cleanup": {"run_id": line(required=True), "node_rank": integer(0, required=True)},
+    # apply --drain slurm: the node's line at the controller; drain it, or resume a drain of this reason
+    "slurm-node": {"action": choice("show", "drain", "resume", required=True), "reason": line()},
 }
 
 

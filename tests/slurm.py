@@ -187,7 +187,7 @@ class SlurmCluster:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env=self._env(),
+            env=self.env(),
             start_new_session=True,
         )
         self._wait(
@@ -235,7 +235,7 @@ class SlurmCluster:
                     process.wait(timeout=5)
 
     # --- asking ---
-    def _env(self) -> dict[str, str]:
+    def env(self) -> dict[str, str]:
         return dict(os.environ, SLURM_CONF=str(self.conf_path))
 
     def scontrol(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -245,7 +245,7 @@ class SlurmCluster:
         self, tool: str, *args: str, check: bool = True, timeout: float = 30
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [tool, *args], capture_output=True, text=True, env=self._env(), check=check, timeout=timeout
+            [tool, *args], capture_output=True, text=True, env=self.env(), check=check, timeout=timeout
         )
 
     def node_state(self, name: str) -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -17,6 +18,7 @@ from rich.text import Text
 
 from ..errors import ProvisionError
 from ..jobs.apply import ApplyResult, ApplySettings, fleet_plan, rollout, to_carry_out
+from ..jobs.drain import DRAIN_KINDS, DrainSettings
 from ..jobs.plan import FleetPlan
 from ..jobs.playbooks import load_playbook, select_steps
 from ..jobs.rollout import Serial, parse_max_fail_percent, parse_serial
@@ -25,6 +27,7 @@ from .output import host_table, make_console, print_json, shown
 from .plan_view import add_diff_option, change_json, change_lines, host_ranges, render_plan
 
 MAX_WAIT_S = 3600
+MAX_DRAIN_WAIT_S = 7 * 24 * 3600  # a training job may run for days; the batch waits for it or is skipped
 # Without --serial, a rollout that reboots goes one host at a time: a driver that breaks boot must not take
 # every box down at once (the default of Ansible's rolling updates, `serial`, for the same reason).
 REBOOT_SERIAL = Serial(1, False)
@@ -50,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  mgpu-provision apply rig.yaml --serial 1 --max-fail-percent 0\n"
         "  mgpu-provision apply rig.yaml --playbook env --yes\n"
-        "  mgpu-provision apply rig.yaml --skip-tags reboot --limit 'rtx*'",
+        "  mgpu-provision apply rig.yaml --skip-tags reboot --limit 'rtx*'\n"
+        "  mgpu-provision apply rig.yaml --drain slurm --serial 2 --drain-timeout 7200",
     )
     options.add_fleet_arguments(parser)
     add_diff_option(parser)
@@ -69,6 +73,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--max-fail-percent", metavar="P", help="stop the later batches when more than P%% of a batch fails"
+    )
+    parser.add_argument(
+        "--drain",
+        choices=DRAIN_KINDS,
+        help="slurm: drain each batch's nodes (reason 'mgpu: apply'), wait for their running jobs to end, "
+        "apply, check, and resume the nodes this drained once they converged",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=_seconds_up_to(MAX_DRAIN_WAIT_S),
+        default=3600.0,
+        metavar="SECONDS",
+        help="with --drain: how long a batch's running jobs may take to end; a batch not drained by then "
+        "is skipped and goes back to work (default 3600)",
     )
     parser.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     parser.add_argument(
@@ -94,14 +112,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= MAX_WAIT_S:
-        raise argparse.ArgumentTypeError(f"give a number of seconds from 0 to {MAX_WAIT_S}")
-    return value
+def _seconds_up_to(limit: int) -> Callable[[str], float]:
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value <= limit:
+            raise argparse.ArgumentTypeError(f"give a number of seconds from 0 to {limit}")
+        return value
+
+    return seconds
+
+
+_seconds = _seconds_up_to(MAX_WAIT_S)
 
 
 def _split(text: str | None) -> list[str] | None:
@@ -148,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
             fleet.options,
             serial=serial,
             max_fail_percent=max_fail,
+            drain=DrainSettings(args.drain_timeout) if args.drain else None,
             progress=progress,
         )
     if args.json:
@@ -213,6 +238,8 @@ def show_recap(console: Console, result: ApplyResult, plan: FleetPlan) -> None:
     if result.stopped:
         untouched = host_ranges([r.host for r in result.recaps if r.status == "skipped"])
         console.print(shown((result.stopped, "red"), f"; not touched: {untouched}"), soft_wrap=True)
+    for line in result.drain_skipped:
+        console.print(shown((line, "yellow")), soft_wrap=True)
     counts = result.counts()
     needs = counts.pop("reboot_required")
     listed = ", ".join(f"{status} {n}" for status, n in counts.items())
@@ -244,4 +271,5 @@ def as_json(playbook: str, steps: tuple[str, ...], result: ApplyResult, plan: Fl
         "recap": result.counts(),
         "converged": result.converged,
         "stopped": result.stopped,
+        "drain_skipped": list(result.drain_skipped),
     }

@@ -1,4 +1,4 @@
-"""The replies of `apply`, `reboot`, `smoke` and `smoke-cleanup` as the control side reads them on arrival.
+"""The replies of `apply`, `reboot`, `smoke`, `smoke-cleanup` and `slurm-node`, read on arrival.
 
 The agent answers plain JSON (node/verbs/apply.py, node/verbs/smoke.py); `fleet.session.read_reply`
 validates it against these models, so a reply this version cannot read is an AgentError that names the
@@ -56,3 +56,11 @@ class SmokeReply(Reply):
     data_parallel: dict[str, Any] | None = None
     transport: dict[str, Any] | None = None  # what NCCL's log says joined the ranks (smoke_watch.transport)
     under_load: list[dict[str, Any]] = Field(default_factory=list)  # per GPU while the ranks ran
+
+
+class SlurmNodeReply(Reply):
+    """`slurm-node`: the node's Slurm name and its controller line after the action."""
+
+    node: str = Field(min_length=1)
+    line: dict[str, str]
+    changed: bool

@@ -29,7 +29,9 @@ from ..fleet.targets import HostTarget
 from ..plan.change import Change
 from ..plan.host import facts_request, plan_host
 from ..plan.resources.envfiles import node_path
+from ..plan.resources.slurm import APPLY_DRAIN, APPLY_REASON
 from ..rig.models import Host
+from .drain import Drained, DrainSettings, drain_host, not_drained_words, resume_host
 from .plan import FleetPlan, HostPlan, held_names, held_on_control_machine, plan_fleet
 from .playbooks import carried_out, in_step_order
 from .rollout import Serial, batches, too_many_failed
@@ -82,6 +84,7 @@ class HostRecap:
 class ApplyResult:
     recaps: tuple[HostRecap, ...]
     stopped: str | None = None  # why the later batches were not run (--max-fail-percent), if they were not
+    drain_skipped: tuple[str, ...] = ()  # --drain slurm: each batch skipped for not draining in time
 
     @property
     def converged(self) -> bool:
@@ -148,6 +151,21 @@ def left_words(left: list[Change]) -> str:
         f"{len(names)} {one if len(names) == 1 else many}: {', '.join(dict.fromkeys(names))}"
         for names, (one, many) in zip((checks, changes), words, strict=True)
         if names
+    )
+
+
+def without_check(recap: HostRecap, resource: str) -> HostRecap:
+    """The recap as if the plan afterwards had no `resource` entry; a failed step's error stays."""
+    from_plan = finish(recap.host, recap.remaining, recap.done, rebooted=recap.rebooted).error
+    return finish(
+        recap.host,
+        [c for c in recap.remaining if c.resource != resource],
+        recap.done,
+        rebooted=recap.rebooted,
+        error=recap.error if recap.error != from_plan else None,
+        notes=list(recap.notes),
+        elapsed_s=recap.elapsed_s,
+        unreachable=recap.status == "unreachable",
     )
 
 
@@ -313,6 +331,35 @@ def converge_host(
         return end()
 
 
+def release_host(
+    session: AgentSession,
+    loaded: LoadedRig,
+    host: Host,
+    settings: ApplySettings,
+    recap: HostRecap,
+    drained: Drained,
+) -> HostRecap:
+    """After a drained host's change and check: resume it in Slurm when it converged and the drain is this
+    rollout's, then read it again for the recap; otherwise it stays drained, and the recap says why."""
+    ready = without_check(recap, APPLY_DRAIN)
+    if ready.status not in ("ok", "changed") or ready.reboot_required:
+        if drained.ours:
+            recap.notes.append(
+                f"left drained in Slurm ({APPLY_REASON}): resume it (scontrol update nodename={drained.node} "
+                "state=resume) once the box is right"
+            )
+        return recap
+    if not drained.ours:
+        ready.notes.append(f"left drained in Slurm: the drain is not this rollout's ({drained.reason})")
+        return ready
+    resume_host(session)
+    changes = _planned(loaded, host, read_facts(session, facts_request(loaded, host)), settings.steps)
+    notes = [*recap.notes, f"resumed in Slurm ({drained.node}) after {drained.waited_s:.0f}s drained"]
+    return finish(
+        host.name, changes, recap.done, rebooted=recap.rebooted, notes=notes, elapsed_s=recap.elapsed_s
+    )
+
+
 def to_carry_out(host: HostPlan, steps: tuple[str, ...]) -> list[Change]:
     """What a run of `steps` changes on this host (its checks and manual steps are only reported)."""
     return [c for c in host.changes if carried_out(c, steps)] if host.status == "ok" else []
@@ -347,23 +394,37 @@ def rollout(
     *,
     serial: Serial | None = None,
     max_fail_percent: float | None = None,
+    drain: DrainSettings | None = None,
     progress: Progress = lambda _: None,
 ) -> ApplyResult:
     """Converge the hosts batch by batch; a batch over `max_fail_percent` failed leaves the rest "skipped".
 
     Hosts the plan found unreachable or with nothing to carry out are not contacted again: their recap is
-    the plan's, and they count in their batch like the others (an unreachable host is a failed one).
+    the plan's, and they count in their batch like the others (an unreachable host is a failed one). With
+    `drain` the hosts a batch changes are drained in Slurm first (jobs/drain.py); a batch that does not
+    drain in time is skipped, its drains lifted, and named in `drain_skipped`.
     """
     planned = {h.host: h for h in plan.hosts}
     recaps: dict[str, HostRecap] = {}
     stop_reason: str | None = None
     stopped: str | None = None
+    drain_skipped: list[str] = []
     for number, batch in enumerate(batches(targets, serial), start=1):
         if stop_reason is not None:
             recaps.update((t.name, HostRecap(t.name, "skipped", error=stop_reason)) for t in batch)
             continue
         busy = [t for t in batch if to_carry_out(planned[t.name], settings.steps)]
         recaps.update((t.name, _recap_of_plan(planned[t.name])) for t in batch if t not in busy)
+        held: dict[str, Drained] = {}
+        if busy and drain is not None:
+            progress(f"batch {number}: draining {', '.join(t.name for t in busy)} in Slurm")
+            why_not, held = _drain_batch(busy, drain, options, progress)
+            if why_not is not None:
+                line = f"batch {number} ({', '.join(t.name for t in busy)}) skipped: {why_not}"
+                progress(line)
+                drain_skipped.append(line)
+                recaps.update((t.name, HostRecap(t.name, "skipped", error=line)) for t in busy)
+                continue
         if busy:
             progress(f"batch {number}: applying on {', '.join(t.name for t in busy)}")
             outcomes = run_fleet(
@@ -380,10 +441,39 @@ def rollout(
                 options,
             )
             recaps.update((name, _recap_of_outcome(name, o)) for name, o in outcomes.items())
+        if held:
+
+            def release(s: AgentSession, held: dict[str, Drained] = held) -> HostRecap:
+                name = s.target.name
+                return release_host(s, loaded, loaded.host(name), settings, recaps[name], held[name])
+
+            released = run_fleet(busy, release, options)
+            recaps.update((name, o.value) for name, o in released.items() if o.value is not None)
+            for name, o in released.items():
+                if o.value is None:
+                    recaps[name].notes.append(f"not resumed in Slurm: {o.error}")
         failed = sum(1 for t in batch if recaps[t.name].status in ("failed", "unreachable"))
         if too_many_failed(failed, len(batch), max_fail_percent):
             limit = f"--max-fail-percent {max_fail_percent:g}"
             stop_reason = f"not touched: {failed} of {len(batch)} host(s) of batch {number} failed ({limit})"
             stopped = f"stopped after batch {number} ({failed} of {len(batch)} host(s) failed, {limit})"
-    skipped = any(r.status == "skipped" for r in recaps.values())
-    return ApplyResult(tuple(recaps[t.name] for t in targets), stopped if skipped else None)
+    skipped = any(r.status == "skipped" and r.error == stop_reason for r in recaps.values())
+    return ApplyResult(
+        tuple(recaps[t.name] for t in targets), stopped if skipped else None, tuple(drain_skipped)
+    )
+
+
+def _drain_batch(
+    busy: list[HostTarget], drain: DrainSettings, options: FleetOptions, progress: Progress
+) -> tuple[str | None, dict[str, Drained]]:
+    """Drain every host of the batch and wait: (None, the drains) when all are DRAINED in time; otherwise
+    why not, with the drains this rollout set lifted again (a skipped batch goes back to work)."""
+    outcomes = run_fleet(busy, lambda s: drain_host(s, drain, progress), options)
+    held = {name: o.value for name, o in outcomes.items() if o.value is not None}
+    failed = [f"{name}: {o.error}" for name, o in outcomes.items() if o.value is None]
+    stuck = [d for d in held.values() if not d.ready]
+    if not failed and not stuck:
+        return None, held
+    ours = [t for t in busy if t.name in held and held[t.name].ours]
+    run_fleet(ours, resume_host, options)
+    return "; ".join([*failed, not_drained_words(stuck, drain.timeout_s)] if stuck else failed), held

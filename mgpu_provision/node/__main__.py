@@ -65,6 +65,12 @@ def _smoke_cleanup(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome
     return cleanup(args), None
 
 
+def _slurm_node(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
+    from .verbs.slurm_drain import run
+
+    return run(args), None
+
+
 VERBS: Dict[str, Callable[[Dict[str, Any], BackendFactory], VerbOutcome]] = {
     "facts": _facts,
     "apply": _apply,
@@ -72,6 +78,7 @@ VERBS: Dict[str, Callable[[Dict[str, Any], BackendFactory], VerbOutcome]] = {
     "reclaim": _reclaim,
     "smoke": _smoke,
     "smoke-cleanup": _smoke_cleanup,
+    "slurm-node": _slurm_node,
 }
 
 

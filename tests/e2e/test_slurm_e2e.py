@@ -5,7 +5,10 @@ the nodes register idle with their GPUs' affinity (`(S:...)`): on a box with SMT
 (`0-3,8-11`: OS CPUs with siblings) gres.conf gets Slurm's logical cores. A box that loses a GPU is reported
 by plan while its node is still idle, before a restarted slurmd would make it INVAL. The HealthCheckProgram
 script runs the installed node check, drains a sick node with an `mgpu:` reason, resumes its own drain and
-leaves an admin's.
+leaves an admin's. `apply --drain slurm` waits for a running `srun` job before changing its node, resumes
+the nodes it drained, skips a batch whose job outlasts `--drain-timeout`, and leaves an admin's drain. The
+installed launcher runs a 2 x 2 Gloo DDP job as one srun step, its ranks placed by Slurm, and a failing rank
+ends the step on both nodes within seconds (`--kill-on-bad-exit=1`).
 """
 
 from __future__ import annotations
@@ -13,15 +16,19 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mgpu_provision import cli
-from tests.hosts import MANAGED_DIRS, HostFactory, TestHost
+from tests.hosts import MANAGED_DIRS, NODE_PYTHON, HostFactory, TestHost
 from tests.slurm import SlurmCluster, require_slurm
+from tests.smoke_helpers import free_port, site_packages
 
 SMT_TOPOLOGY = """\
 \tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity
@@ -30,6 +37,7 @@ GPU1\tNV4\t X \t4-7,12-15\t1
 """
 MODEL = "NVIDIA GeForce RTX 3090"
 GRES_TYPE = "nvidia_geforce_rtx_3090"
+GRES_LINE = f"Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=1000 Gres=gpu:{GRES_TYPE}:2"
 
 
 def twin(gpus: int) -> dict[str, Any]:
@@ -42,6 +50,7 @@ def twin(gpus: int) -> dict[str, Any]:
 
 
 RESTART = "/usr/local/bin/restart-slurmd"
+LAUNCHER = "/usr/local/bin/mgpu-torchrun"
 
 
 def restart_script(host: TestHost, cluster: SlurmCluster) -> None:
@@ -56,6 +65,17 @@ def restart_script(host: TestHost, cluster: SlurmCluster) -> None:
         "exec env -u SLURM_CONF /usr/sbin/slurmd\n"
     )
     path.chmod(0o755)
+
+
+def slurm_hosts(
+    test_hosts: HostFactory, cluster: SlurmCluster, names: tuple[str, ...], node_line: str = ""
+) -> list[TestHost]:
+    """Test hosts of rig `pair` (2 GPUs each), each a node of `cluster` with its restart script."""
+    hosts = [test_hosts.start(name, twin(2), rig="pair") for name in names]
+    for host in hosts:
+        cluster.add_node(host, node_line, gpus=2)
+        restart_script(host, cluster)
+    return hosts
 
 
 def cli_out(*args: str) -> tuple[int, str]:
@@ -76,10 +96,7 @@ def cluster(test_hosts: HostFactory) -> Any:
 def test_apply_writes_gres_conf_and_the_nodes_register_idle_with_logical_cores(
     test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    hosts = [test_hosts.start(name, twin(2), rig="pair") for name in ("na", "nb")]
-    for host in hosts:
-        cluster.add_node(host, "", gpus=2)
-        restart_script(host, cluster)
+    hosts = slurm_hosts(test_hosts, cluster, ("na", "nb"))
     rig = test_hosts.write_rig(
         tmp_path / "rig.yaml",
         hosts,
@@ -134,9 +151,7 @@ def test_apply_writes_gres_conf_and_the_nodes_register_idle_with_logical_cores(
 def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_only_its_own_drain(
     test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    host = test_hosts.start("na", twin(2), rig="pair")
-    cluster.add_node(host, "", gpus=2)
-    restart_script(host, cluster)
+    (host,) = slurm_hosts(test_hosts, cluster, ("na",))
     rig = test_hosts.write_rig(
         tmp_path / "rig.yaml",
         [host],
@@ -188,3 +203,154 @@ def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_on
     health_check()
     state = cluster.node_state("na")
     assert "DRAIN" in state["State"] and state["Reason"].startswith("disk swap"), state
+
+    # A rolling apply's drain is that apply's to lift: a passing check leaves it.
+    cluster.scontrol("update", "nodename=na", "state=resume")
+    cluster.scontrol("update", "nodename=na", "state=drain", "reason=mgpu: apply")
+    health_check()
+    state = cluster.node_state("na")
+    assert "DRAIN" in state["State"] and state["Reason"].startswith("mgpu: apply"), state
+
+
+def _profile_script(host: TestHost) -> Path:
+    return host.dir / "managed" / str(MANAGED_DIRS.index("/etc/profile.d")) / "mgpu-provision.sh"
+
+
+def test_apply_drain_slurm_waits_for_the_running_job_then_changes_the_node_and_resumes_it(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    hosts = slurm_hosts(test_hosts, cluster, ("na", "nb"), GRES_LINE)
+
+    def rig(env: dict[str, str]) -> str:
+        pair = {"gpus": {"model": MODEL, "count": 2}, "slurm": {"restart_command": [RESTART]}, "env": env}
+        return str(test_hosts.write_rig(tmp_path / "rig.yaml", hosts, rigs={"pair": pair}))
+
+    known = ["--known-hosts", str(test_hosts.known_hosts)]
+    cluster.start(slurmd=False)
+    code, report = cli_out("apply", rig({}), *known, "--yes", "--json")
+    assert code == 0, report
+    for host in hosts:
+        cluster.wait_state(host.name, ["IDLE"])
+    before = {h.name: _profile_script(h).read_text() for h in hosts}
+
+    # A job on na outlasts a 1 s drain timeout: the batch is skipped, nothing on na changes, and the drain
+    # this run set is lifted again (the job keeps running, the node takes work again).
+    job = subprocess.Popen(
+        ["srun", "-w", "na", "-N1", "sleep", "8"], env=cluster.env(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    cluster.wait_state("na", ["ALLOCATED", "MIXED"])
+    code, report = cli_out(
+        "apply", rig({"MGPU_ROLL": "1"}), *known, "--yes", "--json", "--drain", "slurm", "--serial", "1",
+        "--drain-timeout", "1",
+    )  # fmt: skip
+    result = json.loads(report)
+    assert code == 2, report
+    assert result["hosts"]["na"]["status"] == "skipped", report
+    assert result["drain_skipped"][0].startswith("batch 1 (na) skipped: na still "), report
+    assert "after 1s (its jobs are running)" in result["drain_skipped"][0], report
+    assert result["hosts"]["nb"]["status"] == "changed", report  # batch 2 went ahead
+    assert _profile_script(hosts[0]).read_text() == before["na"]
+    state = cluster.node_state("na")
+    assert "DRAIN" not in state["State"] and state["State"].startswith(("ALLOCATED", "MIXED")), state
+    assert "DRAIN" not in cluster.wait_state("nb", ["IDLE"])["State"]  # resumed after its change
+
+    # Without the short timeout apply waits for the job: na's file changes only after the job ended.
+    ended: list[float] = []
+    waiter = threading.Thread(target=lambda: (job.wait(), ended.append(time.time())))
+    waiter.start()
+    code, report = cli_out("apply", rig({"MGPU_ROLL": "1"}), *known, "--yes", "--json", "--drain", "slurm")
+    waiter.join(timeout=30)
+    assert code == 0, report
+    assert job.returncode == 0, job.stdout.read() if job.stdout else ""
+    na = json.loads(report)["hosts"]["na"]
+    assert na["status"] == "changed" and any(n.startswith("resumed in Slurm (na)") for n in na["notes"]), na
+    changed_at = _profile_script(hosts[0]).stat().st_mtime
+    assert "MGPU_ROLL" in _profile_script(hosts[0]).read_text()
+    assert ended and ended[0] <= changed_at, (ended, changed_at)
+    assert "DRAIN" not in cluster.wait_state("na", ["IDLE"])["State"]  # resumed
+
+
+def test_apply_drain_slurm_leaves_an_admins_drain_alone(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    (host,) = slurm_hosts(test_hosts, cluster, ("na",), GRES_LINE)
+    pair = {"gpus": {"model": MODEL, "count": 2}, "slurm": {"restart_command": [RESTART]}}
+    rig = str(test_hosts.write_rig(tmp_path / "rig.yaml", [host], rigs={"pair": pair}))
+    cluster.start(slurmd=False)
+    cluster.scontrol("update", "nodename=na", "state=drain", "reason=disk swap")
+    code, report = cli_out(
+        "apply", rig, "--known-hosts", str(test_hosts.known_hosts), "--yes", "--json", "--drain", "slurm"
+    )
+    assert code == 0, report
+    na = json.loads(report)["hosts"]["na"]
+    assert "left drained in Slurm: the drain is not this rollout's (disk swap" in " ".join(na["notes"]), na
+    state = cluster.wait_state("na", ["IDLE+DRAIN", "DOWN+DRAIN"])
+    assert state["Reason"].startswith("disk swap"), state
+
+
+DDP_SCRIPT = """\
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=120))
+rank, world = dist.get_rank(), dist.get_world_size()
+if os.environ.get("FAIL_RANK") == str(rank):
+    print(f"failing at {time.time()}", flush=True)
+    sys.exit(3)
+if os.environ.get("FAIL_RANK"):  # the others wait off the network: only Slurm can end them early
+    time.sleep(100)
+total = torch.ones(1)
+dist.all_reduce(total)
+print(f"rank {rank} of {world} on {os.environ['SLURMD_NODENAME']}: sum {int(total.item())}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_the_launcher_takes_rank_count_and_master_from_srun_and_a_failing_rank_ends_the_step(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    hosts = slurm_hosts(test_hosts, cluster, ("na", "nb"), GRES_LINE)
+    pair = {
+        "gpus": {"model": MODEL, "count": 2},
+        "slurm": {"restart_command": [RESTART]},
+        # The rig names nb as master: inside the srun step Slurm's allocation decides instead.
+        "ddp": {"master": "nb", "port": free_port(), "backend": "gloo", "nproc_per_node": 2, "ifname": "lo"},
+    }
+    rig = test_hosts.write_rig(
+        tmp_path / "rig.yaml",
+        hosts,
+        rigs={"pair": pair},
+        env={"OMP_NUM_THREADS": "1", "PYTHONPATH": site_packages()},
+        smoke={"python": NODE_PYTHON},
+    )
+    cluster.start(slurmd=False)
+    # Checks left out: facts probe torch without the rig's PYTHONPATH, which only the launcher's env adds.
+    known = ["--known-hosts", str(test_hosts.known_hosts)]
+    code, report = cli_out("apply", str(rig), *known, "--yes", "--json", "--skip-tags", "checks")
+    assert code == 0, report
+    for host in hosts:
+        cluster.wait_state(host.name, ["IDLE"])
+    script = cluster.dir / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    srun = ["-N2", "--ntasks-per-node=1", "--immediate=10", "--kill-on-bad-exit=1", "--time=2"]
+
+    def run(**env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["srun", *srun, LAUNCHER, str(script)], env={**cluster.env(), **env}, capture_output=True,
+            text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    done = run()
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    # Rank 0 on na, the allocation's first node, though the rig names nb as master.
+    assert lines == [f"rank {r} of 4 on {'na' if r < 2 else 'nb'}: sum 4" for r in range(4)], done
+
+    failed = run(FAIL_RANK="3")
+    ended = time.time()
+    assert failed.returncode != 0, failed
+    failing_at = float(failed.stdout.split("failing at ", 1)[1].split()[0])
+    # --kill-on-bad-exit=1: the step ends on every node within seconds, not after the others' 100 s sleep.
+    assert ended - failing_at < 15, (ended - failing_at, failed.stderr)

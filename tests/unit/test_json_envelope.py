@@ -21,7 +21,7 @@ OWN_KEYS = {
     "validate": {"valid", "problems"},
     "facts": set(),
     "plan": {"totals", "converged"},
-    "apply": {"playbook", "steps", "recap", "converged", "stopped"},
+    "apply": {"playbook", "steps", "recap", "converged", "stopped", "drain_skipped"},
     "smoke": {"run_id", "ok", "notices", "groups"},
 }
 

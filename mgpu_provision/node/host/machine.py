@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..core.system import read_text
 
@@ -106,42 +106,57 @@ def parse_key_values(line: str) -> Dict[str, str]:
     return pairs
 
 
-def _run(argv: List[str]) -> "subprocess.CompletedProcess[str]":
+def run_tool(argv: List[str]) -> "subprocess.CompletedProcess[str]":
     return subprocess.run(
         argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=_SLURM_TIMEOUT_S, check=False
     )
+
+
+def find_tool(name: str) -> Optional[str]:
+    """Slurm's `name` on PATH or in the sbin folders a login shell over SSH may not have on it."""
+    import shutil  # here: every facts call pays for its imports, and only Slurm's boxes need this one
+
+    return shutil.which(name) or next(
+        (p for p in ("/usr/sbin/" + name, "/usr/local/sbin/" + name) if os.access(p, os.X_OK)), None
+    )
+
+
+def registered_name(slurmd: Optional[str], hostname: str) -> Tuple[Optional[Dict[str, str]], str]:
+    """What slurmd would register (`slurmd -C`, None where it cannot say) and the node's name in it."""
+    if slurmd is None:
+        return None, hostname
+    local = run_tool([slurmd, "-C"])
+    lines = local.stdout.splitlines()
+    registers = parse_key_values(lines[0]) if local.returncode == 0 and lines else None
+    return registers, (registers or {}).get("NodeName", hostname)
+
+
+def controller_line(scontrol: str, name: str) -> Tuple[Optional[Dict[str, str]], Optional[str]]:
+    """The controller's `scontrol show node -o` line for `name`, or None and what scontrol said instead."""
+    remote = run_tool([scontrol, "show", "node", "-o", name])
+    if remote.returncode == 0 and remote.stdout.strip():
+        return parse_key_values(remote.stdout.splitlines()[0]), None
+    said = (remote.stderr or remote.stdout).strip().splitlines()
+    return None, "scontrol show node {}: {}".format(name, said[-1] if said else "no answer")
 
 
 def slurm(hostname: str, minors: List[Optional[int]], dev_dir: str = "/dev") -> Optional[Dict[str, Any]]:
     """What slurmd would register (`slurmd -C`), the controller's line for this node, and which of the GPUs'
     /dev/nvidia<minor> are missing (slurmd exits when a gres.conf File= is); None without slurmd. A
     controller that cannot be reached is an `error`, never a failure of the verb."""
-    import shutil  # here: every facts call pays for its imports, and only Slurm's boxes need this one
-
-    slurmd = shutil.which("slurmd") or next(
-        (p for p in ("/usr/sbin/slurmd", "/usr/local/sbin/slurmd") if os.access(p, os.X_OK)), None
-    )
+    slurmd = find_tool("slurmd")
     if slurmd is None:
         return None
     devices = [os.path.join(dev_dir, "nvidia{}".format(minor)) for minor in minors if minor is not None]
     missing = [device for device in devices if not os.path.exists(device)]
     found: Dict[str, Any] = {"registers": None, "controller": None, "error": None, "missing_devices": missing}
     try:
-        local = _run([slurmd, "-C"])
-        lines = local.stdout.splitlines()
-        if local.returncode == 0 and lines:
-            found["registers"] = parse_key_values(lines[0])
-        scontrol = shutil.which("scontrol")
+        found["registers"], name = registered_name(slurmd, hostname)
+        scontrol = find_tool("scontrol")
         if scontrol is None:
             found["error"] = "scontrol is not installed"
             return found
-        name = (found["registers"] or {}).get("NodeName", hostname)
-        remote = _run([scontrol, "show", "node", "-o", name])
-        if remote.returncode == 0 and remote.stdout.strip():
-            found["controller"] = parse_key_values(remote.stdout.splitlines()[0])
-        else:
-            said = (remote.stderr or remote.stdout).strip().splitlines()
-            found["error"] = "scontrol show node {}: {}".format(name, said[-1] if said else "no answer")
+        found["controller"], found["error"] = controller_line(scontrol, name)
     except (OSError, subprocess.TimeoutExpired) as exc:
         found["error"] = "slurm: {}".format(exc)
     return found

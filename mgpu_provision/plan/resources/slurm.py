@@ -26,6 +26,9 @@ from ..change import Change, check_failed
 from .envfiles import DesiredFile, diff_file, diff_files, render
 
 OUR_REASON = "mgpu:"  # drain reasons this tool sets start with it; an admin's drain is never ours
+# `apply --drain slurm`'s own drain: lifted by that apply once the box converged, by nothing else.
+APPLY_REASON = "mgpu: apply"
+APPLY_DRAIN = "slurm:drain"  # the check that names a drain a rolling apply left behind
 _GRES = re.compile(r"gpu:(?:(?P<type>[^:(,]+):)?(?P<count>\d+)(?P<affinity>\(S:[^)]*\))?")
 
 
@@ -257,6 +260,14 @@ def checks(rig: Rig, slurm: Slurm, facts: Facts, gres_conf_current: bool) -> lis
     reason = line.get("Reason", "")
     if "INVAL" in node_state:
         found.append(check_failed("slurm:state", f"node is {node_state}: {reason or 'no reason given'}"))
+    elif "DRAIN" in node_state and reason.startswith(APPLY_REASON):
+        found.append(
+            check_failed(
+                APPLY_DRAIN,
+                f"node is {node_state} by apply --drain slurm ({reason}): apply resumes it once the box "
+                "converged, and this one has not (yet)",
+            )
+        )
     elif "DRAIN" in node_state and reason.startswith(OUR_REASON):
         found.append(check_failed("slurm:state", f"node is {node_state} by this tool: {reason}"))
     return found
