@@ -130,7 +130,8 @@ def test_unknown_host_key_is_refused_with_advice_then_accepted_on_request(
     assert not known_hosts.exists()
 
     accept = options(test_hosts, agent, known_hosts=known_hosts, accept_new_host_keys=True)
-    assert run_fleet([target(host, test_hosts)], call("facts"), accept)["gpu-a"].status == "ok"
+    accepted = run_fleet([target(host, test_hosts)], call("facts"), accept)["gpu-a"]
+    assert accepted.status == "ok", accepted.error
     assert known_hosts.read_text().split() == host.known_hosts_line.split()
 
     # Now known: the default (reject) policy connects without the flag.
