@@ -21,8 +21,7 @@ from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
 from . import mirror, names, sources
-from .common import Command, installed_debs, resolve_version, run_all, upstream
-from .driver import installed_version
+from .common import Command, installed_debs, installed_version, resolve_version, run_all, upstream
 
 PREFERENCES = "/etc/apt/preferences.d/mgpu-provision-nvidia"
 INSTALL = ["apt-get", "install", "-y", "--no-install-recommends", "--allow-downgrades"]

@@ -118,3 +118,17 @@ def rpm_provider(capability: str) -> Optional[Tuple[str, str]]:
         if len(parts) == 2:
             return parts[0], parts[1]
     return None
+
+
+# The package holding libnvidia-ml.so.1: Debian's, Ubuntu's and the CUDA repository's (debs), any RPM's.
+NVML_DEBS = ("libnvidia-ml1", "libnvidia-compute-*", "libnvidia-compute")
+NVML_RPM_CAPABILITY = "libnvidia-ml.so.1()(64bit)"
+
+
+def installed_version() -> Optional[str]:
+    """Upstream version of the installed driver as dpkg or rpm knows it, None when neither does."""
+    debs = installed_debs(NVML_DEBS)
+    if debs:
+        return max((upstream(version) for version, _ in debs.values()), key=version_key)
+    found = rpm_provider(NVML_RPM_CAPABILITY)
+    return found[1] if found else None

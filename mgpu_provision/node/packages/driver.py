@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..core.errors import AgentFailure
 from . import sources
-from .common import installed_debs, rpm_provider, run_all, upstream, version_key
+from .common import installed_debs, installed_version, run_all, upstream, version_key
 
 __all__ = ["install", "installed_version", "unheld_packages", "version_key"]
 
@@ -47,20 +47,6 @@ def install(step: Dict[str, Any], current: Optional[str]) -> Tuple[bool, str]:
     else:
         runfile.install(step)
     return True, f"installed driver {version or 'branch ' + branch} with {method}; reboot to load it"
-
-
-# The package holding libnvidia-ml.so.1: Debian's, Ubuntu's and the CUDA repository's (debs), any RPM's.
-NVML_DEBS = ("libnvidia-ml1", "libnvidia-compute-*", "libnvidia-compute")
-NVML_RPM_CAPABILITY = "libnvidia-ml.so.1()(64bit)"
-
-
-def installed_version() -> Optional[str]:
-    """Upstream version of the installed driver as dpkg or rpm knows it, None when neither does."""
-    debs = installed_debs(NVML_DEBS)
-    if debs:
-        return max((upstream(version) for version, _ in debs.values()), key=version_key)
-    found = rpm_provider(NVML_RPM_CAPABILITY)
-    return found[1] if found else None
 
 
 def unheld_packages(version: str) -> List[str]:
