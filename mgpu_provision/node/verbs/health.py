@@ -19,26 +19,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..host.pci import same_slot
-from ..nvidia.backend import (
-    AGGREGATE_ECC,
-    CLOCK_EVENTS,
-    COMPUTE_MODES,
-    FABRIC_HEALTH_BITS,
-    FABRIC_INCORRECT_CONFIGURATION,
-    FABRIC_INCORRECT_CONFIGURATION_SHIFT,
-    FABRIC_STATES,
-    FABRIC_SUMMARIES,
-    MEMORY_LOCATION_DRAM,
-    MEMORY_LOCATION_SRAM,
-    NVLINK_CRC_DATA,
-    NVLINK_CRC_FLIT,
-    NVLINK_RECOVERY,
-    NVLINK_REPLAY,
-    RECOVERY_ACTIONS,
-    VIOLATION_POLICIES,
-    VOLATILE_ECC,
-    Backend,
-)
+from ..nvidia import backend as nv  # NVML's codes and names, read by each health reader
+from ..nvidia.backend import Backend
 from . import health_rates
 
 Gpu = Dict[str, Any]
@@ -116,7 +98,7 @@ def gpu_health(backend: Backend, gpu: Gpu, skipped: NotChecked) -> Dict[str, Any
     fabric = backend.fabric_info(index)  # likewise on every GPU outside an NVSwitch fabric
     fabric_health = backend.fabric_health(index) if fabric is not None else None
     action = skipped.read("recovery action", index, lambda: backend.recovery_action(index))
-    violation = {name: backend.violation_ns(index, policy) for policy, name in VIOLATION_POLICIES}
+    violation = {name: backend.violation_ns(index, policy) for policy, name in nv.VIOLATION_POLICIES}
     if all(v is None for v in violation.values()):
         skipped.gpus.setdefault("violation time", []).append(index)
     memory = memory_locations(backend, index) if ecc else {}
@@ -124,26 +106,26 @@ def gpu_health(backend: Backend, gpu: Gpu, skipped: NotChecked) -> Dict[str, Any
         "index": index,
         "ecc_mode": None if ecc is None else ecc[0],
         "ecc_pending_mode": None if ecc is None else ecc[1],
-        "ecc_volatile_uncorrectable": backend.ecc_uncorrectable(index, VOLATILE_ECC) if ecc else None,
-        "ecc_aggregate_uncorrectable": backend.ecc_uncorrectable(index, AGGREGATE_ECC) if ecc else None,
+        "ecc_volatile_uncorrectable": backend.ecc_uncorrectable(index, nv.VOLATILE_ECC) if ecc else None,
+        "ecc_aggregate_uncorrectable": backend.ecc_uncorrectable(index, nv.AGGREGATE_ECC) if ecc else None,
         "retired_pages_pending": None if pages is None else pages[0],
         "retired_pages": None if pages is None else pages[1],
         "remapped_rows_uncorrectable": None if rows is None else rows[0],
         "remapped_rows_pending": None if rows is None else rows[1],
         "remapped_rows_failure": None if rows is None else rows[2],
         "nvlink_errors": nvlink_errors(backend, gpu, skipped),
-        "throttle": None if reasons is None else [name for bit, name in CLOCK_EVENTS if reasons & bit],
+        "throttle": None if reasons is None else [name for bit, name in nv.CLOCK_EVENTS if reasons & bit],
         "power_limit_w": None if power is None else round(power[0] / 1000),
         "default_power_limit_w": None if power is None else round(power[1] / 1000),
         "power_limit_range_w": None if power_range is None else [round(mw / 1000) for mw in power_range],
-        "compute_mode": None if mode is None else COMPUTE_MODES.get(mode, "unknown"),
+        "compute_mode": None if mode is None else nv.COMPUTE_MODES.get(mode, "unknown"),
         "mig": None if mig is None else mig[0],
         "mig_pending": None if mig is None else mig[1],
-        "fabric_state": None if fabric is None else FABRIC_STATES.get(fabric[0], "unknown"),
+        "fabric_state": None if fabric is None else nv.FABRIC_STATES.get(fabric[0], "unknown"),
         "fabric_status": None if fabric is None else fabric[1],
         "fabric_health": None if fabric_health is None else fabric_problems(fabric_health[0]),
-        "fabric_summary": None if fabric_health is None else FABRIC_SUMMARIES.get(fabric_health[1] or 0),
-        "recovery_action": None if action is None else RECOVERY_ACTIONS.get(action, "unknown"),
+        "fabric_summary": None if fabric_health is None else nv.FABRIC_SUMMARIES.get(fabric_health[1] or 0),
+        "recovery_action": None if action is None else nv.RECOVERY_ACTIONS.get(action, "unknown"),
         "violation_ms": {n: v // 1_000_000 for n, v in violation.items() if v is not None} or None,
         "enforced_power_limit_w": None if enforced is None else round(enforced / 1000),
         **memory,
@@ -154,8 +136,8 @@ def memory_locations(backend: Backend, index: int) -> Dict[str, Any]:
     """SRAM and DRAM uncorrectable counts apart (Hopper and later; None before) and the driver's SRAM
     threshold verdict."""
     found: Dict[str, Any] = {}
-    for where, location in (("sram", MEMORY_LOCATION_SRAM), ("dram", MEMORY_LOCATION_DRAM)):
-        for kind, counter in (("volatile", VOLATILE_ECC), ("aggregate", AGGREGATE_ECC)):
+    for where, location in (("sram", nv.MEMORY_LOCATION_SRAM), ("dram", nv.MEMORY_LOCATION_DRAM)):
+        for kind, counter in (("volatile", nv.VOLATILE_ECC), ("aggregate", nv.AGGREGATE_ECC)):
             found[f"ecc_{where}_{kind}_uncorrectable"] = backend.memory_uncorrectable(
                 index, counter, location
             )
@@ -165,10 +147,10 @@ def memory_locations(backend: Backend, index: int) -> Dict[str, Any]:
 
 def fabric_problems(mask: int) -> List[str]:
     """The health mask's set problems, by name (2-bit fields: 1 = true; configuration: a reason code)."""
-    problems = [name for shift, name in FABRIC_HEALTH_BITS if (mask >> shift) & 0x3 == 1]
-    wrong = (mask >> FABRIC_INCORRECT_CONFIGURATION_SHIFT) & 0xF
-    if wrong in FABRIC_INCORRECT_CONFIGURATION:
-        problems.append(FABRIC_INCORRECT_CONFIGURATION[wrong])
+    problems = [name for shift, name in nv.FABRIC_HEALTH_BITS if (mask >> shift) & 0x3 == 1]
+    wrong = (mask >> nv.FABRIC_INCORRECT_CONFIGURATION_SHIFT) & 0xF
+    if wrong in nv.FABRIC_INCORRECT_CONFIGURATION:
+        problems.append(nv.FABRIC_INCORRECT_CONFIGURATION[wrong])
     return problems
 
 
@@ -182,7 +164,7 @@ def nvlink_errors(backend: Backend, gpu: Gpu, skipped: NotChecked) -> List[Dict[
             continue
         read = [
             backend.nvlink_error_counter(gpu["index"], link["link"], counter)
-            for counter in (NVLINK_CRC_FLIT, NVLINK_CRC_DATA, NVLINK_REPLAY, NVLINK_RECOVERY)
+            for counter in (nv.NVLINK_CRC_FLIT, nv.NVLINK_CRC_DATA, nv.NVLINK_REPLAY, nv.NVLINK_RECOVERY)
         ]
         if all(count is not None for count in read):
             flit, data, replay, recovery = (int(count or 0) for count in read)
