@@ -21,7 +21,12 @@ import subprocess
 import time
 from pathlib import Path
 
-GETTY_UNITS = ("getty@.service", "console-getty.service", "serial-getty@.service", "getty-static.service")
+# Masked in every host: gettys (they would take the ttys) and the root's OpenSSH server, which would listen on
+# this machine's own network (the host has no network namespace of its own) — no test may serve there.
+MASKED_UNITS = (
+    "getty@.service", "console-getty.service", "serial-getty@.service", "getty-static.service",
+    "ssh.service", "ssh.socket",
+)  # fmt: skip
 # Character devices of a minimal /dev (name, major, minor), all mode 666 as on a real box.
 DEVICES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
 NAMESPACES = ["unshare", "--pid", "--fork", "--mount", "--uts", "--ipc", "--propagation", "private"]
@@ -36,7 +41,7 @@ class SystemdHost:
         self.layers = {layer: folder / layer for layer in ("upper", "work", "merged")}
         for path in self.layers.values():
             path.mkdir(parents=True, exist_ok=True)
-        self._mask_gettys()
+        self._mask_units()
         self.process: subprocess.Popen[bytes] | None = None
         self.boots = 0
 
@@ -49,10 +54,10 @@ class SystemdHost:
         """The host's own layer: what it wrote (in /etc, /var) lands here and survives a reboot."""
         return self.layers["upper"]
 
-    def _mask_gettys(self) -> None:
+    def _mask_units(self) -> None:
         system = self.upper / "etc" / "systemd" / "system"
         system.mkdir(parents=True, exist_ok=True)
-        for unit in GETTY_UNITS:
+        for unit in MASKED_UNITS:
             link = system / unit
             if not link.is_symlink():
                 link.symlink_to("/dev/null")

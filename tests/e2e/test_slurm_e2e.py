@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import subprocess
 import tempfile
 import threading
@@ -344,7 +345,8 @@ def test_the_launcher_takes_rank_count_and_master_from_srun_and_a_failing_rank_e
 
     done = run()
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    # Two ranks of a node share srun's stdout, so their lines can run together: find each report whole.
+    lines = sorted(re.findall(r"rank \d+ of \d+ on \w+: sum \d+", done.stdout))
     # Rank 0 on na, the allocation's first node, though the rig names nb as master.
     assert lines == [f"rank {r} of 4 on {'na' if r < 2 else 'nb'}: sum 4" for r in range(4)], done
 
