@@ -1,0 +1,49 @@
+"""The node side of `smoke --via srun` (node/verbs/slurm_smoke.py): the one srun command line every node's
+part starts from, and the job id read from srun's own words."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mgpu_provision.node.verbs import slurm_smoke, smoke
+
+ARGS = {
+    "python": "/opt/venv/bin/python", "nnodes": 2, "node_rank": 0, "nproc_per_node": 2,
+    "master_addr": "na", "master_port": 29500, "backend": "gloo", "rdzv_backend": "static",
+    "rdzv_id": "mgpu", "run_id": "mgpu-smoke-abc", "timeout_s": 60, "batch_size": 4,
+    "launcher": "/usr/local/bin/mgpu-torchrun",
+}  # fmt: skip
+
+
+def test_srun_bounds_the_wait_for_nodes_and_ends_the_step_when_a_rank_fails() -> None:
+    req = smoke.Request(ARGS)
+    command = slurm_smoke.srun_command("/usr/bin/srun", req, ["na", "nb"])
+    folder = slurm_smoke.workdir("mgpu-smoke-abc")
+    assert command[:8] == [
+        "/usr/bin/srun", "-v", "--immediate=10", "--kill-on-bad-exit=1", "-N2", "--ntasks-per-node=1",
+        "-w", "na,nb",
+    ]  # fmt: skip
+    # The installed launcher, then the program and config at one path on every node.
+    assert command[9] == "/usr/local/bin/mgpu-torchrun"
+    assert command[-2:] == [f"{folder}/mgpu_smoke_program.py", f"{folder}/config.json"]
+
+
+def test_the_job_id_is_read_from_srun_verbose_output() -> None:
+    said = "srun: defined options\nsrun: jobid 17: nodes(2):`na,nb', cpu counts: 2(x2)\n"
+    assert slurm_smoke.job_id(said) == "17"
+    assert slurm_smoke.job_id("srun: launching StepId=23.0 on host na, 1 tasks: 0\n") == "23"
+    assert slurm_smoke.job_id("srun: error: Unable to allocate resources") is None
+
+
+def test_prepare_writes_the_program_and_config_where_the_step_finds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slurm_smoke.tempfile, "gettempdir", lambda: str(tmp_path))
+    assert slurm_smoke.run({**ARGS, "action": "prepare"})["ok"]
+    folder = Path(slurm_smoke.workdir("mgpu-smoke-abc"))
+    assert (folder / "mgpu_smoke_program.py").read_bytes() == smoke.program_source()
+    (folder / "out" / "rank-1.json").write_text('{"rank": 1, "ok": true}')
+    assert slurm_smoke.run({**ARGS, "action": "collect"})["ranks"] == [{"rank": 1, "ok": True}]
+    assert not folder.exists()
