@@ -3,6 +3,7 @@ part starts from, and the job id read from srun's own words."""
 
 from __future__ import annotations
 
+import concurrent.futures
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,9 @@ def test_srun_bounds_the_wait_for_nodes_and_ends_the_step_when_a_rank_fails() ->
         "/usr/bin/srun", "-v", "--immediate=10", "--kill-on-bad-exit=1", "-N2", "--ntasks-per-node=1",
         "-w", "na,nb",
     ]  # fmt: skip
-    # The installed launcher, then the program and config at one path on every node.
-    assert command[9] == "/usr/local/bin/mgpu-torchrun"
+    # Slurm's own time limit past smoke's 60 s, then the installed launcher, then the program and config at
+    # one path on every node.
+    assert command[9:11] == ["--time=2", "/usr/local/bin/mgpu-torchrun"]
     assert command[-2:] == [f"{folder}/mgpu_smoke_program.py", f"{folder}/config.json"]
 
 
@@ -47,3 +49,39 @@ def test_prepare_writes_the_program_and_config_where_the_step_finds_them(
     (folder / "out" / "rank-1.json").write_text('{"rank": 1, "ok": true}')
     assert slurm_smoke.run({**ARGS, "action": "collect"})["ranks"] == [{"rank": 1, "ok": True}]
     assert not folder.exists()
+
+
+def test_a_step_past_the_deadline_is_ended_through_srun_and_reported_with_its_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stand-in for srun that never ends by itself, and says what signal ended it (srun forwards SIGTERM
+    # to the step's tasks on every node).
+    fake = tmp_path / "srun"
+    ended = tmp_path / "ended"
+    fake.write_text(
+        f"#!/bin/sh\ntrap 'echo TERM > {ended}; kill $!; exit 143' TERM\n"
+        'echo "srun: jobid 5: nodes(2):\\`na,nb\', cpu counts: 2(x2)" >&2\nsleep 30 >/dev/null & wait\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(slurm_smoke, "find_tool", lambda name: str(fake))
+    result = slurm_smoke.run({**ARGS, "timeout_s": 1, "action": "run", "nodes": ["na", "nb"]})
+    assert (result["ok"], result["kind"], result["job_id"], result["exit_code"]) == (
+        False,
+        "timeout",
+        "5",
+        None,
+    )
+    assert result["diagnosis"] == "srun step 5 did not end within 1 s"
+    assert ended.read_text() == "TERM\n"
+    assert result["elapsed_s"] < 5
+
+
+def test_nodes_that_share_tmp_prepare_the_same_folder_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slurm_smoke.tempfile, "gettempdir", lambda: str(tmp_path))
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: slurm_smoke.run({**ARGS, "action": "prepare"}), range(32)))
+    assert all(r["ok"] for r in results), results
+    folder = Path(slurm_smoke.workdir("mgpu-smoke-abc"))
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "mgpu_smoke_program.py", "out"]

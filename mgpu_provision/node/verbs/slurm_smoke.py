@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import shutil
@@ -50,10 +51,11 @@ def prepare(req: smoke.Request) -> Dict[str, Any]:
         ("mgpu_smoke_program.py", smoke.program_source()),
         ("config.json", json.dumps(smoke.program_config(req, os.path.join(folder, "out"))).encode()),
     ):
-        tmp = os.path.join(folder, name + ".tmp")
-        with open(tmp, "wb") as f:
+        # A temporary name of each writer's own, then a rename: nodes that share /tmp write these at once.
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=name + ".")
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, os.path.join(folder, name))  # nodes that share /tmp never read half a file
+        os.replace(tmp, os.path.join(folder, name))
     return {"ok": True, "kind": None, "diagnosis": None}
 
 
@@ -62,10 +64,17 @@ def srun_command(srun: str, req: smoke.Request, nodes: List[str]) -> List[str]:
     return [
         srun, "-v", "--immediate=%d" % IMMEDIATE_S, "--kill-on-bad-exit=1", "-N%d" % req.nnodes,
         "--ntasks-per-node=1", "-w", ",".join(nodes), "--job-name=" + req.run_id,
+        "--time=%d" % time_limit_min(req.timeout_s),
         *smoke.torchrun_command(
             req, os.path.join(folder, "mgpu_smoke_program.py"), os.path.join(folder, "config.json")
         ),
     ]  # fmt: skip
+
+
+def time_limit_min(timeout_s: float) -> int:
+    """The job's time limit, in srun's whole minutes, past smoke's own deadline: Slurm ends the step even
+    if this node's agent dies before it can."""
+    return math.ceil(timeout_s / 60.0) + 1
 
 
 def job_id(output: str) -> Optional[str]:
@@ -81,19 +90,23 @@ def run_step(req: smoke.Request, nodes: List[str]) -> Dict[str, Any]:
     env = smoke.child_environment(req, dict(os.environ), rig_env=False)
     env.pop("SLURM_JOB_ID", None)  # a step of its own allocation, never of the agent's caller's job
     started = time.monotonic()
+    process = subprocess.Popen(
+        srun_command(srun, req, nodes), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    code: Optional[int] = None
     try:
-        done = subprocess.run(
-            srun_command(srun, req, nodes), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            env=env, timeout=req.timeout_s, check=False,
-        )  # fmt: skip
-        code: Optional[int] = done.returncode
-        output = done.stdout + done.stderr
-    except subprocess.TimeoutExpired as exc:  # srun ends the step's tasks on every node when it is killed
-        code = None
-        output = "".join(
-            part.decode(errors="replace") if isinstance(part, bytes) else (part or "")
-            for part in (exc.stdout, exc.stderr)
-        )
+        output, _ = process.communicate(timeout=req.timeout_s)
+        code = process.returncode
+    except subprocess.TimeoutExpired:
+        # srun passes SIGTERM on to the step's tasks on every node and ends the step; SIGKILL would leave
+        # them to the job's time limit.
+        process.terminate()
+        try:
+            output, _ = process.communicate(timeout=smoke.GRACE_S * 3)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
     elapsed = round(time.monotonic() - started, 3)
     job = job_id(output)
     ok = code == 0
