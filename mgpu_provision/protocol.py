@@ -194,6 +194,12 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
     # apply --drain slurm: the node's line at the controller; drain it, or resume a drain of this reason
     "slurm-node": {"action": choice("show", "drain", "resume", required=True), "reason": line()},
 }
+# smoke --via srun: smoke's arguments, and which part of the srun step (node/verbs/slurm_smoke.py)
+VERB_ARGS["slurm-smoke"] = {
+    **VERB_ARGS["smoke"],
+    "action": choice("prepare", "run", "collect", required=True),
+    "nodes": texts(),  # `run`: the group's Slurm node names, for srun -w
+}
 
 
 def check_args(verb: str, args: Dict[str, Any]) -> None:

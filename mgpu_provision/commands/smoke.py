@@ -17,7 +17,8 @@ from typing import Any
 
 from rich.console import Console
 
-from ..jobs.smoke import GroupReport, SmokeReport, run_smoke
+from ..jobs.smoke import GroupReport, SmokeReport, new_run_id, run_smoke
+from ..jobs.smoke_srun import run_smoke_srun
 from . import options
 from .output import make_console, plain_table, plural, print_json, shown
 
@@ -91,6 +92,13 @@ def render_group(group: GroupReport, console: Console) -> None:
                 f"{row['busbw_gbps']:.3f}",
             )
         console.print(band)
+    if group.srun is not None:
+        srun = group.srun
+        words = (
+            f"srun job {srun.get('job_id') or '?'} on {','.join(srun.get('nodes') or [])}: exit code "
+            f"{srun.get('exit_code')} after {srun.get('elapsed_s')} s"
+        )
+        console.print(shown(words), soft_wrap=True)
     floor = f", busbw floor {group.busbw_floor_gbps:g} GB/s" if group.busbw_floor_gbps is not None else ""
     if group.backend is not None and group.backend != group.requested_backend:
         floor += f" (the rig says {group.requested_backend}: simulated nodes run Gloo)"
@@ -140,7 +148,12 @@ def run(args: argparse.Namespace) -> int:
                 done.append(f"{host} {'pass' if ok else 'FAIL'}")
                 status.update(shown(f"{label} - {len(done)}/{total} done: {', '.join(done)}"))
 
-        report = run_smoke(fleet.loaded, fleet.hosts, fleet.targets, fleet.options, on_node_done)
+        if args.via == "srun":
+            report = run_smoke_srun(
+                fleet.loaded, fleet.hosts, fleet.targets, fleet.options, new_run_id(), on_node_done
+            )
+        else:
+            report = run_smoke(fleet.loaded, fleet.hosts, fleet.targets, fleet.options, on_node_done)
     code = 0 if report.ok else 2
     if args.json:
         hosts = {
@@ -166,8 +179,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "fail. Exit 0 pass, 2 fail (a node, a missing rank, busbw below smoke.busbw_floor_gbps), 1 error."
         ),
         epilog="examples:\n  mgpu-provision smoke rig.yaml\n"
-        "  mgpu-provision smoke rig.yaml --limit gpu-a,gpu-b --json",
+        "  mgpu-provision smoke rig.yaml --limit gpu-a,gpu-b --json\n"
+        "  mgpu-provision smoke rig.yaml --via srun",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     options.add_fleet_arguments(parser)
+    parser.add_argument(
+        "--via",
+        choices=("ssh", "srun"),
+        default="ssh",
+        help="ssh (default): start every node's part over SSH; srun: one Slurm step per DDP group, started "
+        "by one of its nodes (rigs with a `slurm` section; a failing rank ends the step on every node)",
+    )
     parser.set_defaults(func=run)

@@ -105,6 +105,7 @@ class GroupReport:
     problems: list[str]
     nodes: list[NodeReport] = field(default_factory=list)
     devices: list[dict[str, Any]] = field(default_factory=list)  # per rank: host, backend, device, GPU
+    srun: dict[str, Any] | None = None  # --via srun: the step's job_id, nodes, exit_code, elapsed_s
 
     @property
     def ok(self) -> bool:
@@ -375,6 +376,10 @@ def build_report(
     )
 
 
+def new_run_id() -> str:
+    return f"mgpu-smoke-{uuid.uuid4().hex[:12]}"
+
+
 def run_smoke(
     loaded: LoadedRig,
     hosts: list[Host],
@@ -383,7 +388,7 @@ def run_smoke(
     on_node_done: Callable[[str, bool], None] | None = None,
 ) -> SmokeReport:
     """Run the smoke on every selected host at once; hosts whose call failed get a cleanup call after."""
-    run_id = f"mgpu-smoke-{uuid.uuid4().hex[:12]}"
+    run_id = new_run_id()
     hosts, skipped = with_ddp(loaded, hosts)
     parts = plan_smoke(loaded, hosts, run_id)
     if len(parts) > MAX_FORKS:

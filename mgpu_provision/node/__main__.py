@@ -71,6 +71,12 @@ def _slurm_node(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
     return run(args), None
 
 
+def _slurm_smoke(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
+    from .verbs.slurm_smoke import run
+
+    return run(args, simulated=backend().simulated), None
+
+
 VERBS: Dict[str, Callable[[Dict[str, Any], BackendFactory], VerbOutcome]] = {
     "facts": _facts,
     "apply": _apply,
@@ -79,6 +85,7 @@ VERBS: Dict[str, Callable[[Dict[str, Any], BackendFactory], VerbOutcome]] = {
     "smoke": _smoke,
     "smoke-cleanup": _smoke_cleanup,
     "slurm-node": _slurm_node,
+    "slurm-smoke": _slurm_smoke,
 }
 
 

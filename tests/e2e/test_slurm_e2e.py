@@ -290,6 +290,40 @@ def test_apply_drain_slurm_leaves_an_admins_drain_alone(
     assert state["Reason"].startswith("disk swap"), state
 
 
+def ddp_rig(
+    test_hosts: HostFactory,
+    hosts: list[TestHost],
+    path: Path,
+    master: str,
+    port: int = 0,
+    timeout_s: float | None = None,
+    **env: str,
+) -> Path:
+    """Rig `pair` with a 2 x 2 Gloo DDP group over `hosts`, smoke's python (and timeout) and `env` in the
+    env files."""
+    smoke: dict[str, Any] = {"python": NODE_PYTHON}
+    if timeout_s is not None:
+        smoke["timeout_s"] = timeout_s
+    pair = {
+        "gpus": {"model": MODEL, "count": 2},
+        "slurm": {"restart_command": [RESTART]},
+        "ddp": {"master": master, "port": port or free_port(), "backend": "gloo", "nproc_per_node": 2,
+                "ifname": "lo"},
+    }  # fmt: skip
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": site_packages(), **env}
+    return test_hosts.write_rig(path, hosts, rigs={"pair": pair}, env=env, smoke=smoke)
+
+
+def applied(test_hosts: HostFactory, cluster: SlurmCluster, hosts: list[TestHost], rig: Path) -> None:
+    """Apply `rig` and wait for its nodes to be idle again. Checks are left out: facts probe torch without
+    the rig's PYTHONPATH, which only the launcher's env adds."""
+    known = ["--known-hosts", str(test_hosts.known_hosts)]
+    code, report = cli_out("apply", str(rig), *known, "--yes", "--json", "--skip-tags", "checks")
+    assert code == 0, report
+    for host in hosts:
+        cluster.wait_state(host.name, ["IDLE"])
+
+
 DDP_SCRIPT = """\
 import os, sys, time
 import torch
@@ -313,26 +347,10 @@ def test_the_launcher_takes_rank_count_and_master_from_srun_and_a_failing_rank_e
     test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     hosts = slurm_hosts(test_hosts, cluster, ("na", "nb"), GRES_LINE)
-    pair = {
-        "gpus": {"model": MODEL, "count": 2},
-        "slurm": {"restart_command": [RESTART]},
-        # The rig names nb as master: inside the srun step Slurm's allocation decides instead.
-        "ddp": {"master": "nb", "port": free_port(), "backend": "gloo", "nproc_per_node": 2, "ifname": "lo"},
-    }
-    rig = test_hosts.write_rig(
-        tmp_path / "rig.yaml",
-        hosts,
-        rigs={"pair": pair},
-        env={"OMP_NUM_THREADS": "1", "PYTHONPATH": site_packages()},
-        smoke={"python": NODE_PYTHON},
-    )
+    # The rig names nb as master: inside the srun step Slurm's allocation decides instead.
+    rig = ddp_rig(test_hosts, hosts, tmp_path / "rig.yaml", master="nb")
     cluster.start(slurmd=False)
-    # Checks left out: facts probe torch without the rig's PYTHONPATH, which only the launcher's env adds.
-    known = ["--known-hosts", str(test_hosts.known_hosts)]
-    code, report = cli_out("apply", str(rig), *known, "--yes", "--json", "--skip-tags", "checks")
-    assert code == 0, report
-    for host in hosts:
-        cluster.wait_state(host.name, ["IDLE"])
+    applied(test_hosts, cluster, hosts, rig)
     script = cluster.dir / "ddp.py"
     script.write_text(DDP_SCRIPT)
     srun = ["-N2", "--ntasks-per-node=1", "--immediate=10", "--kill-on-bad-exit=1", "--time=2"]
@@ -356,3 +374,43 @@ def test_the_launcher_takes_rank_count_and_master_from_srun_and_a_failing_rank_e
     failing_at = float(failed.stdout.split("failing at ", 1)[1].split()[0])
     # --kill-on-bad-exit=1: the step ends on every node within seconds, not after the others' 100 s sleep.
     assert ended - failing_at < 15, (ended - failing_at, failed.stderr)
+
+
+def test_smoke_via_srun_passes_2x2_names_the_job_and_a_failing_rank_ends_it_within_seconds(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    hosts = slurm_hosts(test_hosts, cluster, ("na", "nb"), GRES_LINE)
+    port = free_port()
+    cluster.start(slurmd=False)
+
+    def smoke_via_srun(name: str, **env: str) -> dict[str, Any]:
+        # The rig's timeout_s of 200 s: the other ranks would wait 100 s (the process group's timeout).
+        rig = ddp_rig(test_hosts, hosts, tmp_path / name, "na", port, timeout_s=200, **env)
+        applied(test_hosts, cluster, hosts, rig)
+        known = ["--known-hosts", str(test_hosts.known_hosts)]
+        code, out = cli_out("smoke", str(rig), *known, "--via", "srun", "--json")
+        document = json.loads(out)
+        assert document["exit_code"] == code, document
+        return dict(document)
+
+    passed = smoke_via_srun("rig.yaml")
+    (group,) = passed["groups"]
+    assert passed["exit_code"] == 0 and group["ok"], group["problems"]
+    assert group["world_size"] == 4 and group["ranks_joined"] == 4, group
+    srun = group["srun"]
+    assert srun["nodes"] == ["na", "nb"] and srun["exit_code"] == 0, srun
+    assert srun["job_id"] and srun["job_id"].isdigit(), srun
+    # The job the report names is the controller's, on both nodes (finished jobs stay for MinJobAge).
+    job = cluster.scontrol("show", "job", "-o", srun["job_id"]).stdout
+    assert "NodeList=na,nb" in job, job
+    hosts_of = {node["host"]: sorted(r["rank"] for r in node["ranks"]) for node in group["nodes"]}
+    assert hosts_of == {"na": [0, 1], "nb": [2, 3]}, hosts_of
+
+    failed = smoke_via_srun("fail.yaml", MGPU_SMOKE_FAIL_RANK="3")
+    (group,) = failed["groups"]
+    assert failed["exit_code"] == 2 and not group["ok"], group
+    assert any("MGPU_SMOKE_FAIL_RANK=3" in (node["diagnosis"] or "") for node in group["nodes"]), json.dumps(
+        {k: group[k] for k in ("problems", "srun", "nodes")}, indent=1
+    )
+    # The other ranks would wait 100 s for rank 3; --kill-on-bad-exit=1 ends them within seconds.
+    assert group["srun"]["exit_code"] not in (0, None) and group["srun"]["elapsed_s"] < 30, group["srun"]

@@ -6,6 +6,8 @@ output are all real, without SSH (the SSH path is tests/e2e/test_smoke_e2e.py).
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import sys
 import threading
@@ -16,6 +18,8 @@ import pytest
 import yaml
 
 from mgpu_provision import cli
+from mgpu_provision.commands.output import make_console
+from mgpu_provision.commands.smoke import render_human
 from mgpu_provision.errors import ProvisionError
 from mgpu_provision.fleet.pool import HostOutcome
 from mgpu_provision.fleet.targets import HostTarget
@@ -428,3 +432,26 @@ def test_each_node_s_data_parallel_row_reaches_the_report_and_the_table(tmp_path
     assert "DataParallel (one process per node, after its ranks)" in text
     assert "gpu-a │ pass   │ batch 8 over 2 GPUs, output on cuda:1" in text
     assert "gpu-b │ FAIL   │ cuda:1 (H200) refused a CUDA context: x" in text
+
+
+def test_via_srun_on_a_rig_without_slurm_is_a_plain_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["smoke", str(rig_file(tmp_path, HOSTS)), "--via", "srun"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "smoke --via srun needs a `slurm` section in the rig of gpu-b, gpu-a, gpu-c" in err, err
+    assert "Traceback" not in err
+
+
+def test_the_text_view_of_an_srun_smoke_names_the_job_and_its_nodes(tmp_path: Path) -> None:
+    parts = plan(tmp_path, HOSTS[:2])
+    ranks = {p.host: [dict(r, bandwidth=[]) for r in ranks_of(p.node_rank)] for p in parts}
+    nodes = [control.node_report(p, ok_outcome(p.node_rank, ranks=ranks[p.host])) for p in parts]
+    group = control.judge_group(parts, nodes)
+    srun = {"job_id": "17", "nodes": ["gpu-a", "gpu-b"], "exit_code": 0, "elapsed_s": 4.2}
+    report = control.SmokeReport("run", [dataclasses.replace(group, srun=srun)])
+    out = io.StringIO()
+    render_human(report, make_console(out))
+    assert "srun job 17 on gpu-a,gpu-b: exit code 0 after 4.2 s" in out.getvalue(), out.getvalue()
+    assert report.as_dict()["groups"][0]["srun"] == srun

@@ -384,6 +384,11 @@ def data_parallel_main(argv: List[str]) -> int:
     return 0
 
 
+# A drill: the rank of this number fails at once, while its peers wait for it; it proves that one rank's
+# failure ends the whole run (`smoke --via srun`: Slurm's --kill-on-bad-exit), set through the rig's `env`.
+FAIL_RANK_ENV = "MGPU_SMOKE_FAIL_RANK"
+
+
 def write_json(path: str, data: Json) -> None:
     """Write-then-rename, so the node side never reads half a file from a rank that is being killed."""
     tmp = path + ".tmp"
@@ -400,10 +405,18 @@ def main(argv: List[str]) -> int:
     out = os.path.join(str(config["out_dir"]), "rank-%s.json" % os.environ.get("RANK", "unknown"))
     rank: Optional[Rank] = None
     try:
+        if os.environ.get(FAIL_RANK_ENV) == os.environ.get("RANK"):
+            raise RuntimeError(
+                "%s=%s: this rank fails on purpose" % (FAIL_RANK_ENV, os.environ[FAIL_RANK_ENV])
+            )
         rank = Rank(config)
         rank.run()
     except Exception as exc:  # a broken collective or setup: report it, then fail this rank
-        result: Json = rank.result if rank is not None else {"rank": int(os.environ.get("RANK", "-1"))}
+        result: Json = (
+            rank.result
+            if rank is not None
+            else {"rank": int(os.environ.get("RANK", "-1")), "hostname": socket.gethostname()}
+        )
         result["ok"] = False
         result["error"] = "%s: %s" % (type(exc).__name__, exc)
         result["traceback"] = traceback.format_exc().splitlines()[-12:]
