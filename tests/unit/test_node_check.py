@@ -17,13 +17,14 @@ import pytest
 
 from mgpu_provision.node.verbs import check
 from tests.factories import rtx3090_twin
+from tests.hosts import skip_or_fail
 from tests.node_check_helpers import PAIR, Node
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> Node:
     if os.geteuid() != 0:
-        pytest.skip("the node check runs as root")
+        skip_or_fail("the node check runs as root", "the node check tests need root")
     return Node(tmp_path)
 
 

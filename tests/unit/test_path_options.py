@@ -18,10 +18,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from mgpu_provision.cli import build_parser
 from mgpu_provision.commands import paths
+from tests.hosts import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD_RIG = """\
@@ -119,7 +118,7 @@ def test_path_mistakes_are_refused_with_a_message_never_a_traceback(tmp_path: Pa
     prefix: list[str] = []
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
-            pytest.skip("setpriv (util-linux) is needed to read as a user without root's file access")
+            skip_or_fail("setpriv (util-linux) is needed to read as a user without root's file access")
         prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(folder)}
     child = subprocess.run(
