@@ -126,7 +126,12 @@ def make_key(gnupg_home: Path, name: str) -> str:
 
 def _gpg(home: Path, *args: str) -> bytes:
     argv = ["gpg", "--batch", "--quiet", "--homedir", str(home), "--pinentry-mode", "loopback", *args]
-    done = subprocess.run(argv, capture_output=True, timeout=60, check=False)
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=60, check=False)
+    finally:
+        # gpg starts a gpg-agent per home folder that outlives the test; the next call starts it again.
+        stop = ["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"]
+        subprocess.run(stop, capture_output=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"gpg {' '.join(args[:2])} failed: {done.stderr.decode(errors='replace').strip()}")
     return done.stdout

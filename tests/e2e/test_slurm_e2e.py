@@ -17,6 +17,7 @@ import contextlib
 import io
 import json
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -89,9 +90,14 @@ def cli_out(*args: str) -> tuple[int, str]:
 @pytest.fixture
 def cluster(test_hosts: HostFactory) -> Any:
     require_slurm()
+    # A short folder of its own (munge's socket path must stay under the 108 bytes of a unix socket name),
+    # removed with the cluster.
     made = SlurmCluster(Path(tempfile.mkdtemp(prefix="mgpu-slurm-")), test_hosts.pool.take())
-    yield made
-    made.stop()
+    try:
+        yield made
+    finally:
+        made.stop()
+        shutil.rmtree(made.dir, ignore_errors=True)
 
 
 def test_apply_writes_gres_conf_and_the_nodes_register_idle_with_logical_cores(
