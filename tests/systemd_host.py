@@ -42,6 +42,7 @@ class SystemdHost:
         for path in self.layers.values():
             path.mkdir(parents=True, exist_ok=True)
         self._mask_units()
+        self._short_timeouts()
         self.process: subprocess.Popen[bytes] | None = None
         self.boots = 0
 
@@ -53,6 +54,15 @@ class SystemdHost:
     def upper(self) -> Path:
         """The host's own layer: what it wrote (in /etc, /var) lands here and survives a reboot."""
         return self.layers["upper"]
+
+    def _short_timeouts(self) -> None:
+        """A unit that hangs starting or stopping ends in seconds, not systemd's 90 s: without a GPU the
+        NVIDIA daemons fail, and a failed nvidia-persistenced once sat in stop-sigterm for 90 s, holding the
+        boot in "starting" past BOOT_TIMEOUT_S. The tests judge what systemd holds, not how long it waits."""
+        conf = self.upper / "etc" / "systemd" / "system.conf.d"
+        conf.mkdir(parents=True, exist_ok=True)
+        settings = "[Manager]\nDefaultTimeoutStartSec=10s\nDefaultTimeoutStopSec=5s\n"
+        (conf / "mgpu-test-host.conf").write_text(settings)
 
     def _mask_units(self) -> None:
         system = self.upper / "etc" / "systemd" / "system"
