@@ -11,7 +11,7 @@ import pytest
 
 from mgpu_provision.plan.resources import boot_unit
 from mgpu_provision.rig import LoadedRig, load_rig
-from tests.hosts import skip_or_fail
+from tests.support.hosts import skip_or_fail
 
 RIG = """\
 version: 1

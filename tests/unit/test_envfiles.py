@@ -22,7 +22,7 @@ from mgpu_provision.plan.resources.envfiles import (
 )
 from mgpu_provision.rig import LoadedRig, load_rig
 from mgpu_provision.rig.rules import DERIVED_ENV
-from tests import factories
+from tests.support import factories
 
 RIG = """\
 version: 1

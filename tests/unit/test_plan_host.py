@@ -10,7 +10,7 @@ import pytest
 
 from mgpu_provision.plan.host import facts_request, plan_host
 from mgpu_provision.rig import LoadedRig, load_rig
-from tests.factories import TOPOLOGIES, case_facts
+from tests.support.factories import TOPOLOGIES, case_facts
 
 PAIR_BOX = {"box": {"topology": "2x-rtx3090-nvlink-bridge.txt", "model": "NVIDIA GeForce RTX 3090"}}
 RIG = """

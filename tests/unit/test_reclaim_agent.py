@@ -12,7 +12,7 @@ from mgpu_provision.node.host.procs import ProcInfo
 from mgpu_provision.node.verbs import reclaim
 from mgpu_provision.node.verbs.reclaim import Classification
 from mgpu_provision.protocol import BadRequest, check_args
-from tests.factories import INIT, SHELL, proc
+from tests.support.factories import INIT, SHELL, proc
 
 
 def table(*listed: ProcInfo) -> procs.Lookup:

@@ -23,7 +23,7 @@ from mgpu_provision.node.host import procs
 from mgpu_provision.node.host.procs import ProcInfo
 from mgpu_provision.node.nvidia.backend import NvmlUnavailable
 from mgpu_provision.node.verbs import reclaim
-from tests.reclaim_programs import IGNORE_TERM, SLEEP, SPAWN_MAIN, pids_in, script
+from tests.support.reclaim_programs import IGNORE_TERM, SLEEP, SPAWN_MAIN, pids_in, script
 
 MIB = 1024 * 1024
 # The main thread leaves through pthread_exit while another thread sleeps: the leader shows state Z.

@@ -18,7 +18,7 @@ import pytest
 from mgpu_provision.errors import ProvisionError, SpecError
 from mgpu_provision.rig import cache, loader
 from mgpu_provision.rig.cache import check_rig, load_rig
-from tests.hosts import skip_or_fail
+from tests.support.hosts import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "tests" / "unit" / "rigs" / "topo-2x-rtx3090.txt"

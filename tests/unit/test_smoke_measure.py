@@ -17,8 +17,8 @@ from mgpu_provision.node.verbs import smoke as node
 from mgpu_provision.node.verbs.smoke_program import bus_bandwidth, sizes_that_fit
 from mgpu_provision.node.verbs.smoke_watch import LoadSampler, transport, transport_problem
 from mgpu_provision.rig import load_rig
-from tests.smoke_helpers import node_args, processes_of_run, run_id
-from tests.unit.test_smoke_control import HOSTS, ok_outcome, plan, rig_file
+from tests.support.smoke_control import HOSTS, ok_outcome, plan, rig_file
+from tests.support.smoke_helpers import node_args, processes_of_run, run_id
 
 NCCL = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 

@@ -20,7 +20,7 @@ from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.fleet.session import agent_command
 from mgpu_provision.node.__main__ import unpack_beside
 from mgpu_provision.node.host.torch_probe import _TORCH_PROBE
-from tests.factories import FAKE_TORCH
+from tests.support.factories import FAKE_TORCH
 
 ROOT = Path(__file__).resolve().parents[2]
 TWIN = ROOT / "examples" / "twins" / "rtx3090-nvlink.yaml"

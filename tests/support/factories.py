@@ -27,9 +27,9 @@ from mgpu_provision.node.nvidia.select import select_backend
 from mgpu_provision.node.verbs.facts import collect
 
 if TYPE_CHECKING:
-    from tests.hosts import HostFactory, TestHost
+    from tests.support.hosts import HostFactory, TestHost
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TWINS_DIR = REPO / "examples" / "twins"
 TOPOLOGIES = REPO / "tests" / "fixtures" / "topologies"
 # Stands in for the smoke python on simulated boxes: torch that sees the twin's two GPUs.
