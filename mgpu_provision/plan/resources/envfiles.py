@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ... import protocol
+from ...control_cache import control_cache_dir
 from ...errors import ProvisionError
 from ...facts import Facts, ManagedFile
 from ...judge.files import same_digest
 from ...node.host import envpath
-from ...rig.cache import control_cache_dir
 from ...rig.envvalues import value_problem
 from ...rig.models import Host, Rig
 from ..change import Change, Phase, check_failed
