@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..catalog.topology import TopoMatrix
 from ..facts import Facts
 from ..judge.records import Expectation, Finding
-from ..node.nvidia.topology import TopoMatrix
 from ..rig.models import Host, Rig
 from .expectation import for_rig
 

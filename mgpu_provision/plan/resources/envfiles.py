@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ... import protocol
+from ...catalog import envpath
 from ...facts import Facts
-from ...node.host import envpath
 from ...rig.models import Host, Rig
 from ..change import Change, HostContext, check_failed
 from ..files import DesiredFile, env_quote, node_path, render

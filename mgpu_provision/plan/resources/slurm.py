@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ... import protocol
+from ...catalog.cpulist import parse_cpu_list
+from ...catalog.pci import pci_key
 from ...facts import Facts, Gpu, Machine
-from ...node.host.machine import parse_cpu_list
-from ...node.host.pci import pci_key
 from ...rig.models import Host, Rig, Slurm
 from ..change import Change, HostContext, check_failed
 from ..files import DesiredFile, diff_file, diff_files, render
