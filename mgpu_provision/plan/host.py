@@ -102,6 +102,8 @@ def host_context(loaded: LoadedRig, host: Host, facts: Facts) -> HostContext:
     """The one input of every diff for `host`: with the driver mirror read and the digests of the managed
     files the node check holds the node to."""
     ctx = HostContext(loaded, host, facts, driver_repo=mirror.repo_of(loaded, host))
+    # Read first: a visible device that no GPU of the host answers to fails its plan before any diff runs.
+    _ = ctx.visible_count
     checked = {want.path: want.sha256 for want in desired_files(ctx, checked=True)}
     return dataclasses.replace(ctx, checked_files=checked)
 
