@@ -22,6 +22,27 @@ GPU_SETTINGS_UNIT = "mgpu-provision-gpu-settings"
 SIMULATE_ENV = "MGPU_PROVISION_SIMULATE"
 
 
+# The kinds of an error reply (`{"ok": false, "error": {"kind", "message"}}`): the node sends no other (the
+# door turns an undeclared one into `internal`) and the control side reads no other (it names the kind).
+ERROR_KINDS = (
+    "bad-request",  # an argument or step missing or of the wrong type, named; or not possible as asked
+    "twin",  # the twin file or its state cannot be read or says something impossible
+    "locked",  # another apply (or check) holds the host lock
+    "lock",  # the host lock cannot be taken (its folder)
+    "refused",  # not the node it was planned as (simulated or real), or not the planned agent
+    "pid-namespace",  # reclaim with real NVML outside the initial pid namespace
+    "driver",  # installing or checking the driver, its packages or its mirror
+    "fabricmanager",  # installing Fabric Manager or IMEX
+    "nouveau",  # blacklisting nouveau (a new initramfs)
+    "persistence",  # nvidia-persistenced
+    "service",  # enabling, starting or stopping a unit
+    "restart",  # the restart step's command (slurmd after gres.conf)
+    "slurm",  # scontrol or srun
+    "nvml",  # NVML cannot be opened or refuses a setting
+    "internal",  # a bug in the agent: the traceback is on stderr
+)
+
+
 class BadRequest(Exception):
     """A request the agent refuses before any verb runs; the dispatcher answers it as kind `bad-request`."""
 
