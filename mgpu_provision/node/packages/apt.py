@@ -17,7 +17,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...catalog import names, sources
-from ...protocol import PackageSet
+from ...protocol import PackageSet, branch_of
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
@@ -188,7 +188,7 @@ def refuse_transitional(package: str, target: str, branch: str) -> None:
 def check_installed_branch(branch: str) -> None:
     """After an install, the driver library apt put on the box is of the branch asked for."""
     version = installed_version()
-    if version is not None and version.split(".")[0] != branch:
+    if version is not None and branch_of(version) != branch:
         raise AgentFailure(
             "driver",
             f"apt installed driver {version}, not branch {branch}: the archive's packages of branch {branch} "

@@ -164,7 +164,7 @@ def _install(
     if source.problem:
         summary = f"{summary}: {source.problem}"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
-    branch = protocol.branch_of(want.version) if want.version else str(want.branch)
+    branch = branch_of_rig(want)
     if source.method == "runfile":
         module = sources.runfile_module_type(want.flavor, ctx.rig.gpus.model, branch)
         summary = f"{summary} (runfile, {module} kernel modules)"
