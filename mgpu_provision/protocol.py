@@ -363,6 +363,9 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
             "sha256": with_default(optional_line(), None),
             "kernel_module_type": with_default(optional_choice("open", "proprietary"), None),
             "repo": with_default(apt_mirror(), None),  # apt: configure this mirror and install from it
+            # apt on Ubuntu: `packages` is the server set, so Canonical's signed prebuilt modules for the
+            # running kernel replace it where the archive has them (else DKMS builds the modules)
+            "prebuilt": with_default(flag(), False),
         },
         **_PACKAGE_SET,
     ),
@@ -489,10 +492,12 @@ def driver_step(
     sha256: Optional[str] = None,
     kernel_module_type: Optional[str] = None,
     repo: Optional[Dict[str, str]] = None,
+    prebuilt: bool = False,
 ) -> Dict[str, Any]:
     """Install a driver at `version` (None: the newest of `branch`) with `method` from `source` (None for
-    the runfile): apt or dnf installs `packages`, dnf following the branch's module stream where `modules`;
-    the runfile installs `runfile` (checked against `sha256`) with `kernel_module_type` modules."""
+    the runfile): apt or dnf installs `packages`, dnf following the branch's module stream where `modules`,
+    apt taking Ubuntu's prebuilt modules for the running kernel instead where `prebuilt` and the archive
+    has them; the runfile installs `runfile` (checked against `sha256`) with `kernel_module_type` modules."""
     return {
         "kind": DRIVER,
         "method": method,
@@ -510,6 +515,7 @@ def driver_step(
         "sha256": sha256,
         "kernel_module_type": kernel_module_type,
         "repo": repo,
+        "prebuilt": prebuilt,
     }
 
 

@@ -154,12 +154,9 @@ def ubuntu_modules(step: Dict[str, Any]) -> Tuple[List[str], str]:
     the running kernel's flavour when the archive has them (ubuntu-drivers' choice, and the one that loads
     under Secure Boot without a MOK), else the source's own set, which builds them with DKMS."""
     packages: List[str] = list(step["packages"])
-    flavor = step["flavor"] or ""
-    if step["source"] != "ubuntu" or not flavor.startswith("server"):
+    if not step["prebuilt"]:  # the plan's choice: not Ubuntu's server set (the rig's own, Fabric Manager's)
         return packages, ""
-    branch = int(step["branch"])
-    if packages != names.driver_set("ubuntu", branch, flavor)[1]:
-        return packages, ""  # the rig's own `packages`, or Fabric Manager's
+    branch, flavor = int(step["branch"]), step["flavor"]
     kernel = running_kernel()
     flavour = names.kernel_flavour(kernel)
     if flavour is None:
