@@ -44,6 +44,16 @@ def imported_modules(source: str, package: list[str], modules: Iterable[str] = (
     return names
 
 
+def write_package(folder: Path, files: dict[str, str]) -> Path:
+    """A stand-in `mgpu_provision/` under `folder` with these files (path -> text), for the rule tests'
+    own checks that a breach is caught."""
+    package = folder / "mgpu_provision"
+    for rel, text in files.items():
+        (package / rel).parent.mkdir(parents=True, exist_ok=True)
+        (package / rel).write_text(text)
+    return package
+
+
 def package_files(package_dir: Path = PACKAGE) -> list[Path]:
     return sorted(package_dir.rglob("*.py"))
 

@@ -22,6 +22,7 @@ from tests.support.imports import (
     import_graph,
     rule_tables,
     unit_edges,
+    write_package,
 )
 
 TABLES = rule_tables(ARCHITECTURE.read_text())
@@ -69,17 +70,17 @@ def test_no_modules_import_one_another_in_a_circle() -> None:
 
 def test_drift_and_circles_are_caught(tmp_path: Path) -> None:
     """A table the code left behind, a row naming a unit above it and a circle are each found."""
-    package = tmp_path / "mgpu_provision"
-    for rel, text in {
-        "__init__.py": "",
-        "plan/__init__.py": "",
-        "plan/host.py": "from ..rig import models\nfrom . import change\n",
-        "plan/change.py": "from . import host\n",
-        "rig/__init__.py": "",
-        "rig/models.py": "from ..plan import change\n",
-    }.items():
-        (package / rel).parent.mkdir(parents=True, exist_ok=True)
-        (package / rel).write_text(text)
+    package = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "plan/__init__.py": "",
+            "plan/host.py": "from ..rig import models\nfrom . import change\n",
+            "plan/change.py": "from . import host\n",
+            "rig/__init__.py": "",
+            "rig/models.py": "from ..plan import change\n",
+        },
+    )
     graph = import_graph(package)
     doc = "<!-- import rules: the package -->\n| unit | imports |\n|---|---|\n"
     doc += "| `plan/` | `rig/` |\n| `rig/` | |\n"
