@@ -9,6 +9,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from mgpu_provision import protocol
 from mgpu_provision.facts import DriverInfo, Gpu, GpuPair, HostHealth
 from mgpu_provision.node.nvidia.nvml_real import RealBackend
 from mgpu_provision.node.verbs.facts import nvidia_facts
@@ -134,7 +135,9 @@ def test_running_processes_fall_back_to_v2_on_drivers_before_r510(monkeypatch: p
 
     raw = real_facts(monkeypatch, PreR510Nvml(), driver="470.256.02")
     assert raw["processes"] == HOLDERS
-    result = reclaim.run({"policy": "orphans", "dry_run": True}, RealBackend())
+    result = reclaim.run(
+        protocol.check_args("reclaim", {"policy": "orphans", "dry_run": True}), RealBackend()
+    )
     # The holder's pid is not alive: nothing to end.
     assert result == {"processes": [], "freed_mib": 0, "not_holders": []}
 
@@ -162,7 +165,9 @@ def test_a_lost_gpu_is_reported_and_the_others_are_read(monkeypatch: pytest.Monk
     assert raw["processes"] == HOLDERS
     from mgpu_provision.node.verbs import reclaim
 
-    result = reclaim.run({"policy": "orphans", "dry_run": True}, RealBackend())
+    result = reclaim.run(
+        protocol.check_args("reclaim", {"policy": "orphans", "dry_run": True}), RealBackend()
+    )
     assert result == {"processes": [], "freed_mib": 0, "not_holders": []}
     assert raw["pairs"][0]["nvlinks"] == 0  # GPU 0's links led to the lost GPU
 
