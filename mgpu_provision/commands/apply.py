@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import ProvisionError
+from ..fleet.nodesets import fold
 from ..jobs.apply import ApplyResult, ApplySettings, fleet_plan, rollout, to_carry_out
 from ..jobs.drain import DRAIN_KINDS, DrainSettings
 from ..jobs.plan import FleetPlan
@@ -24,7 +25,7 @@ from ..jobs.playbooks import load_playbook, select_steps
 from ..jobs.rollout import Serial, parse_max_fail_percent, parse_serial
 from . import options
 from .output import host_table, make_console, print_json, shown
-from .plan_view import add_diff_option, change_json, change_lines, host_ranges, render_plan
+from .plan_view import add_diff_option, change_json, change_lines, render_plan
 
 MAX_WAIT_S = 3600
 MAX_DRAIN_WAIT_S = 7 * 24 * 3600  # a training job may run for days; the batch waits for it or is skipped
@@ -236,7 +237,7 @@ def show_recap(console: Console, result: ApplyResult, plan: FleetPlan) -> None:
     console.print(Text("RECAP", style="bold"))
     console.print(host_table(rows, ("node", "status", "done", "left", "reboot", "time", "error")))
     if result.stopped:
-        untouched = host_ranges([r.host for r in result.recaps if r.status == "skipped"])
+        untouched = fold([r.host for r in result.recaps if r.status == "skipped"])
         console.print(shown((result.stopped, "red"), f"; not touched: {untouched}"), soft_wrap=True)
     for line in result.drain_skipped:
         console.print(shown((line, "yellow")), soft_wrap=True)
