@@ -44,5 +44,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     options.add_fleet_arguments(parser)
+    options.add_via_argument(parser)
     add_diff_option(parser)
     parser.set_defaults(func=run)
