@@ -17,12 +17,12 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import ProvisionError
-from ..fleet.nodesets import fold
 from ..jobs.apply import ApplyResult, ApplySettings, fleet_plan, rollout, to_carry_out
 from ..jobs.drain import DRAIN_KINDS, DrainSettings
 from ..jobs.plan import FleetPlan
 from ..jobs.playbooks import load_playbook, select_steps
 from ..jobs.rollout import Serial, parse_max_fail_percent, parse_serial
+from ..rig.nodesets import fold
 from . import options
 from .output import host_table, make_console, print_json, shown
 from .plan_view import add_diff_option, change_json, change_lines, render_plan

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ProvisionError
-from ..fleet import nodesets
 from ..fleet.options import MAX_FORKS, FleetOptions
 from ..fleet.targets import HostTarget, targets_for
-from ..rig import LoadedRig, select_hosts
+from ..rig import LoadedRig, nodesets, select_hosts
 from ..rig.cache import load_rig
 from ..rig.models import Host
 from . import paths

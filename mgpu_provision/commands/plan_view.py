@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from ..fleet.nodesets import fold
 from ..jobs.plan import FleetPlan, HostPlan, PlanTotals, held_names, held_on_control_machine
 from ..plan.change import Change
+from ..rig.nodesets import fold
 from .output import plural, shown
 
 if TYPE_CHECKING:

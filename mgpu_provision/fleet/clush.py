@@ -3,10 +3,11 @@
 Paramiko's key exchange is the floor of any Python SSH client (~11 ms of CPU a host, all in one GIL-bound
 process); ClusterShell instead starts one OpenSSH client per host and only reads their pipes. Hosts whose
 request is byte-identical (the same command and the same stdin: facts and plan of one rig type, usually the
-whole fleet) share one ClusterShell worker. Each host keeps its own reply, exit code, timeout and error as a
-`HostOutcome`, as the Fabric path gives them: exit 255 (OpenSSH's own failure) is `unreachable` with ssh's
-last words, exit 97 (the agent is missing: docs/ARCHITECTURE.md, "The agent protocol") uploads the agent on
-the command's stdin into the folder the reply names, then runs the request again on those hosts.
+whole fleet) share one ClusterShell worker. Each host keeps its own reply, exit code, timeout and error
+(pool.py makes them a `HostOutcome`), as the Fabric path gives them: exit 255 (OpenSSH's own failure) is
+`unreachable` with ssh's last words, exit 97 (the agent is missing: docs/ARCHITECTURE.md, "The agent
+protocol") uploads the agent on the command's stdin into the folder the reply names, then runs the request
+again on those hosts.
 
 OpenSSH reads a generated ssh_config naming each host's address, port, user, key and jump host; the run's
 known_hosts file is used as is. The key exchange offered first is curve25519-sha256: OpenSSH 9.x prefers
@@ -17,6 +18,7 @@ ClusterShell is an optional extra, imported only here and only under `--via clus
 
 from __future__ import annotations
 
+import getpass
 import json
 import shlex
 import tempfile
@@ -24,11 +26,10 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from ..errors import AgentError, ProvisionError
 from .options import AgentPayload, FleetOptions
-from .pool import HostOutcome
 from .session import AGENT_MISSING, agent_command, cache_folder, parse_response, partial_name, upload_command
 from .targets import HostTarget, describe
 
@@ -63,6 +64,15 @@ def ssh_options(config: Path, options: FleetOptions) -> str:
             f"-oStrictHostKeyChecking={policy}", "-oServerAliveInterval=15",
         )
     )  # fmt: skip
+
+
+class Outcome(NamedTuple):
+    """One host's fate, the fields of pool.HostOutcome (which imports this module, not the other way)."""
+
+    status: Literal["ok", "failed", "unreachable"]
+    value: dict[str, Any] | None
+    error: str | None
+    elapsed_s: float
 
 
 class _Replies:
@@ -132,17 +142,17 @@ def call_many_clush(
     options: FleetOptions,
     agent: AgentPayload,
     timeout: float | None = None,
-) -> dict[str, HostOutcome[dict[str, Any]]]:
+) -> dict[str, Outcome]:
     """Each target's `verb` result (or its error) through ClusterShell; outcomes in target order."""
     started = time.monotonic()
     by_name = {t.name: t for t in targets}
     limit = timeout if timeout is not None else max(t.command_timeout_s for t in targets)
     connect = max(t.connect_timeout_s for t in targets)
     replies = _Replies(options.on_host_done)
-    outcomes: dict[str, HostOutcome[dict[str, Any]]] = {}
+    outcomes: dict[str, Outcome] = {}
 
     def command_of(t: HostTarget) -> str:
-        sudo = t.become and (t.user or "") != "root"
+        sudo = t.become and (t.user or getpass.getuser()) != "root"
         return agent_command(agent.name, t.python, verb, sudo)
 
     def request_groups(names: list[str]) -> dict[tuple[str, bytes], list[str]]:
@@ -153,9 +163,13 @@ def call_many_clush(
             groups[(command_of(t), stdin)].append(name)
         return groups
 
-    def finish(name: str, status: str, value: dict[str, Any] | None, error: str | None) -> None:
-        ended = replies.ended.get(name, time.monotonic())
-        outcomes[name] = HostOutcome(status, value, error, ended - started)  # type: ignore[arg-type]
+    def finish(
+        name: str,
+        status: Literal["ok", "failed", "unreachable"],
+        value: dict[str, Any] | None,
+        error: str | None,
+    ) -> None:
+        outcomes[name] = Outcome(status, value, error, replies.ended.get(name, time.monotonic()) - started)
         if options.on_host_done is not None:
             options.on_host_done(name)
 

@@ -118,7 +118,7 @@ def call_many(
     ssh = [t for t in targets if t.connection == "ssh"]
     outcomes = run_fleet([t for t in targets if t.connection != "ssh"], one, options)
     if ssh:
-        outcomes.update(
-            call_many_clush(ssh, verb, requests, options, options.agent or _default_agent(), timeout)
-        )
+        agent = options.agent or _default_agent()
+        for name, got in call_many_clush(ssh, verb, requests, options, agent, timeout).items():
+            outcomes[name] = HostOutcome(*got)
     return {t.name: outcomes[t.name] for t in targets}

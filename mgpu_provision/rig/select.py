@@ -6,7 +6,7 @@ every inventory group they are in (parents included), as Ansible's own `--limit`
 Every command that talks to hosts takes the same pattern, as Ansible's `--limit` does, so its meaning lives
 in one place. A term that matches nothing is an error rather than an empty run: a typo must not silently
 skip a box. A term with a numeric bracket (`gpu-[001-064]`) or a `@source:group` is a node set
-(fleet/nodesets.py: ClusterShell's syntax), not a glob: it stands for the names it expands to.
+(rig/nodesets.py: ClusterShell's syntax), not a glob: it stands for the names it expands to.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import fnmatch
 
 from ..errors import ProvisionError
-from ..fleet.nodesets import expand, is_nodeset, split_terms
 from .models import Host
+from .nodesets import expand, is_nodeset, split_terms
 from .rig import LoadedRig
 
 

@@ -1,4 +1,4 @@
-"""Node sets (fleet/nodesets.py): ClusterShell's NodeSet where installed, the fallback where not, the same
+"""Node sets (rig/nodesets.py): ClusterShell's NodeSet where installed, the fallback where not, the same
 strings from both; `--limit` takes node sets beside globs; group sources need the library.
 
 The library's behaviour recorded here is ClusterShell 1.10's (github.com/cea-hpc/clustershell,
@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision.errors import ProvisionError
-from mgpu_provision.fleet import nodesets
-from mgpu_provision.rig import load_rig, select_hosts
+from mgpu_provision.rig import load_rig, nodesets, select_hosts
 
 needs_library = pytest.mark.skipif(not nodesets.clustershell(), reason="the clush extra is not installed")
 

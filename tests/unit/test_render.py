@@ -9,9 +9,9 @@ import pytest
 
 from mgpu_provision.commands.output import host_table, make_console
 from mgpu_provision.commands.plan_view import plan_json, render_plan, summary_line, totals_line
-from mgpu_provision.fleet.nodesets import fold
 from mgpu_provision.jobs.plan import FleetPlan, HostPlan
 from mgpu_provision.plan.change import Change
+from mgpu_provision.rig.nodesets import fold
 
 DRIVER = Change(
     "driver",

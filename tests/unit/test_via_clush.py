@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision.cli import main
-from mgpu_provision.fleet import clush, nodesets
+from mgpu_provision.fleet import clush
 from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.targets import HostTarget
+from mgpu_provision.rig import nodesets
 
 RIG = """\
 hosts:
