@@ -121,7 +121,11 @@ def finish(
     """
     reboot_required = any(c.resource == "reboot" for c in changes)
     left = [
-        c for c in changes if c.resource != "reboot" and not (reboot_required and c.action == "verify-failed")
+        c
+        for c in changes
+        if c.resource != "reboot"
+        and c.action != "warn"
+        and not (reboot_required and c.action == "verify-failed")
     ]
     if error is None and left:
         error = left_words(left)

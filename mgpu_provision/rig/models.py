@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from pydantic import Strict as StrictMode
 
-from ..judge.health import CRITICAL_XIDS
+from ..judge.xids import CRITICAL as CRITICAL_XIDS
 from .cards import placeholder
 
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
@@ -259,8 +259,8 @@ class Health(Strict):
     )
     critical_xids: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
         default_factory=lambda: list(CRITICAL_XIDS),
-        description="Xid codes that fail the xid check; the default: DCGM's and the cloud checks' critical "
-        "Xids (the README's table)",
+        description="Xid codes that fail the xid check; the default: every Xid that NVIDIA's catalog "
+        "resolves with a GPU reset or a reboot (the README's table); other known Xids warn",
     )
     ecc: bool | None = Field(None, description="expected ECC mode; null: the mode is not judged (errors are)")
     nvlink_error_max: int = Field(
