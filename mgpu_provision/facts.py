@@ -298,6 +298,7 @@ class XidEvent(Fact):
     gpu: int | None = Field(description="the GPU at that address; None when NVML lists no GPU there")
     pci_bus_id: str = Field(description="domain:bus:device as the kernel log prints it")
     code: int
+    cleared: bool = Field(False, description="logged before the GPU's last successful reset this boot")
 
 
 class SXidEvent(Fact):

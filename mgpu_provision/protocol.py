@@ -291,6 +291,18 @@ def gpu_list(required: bool = False) -> Arg:
     return Arg("a list of GPU indices", _is_gpu_list, required, [])
 
 
+# recover: reset these GPUs (`together`: every GPU of an NVSwitch box) once no process holds them; declared
+# here, after the GPU list it takes.
+VERB_ARGS["gpu-reset"] = {
+    "gpus": gpu_list(required=True),
+    "together": flag(required=True),
+    "wait_s": number(0, 86400, required=True),
+    "state_dir": optional_text(),  # where the reset is recorded: the node check judges Xids after it
+    "lock": line(),
+    "lock_wait_s": number(required=True),
+}
+
+
 def octal_mode() -> Arg:
     ok = lambda v: _is_text(v) and v.isdigit() and set(v) <= set("01234567") and int(v, 8) <= 0o7777  # noqa: E731
     return Arg("an octal permission like 0644", ok, False, "0644")
@@ -551,6 +563,26 @@ def apply_request(
     """Carry out `steps` in order under the host lock `lock`, waiting up to `lock_wait_s` for it; only on a
     node that is (`simulated`) what its facts said it is."""
     return {"lock": lock, "lock_wait_s": lock_wait_s, "steps": steps, "simulated": simulated}
+
+
+def gpu_reset_request(
+    gpus: Sequence[int],
+    together: bool,
+    wait_s: float,
+    state_dir: Optional[str],
+    lock: str,
+    lock_wait_s: float,
+) -> Dict[str, Any]:
+    """Reset `gpus` (or every GPU, `together`) once no process holds them, waiting up to `wait_s`; record
+    the reset in `state_dir`; under the host lock `lock`."""
+    return {
+        "gpus": list(gpus),
+        "together": together,
+        "wait_s": wait_s,
+        "state_dir": state_dir,
+        "lock": lock,
+        "lock_wait_s": lock_wait_s,
+    }
 
 
 def reboot_request(lock: str, lock_wait_s: float, simulated: bool) -> Dict[str, Any]:

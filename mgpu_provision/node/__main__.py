@@ -71,6 +71,12 @@ def _slurm_node(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
     return run(args), None
 
 
+def _gpu_reset(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
+    from .verbs.gpu_reset import run
+
+    return run(args, backend()), None
+
+
 def _slurm_smoke(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
     from .verbs.slurm_smoke import run
 
@@ -86,6 +92,7 @@ VERBS: Dict[str, Callable[[Dict[str, Any], BackendFactory], VerbOutcome]] = {
     "smoke-cleanup": _smoke_cleanup,
     "slurm-node": _slurm_node,
     "slurm-smoke": _slurm_smoke,
+    "gpu-reset": _gpu_reset,
 }
 
 

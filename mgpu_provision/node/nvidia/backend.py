@@ -278,6 +278,12 @@ class Backend(abc.ABC):
     def holds_gpu(self, pid: int) -> Optional[bool]:
         """Whether the process has the GPU open right now; None when the agent may not look."""
 
+    @abc.abstractmethod
+    def reset_gpus(self, gpus: List[int], together: bool) -> Optional[str]:
+        """Reset these GPUs, or with `together` every GPU of the box at once (an NVSwitch box of the A100
+        generation resets them together); None when it succeeded, else what the reset said. Called with
+        NVML closed."""
+
     # --- health: None wherever the GPU or driver cannot say (NotSupported, a call the driver lacks) ---
     @abc.abstractmethod
     def kernel_events(self) -> Tuple[Optional[str], List[XidEvent], List[SXidEvent]]:

@@ -48,6 +48,18 @@ class RealHealth:
     def kernel_events(self) -> Tuple[Optional[str], List[XidEvent], List[SXidEvent]]:
         return kernel.read_events()
 
+    def reset_gpus(self, gpus: List[int], together: bool) -> Optional[str]:
+        """`nvidia-smi -r -i N` per GPU, or with `together` one `nvidia-smi -r` for every GPU and NVSwitch of
+        the box: on NVSwitch systems of the A100 generation they must be reset together (nvidia-smi(1),
+        -r; the Fabric Manager user guide, "GPU Reset")."""
+        targets: List[List[str]] = [[]] if together else [["-i", str(gpu)] for gpu in gpus]
+        for target in targets:
+            done = system.run(["nvidia-smi", "-r", *target], timeout=120)
+            if done.returncode != 0:
+                said = (done.stdout + done.stderr).strip().splitlines()
+                return "nvidia-smi -r {}: {}".format(" ".join(target), said[-1] if said else done.returncode)
+        return None
+
     def uptime_s(self) -> Optional[float]:
         text = system.read_text("/proc/uptime")
         return float(text.split()[0]) if text else None

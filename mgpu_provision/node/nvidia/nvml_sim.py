@@ -196,6 +196,7 @@ class SimulatedBackend(SimulatedHealth, Backend):
         # else the unit ran at boot and set again what apply had set: the overlay keeps those values
         if self.twin.state.get("nouveau_blacklisted"):
             self.twin.state["nouveau_blacklisted_at_boot"] = True
+        self.reboot_health()
         import uuid  # only a simulated reboot needs it (and it loads `platform`)
 
         self.twin.state["boot_id"] = str(uuid.uuid4())

@@ -124,6 +124,7 @@ HEALTH: Dict[str, Rule] = {
     "fabric": _mapping_of(FABRIC),
     "lost": FLAG,
     "p2p_ok_with": _list_of(COUNT),
+    "reset": _choice(("succeeds", "fails")),  # what nvidia-smi -r does to this GPU
 }
 KERNEL: Dict[str, Rule] = {
     "running": TEXT,

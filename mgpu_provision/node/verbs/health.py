@@ -1,7 +1,7 @@
 """The `health` part of facts: ECC (DRAM and SRAM), memory repair, NVLink errors, the driver's recovery
 action, clock events and violation time, power (management and enforced limit), compute and MIG modes and
-fabric state and health per GPU, the Xids and NVSwitch SXids logged since boot, and the kernel module's
-readiness.
+fabric state and health per GPU, the Xids and NVSwitch SXids logged since boot (those before a GPU's
+recorded reset marked `cleared`: resets.py), and the kernel module's readiness.
 
 Counters are judged as rates, not totals: each one's change since the node's previous sample this boot
 (kept in the state folder, health_rates.py) comes with it, and with the interval it covers.
@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ..host.pci import same_slot
 from ..nvidia import backend as nv  # NVML's codes and names, read by each health reader
 from ..nvidia.backend import Backend
-from . import health_rates
+from . import health_rates, resets
 
 Gpu = Dict[str, Any]
 
@@ -60,11 +60,16 @@ def health_facts(
     if kernel is None:
         skipped.host.append("kernel: not read (no /lib/modules, or a twin without `kernel`)")
     known = [(g["index"], g["pci_bus_id"]) for g in gpus + lost if g.get("pci_bus_id")]
-    found = {
+    xids: List[Dict[str, Any]] = [
+        {"gpu": _gpu_at(address, known), "pci_bus_id": address, "code": code} for address, code in events
+    ]
+    cleared, note = resets.read(state_dir, backend.boot_id())
+    resets.mark_cleared(xids, cleared)
+    if note:
+        skipped.host.append(note)
+    found: Dict[str, Any] = {
         "gpus": [gpu_health(backend, gpu, skipped) for gpu in gpus],
-        "xid": [
-            {"gpu": _gpu_at(address, known), "pci_bus_id": address, "code": code} for address, code in events
-        ],
+        "xid": xids,
         "sxid": [
             {"switch": switch, "pci_bus_id": address, "code": code, "fatal": fatal}
             for switch, address, code, fatal in switch_events
