@@ -21,8 +21,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..core.atomic import atomic_write
-from ..host.pci import same_slot
+from ...catalog.pci import same_slot
 
 RESET_FILE = "gpu-resets.json"
 VERSION = 1
@@ -71,6 +70,8 @@ def mark_cleared(events: List[Dict[str, Any]], resets: Dict[str, Dict[str, Any]]
 def record(state_dir: str, boot_id: str, addresses: List[str], events: List[Tuple[str, int]]) -> None:
     """After a successful reset of the GPUs at `addresses`: remember how many of this boot's Xid lines
     (`events`, the log as read right after the reset) are theirs, beside the other GPUs' earlier resets."""
+    from ..core.atomic import atomic_write  # tempfile: only a reset writes, every facts call reads
+
     kept, _ = read(state_dir, boot_id)
     now = time.time()
     for address in addresses:
