@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,9 +156,15 @@ def test_apply_writes_gres_conf_and_the_nodes_register_idle_with_logical_cores(
     assert cluster.node_state("nb")["State"].startswith("IDLE")
 
 
-def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_only_its_own_drain(
+HEALTH_ENV = "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURMD_NODENAME=na"
+
+
+def health_checked_node(
     test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
-) -> None:
+) -> tuple[TestHost, Callable[[str], subprocess.CompletedProcess[str]]]:
+    """Node na of a running cluster, applied with the node check as slurmd's HealthCheckProgram; and how to
+    run an installed program on it as slurmd runs that one: root, only PATH and SLURMD_NODENAME (no
+    SLURM_CONF), plus the twin that stands for this box's NVIDIA layer."""
     (host,) = slurm_hosts(test_hosts, cluster, ("na",))
     rig = test_hosts.write_rig(
         tmp_path / "rig.yaml",
@@ -181,12 +188,20 @@ def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_on
     assert code == 0, report
     cluster.wait_state("na", ["IDLE"])
 
+    def as_slurmd(program: str) -> subprocess.CompletedProcess[str]:
+        env = f"{HEALTH_ENV} MGPU_PROVISION_SIMULATE={host.twin_path}"
+        return host.run_in_ns(f"{env} {program}", check=False)
+
+    return host, as_slurmd
+
+
+def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_only_its_own_drain(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    host, as_slurmd = health_checked_node(test_hosts, cluster, tmp_path)
+
     def health_check() -> None:
-        # As slurmd runs HealthCheckProgram: root, only PATH and SLURMD_NODENAME (no SLURM_CONF), plus the
-        # twin that stands for this box's NVIDIA layer.
-        env = "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURMD_NODENAME=na"
-        env += f" MGPU_PROVISION_SIMULATE={host.twin_path}"
-        host.run_in_ns(f"{env} /usr/local/bin/mgpu-provision-slurm-health")
+        assert as_slurmd("/usr/local/bin/mgpu-provision-slurm-health").returncode == 0
 
     sick = twin(2)
     sick["gpus"][1]["health"] = {"xid": [79]}  # fallen off the bus
@@ -217,6 +232,73 @@ def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_on
     health_check()
     state = cluster.node_state("na")
     assert "DRAIN" in state["State"] and state["Reason"].startswith("mgpu: apply"), state
+
+
+def test_a_thermal_violation_or_a_next_boot_kernel_warns_and_never_drains_the_node(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # Issue 38: DCGM's MonitorThermal only warns on thermal violation time, and a next boot's kernel without
+    # the module is a risk on a box that works now. The node check exits 0 with WARN lines; the real health
+    # script on the real slurmd then runs no `scontrol update`: the node stays IDLE, no drain, no reason.
+    host, as_slurmd = health_checked_node(test_hosts, cluster, tmp_path)
+    hot = twin(2)
+    hot["gpus"][1]["health"] = {"violation_ms": {"thermal": 1000}}
+    host.set_twin(hot)
+    assert as_slurmd("/usr/local/bin/mgpu-provision-check").returncode == 0  # the first sample: a window
+    hot["gpus"][1]["health"] = {"violation_ms": {"thermal": 4000}}
+    host.set_twin(hot)
+    kernel = twin(2)
+    kernel["kernel"] = {
+        "running": "6.8.0-45-generic",
+        "installed": ["6.8.0-45-generic", "6.8.0-47-generic"],
+        "nvidia_module_for": ["6.8.0-45-generic"],
+    }
+    before = cluster.node_state("na")
+    for box, check in ((hot, "throttle"), (kernel, "kernel")):
+        host.set_twin(box)
+        said = as_slurmd("/usr/local/bin/mgpu-provision-check")
+        assert said.returncode == 0 and said.stdout.startswith(f"WARN {check}: "), said.stdout + said.stderr
+        # The script's own run judges the same window (the sample a minute is kept: health_rates.py).
+        assert as_slurmd("/usr/local/bin/mgpu-provision-slurm-health").returncode == 0
+        state = cluster.node_state("na")
+        assert state["State"] == before["State"] and "DRAIN" not in state["State"], state
+        assert state.get("Reason", "") == before.get("Reason", ""), state
+
+
+def test_recover_drains_resets_checks_and_resumes_its_own_drain_and_leaves_an_admins(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    (host,) = slurm_hosts(test_hosts, cluster, ("na",), GRES_LINE)
+    pair = {"gpus": {"model": MODEL, "count": 2}, "slurm": {"restart_command": [RESTART]}}
+    rig = str(test_hosts.write_rig(tmp_path / "rig.yaml", [host], rigs={"pair": pair}))
+    known = ["--known-hosts", str(test_hosts.known_hosts)]
+    cluster.start(slurmd=False)  # apply writes gres.conf and starts slurmd
+    code, report = cli_out("apply", rig, *known, "--yes", "--json")
+    assert code == 0, report
+    cluster.wait_state("na", ["IDLE"])
+    sick = twin(2)
+    sick["gpus"][1]["health"] = {"xid": [119]}  # GSP RPC timeout: the catalog's RESET_GPU
+    host.set_twin(sick)
+
+    code, report = cli_out("recover", rig, *known, "--yes", "--json")
+    assert code == 0, report
+    na = json.loads(report)["hosts"]["na"]
+    assert [s["step"] for s in na["steps"]] == ["judge", "drain", "reset", "check", "resume"], na
+    assert "this run's" in na["steps"][1]["words"], na
+    state = cluster.wait_state("na", ["IDLE"])
+    assert "DRAIN" not in state["State"], state  # resumed: the drain was its own
+
+    # An admin's drain stays, reason and all: recover resets under it and lifts nothing.
+    sick["gpus"][1]["health"] = {"xid": [119, 119]}  # a new Xid after the recorded reset
+    host.set_twin(sick)
+    cluster.scontrol("update", "nodename=na", "state=drain", "reason=disk swap")
+    code, report = cli_out("recover", rig, *known, "--yes", "--json")
+    assert code == 0, report
+    na = json.loads(report)["hosts"]["na"]
+    assert [s["step"] for s in na["steps"]] == ["judge", "drain", "reset", "check"], na
+    assert "already drained: disk swap" in na["steps"][1]["words"], na
+    state = cluster.node_state("na")
+    assert "DRAIN" in state["State"] and state["Reason"].startswith("disk swap"), state
 
 
 def _profile_script(host: TestHost) -> Path:
