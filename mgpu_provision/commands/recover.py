@@ -98,8 +98,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "recover",
         help="reset or reboot the GPUs whose findings ask for it (dry run unless --yes)",
         description=(
-            "Bring back GPUs the checks say need a reset or a reboot (an Xid whose resolution in NVIDIA's\n"
-            "catalog is RESET_GPU or RESTART_BM, NVML's recovery action, a pending memory repair).\n\n"
+            "Reset or reboot the GPUs whose findings ask for it.\n\n"
+            "What asks for it: an Xid whose resolution in NVIDIA's catalog is RESET_GPU or RESTART_BM,\n"
+            "NVML's recovery action, a pending memory repair, uncorrectable volatile ECC errors.\n"
             "Per host: drain it in Slurm when the rig runs slurmd (reason 'mgpu: recover') and wait for its\n"
             "jobs; wait until no process holds the GPU (--wait); reset it (nvidia-smi -r -i N; every GPU\n"
             "together on an NVSwitch rig); check again; resume the drain only if this run set it. A reset\n"
