@@ -27,8 +27,8 @@ from ..fleet.session import AgentSession
 from ..judge.records import FAIL, Finding
 from ..judge.verdict import judge_node
 from ..plan import expectation
+from ..plan.files import node_path
 from ..plan.host import facts_request
-from ..plan.resources.envfiles import node_path
 from ..rig.models import Host
 from ..rig.rig import LoadedRig
 from .apply import LOCK_FILE, ApplySettings, ReopenableSession, _reboot_and_wait
@@ -109,7 +109,7 @@ def recover_host(
     """The steps of one host, each said as it ends; a ProvisionError is the host's error."""
     done = HostRecovery(host.name)
     rig = loaded.rig_of(host)
-    expect = expectation.build(loaded, host)
+    expect = expectation.for_rig(rig, host, loaded.topologies.get(host.rig))  # health, not drift
     request = facts_request(loaded, host)
     state_dir = node_path(loaded, host, loaded.spec.files.state_dir)
     lock = node_path(loaded, host, f"{loaded.spec.files.state_dir.rstrip('/')}/{LOCK_FILE}")
