@@ -50,8 +50,9 @@ RECOVERY_BY_ACTION = {
 # GPU in a bad state (azurehpc's azure_gpu_ecc.nhc fails above 512 too).
 RETIRED_PAGES_LIMIT = 63
 ROW_REMAP_UNCORRECTABLE_LIMIT = 512
-# DCGM_LIMIT_MAX_NVLINK_ERROR (replay or recovery errors in a minute: fail) and _CRC_ERROR ("CRC errors
-# only matter at rates of 100+ per second"); NVLink5 (Blackwell) counters fail on any rise in the minute.
+# DCGM_LIMIT_MAX_NVLINK_ERROR (replay or recovery errors in a minute: fail; MonitorNVLink4Fields fails any
+# increase within its window) and _CRC_ERROR ("CRC errors only matter at rates of 100+ per second");
+# NVLink5 (Blackwell) counters fail on any rise in the window, a failed recovery on any total.
 NVLINK_PER_MINUTE_LIMIT = 1.0
 NVLINK_CRC_PER_SECOND_LIMIT = 100.0
 NVLINK_PER_MINUTE_COUNTERS = ("replay", "recovery", "recovery_events", "recovery_failed", "symbol")
@@ -245,12 +246,32 @@ def _memory_repair(expect: Expectation, gpu: GpuHealth, window: Window) -> List[
 
 
 def _nvlink_errors(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:
-    """Each link's counters as rates over the interval (replay, recovery and the NVLink5 counters per
-    minute, CRC per second); from an agent that reports no changes, the totals against nvlink_error_max."""
-    index, (_, interval) = gpu["index"], window
+    """Each link's counters over the interval the node measured: over a sampled window, as DCGM judges
+    its one-minute window, any rise of replay, recovery or the NVLink5 counters fails (CRC: 100 per second);
+    since boot (no earlier sample) the same as rates (1 per minute). A failed link recovery
+    (`recovery_failed`) is lasting, as DCGM's NVLINK_RECOVERY_FAILED_TOTAL > 0 fails: its total is judged,
+    whatever the window. From an agent that reports no changes, the totals against nvlink_error_max."""
+    index, (since, interval) = gpu["index"], window
     findings = []
     for link in gpu.get("nvlink_errors") or ():
         where = f"GPU {index} link {link['link']}"
+        failed = link.get("recovery_failed")
+        if failed:
+            message = f"{where}: {failed} failed link recover{'y' if failed == 1 else 'ies'} this boot"
+            advice = "the link stays down until the GPU is reset; " + REPLACE_LINK
+            current = f"{failed} failed"
+            findings.append(
+                Finding(
+                    "nvlink-errors",
+                    message,
+                    current,
+                    "0",
+                    index,
+                    "recovery-failed",
+                    advice=advice,
+                    recovery="reset",
+                )
+            )
         change = link.get("change")
         if change is None or not interval:
             limit = expect.nvlink_error_max
@@ -265,10 +286,13 @@ def _nvlink_errors(expect: Expectation, gpu: GpuHealth, window: Window) -> List[
                 )
             continue
         minutes = interval / 60.0
+        windowed = since == "sample"
         over = [
-            f"{name} {change[name] / minutes:.1f}/min"
+            f"{name} +{change[name]}" if windowed else f"{name} {change[name] / minutes:.1f}/min"
             for name in NVLINK_PER_MINUTE_COUNTERS
-            if change.get(name) and change[name] / minutes >= NVLINK_PER_MINUTE_LIMIT
+            if name != "recovery_failed"
+            and change.get(name)
+            and (windowed or change[name] / minutes >= NVLINK_PER_MINUTE_LIMIT)
         ]
         crc = change.get("crc") or 0
         if crc / interval >= NVLINK_CRC_PER_SECOND_LIMIT:
@@ -276,9 +300,10 @@ def _nvlink_errors(expect: Expectation, gpu: GpuHealth, window: Window) -> List[
         if over:
             message = f"{where}: {', '.join(over)} over the last {_duration(interval)}"
             desired = (
-                f"< {NVLINK_PER_MINUTE_LIMIT:g} replay/recovery per minute, "
-                f"< {NVLINK_CRC_PER_SECOND_LIMIT:g} CRC per second"
-            )
+                "no replay/recovery error in the window"
+                if windowed
+                else f"< {NVLINK_PER_MINUTE_LIMIT:g} replay/recovery per minute"
+            ) + f", < {NVLINK_CRC_PER_SECOND_LIMIT:g} CRC per second"
             findings.append(
                 Finding("nvlink-errors", message, ", ".join(over), desired, index, advice=REPLACE_LINK)
             )

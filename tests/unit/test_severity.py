@@ -3,12 +3,15 @@ says, one case per severity and per Xid class, each naming where the verdict com
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mgpu_provision.judge import health, xids
 from mgpu_provision.judge.records import Expectation
+from tests.factories import facts_from_twin, rtx3090_twin
 
 PAIR = Expectation(gpu_model="NVIDIA GeForce RTX 3090", gpu_count=2, critical_xids=xids.CRITICAL)
 WINDOW = {"counters_since": "sample", "counters_interval_s": 60.0}
@@ -111,3 +114,21 @@ def test_an_xid_a_reset_cleared_is_not_judged_again() -> None:
     facts["health"]["xid"][0]["cleared"] = True
     facts["health"]["xid"].append({"gpu": 0, "pci_bus_id": "00000000:01:00", "code": 79, "cleared": True})
     assert health.health(facts, PAIR) == []
+
+
+def test_the_link_a_failed_recovery_took_down_is_still_read_and_fails(tmp_path: Path) -> None:
+    # Before issue 38 only active links were read: the link a failed NVLink5 recovery took down was never
+    # counted. DCGM MonitorNVLink5Fields fails NVLINK_RECOVERY_FAILED_TOTAL > 0, whatever its window.
+    twin = rtx3090_twin(nvlink_down=[{"gpu": 0, "link": 2}])
+    twin["gpus"][0]["health"] = {
+        "nvlink_error_api": "fields",
+        "nvlink_errors": [{"link": 2, "recovery_failed": 1}],
+    }
+    path = tmp_path / "twin.json"
+    path.write_text(json.dumps(twin))
+    facts = facts_from_twin(path).model_dump()
+    found = [f for f in health.health(facts, PAIR) if f.check == "nvlink-errors"]
+    assert [(f.gpu, f.kind, f.severity, f.recovery) for f in found] == [
+        (0, "recovery-failed", "fail", "reset")
+    ]
+    assert "link 2: 1 failed link recovery" in found[0].message

@@ -162,10 +162,16 @@ def fabric_problems(mask: int) -> List[str]:
 def nvlink_errors(backend: Backend, gpu: Gpu, skipped: NotChecked) -> List[Dict[str, Any]]:
     """Error counters of the GPU's active links: the counter call, or where it answers NotSupported
     (Blackwell, as nvml.h says) the link's field values; a link neither can read is left out (and the GPU
-    named once in `not_checked`)."""
+    named once in `not_checked`). An inactive link is listed only with its failed recoveries."""
     found = []
     for link in gpu["nvlinks"]:
         if not link["active"]:
+            # The link a failed recovery took down is inactive: its field values (NVLink5) still say so.
+            fields = backend.nvlink_error_fields(gpu["index"], link["link"])
+            if fields.get("recovery_failed"):
+                found.append(
+                    {"link": link["link"], "recovery_failed": fields["recovery_failed"], "source": "fields"}
+                )
             continue
         read = [
             backend.nvlink_error_counter(gpu["index"], link["link"], counter)
