@@ -289,6 +289,7 @@ class GpuHealth(Fact):
     sram_threshold_exceeded: bool | None = Field(
         None, description="the driver's SRAM error threshold verdict"
     )
+    memory_unrepairable: bool | None = Field(None, description="NVML's unrepairable-memory flag")
     change: dict[str, int] | None = Field(
         None, description="ECC and violation counters' rise over HostHealth.counters_interval_s"
     )

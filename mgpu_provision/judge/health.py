@@ -206,6 +206,9 @@ def _memory_repair(expect: Expectation, gpu: GpuHealth, window: Window) -> List[
     index = gpu["index"]
     reset = f"reset required: reset GPU {index} (nvidia-smi -r -i {index}) or reboot"
     replace = "replace the GPU"
+    if gpu.get("memory_unrepairable"):  # DCGM MonitorMemUnrepairableFlag: FAIL
+        message = f"GPU {index} has memory it cannot repair (NVML's unrepairable-memory flag)"
+        return [Finding("memory-repair", message, "unrepairable", "repairable", index, advice=replace)]
     if gpu.get("remapped_rows_failure"):
         message, advice = (
             f"row remapping failed on GPU {index}",

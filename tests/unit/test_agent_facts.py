@@ -525,6 +525,7 @@ gpus:
       lost: false
       p2p_ok_with: [1]
       reset: succeeds
+      memory_unrepairable: false
   - name: "NVIDIA A100-SXM4-80GB"
     memory_mib: 81920
 kernel: {running: "6.8.0-45-generic", installed: ["6.8.0-45-generic", "6.8.0-47-generic"],

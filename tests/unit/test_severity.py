@@ -73,6 +73,7 @@ CASES = [
     ),
     (one_gpu(remapped_rows_failure=True), "memory-repair", "fail", None, "DCGM MonitorMemRowRemapFailures"),
     (one_gpu(retired_pages=63), "memory-repair", "fail", None, "DCGM MonitorMemSbeDbeRetiredPages"),
+    (one_gpu(memory_unrepairable=True), "memory-repair", "fail", None, "DCGM MonitorMemUnrepairableFlag"),
     (one_gpu(ecc_volatile_uncorrectable=2), "ecc", "fail", "reset", "DCGM MonitorMemVolatileDbes: FAIL"),
     (
         one_gpu(change={"violation_thermal_ms": 2500}),
@@ -132,3 +133,14 @@ def test_the_link_a_failed_recovery_took_down_is_still_read_and_fails(tmp_path: 
         (0, "recovery-failed", "fail", "reset")
     ]
     assert "link 2: 1 failed link recovery" in found[0].message
+
+
+def test_the_unrepairable_memory_flag_is_read_from_the_twin_and_fails(tmp_path: Path) -> None:
+    twin = rtx3090_twin()
+    twin["gpus"][1]["health"] = {"memory_unrepairable": True}
+    path = tmp_path / "twin.json"
+    path.write_text(json.dumps(twin))
+    facts = facts_from_twin(path).model_dump()
+    found = health.health(facts, PAIR)
+    assert [(f.check, f.gpu, f.severity) for f in found] == [("memory-repair", 1, "fail")]
+    assert "cannot repair" in found[0].message

@@ -323,6 +323,11 @@ class Backend(abc.ABC):
         """The driver's own verdict that SRAM uncorrectable errors passed its threshold (R550+)."""
 
     @abc.abstractmethod
+    def memory_unrepairable(self, gpu: int) -> Optional[bool]:
+        """nvmlDeviceGetUnrepairableMemoryFlag_v1: the GPU has memory it cannot repair (DCGM 4.6
+        MonitorMemUnrepairableFlag: FAIL)."""
+
+    @abc.abstractmethod
     def nvlink_error_counter(self, gpu: int, link: int, counter: int) -> Optional[int]: ...
 
     @abc.abstractmethod

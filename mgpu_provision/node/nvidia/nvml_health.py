@@ -105,6 +105,12 @@ class RealHealth:
             return None
         return bool(status.bThresholdExceeded)
 
+    def memory_unrepairable(self, gpu: int) -> Optional[bool]:
+        if not hasattr(self._nvml, "nvmlDeviceGetUnrepairableMemoryFlag_v1"):
+            return None  # a bundled pynvml older than the call
+        found = self._first(gpu, ("nvmlDeviceGetUnrepairableMemoryFlag_v1",))
+        return None if found is None else bool(found)
+
     def kernel_readiness(self) -> Optional[Dict[str, Any]]:
         # A module of another driver version does not count as built (it fails to load).
         return kernel.readiness(driver_version=self.installed_version())

@@ -141,6 +141,10 @@ class SimulatedHealth:
         found = (self._health(gpu).get("ecc") or {}).get("sram_threshold_exceeded")
         return None if found is None else bool(found)
 
+    def memory_unrepairable(self, gpu: int) -> Optional[bool]:
+        found = self._health(gpu).get("memory_unrepairable")
+        return None if found is None else bool(found)
+
     def retired_pages(self, gpu: int) -> Optional[Tuple[bool, int]]:
         pages = self._health(gpu).get("retired_pages")
         return None if pages is None else (pages.get("pending", False), pages.get("count", 0))

@@ -118,6 +118,7 @@ def gpu_health(backend: Backend, gpu: Gpu, skipped: NotChecked) -> Dict[str, Any
         "remapped_rows_uncorrectable": None if rows is None else rows[0],
         "remapped_rows_pending": None if rows is None else rows[1],
         "remapped_rows_failure": None if rows is None else rows[2],
+        "memory_unrepairable": backend.memory_unrepairable(index),
         "nvlink_errors": nvlink_errors(backend, gpu, skipped),
         "throttle": None if reasons is None else [name for bit, name in nv.CLOCK_EVENTS if reasons & bit],
         "power_limit_w": None if power is None else round(power[0] / 1000),
