@@ -73,6 +73,9 @@ NVLINK_FIELDS = (
 )
 # nvmlPerfPolicyType_t of nvmlDeviceGetViolationStatus: the clock-limit time DCGM's health watch reads.
 VIOLATION_POLICIES = ((0, "power"), (1, "thermal"), (3, "board_limit"), (5, "reliability"))
+# The field values that replace nvmlDeviceGetViolationStatus (deprecated in CUDA 13's nvml.h, removed in
+# 14): NVML_FI_DEV_PERF_POLICY_POWER 74, _THERMAL 75, _BOARD_LIMIT 77, _RELIABILITY 79, in ns (nvml.h).
+VIOLATION_FIELDS = {0: 74, 1: 75, 3: 77, 5: 79}
 MEMORY_LOCATION_DRAM, MEMORY_LOCATION_SRAM = 2, 7
 XidEvent = Tuple[str, int]  # (PCI domain:bus:device as the kernel log prints it, Xid code)
 SXidEvent = Tuple[str, str, int, bool]  # (nvidia-nvswitchN, its PCI address, SXid code, fatal)

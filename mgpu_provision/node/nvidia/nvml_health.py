@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..core import system
 from . import kernel
-from .backend import FI_GPU_RECOVERY_ACTION, NVLINK_FIELDS, SXidEvent, XidEvent
+from .backend import FI_GPU_RECOVERY_ACTION, NVLINK_FIELDS, VIOLATION_FIELDS, SXidEvent, XidEvent
 
 
 class RealHealth:
@@ -82,7 +82,13 @@ class RealHealth:
         return {name: found[position] for position, (_, name) in enumerate(NVLINK_FIELDS)}
 
     def violation_ns(self, gpu: int, policy: int) -> Optional[int]:
-        found = self._optional(lambda: self._nvml.nvmlDeviceGetViolationStatus(self._handle(gpu), policy))
+        """The policy's field value (NVML_FI_DEV_PERF_POLICY_*), else the deprecated
+        nvmlDeviceGetViolationStatus where the driver answers only that (CUDA 14's libnvidia-ml lacks it)."""
+        field = self._fields(gpu, [(VIOLATION_FIELDS[policy], 0)])[0]
+        if field is not None:
+            return field
+        call = getattr(self._nvml, "nvmlDeviceGetViolationStatus", None)
+        found = None if call is None else self._optional(lambda: call(self._handle(gpu), policy))
         return None if found is None else int(found.violationTime)
 
     def enforced_power_limit_mw(self, gpu: int) -> Optional[int]:
