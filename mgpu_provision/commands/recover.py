@@ -93,6 +93,17 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def _seconds(text: str) -> float:
+    """A wait in seconds: 0 up to a day (the node's gpu-reset takes at most that)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError("must be between 0 and 86400 seconds")
+    return value
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "recover",
@@ -120,21 +131,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("-y", "--yes", action="store_true", help="carry out the steps (default: a dry run)")
     parser.add_argument(
         "--wait",
-        type=float,
+        type=_seconds,
         default=300.0,
         metavar="S",
         help="how long processes may still hold a GPU before its reset is given up (default 300)",
     )
     parser.add_argument(
         "--drain-timeout",
-        type=float,
+        type=_seconds,
         default=3600.0,
         metavar="S",
         help="how long a drained node's Slurm jobs may take to end (default 3600)",
     )
     parser.add_argument(
         "--reboot-timeout",
-        type=float,
+        type=_seconds,
         default=900.0,
         metavar="S",
         help="how long a rebooted box may take to come back (default 900)",
