@@ -13,8 +13,8 @@ import pytest
 
 from mgpu_provision import cli
 from mgpu_provision.node.verbs.resets import RESET_FILE
-from tests.factories import pair_rig_file, rtx3090_twin
-from tests.hosts import MANAGED_DIRS, HostFactory, TestHost
+from tests.support.factories import pair_rig_file, rtx3090_twin
+from tests.support.hosts import MANAGED_DIRS, HostFactory, TestHost
 
 pytestmark = pytest.mark.e2e
 

@@ -20,8 +20,8 @@ from mgpu_provision.node.nvidia import kernel
 from mgpu_provision.node.nvidia.nvml_real import RealBackend
 from mgpu_provision.node.verbs import resets
 from mgpu_provision.node.verbs.facts import nvidia_facts
-from tests.factories import rtx3090_twin
-from tests.unit.test_agent_nvml_real import ScriptedNvml
+from tests.support.factories import rtx3090_twin
+from tests.support.nvml import ScriptedNvml
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernel"
 PAIR = Expectation("NVIDIA GeForce RTX 3090", 2, critical_xids=xids.CRITICAL)

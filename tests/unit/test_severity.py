@@ -11,7 +11,7 @@ import pytest
 
 from mgpu_provision.judge import health, xids
 from mgpu_provision.judge.records import Expectation
-from tests.factories import facts_from_twin, rtx3090_twin
+from tests.support.factories import facts_from_twin, rtx3090_twin
 
 PAIR = Expectation(gpu_model="NVIDIA GeForce RTX 3090", gpu_count=2, critical_xids=xids.CRITICAL)
 WINDOW = {"counters_since": "sample", "counters_interval_s": 60.0}
