@@ -339,11 +339,11 @@ def gpu_list(required: bool = False) -> Arg:
 # here, after the GPU list it takes.
 VERB_ARGS["gpu-reset"] = {
     "gpus": gpu_list(required=True),
-    "together": flag(required=True),
-    "wait_s": number(0, 86400, required=True),
+    "together": with_default(flag(), False),
+    "wait_s": with_default(number(0, 86400), 300.0),  # how long processes may still hold the GPUs
     "state_dir": optional_text(),  # where the reset is recorded: the node check judges Xids after it
     "lock": line(),
-    "lock_wait_s": number(required=True),
+    "lock_wait_s": with_default(number(), LOCK_WAIT_S),
 }
 
 

@@ -32,7 +32,7 @@ def run(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
     reset itself failed."""
     gpus, together, wait_s = list(args["gpus"]), bool(args["together"]), float(args["wait_s"])
     wait_lock = float(args["lock_wait_s"])
-    lock = HostLock(str(args["lock"]), wait_lock, holder="gpu-reset") if args.get("lock") else None
+    lock = HostLock(str(args["lock"]), wait_lock, holder="gpu-reset") if args["lock"] else None
     if lock is not None:
         lock.__enter__()
     try:
@@ -60,7 +60,7 @@ def run(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         if held:
             return reply
         error = backend.reset_gpus(gpus, together)
-        if error is None and args.get("state_dir"):
+        if error is None and args["state_dir"]:
             _source, events, _switches = backend.kernel_events()
             resets.record(str(args["state_dir"]), backend.boot_id(), addresses, events)
         reply.update(reset=error is None, error=error)
