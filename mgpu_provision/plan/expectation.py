@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ..judge.records import Expectation
 from ..node.nvidia.topology import TopoMatrix
 from ..rig.cards import fabric_manager_elsewhere
-from ..rig.models import Host, Rig
+from ..rig.models import Cdi, Host, Rig
 
 if TYPE_CHECKING:
     from ..rig import LoadedRig
@@ -44,6 +44,10 @@ def for_rig(
         nvlink_error_max=health.nvlink_error_max,
         os=host.os,
         files=dict(files or {}),
+        containers=rig.containers is not None,
+        toolkit_version=None if rig.containers is None else rig.containers.toolkit,
+        cdi_spec=(Cdi() if rig.containers is None else rig.containers.cdi).output,
+        runtimes=() if rig.containers is None else tuple(rig.containers.runtimes),
     )
 
 

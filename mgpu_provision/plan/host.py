@@ -20,6 +20,7 @@ from .change import PHASES, Change, HostContext
 from .resources import (
     boot_unit,
     checks,
+    containers,
     driver,
     envfiles,
     fabricmanager,
@@ -50,6 +51,7 @@ DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
     mirror.diff,
     torch_probe.diff,
     driver.diff,
+    containers.diff,
     persistence.diff,
     gpu_settings.diff,
     sli.diff,
@@ -63,6 +65,7 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
     managed = envfiles.managed_paths(loaded, host)
     slurm_files = slurm.managed_paths(loaded.rig_of(host))
     smoke = loaded.spec.smoke
+    rig = loaded.rig_of(host)
     xorg = [path for path, phase in managed if phase == "sli"]
     unit = boot_unit.unit_path(loaded, host)
     checker = node_check.managed_paths(loaded, host)
@@ -80,6 +83,7 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         driver_packages=mirror.packages_of(loaded, host),
         state_dir=envfiles.node_path(loaded, host, loaded.spec.files.state_dir),
         slurm=loaded.rig_of(host).slurm is not None,
+        containers=None if rig.containers is None else rig.containers.runtimes,
     )
 
 
