@@ -1,0 +1,264 @@
+"""Containers as data: the CDI reader on nvidia-ctk's own spec, the judge's stale/missing/invalid/foreign/
+conflict findings, runtimes, the plan's Changes and phase, and the simulated nvidia-ctk's refusals.
+
+The recorded spec is NVIDIA/nvidia-container-toolkit's own test answer (tests/fixtures/cdi/); the simulated
+nvidia-ctk's spec is read back by the same reader, so writer and reader agree on one format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mgpu_provision import protocol
+from mgpu_provision.judge.containers import containers, stale
+from mgpu_provision.judge.records import Expectation, expectation_from_json, expectation_to_json
+from mgpu_provision.judge.verdict import judge_node
+from mgpu_provision.node.core.errors import AgentFailure
+from mgpu_provision.node.host import cdi
+from mgpu_provision.node.nvidia import ctk_sim
+from mgpu_provision.node.nvidia.nvml_sim import SimulatedBackend
+from mgpu_provision.plan.change import HostContext
+from mgpu_provision.plan.resources import containers as resource
+from mgpu_provision.rig.models import Host, Rig
+from tests.factories import facts, gpu
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "cdi"
+SPEC = "/etc/cdi/nvidia.yaml"
+LOADED = "550.54.15"
+EXPECT = Expectation(
+    "NVIDIA GeForce RTX 3090", 2, containers=True, toolkit_version="1.17.8", runtimes=("podman",)
+)
+
+
+def spec_record(
+    version: str = LOADED, count: int = 2, path: str = SPEC, exists: bool = True
+) -> dict[str, Any]:
+    """What the node reports for the spec the simulated nvidia-ctk writes, every path present unless not."""
+    gpus = [(g["index"], g["uuid"], g["index"]) for g in (gpu(i) for i in range(count))]
+    data = ctk_sim.spec(version, gpus, "/", "/usr/bin/nvidia-cdi-hook")
+    text = json.dumps(data) if path.endswith(".json") else ctk_sim.to_yaml(data)
+    record = cdi.parse_spec(text, path)
+    for entry in record["paths"]:
+        entry["exists"] = exists
+    return record
+
+
+def box(*specs: dict[str, Any], toolkit: str | None = "1.17.8", **more: Any) -> dict[str, Any]:
+    found = {"toolkit": toolkit, "refresh": False, "specs": list(specs)}
+    found["runtimes"] = more.pop("runtimes", {"podman": {"installed": True}})
+    document = facts(gpus=[gpu(0), gpu(1)], containers=found, **more).model_dump()
+    return document
+
+
+def test_the_reader_takes_nvidia_ctks_own_spec() -> None:
+    path = FIXTURES / "nvidia-ctk-default.yaml"
+    record = cdi.parse_spec(path.read_text(), str(path))
+    assert record["error"] is None
+    assert (record["kind"], record["cdi_version"], record["devices"]) == (
+        "example.com/device",
+        "0.5.0",
+        ["0", "all"],
+    )
+    assert {(p["role"], p["path"]) for p in record["paths"]} == {
+        ("device", "/run/nvidia/driver/dev/nvidiactl"),
+        ("device", "/run/nvidia/driver/dev/nvidia0"),
+        ("mount", "/run/nvidia/driver/lib/x86_64-linux-gnu/libcuda.so.999.88.77"),
+        ("mount", "/run/nvidia/driver/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.999.88.77"),
+        ("hook", "/usr/bin/nvidia-cdi-hook"),
+    }
+    # Judged against a box whose loaded driver is another one, the spec is stale by its libraries.
+    assert stale({"driver": {"loaded": "570.86.15"}}, record) == [
+        "mounts driver libraries 999.88.77, the loaded driver is 570.86.15"
+    ]
+
+
+def test_a_fresh_spec_passes_and_each_way_of_going_stale_is_named() -> None:
+    assert containers(box(spec_record()), EXPECT) == []
+    assert containers(box(spec_record(path="/etc/cdi/nvidia.json")), EXPECT)[0].kind == "missing"
+    [old] = containers(box(spec_record("535.161.08")), EXPECT)
+    assert (old.check, old.kind) == ("cdi", "stale")
+    assert "mounts driver libraries 535.161.08, the loaded driver is 550.54.15" in old.message
+    [gone] = containers(box(spec_record(exists=False)), EXPECT)
+    assert "8 missing: /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools …" in gone.message
+    [fewer] = containers(box(spec_record(count=1)), EXPECT)
+    assert "GPU 1 not in its devices" in fewer.message
+    [more] = containers(box(spec_record(count=3)), EXPECT)
+    assert "names device(s) 2, GPU-00000000-0000-0000-0000-000000000002 NVML does not list" in more.message
+
+
+def test_bad_specs_are_findings_and_only_the_managed_one_is_regenerated() -> None:
+    broken = cdi.parse_spec("kind: nvidia.com/gpu\ndevices: [\n", SPEC)
+    assert broken["error"].startswith("not valid YAML: line 2")
+    bad_json = cdi.parse_spec('{"kind": "nvidia.com/gpu", ', "/var/run/cdi/x.json")
+    assert bad_json["error"].startswith("not valid JSON: ")
+    [invalid] = containers(box(broken), EXPECT)
+    assert invalid.kind == "invalid"
+    # Elsewhere it is not ours: reported, and our own spec is still looked for.
+    found = containers(box(bad_json, spec_record()), EXPECT)
+    assert [(f.kind, f.message.split(" (")[0]) for f in found] == [
+        ("failed", "CDI spec /var/run/cdi/x.json cannot be read")
+    ]
+    amd = dict(spec_record(), kind="amd.com/gpu")
+    [foreign] = containers(box(amd), EXPECT)
+    assert foreign.kind == "foreign" and "another vendor's spec (kind amd.com/gpu)" in foreign.message
+    [conflict] = containers(box(spec_record(), spec_record(path="/var/run/cdi/nvidia.yaml")), EXPECT)
+    assert conflict.kind == "conflict" and conflict.summary.endswith(
+        f"remove all but {SPEC} (a runtime picks one by directory order)"
+    )
+
+
+def test_runtimes_not_installed_unconfigured_or_unreadable() -> None:
+    expect = EXPECT._replace(runtimes=("podman", "docker", "containerd", "cri-o"))
+    runtimes = {
+        "podman": {"installed": True, "configured": None},
+        "docker": {"installed": False},
+        "containerd": {"installed": True, "configured": False},
+        "cri-o": {"installed": True, "configured": False, "error": "/etc/crio/crio.conf: Permission denied"},
+    }
+    found = containers(box(spec_record(), runtimes=runtimes), expect)
+    assert [(f.desired, f.kind) for f in found] == [
+        ("docker", "not-installed"),
+        ("containerd", "unconfigured"),
+        ("cri-o", "config-invalid"),
+    ]
+
+
+def test_the_reader_reads_runtime_configs_as_nvidia_ctk_writes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon, crio = tmp_path / "daemon.json", tmp_path / "99-nvidia.toml"
+    monkeypatch.setitem(cdi.RUNTIMES, "docker", ("sh", (str(daemon),), None))
+    monkeypatch.setitem(cdi.RUNTIMES, "cri-o", ("no-such-crio", (str(crio),), "runtimes.nvidia]"))
+    assert cdi.read_runtimes(["docker", "cri-o"]) == {
+        "docker": {"installed": True, "config": None, "configured": False, "error": None},
+        "cri-o": {"installed": False, "config": None, "configured": False, "error": None},
+    }
+    daemon.write_text('{"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}')
+    assert cdi.read_runtimes(["docker"])["docker"]["configured"] is True
+    daemon.write_text('{"runtimes": ')
+    assert cdi.read_runtimes(["docker"])["docker"]["error"].startswith(f"{daemon} is not valid JSON")
+
+
+def test_the_simulated_nvidia_ctk_refuses_an_unreadable_docker_config_and_leaves_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = tmp_path / "daemon.json"
+    monkeypatch.setattr(ctk_sim, "DOCKER_CONFIG", str(daemon))
+    daemon.write_text('{"log-driver": ')
+    with pytest.raises(AgentFailure, match="unable to load config .*; nothing was changed"):
+        ctk_sim.configure_runtime("docker")
+    assert daemon.read_text() == '{"log-driver": '
+    daemon.write_text('{"log-driver": "json-file"}')
+    assert ctk_sim.configure_runtime("docker")[0]
+    assert json.loads(daemon.read_text()) == {
+        "log-driver": "json-file",
+        "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}},
+    }
+    assert ctk_sim.configure_runtime("docker") == (False, f"{daemon} already has the nvidia runtime")
+
+
+def test_the_simulated_nvidia_ctk_needs_nvml_like_the_real_one(tmp_path: Path) -> None:
+    twin = tmp_path / "twin.json"
+    twin.write_text(json.dumps({
+        "driver": {"version": "570.86.15", "loaded": LOADED},  # installed, not yet loaded: NVML mismatch
+        "gpus": [{"name": "NVIDIA GeForce RTX 3090", "memory_mib": 24576}],
+        "containers": {"toolkit": "1.17.8"},
+    }))  # fmt: skip
+    output = tmp_path / "cdi" / "nvidia.yaml"
+    step = protocol.check_step(0, protocol.cdi_generate_step(str(output), "/", "/usr/bin/nvidia-cdi-hook"))
+    with pytest.raises(AgentFailure, match="Driver/library version mismatch"):
+        SimulatedBackend(str(twin)).generate_cdi(step)
+    assert not output.exists()
+
+
+def rig(**containers: Any) -> Rig:
+    return Rig.model_validate({
+        "gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2},
+        "driver": {"version": LOADED},
+        "containers": {"toolkit": "1.17.8", "runtimes": ["podman"], **containers},
+    })  # fmt: skip
+
+
+def plan(document: dict[str, Any], the_rig: Rig | None = None) -> list[Any]:
+    from mgpu_provision.facts import Facts
+
+    ctx = HostContext(Host(name="gpu-a", rig="pair"), the_rig or rig(), Facts.model_validate(document), 2)
+    return resource.diff(ctx)
+
+
+def test_plan_regenerates_a_stale_spec_only_once_the_pinned_driver_is_loaded() -> None:
+    [change] = plan(box(spec_record("535.161.08")))
+    assert (change.resource, change.phase, change.agent_step) == (
+        "cdi",
+        "containers",
+        {"kind": "cdi-generate", "output": SPEC, "driver_root": "/", "hook_path": "/usr/bin/nvidia-cdi-hook"},
+    )
+    # The rig pins a new driver: the spec follows it after the reboot, so no step now (nvidia-ctk needs NVML).
+    upgrade = rig_with_driver("570.86.15")
+    [later] = plan(box(spec_record()), upgrade)
+    assert later.agent_step is None and "after its reboot" in later.summary
+    assert plan(box(spec_record())) == []
+
+
+def rig_with_driver(version: str) -> Rig:
+    return rig().model_copy(update={"driver": rig().driver.model_copy(update={"version": version})})  # type: ignore[union-attr]
+
+
+def test_plan_installs_the_toolkit_then_generates_and_reports_what_is_not_its_own() -> None:
+    changes = plan(box(toolkit=None))
+    assert [(c.resource, c.agent_step["kind"] if c.agent_step else None) for c in changes] == [
+        ("container-toolkit", "container-toolkit"),
+        ("cdi", "cdi-generate"),
+    ]
+    step = changes[0].agent_step
+    assert step == {"kind": "container-toolkit", "version": "1.17.8", "method": "apt", "hold": True,
+                    "packages": ["nvidia-container-toolkit", "nvidia-container-toolkit-base",
+                                 "libnvidia-container-tools", "libnvidia-container1"]}  # fmt: skip
+    amd = dict(spec_record(), kind="amd.com/gpu")
+    [foreign] = plan(box(amd))
+    assert (foreign.action, foreign.agent_step) == ("manual", None)
+    unconfigured = plan(
+        box(spec_record(), runtimes={"docker": {"installed": True, "configured": False}}),
+        rig(runtimes=["docker"]),
+    )
+    assert [c.agent_step for c in unconfigured] == [{"kind": "runtime-configure", "runtime": "docker"}]
+
+
+def test_the_refresh_service_owns_the_spec_where_it_is_enabled() -> None:
+    document = box(spec_record(path="/var/run/cdi/nvidia.yaml"))
+    document["containers"]["refresh"] = True
+    assert plan(document) == []
+
+
+def test_the_node_check_judges_containers_from_the_expectation_file() -> None:
+    expect = expectation_from_json(json.loads(json.dumps(expectation_to_json(EXPECT))))
+    assert expect == EXPECT
+    assert [f.check for f in judge_node(box(spec_record("535.161.08")), expect)] == ["cdi"]
+
+
+def test_the_door_refuses_a_cdi_step_without_its_output() -> None:
+    with pytest.raises(protocol.BadRequest, match=r"step 0 \(cdi-generate\): `output` is missing"):
+        protocol.check_step(0, {"kind": "cdi-generate"})
+
+
+def test_read_specs_reads_yaml_and_json_and_marks_missing_paths(tmp_path: Path) -> None:
+    (tmp_path / "nvidia.yaml").write_text(
+        ctk_sim.to_yaml(ctk_sim.spec(LOADED, [(0, "GPU-x", 0)], str(tmp_path), "/bin/sh"))
+    )
+    (tmp_path / "other.json").write_text(
+        '{"cdiVersion": "0.6.0", "kind": "vendor.com/net", "devices": [{"name": "a"}]}'
+    )
+    (tmp_path / "README").write_text("not a spec")
+    os.symlink("/no/such/file", tmp_path / "dangling.yaml")
+    specs = cdi.read_specs((str(tmp_path),))
+    assert [(Path(s["path"]).name, s["kind"], s["error"]) for s in specs] == [
+        ("nvidia.yaml", "nvidia.com/gpu", None),
+        ("other.json", "vendor.com/net", None),
+    ]
+    assert {p["path"]: p["exists"] for p in specs[0]["paths"]}["/bin/sh"] is True
+    assert {p["path"]: p["exists"] for p in specs[0]["paths"]}[f"{tmp_path}/dev/nvidia0"] is False
