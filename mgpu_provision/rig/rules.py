@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..catalog import families, names, sources
+from ..catalog.topology import TopoMatrix
 from ..judge.containers import CDI_SINCE, version_tuple
-from ..node.nvidia.topology import TopoMatrix
-from ..node.packages import families, names, sources
 from .cards import (
     card_class,
     fabric_manager_elsewhere,
@@ -487,7 +487,7 @@ def runfile_complete(inp: RuleInput) -> Iterator[Finding]:
                     )
 
 
-# How each package source is installed; the CUDA repository serves every family (node/packages/families.py).
+# How each package source is installed; the CUDA repository serves every family (catalog/families.py).
 SOURCE_METHODS = {
     source: tuple(method for method, served in families.METHOD_SOURCES.items() if source in served)
     for source in sources.SOURCES

@@ -150,7 +150,7 @@ def test_the_simulated_nvidia_ctk_refuses_an_unreadable_docker_config_and_leaves
     daemon = tmp_path / "daemon.json"
     monkeypatch.setattr(ctk_sim, "DOCKER_CONFIG", str(daemon))
     daemon.write_text('{"log-driver": ')
-    with pytest.raises(AgentFailure, match="unable to load config .*; nothing was changed"):
+    with pytest.raises(AgentFailure, match=r"unable to load config .*; nothing was changed"):
         ctk_sim.configure_runtime("docker")
     assert daemon.read_text() == '{"log-driver": '
     daemon.write_text('{"log-driver": "json-file"}')

@@ -1,10 +1,9 @@
 """The NVIDIA Container Toolkit on a real node: its packages at one version (held), and `nvidia-ctk` itself
 for CDI specs and runtime configs.
 
-The packages come from NVIDIA's libnvidia-container repository, all four at one version as NVIDIA's install
-guide installs them (docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html:
-nvidia-container-toolkit, nvidia-container-toolkit-base, libnvidia-container-tools, libnvidia-container1).
-The version is looked up first, so one the sources lack fails before anything changes.
+The packages (catalog/containers.py: the plan names them in the step) come from NVIDIA's
+libnvidia-container repository, all at one version; apt looks the version up first, so one the sources lack
+fails before anything changes.
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ from ..core import system
 from ..core.errors import AgentFailure
 from .common import Command, installed_debs, installed_rpms, resolve_version, run_all, upstream
 
-PACKAGES = ["nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
-            "libnvidia-container1"]  # fmt: skip
 NVIDIA_CTK = "nvidia-ctk"
 _VERSION = re.compile(r"version (\d+\.\d+\.\d+)")
 

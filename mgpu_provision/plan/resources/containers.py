@@ -10,10 +10,10 @@ Change says so and carries no step until then.
 from __future__ import annotations
 
 from ... import protocol
+from ...catalog.containers import TOOLKIT_PACKAGES
 from ...judge import containers as judge
 from ...judge import driver as judge_driver
 from ...judge.records import Finding
-from ...node.packages import toolkit
 from ...rig.models import Containers
 from ..change import Action, Change, HostContext, failed_checks
 from .driver import family_of
@@ -62,7 +62,7 @@ def _toolkit(ctx: HostContext, want: Containers, finding: Finding) -> Change:
         return Change(
             "container-toolkit", "manual", summary, finding.current, want.toolkit, phase="containers"
         )
-    step = protocol.container_toolkit_step(want.toolkit, method, want.hold, list(toolkit.PACKAGES))
+    step = protocol.container_toolkit_step(want.toolkit, method, want.hold, list(TOOLKIT_PACKAGES))
     action: Action = "update" if finding.current else "create"
     return Change("container-toolkit", action, summary, finding.current, want.toolkit, agent_step=step,
                   phase="containers")  # fmt: skip
