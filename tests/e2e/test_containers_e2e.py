@@ -129,3 +129,53 @@ def test_a_driver_upgrade_leaves_the_spec_stale_apply_regenerates_it_and_podman_
     after = sees(NEW)
     assert after.returncode == 0, after.stderr
     assert f"libcuda.so.{NEW}" in after.stdout
+
+
+def test_bad_input_is_a_plain_finding_nothing_is_overwritten_and_podman_agrees(
+    test_hosts: HostFactory, podman: Podman, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another vendor's spec at the managed path, a spec that is not JSON, a runtime that is not installed:
+    findings, not a traceback and not an overwrite; podman skips the broken file as the judge says."""
+    root = driver_root(tmp_path / "driver", OLD)
+    twin = rtx3090_twin(driver=OLD, containers={"toolkit": "1.17.8", "driver_root": str(root)})
+    host = test_hosts.start("gpu-a", twin, rig="pair")
+    foreign = 'cdiVersion: "0.5.0"\nkind: amd.com/gpu\ndevices:\n  - name: "0"\n    containerEdits: {}\n'
+    on_host(host, SPEC).write_text(foreign)
+    broken = on_host(host, "/var/run/cdi/broken.json")
+    broken.write_text('{"kind": "nvidia.com/gpu", ')
+    hook = tmp_path / "nvidia-cdi-hook"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    cdi = {"driver_root": str(root), "hook_path": str(hook)}
+    containers = {"toolkit": "1.17.8", "runtimes": ["podman", "docker"], "cdi": cdi}
+    rig = test_hosts.write_rig(
+        tmp_path / "rig.yaml",
+        [host],
+        rigs={"pair": {"gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2}, "driver": {"version": OLD},
+                       "containers": containers}},
+    )  # fmt: skip
+    common = [str(rig), "--known-hosts", str(test_hosts.known_hosts)]
+    code, plan = cli_json(capsys, "plan", *common)
+    found = {(c["resource"], c["action"]): c["summary"] for c in plan["hosts"]["gpu-a"]["changes"]}
+    assert code == 2
+    assert found[("cdi", "manual")].startswith(f"{SPEC} holds another vendor's spec (kind amd.com/gpu)")
+    assert found[("cdi", "verify-failed")].startswith(
+        "CDI spec /var/run/cdi/broken.json cannot be read (not valid JSON"
+    )
+    assert (
+        found[("runtime", "verify-failed")]
+        == "docker is not installed; the rig asks for it to run GPU containers"
+    )
+    code, done = cli_json(capsys, "apply", *common, "--yes")
+    assert code == 2 and on_host(host, SPEC).read_text() == foreign, done
+    assert host.process is not None
+    refused = podman.run_in(host.process.pid, "nvidia.com/gpu=all", "true")
+    assert refused.returncode != 0 and "unresolvable CDI devices nvidia.com/gpu=all" in refused.stderr
+
+    # The other vendor's spec moved away by a person: apply generates ours; podman skips the broken file.
+    on_host(host, SPEC).rename(on_host(host, "/etc/cdi/amd.yaml"))
+    code, done = cli_json(capsys, "apply", *common, "--yes")
+    assert any(line.startswith("cdi-generate:") for line in done["hosts"]["gpu-a"]["done"]), done
+    started = podman.run_in(host.process.pid, "nvidia.com/gpu=all", f"ls /dev/nvidia0 {LIB}/libcuda.so.{OLD}")
+    assert started.returncode == 0, started.stderr
+    assert broken.read_text() == '{"kind": "nvidia.com/gpu", '
