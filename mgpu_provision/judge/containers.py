@@ -84,6 +84,13 @@ def cdi(facts: Dict[str, Any], found: Dict[str, Any], expect: Expectation) -> Li
     if ours is None:
         message = "no CDI spec at {} for {}".format(path, kind)
         return [*findings, Finding("cdi", message, None, path, kind="missing")]
+    hooks = [
+        p["path"] for p in ours.get("paths") or () if p.get("role") == "hook" and p.get("exists") is False
+    ]
+    if hooks:  # nvidia-ctk writes the hook path it is given: generating again would not bring it
+        message = "CDI spec {} runs hook {}, which is missing".format(path, hooks[0])
+        advice = "install the toolkit's nvidia-cdi-hook, or set containers.cdi.hook_path to where it is"
+        findings.append(Finding("cdi", message, hooks[0], None, kind="failed", advice=advice))
     why = stale(facts, ours)
     if why:
         message = "CDI spec {} is stale: {}".format(path, "; ".join(why))
@@ -98,9 +105,12 @@ def spec_path(found: Dict[str, Any], expect: Expectation) -> str:
 
 
 def stale(facts: Dict[str, Any], spec: Dict[str, Any]) -> List[str]:
-    """Why a container started from `spec` would not get this box's GPUs; [] when it would."""
+    """Why a container started from `spec` would not get this box's GPUs and a new spec would; [] when it
+    would get them (a missing hook is judged apart: a new spec names it again)."""
     why = []
-    missing = [p["path"] for p in spec.get("paths") or () if p.get("exists") is False]
+    missing = [
+        p["path"] for p in spec.get("paths") or () if p.get("exists") is False and p.get("role") != "hook"
+    ]
     if missing:
         more = " …" if len(missing) > 3 else ""
         why.append("{} missing: {}{}".format(len(missing), ", ".join(missing[:3]), more))

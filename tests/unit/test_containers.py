@@ -83,8 +83,13 @@ def test_a_fresh_spec_passes_and_each_way_of_going_stale_is_named() -> None:
     [old] = containers(box(spec_record("535.161.08")), EXPECT)
     assert (old.check, old.kind) == ("cdi", "stale")
     assert "mounts driver libraries 535.161.08, the loaded driver is 550.54.15" in old.message
-    [gone] = containers(box(spec_record(exists=False)), EXPECT)
-    assert "8 missing: /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools …" in gone.message
+    hook, gone = containers(box(spec_record(exists=False)), EXPECT)
+    assert "7 missing: /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools …" in gone.message
+    # A missing hook is not fixed by generating again (the spec names the hook path it was given).
+    assert (hook.kind, hook.message) == (
+        "failed",
+        f"CDI spec {SPEC} runs hook /usr/bin/nvidia-cdi-hook, which is missing",
+    )
     [fewer] = containers(box(spec_record(count=1)), EXPECT)
     assert "GPU 1 not in its devices" in fewer.message
     [more] = containers(box(spec_record(count=3)), EXPECT)
