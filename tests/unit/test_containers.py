@@ -267,3 +267,44 @@ def test_read_specs_reads_yaml_and_json_and_marks_missing_paths(tmp_path: Path) 
     ]
     assert {p["path"]: p["exists"] for p in specs[0]["paths"]}["/bin/sh"] is True
     assert {p["path"]: p["exists"] for p in specs[0]["paths"]}[f"{tmp_path}/dev/nvidia0"] is False
+
+
+ZYPPER = ["zypper", "--non-interactive"]
+
+
+def test_the_toolkit_install_commands_lift_holds_install_at_the_version_and_hold_again() -> None:
+    from mgpu_provision.catalog.containers import TOOLKIT_PACKAGES
+    from mgpu_provision.node.packages import toolkit
+
+    names = list(TOOLKIT_PACKAGES)
+    for method, unlock, install, lock in (
+        ("dnf", ["dnf", "versionlock", "delete"], ["dnf", "install", "-y"], ["dnf", "versionlock", "add"]),
+        ("zypper", [*ZYPPER, "removelock"], [*ZYPPER, "install", "--oldpackage"], [*ZYPPER, "addlock"]),
+    ):
+        step = protocol.check_step(0, protocol.container_toolkit_step("1.17.8", method, True, names))
+        commands = toolkit.install_commands(step, "1.17.8-1" if method == "zypper" else "1.17.8")
+        sep = "=" if method == "zypper" else "-"
+        version = "1.17.8-1" if method == "zypper" else "1.17.8"
+        assert [c.argv for c in commands] == [
+            unlock + names,
+            install + [f"{n}{sep}{version}" for n in names],
+            lock + names,
+        ]
+        assert not commands[0].check  # nothing locked yet is not a failure
+
+
+def test_the_simulated_nvidia_ctk_writes_containerds_and_cri_os_drop_ins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drop_ins = {
+        name: (str(tmp_path / name / "99-nvidia.toml"), text) for name, (_, text) in ctk_sim.DROP_INS.items()
+    }
+    monkeypatch.setattr(ctk_sim, "DROP_INS", drop_ins)
+    monkeypatch.setitem(cdi.RUNTIMES, "containerd", ("sh", (drop_ins["containerd"][0],), ".runtimes.nvidia]"))
+    monkeypatch.setitem(cdi.RUNTIMES, "cri-o", ("sh", (drop_ins["cri-o"][0],), "runtimes.nvidia]"))
+    assert [cdi.read_runtimes([n])[n]["configured"] for n in ("containerd", "cri-o")] == [False, False]
+    for name in ("containerd", "cri-o"):
+        assert ctk_sim.configure_runtime(name)[0]
+        assert not ctk_sim.configure_runtime(name)[0]  # a second run changes nothing
+    assert [cdi.read_runtimes([n])[n]["configured"] for n in ("containerd", "cri-o")] == [True, True]
+    assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in Path(drop_ins["containerd"][0]).read_text()
