@@ -28,6 +28,7 @@ REFRESH_SINCE = (1, 18, 0)  # CHANGELOG.md v1.18.0-rc.1: "Add nvidia-cdi-refresh
 REFRESH_OUTPUT = "/var/run/cdi/nvidia.yaml"  # deployments/systemd/nvidia-cdi-refresh.service
 _LIBRARY = re.compile(r"/lib(cuda|nvidia-ml)\.so\.(\d+\.\d+(?:\.\d+)?)$")
 _GPU_NAME = re.compile(r"^(\d+|GPU-[0-9a-fA-F-]+)$")
+_MIG_NAME = re.compile(r"^\d+:\d+$")  # the index strategy's MIG device; MIG-<uuid> cannot name its GPU
 
 
 def version_tuple(version: str) -> Tuple[int, ...]:
@@ -123,22 +124,36 @@ def stale(facts: Dict[str, Any], spec: Dict[str, Any]) -> List[str]:
         if other:
             why.append("mounts driver libraries {}, the loaded driver is {}".format(", ".join(other), loaded))
     if nvml_ok(facts):
-        why += _device_mismatch(gpus(facts), [str(n) for n in spec.get("devices") or ()])
+        health = (facts.get("health") or {}).get("gpus") or ()
+        mig = {int(g["index"]): bool(g.get("mig")) for g in health if g.get("index") is not None}
+        why += _device_mismatch(gpus(facts), [str(n) for n in spec.get("devices") or ()], mig)
     return why
 
 
-def _device_mismatch(listed: List[Dict[str, Any]], names: List[str]) -> List[str]:
-    """The spec's GPU devices (by index or UUID: nvidia-ctk's default strategies) against NVML's GPUs."""
+def _device_mismatch(listed: List[Dict[str, Any]], names: List[str], mig: Dict[int, bool]) -> List[str]:
+    """The spec's GPU devices (by index or UUID: nvidia-ctk's default strategies) against NVML's GPUs. A GPU
+    in MIG mode has no whole-GPU device, only its MIG devices (`<gpu>:<mig>`, MIG-<uuid>), and a GPU out of
+    MIG mode none of those (pkg/nvcdi/lib-nvml.go getDeviceSpecGeneratorsForAllDevices)."""
     known = {str(g.get("index")) for g in listed} | {str(g.get("uuid")) for g in listed}
-    absent = [
-        str(g.get("index")) for g in listed if str(g.get("index")) not in names and g.get("uuid") not in names
-    ]
+    in_mig = [g for g in listed if mig.get(int(g.get("index") or 0))]
+    split = {str(g.get("index")) for g in in_mig}
+
+    def named(gpu: Dict[str, Any]) -> bool:
+        return str(gpu.get("index")) in names or gpu.get("uuid") in names
+
+    absent = [str(g.get("index")) for g in listed if g not in in_mig and not named(g)]
+    named_whole = [str(g.get("index")) for g in in_mig if named(g)]
     extra = [n for n in names if _GPU_NAME.match(n) and n not in known]
+    stray_mig = sorted({n for n in names if _MIG_NAME.match(n) and n.split(":")[0] not in split})
     why = []
     if absent:
         why.append("GPU {} not in its devices".format(", ".join(absent)))
     if extra:
         why.append("names device(s) {} NVML does not list".format(", ".join(extra)))
+    if named_whole:
+        why.append("names GPU {} whole, which is in MIG mode".format(", ".join(named_whole)))
+    if stray_mig:
+        why.append("names MIG device(s) {} of a GPU not in MIG mode".format(", ".join(stray_mig)))
     return why
 
 

@@ -308,3 +308,15 @@ def test_the_simulated_nvidia_ctk_writes_containerds_and_cri_os_drop_ins(
         assert not ctk_sim.configure_runtime(name)[0]  # a second run changes nothing
     assert [cdi.read_runtimes([n])[n]["configured"] for n in ("containerd", "cri-o")] == [True, True]
     assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in Path(drop_ins["containerd"][0]).read_text()
+
+
+def test_a_mig_change_makes_the_spec_stale_both_ways() -> None:
+    """nvidia-ctk gives a GPU in MIG mode no whole-GPU device, only MIG ones (pkg/nvcdi/lib-nvml.go)."""
+    in_mig = box(spec_record(), health={"gpus": [{"index": 0, "mig": True}, {"index": 1, "mig": False}]})
+    [whole] = containers(in_mig, EXPECT)
+    assert "names GPU 0 whole, which is in MIG mode" in whole.message
+    record = spec_record()
+    record["devices"] = ["1", "0:0", "0:1", "all"]
+    assert containers(box(record, health=in_mig["health"]), EXPECT) == []
+    [stray] = containers(box(record), EXPECT)  # MIG switched off again
+    assert "GPU 0 not in its devices; names MIG device(s) 0:0, 0:1 of a GPU not in MIG mode" in stray.message

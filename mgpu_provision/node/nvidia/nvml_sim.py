@@ -209,7 +209,9 @@ class SimulatedBackend(SimulatedHealth, Backend):
             self.open()
         except NvmlUnavailable as exc:
             raise AgentFailure("cdi", "nvidia-ctk cdi generate failed: {}".format(exc.message)) from None
-        gpus = [(index, str(gpu["uuid"]), int(gpu["minor"])) for index, gpu in enumerate(self.twin.gpus)]
+        # A GPU in MIG mode gets no whole-GPU device (pkg/nvcdi/lib-nvml.go); the twin has no MIG instances.
+        gpus = [(index, str(gpu["uuid"]), int(gpu["minor"])) for index, gpu in enumerate(self.twin.gpus)
+                if not (self.mig_mode(index) or (False, False))[0]]  # fmt: skip
         data = ctk_sim.spec(self.driver_version(), gpus, step["driver_root"], step["hook_path"])
         return ctk_sim.write_spec(step["output"], data)
 
