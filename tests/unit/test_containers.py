@@ -320,3 +320,13 @@ def test_a_mig_change_makes_the_spec_stale_both_ways() -> None:
     assert containers(box(record, health=in_mig["health"]), EXPECT) == []
     [stray] = containers(box(record), EXPECT)  # MIG switched off again
     assert "GPU 0 not in its devices; names MIG device(s) 0:0, 0:1 of a GPU not in MIG mode" in stray.message
+
+
+def test_a_broken_spec_elsewhere_does_not_keep_the_new_toolkit_from_writing_ours() -> None:
+    bad = cdi.parse_spec("{", "/var/run/cdi/x.json")
+    changes = plan(box(bad, spec_record(), toolkit="1.16.2"))
+    assert [(c.resource, c.action, c.agent_step is not None) for c in changes] == [
+        ("container-toolkit", "update", True),
+        ("cdi", "verify-failed", False),
+        ("cdi", "update", True),
+    ]

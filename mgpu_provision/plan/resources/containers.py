@@ -18,18 +18,19 @@ from ...rig.models import Containers
 from ..change import Action, Change, HostContext, failed_checks
 from .driver import family_of
 
+REGENERATED = frozenset({"missing", "stale", "invalid"})  # the cdi findings a new spec of ours fixes
+
 
 def diff(ctx: HostContext) -> list[Change]:
     want = ctx.rig.containers
     if want is None or ctx.host.os != "linux":
         return []
     findings = judge.containers(ctx.facts_json, ctx.expect)
-    toolkit_pending = any(f.check == "container-toolkit" for f in findings)
     changes: list[Change] = []
     for finding in findings:
         if finding.check == "container-toolkit":
             changes.append(_toolkit(ctx, want, finding))
-        elif finding.check == "cdi" and finding.kind in ("missing", "stale", "invalid"):
+        elif finding.check == "cdi" and finding.kind in REGENERATED:
             changes.append(_regenerate(ctx, want, finding))
         elif finding.check == "runtime" and finding.kind == "unconfigured":
             step = protocol.runtime_configure_step(str(finding.desired))
@@ -39,13 +40,15 @@ def diff(ctx: HostContext) -> list[Change]:
             changes.append(Change(finding.check, "manual", finding.summary, finding.current, finding.desired))
         else:
             changes += failed_checks([finding])
-    if toolkit_pending and not any(c.resource == "cdi" for c in changes) and _driver_settled(ctx):
+    kinds = {f.kind for f in findings if f.check == "cdi"}
+    if kinds & (REGENERATED | {"foreign"}):  # regenerated already, or not ours to write
+        return changes
+    spec = judge.spec_path(ctx.facts_json.get("containers") or {}, ctx.expect)
+    if not _driver_settled(ctx) and ctx.rig.driver is not None:
+        changes.append(_after_reboot(spec))  # the driver change of this plan: the spec follows it
+    elif any(f.check == "container-toolkit" for f in findings) and _driver_settled(ctx):
         # A new toolkit writes its own spec: generated again right after the install.
-        spec = judge.spec_path(ctx.facts_json.get("containers") or {}, ctx.expect)
         changes.append(_regenerate(ctx, want, Finding("cdi", f"regenerate {spec} with the new toolkit")))
-    if not any(c.resource == "cdi" for c in changes) and not _driver_settled(ctx) and ctx.rig.driver:
-        spec = judge.spec_path(ctx.facts_json.get("containers") or {}, ctx.expect)
-        changes.append(_after_reboot(spec))
     return changes
 
 
