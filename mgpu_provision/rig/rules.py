@@ -23,6 +23,7 @@ from pathlib import Path
 from ..catalog import families, names, sources
 from ..catalog.topology import TopoMatrix
 from ..judge.containers import CDI_SINCE, version_tuple
+from ..protocol import branch_of
 from .cards import (
     card_class,
     fabric_manager_elsewhere,
@@ -544,7 +545,7 @@ def kernel_modules_fit_architecture(inp: RuleInput) -> Iterator[Finding]:
         family = open_modules_only(rig.gpus.model)
         if driver is None or family is None:
             continue
-        branch = str(driver.branch or str(driver.version or "").split(".")[0])
+        branch = str(driver.branch or branch_of(driver.version or ""))
         if not branch.isdigit():
             continue  # driver_version_or_branch says what is missing
         if module_type(driver.flavor, rig.gpus.model, branch) == "open":
@@ -619,7 +620,7 @@ def imex_fits(inp: RuleInput) -> Iterator[Finding]:
             )
         if not driver.imex:
             continue
-        branch = str(driver.branch or str(driver.version or "").split(".")[0])
+        branch = str(driver.branch or branch_of(driver.version or ""))
         if driver.source in ("ubuntu", "debian") or driver.method == "runfile":
             where = f"the {driver.source} source" if driver.method != "runfile" else "method runfile"
             yield Finding(

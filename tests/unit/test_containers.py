@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from mgpu_provision import protocol
+from mgpu_provision.facts import Facts
 from mgpu_provision.judge.containers import containers, stale
 from mgpu_provision.judge.records import Expectation, expectation_from_json, expectation_to_json
 from mgpu_provision.judge.verdict import judge_node
@@ -22,9 +23,9 @@ from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.host import cdi
 from mgpu_provision.node.nvidia import ctk_sim
 from mgpu_provision.node.nvidia.nvml_sim import SimulatedBackend
-from mgpu_provision.plan.change import HostContext
+from mgpu_provision.plan.host import host_context
 from mgpu_provision.plan.resources import containers as resource
-from mgpu_provision.rig.models import Host, Rig
+from mgpu_provision.rig import load_rig
 from tests.factories import facts, gpu
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "cdi"
@@ -181,22 +182,29 @@ def test_the_simulated_nvidia_ctk_needs_nvml_like_the_real_one(tmp_path: Path) -
     assert not output.exists()
 
 
-def rig(**containers: Any) -> Rig:
-    return Rig.model_validate({
+def rig(driver: str = LOADED, **containers: Any) -> dict[str, Any]:
+    return {
         "gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2},
-        "driver": {"version": LOADED},
+        "driver": {"version": driver},
         "containers": {"toolkit": "1.17.8", "runtimes": ["podman"], **containers},
-    })  # fmt: skip
+    }
 
 
-def plan(document: dict[str, Any], the_rig: Rig | None = None) -> list[Any]:
-    from mgpu_provision.facts import Facts
+@pytest.fixture
+def plan(tmp_path: Path) -> Any:
+    """The containers diff for gpu-a of a rig file with `the_rig` (default: rig()) over `document`."""
 
-    ctx = HostContext(Host(name="gpu-a", rig="pair"), the_rig or rig(), Facts.model_validate(document), 2)
-    return resource.diff(ctx)
+    def diff(document: dict[str, Any], the_rig: dict[str, Any] | None = None) -> list[Any]:
+        path = tmp_path / "rig.yaml"
+        rig_file = {"hosts": [{"name": "gpu-a", "rig": "pair"}], "rigs": {"pair": the_rig or rig()}}
+        path.write_text(json.dumps(rig_file))
+        loaded = load_rig(path)
+        return resource.diff(host_context(loaded, loaded.host("gpu-a"), Facts.model_validate(document)))
+
+    return diff
 
 
-def test_plan_regenerates_a_stale_spec_only_once_the_pinned_driver_is_loaded() -> None:
+def test_plan_regenerates_a_stale_spec_only_once_the_pinned_driver_is_loaded(plan: Any) -> None:
     [change] = plan(box(spec_record("535.161.08")))
     assert (change.resource, change.phase, change.agent_step) == (
         "cdi",
@@ -204,17 +212,13 @@ def test_plan_regenerates_a_stale_spec_only_once_the_pinned_driver_is_loaded() -
         {"kind": "cdi-generate", "output": SPEC, "driver_root": "/", "hook_path": "/usr/bin/nvidia-cdi-hook"},
     )
     # The rig pins a new driver: the spec follows it after the reboot, so no step now (nvidia-ctk needs NVML).
-    upgrade = rig_with_driver("570.86.15")
+    upgrade = rig(driver="570.86.15")
     [later] = plan(box(spec_record()), upgrade)
     assert later.agent_step is None and "after its reboot" in later.summary
     assert plan(box(spec_record())) == []
 
 
-def rig_with_driver(version: str) -> Rig:
-    return rig().model_copy(update={"driver": rig().driver.model_copy(update={"version": version})})  # type: ignore[union-attr]
-
-
-def test_plan_installs_the_toolkit_then_generates_and_reports_what_is_not_its_own() -> None:
+def test_plan_installs_the_toolkit_then_generates_and_reports_what_is_not_its_own(plan: Any) -> None:
     changes = plan(box(toolkit=None))
     assert [(c.resource, c.agent_step["kind"] if c.agent_step else None) for c in changes] == [
         ("container-toolkit", "container-toolkit"),
@@ -234,7 +238,7 @@ def test_plan_installs_the_toolkit_then_generates_and_reports_what_is_not_its_ow
     assert [c.agent_step for c in unconfigured] == [{"kind": "runtime-configure", "runtime": "docker"}]
 
 
-def test_the_refresh_service_owns_the_spec_where_it_is_enabled() -> None:
+def test_the_refresh_service_owns_the_spec_where_it_is_enabled(plan: Any) -> None:
     document = box(spec_record(path="/var/run/cdi/nvidia.yaml"))
     document["containers"]["refresh"] = True
     assert plan(document) == []
@@ -322,7 +326,7 @@ def test_a_mig_change_makes_the_spec_stale_both_ways() -> None:
     assert "GPU 0 not in its devices; names MIG device(s) 0:0, 0:1 of a GPU not in MIG mode" in stray.message
 
 
-def test_a_broken_spec_elsewhere_does_not_keep_the_new_toolkit_from_writing_ours() -> None:
+def test_a_broken_spec_elsewhere_does_not_keep_the_new_toolkit_from_writing_ours(plan: Any) -> None:
     bad = cdi.parse_spec("{", "/var/run/cdi/x.json")
     changes = plan(box(bad, spec_record(), toolkit="1.16.2"))
     assert [(c.resource, c.action, c.agent_step is not None) for c in changes] == [
