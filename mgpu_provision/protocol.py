@@ -38,6 +38,9 @@ ERROR_KINDS = (
     "service",  # enabling, starting or stopping a unit
     "restart",  # the restart step's command (slurmd after gres.conf)
     "slurm",  # scontrol or srun
+    "container-toolkit",  # installing the NVIDIA Container Toolkit's packages
+    "cdi",  # nvidia-ctk cdi generate (NVML unavailable, the toolkit missing)
+    "runtime",  # nvidia-ctk runtime configure (a runtime's config it cannot read)
     "nvml",  # NVML cannot be opened or refuses a setting
     "internal",  # a bug in the agent: the traceback is on stderr
 )
