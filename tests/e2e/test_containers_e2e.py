@@ -63,40 +63,56 @@ def cli_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[
     return code, json.loads(capsys.readouterr().out)
 
 
-def test_a_driver_upgrade_leaves_the_spec_stale_apply_regenerates_it_and_podman_agrees(
-    test_hosts: HostFactory, podman: Podman, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def upgrade_box(test_hosts: HostFactory, podman: Podman, tmp_path: Path) -> tuple[list[str], Any]:
+    """A box at the old driver whose spec nvidia-ctk wrote for it, and a rig pinning the new driver with a
+    reboot allowed: the CLI's common arguments and `sees(version)`, podman's run that lists the spec's
+    device node and library of that version."""
     root = driver_root(tmp_path / "driver", OLD)
     hook = tmp_path / "nvidia-cdi-hook"  # runc runs the spec's createContainer hooks on the host
     hook.write_text("#!/bin/sh\nexit 0\n")
     hook.chmod(0o755)
     twin = rtx3090_twin(driver=OLD, containers={"toolkit": "1.17.8", "driver_root": str(root)})
     host = test_hosts.start("gpu-a", twin, rig="pair")
-    # The spec nvidia-ctk wrote for the old driver, as the box had it before the upgrade.
     cdi = {"output": str(on_host(host, SPEC)), "driver_root": str(root), "hook_path": str(hook)}
     assert SimulatedBackend(str(host.twin_path)).generate_cdi(cdi)[0]
+    containers = {
+        "toolkit": "1.17.8",
+        "runtimes": ["podman"],
+        "cdi": {"driver_root": str(root), "hook_path": str(hook)},
+    }
     rig = test_hosts.write_rig(
         tmp_path / "rig.yaml",
         [host],
-        rigs={
-            "pair": {
-                "gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2},
-                "driver": {"version": NEW, "reboot": "allowed"},
-                "containers": {
-                    "toolkit": "1.17.8",
-                    "runtimes": ["podman"],
-                    "cdi": {"driver_root": str(root), "hook_path": str(hook)},
-                },
-            }
-        },
-    )
-    common = [str(rig), "--known-hosts", str(test_hosts.known_hosts)]
-
+        rigs={"pair": {"gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2},
+                       "driver": {"version": NEW, "reboot": "allowed"}, "containers": containers}},
+    )  # fmt: skip
     assert host.process is not None
     pid = host.process.pid
 
     def sees(version: str) -> Any:
         return podman.run_in(pid, "nvidia.com/gpu=all", f"ls /dev/nvidia1 {LIB}/libcuda.so.{version}")
+
+    return [str(rig), "--known-hosts", str(test_hosts.known_hosts)], sees
+
+
+def test_one_apply_upgrades_the_driver_reboots_and_then_regenerates_the_spec(
+    test_hosts: HostFactory, podman: Podman, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common, sees = upgrade_box(test_hosts, podman, tmp_path)
+    code, done = cli_json(capsys, "apply", *common, "--yes")
+    assert code == 0, done
+    steps = [line.split(":")[0] for line in done["hosts"]["gpu-a"]["done"]]
+    assert steps.index("driver") < steps.index("cdi-generate") and done["hosts"]["gpu-a"]["rebooted"], done
+    code, plan = cli_json(capsys, "plan", *common)
+    assert (code, plan["hosts"]["gpu-a"]["changes"]) == (0, [])
+    after = sees(NEW)
+    assert after.returncode == 0 and f"libcuda.so.{NEW}" in after.stdout, after.stderr
+
+
+def test_a_driver_upgrade_leaves_the_spec_stale_apply_regenerates_it_and_podman_agrees(
+    test_hosts: HostFactory, podman: Podman, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common, sees = upgrade_box(test_hosts, podman, tmp_path)
 
     def cdi_changes(plan: dict[str, Any]) -> list[dict[str, Any]]:
         return [c for c in plan["hosts"]["gpu-a"]["changes"] if c["resource"] == "cdi"]
