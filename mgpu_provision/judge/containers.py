@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .records import Expectation, Finding, gpus, nvml_ok
 
 CDI_SINCE = (1, 12, 0)  # CHANGELOG.md v1.12.0-rc.2: "Use `nvidia-ctk cdi generate`"
-REFRESH_SINCE = (1, 18, 0)  # CHANGELOG.md v1.18.0-rc.1: "Add nvidia-cdi-refresh service"
+CDI_HOOK_SINCE = (1, 16, 0)  # CHANGELOG.md v1.16.0-rc.1: the hooks move to the nvidia-cdi-hook binary
 REFRESH_OUTPUT = "/var/run/cdi/nvidia.yaml"  # deployments/systemd/nvidia-cdi-refresh.service
 _LIBRARY = re.compile(r"/lib(cuda|nvidia-ml)\.so\.(\d+\.\d+(?:\.\d+)?)$")
 _GPU_NAME = re.compile(r"^(\d+|GPU-[0-9a-fA-F-]+)$")

@@ -416,8 +416,10 @@ class Cdi(Strict):
         "refresh service (nvidia-cdi-refresh, 1.18+) is enabled its /var/run/cdi/nvidia.yaml is kept instead",
     )
     driver_root: PathStr = Field("/", description="--driver-root: where the driver's files are (/ on a host)")
-    hook_path: PathStr = Field(
-        "/usr/bin/nvidia-cdi-hook", description="--nvidia-cdi-hook-path: the hook the spec's hooks run"
+    hook_path: PathStr | None = Field(
+        None,
+        description="--nvidia-cdi-hook-path: the program the spec's hooks run; default "
+        "/usr/bin/nvidia-cdi-hook (toolkit 1.16 and later), /usr/bin/nvidia-ctk before (its `hook` command)",
     )
 
 

@@ -334,3 +334,11 @@ def test_a_broken_spec_elsewhere_does_not_keep_the_new_toolkit_from_writing_ours
         ("cdi", "verify-failed", False),
         ("cdi", "update", True),
     ]
+
+
+def test_the_hook_is_the_toolkits_own_unless_the_rig_names_one(plan: Any) -> None:
+    """Before 1.16.0 the hooks are nvidia-ctk's `hook` command (CHANGELOG.md v1.16.0-rc.1)."""
+    [old] = plan(box(spec_record("535.161.08"), toolkit="1.15.0"), rig(toolkit="1.15.0"))
+    assert old.agent_step["hook_path"] == "/usr/bin/nvidia-ctk"
+    [named] = plan(box(spec_record("535.161.08")), rig(cdi={"hook_path": "/opt/hook"}))
+    assert named.agent_step["hook_path"] == "/opt/hook"

@@ -80,7 +80,9 @@ def generate(step: Dict[str, Any]) -> Tuple[bool, str]:
     os.makedirs(os.path.dirname(output), exist_ok=True)
     argv = [NVIDIA_CTK, "cdi", "generate", "--output={}".format(temporary), "--format={}".format(fmt),
             "--driver-root={}".format(step["driver_root"]),
-            "--nvidia-cdi-hook-path={}".format(step["hook_path"])]  # fmt: skip
+            # The flag every release takes: 1.12-1.15 call it so, 1.16+ keep it as the alias of
+            # --nvidia-cdi-hook-path (cmd/nvidia-ctk/cdi/generate/generate.go at v1.15.0, v1.16.0).
+            "--nvidia-ctk-path={}".format(step["hook_path"])]  # fmt: skip
     result = system.run(argv, timeout=300)
     if result.returncode != 0:
         if os.path.exists(temporary):

@@ -75,10 +75,19 @@ def _regenerate(ctx: HostContext, want: Containers, finding: Finding) -> Change:
     spec = judge.spec_path(ctx.facts_json.get("containers") or {}, ctx.expect)
     if not _driver_settled(ctx):
         return _after_reboot(spec, finding.summary)
-    step = protocol.cdi_generate_step(spec, want.cdi.driver_root, want.cdi.hook_path)
+    step = protocol.cdi_generate_step(spec, want.cdi.driver_root, hook_path(want))
     action: Action = "create" if finding.kind == "missing" else "update"
     summary = f"{finding.summary}: nvidia-ctk cdi generate --output={spec}"
     return Change("cdi", action, summary, finding.current, spec, agent_step=step, phase="containers")
+
+
+def hook_path(want: Containers) -> str:
+    """The rig's hook, else the toolkit's own: nvidia-ctk's `hook` command before 1.16.0, the nvidia-cdi-hook
+    binary from it (NVIDIA/nvidia-container-toolkit CHANGELOG.md v1.16.0-rc.1)."""
+    if want.cdi.hook_path is not None:
+        return want.cdi.hook_path
+    old = judge.version_tuple(want.toolkit) < judge.CDI_HOOK_SINCE
+    return "/usr/bin/nvidia-ctk" if old else "/usr/bin/nvidia-cdi-hook"
 
 
 def _after_reboot(spec: str, why: str = "") -> Change:
