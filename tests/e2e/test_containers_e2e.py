@@ -1,7 +1,7 @@
 """Containers end to end: a driver upgrade on a simulated box whose CDI spec is of the old driver, judged by
 the tool and by the real podman (Debian 12's 4.3) reading the same spec inside the test host.
 
-The twin's driver files (tests/podman.py: device nodes made with mknod as /dev/null's numbers, the driver's
+The twin's driver files (device nodes made with mknod as /dev/null's numbers, the driver's
 versioned libraries as empty files) live under a driver root of the test's own, which the spec names through
 `--driver-root`, as nvidia-ctk does for a containerized driver. The judge and the runtime must agree both
 ways: a spec the tool calls fresh starts a container that sees the spec's device node and library; one it
@@ -21,9 +21,9 @@ import pytest
 from mgpu_provision import cli
 from mgpu_provision.node.nvidia import ctk_sim
 from mgpu_provision.node.nvidia.nvml_sim import SimulatedBackend
-from tests.factories import rtx3090_twin
-from tests.hosts import MANAGED_DIRS, HostFactory, TestHost, skip_or_fail
-from tests.podman import Podman, unavailable
+from tests.support.factories import rtx3090_twin
+from tests.support.hosts import MANAGED_DIRS, HostFactory, TestHost, skip_or_fail
+from tests.support.podman import Podman, unavailable
 
 OLD, NEW = "550.54.15", "570.86.15"
 SPEC = "/etc/cdi/nvidia.yaml"

@@ -20,8 +20,8 @@ import pytest
 
 from mgpu_provision import cli
 from mgpu_provision.catalog.containers import TOOLKIT_PACKAGES
-from tests import apt_repo
-from tests.hosts import HostFactory, TestHost, loopback_address, skip_or_fail
+from tests.support import apt_repo
+from tests.support.hosts import HostFactory, TestHost, loopback_address, skip_or_fail
 
 VERSIONS = ("1.17.8", "1.18.0")
 

@@ -26,7 +26,7 @@ from mgpu_provision.node.nvidia.nvml_sim import SimulatedBackend
 from mgpu_provision.plan.host import host_context
 from mgpu_provision.plan.resources import containers as resource
 from mgpu_provision.rig import load_rig
-from tests.factories import facts, gpu
+from tests.support.factories import facts, gpu
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "cdi"
 SPEC = "/etc/cdi/nvidia.yaml"
