@@ -380,7 +380,7 @@ class CdiPath(Fact):
 
 
 class CdiSpec(Fact):
-    """One CDI spec file as the node read it (node/host/cdi.py)."""
+    """One CDI spec file as the node read it (node/verbs/containers.py)."""
 
     path: str
     error: str | None = Field(None, description="why it is not a usable spec (invalid YAML/JSON, no kind)")

@@ -20,9 +20,9 @@ from mgpu_provision.judge.containers import containers, stale
 from mgpu_provision.judge.records import Expectation, expectation_from_json, expectation_to_json
 from mgpu_provision.judge.verdict import judge_node
 from mgpu_provision.node.core.errors import AgentFailure
-from mgpu_provision.node.host import cdi
 from mgpu_provision.node.nvidia import ctk_sim
 from mgpu_provision.node.nvidia.nvml_sim import SimulatedBackend
+from mgpu_provision.node.verbs import containers as cdi
 from mgpu_provision.plan.host import host_context
 from mgpu_provision.plan.resources import containers as resource
 from mgpu_provision.rig import load_rig

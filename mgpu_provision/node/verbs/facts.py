@@ -68,7 +68,7 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
 
 def container_facts(runtimes: List[str], backend: Backend) -> Dict[str, Any]:
     """The toolkit (NVIDIA's: through the backend), the CDI specs and the runtimes' configs (the box's)."""
-    from ..host import cdi
+    from . import containers as cdi
 
     return {
         "toolkit": backend.container_toolkit(),

@@ -1,4 +1,5 @@
-"""The node's CDI specs and container runtimes, as facts: what a container asking for a GPU would be given.
+"""The facts verb's containers part: the node's CDI specs and container runtimes, what a container asking for
+a GPU would be given.
 
 A CDI spec (cncf-tags/container-device-interface SPEC.md) is a YAML or JSON file in `/etc/cdi` or
 `/var/run/cdi` that names a `kind` (vendor/class), its devices and, per device and for all of them, the
