@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 # "warn": a check that found something to say but nothing that fails the box (judge.records.SEVERITIES).
 Action = Literal["create", "update", "delete", "verify-failed", "warn", "manual"]
 # The playbook step a Change belongs to (`--tags`, `--skip-tags`): what kind of work carrying it out is.
-Phase = Literal["checks", "env", "sli", "persistence", "driver", "reboot"]
-PHASES: tuple[Phase, ...] = ("checks", "env", "sli", "persistence", "driver", "reboot")
+Phase = Literal["checks", "env", "sli", "persistence", "driver", "containers", "reboot"]
+# containers after the driver: a CDI spec names the driver's libraries and nodes.
+PHASES: tuple[Phase, ...] = ("checks", "env", "sli", "persistence", "driver", "containers", "reboot")
 
 
 @dataclass(frozen=True)

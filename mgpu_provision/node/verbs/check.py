@@ -119,7 +119,8 @@ def gather_facts(
     not answer within `budget_s`; a child that answers with an error is a CheckError. `state_dir` is the
     node's state folder: the previous counter sample (rates over a window) and the GPU reset record (Xids
     judged once) live there."""
-    args = protocol.facts_request(files=sorted(expect.files), state_dir=state_dir)
+    runtimes = list(expect.runtimes) if expect.containers else None  # the containers judge needs them
+    args = protocol.facts_request(files=sorted(expect.files), containers=runtimes, state_dir=state_dir)
     request = {"args": args, "simulate": None}
     child = subprocess.Popen(
         [sys.executable, "-S", "-I", "-c", _CHILD, agent_root()],
