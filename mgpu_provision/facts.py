@@ -371,14 +371,26 @@ class SlurmNode(Fact):
     missing_devices: list[str] = Field(
         default_factory=list, description="the GPUs' /dev/nvidia<minor> that do not exist"
     )
+    version: str | None = Field(None, description="slurmd's version (`slurmd -V`), None when unknown")
+    name: str | None = Field(
+        None, description="the NodeName slurmd registers (a running slurmd's -N, else `slurmd -C`'s)"
+    )
+    configless: str | None = Field(
+        None, description="how slurmd gets its files from the controller (configless), None: local files"
+    )
+    scontrol: str | None = Field(None, description="where scontrol is on the node, None: not found")
+    config: dict[str, str] = Field(
+        default_factory=dict, description="a few keys of `scontrol show config` (HealthCheckTimeout, ...)"
+    )
 
 
 class Facts(Fact):
     schema_version: int = FACTS_SCHEMA_VERSION
     agent_version: str
     agent_digest: str | None = Field(
-        None, description="sha256 of the agent's zipapp (what apply installs for the node check); None: "
-        "the agent runs from a source tree"
+        None,
+        description="sha256 of the agent's zipapp (what apply installs for the node check); None: "
+        "the agent runs from a source tree",
     )
     host: HostInfo
     driver: DriverInfo

@@ -199,6 +199,7 @@ VERB_ARGS["slurm-smoke"] = {
     **VERB_ARGS["smoke"],
     "action": choice("prepare", "run", "collect", required=True),
     "nodes": texts(),  # `run`: the group's Slurm node names, for srun -w
+    "srun_options": texts(),  # `run`: what the step asks Slurm for (GPUs, CPUs, partition, ...)
 }
 
 

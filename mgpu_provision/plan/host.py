@@ -87,7 +87,15 @@ def expectation_of(loaded: LoadedRig, host: Host, facts: Facts) -> Expectation:
     """What a node holds itself to once apply has run: the rig's expectation with the managed files (and
     their digests) apply writes to this host."""
     desired = envfiles.desired_files(loaded, host, facts)
-    return _expectation(loaded, host, desired + slurm.desired_files(host, loaded.rig_of(host), facts))
+    return _expectation(
+        loaded, host, desired + slurm.desired_files(host, loaded.rig_of(host), facts, _deadline(loaded))
+    )
+
+
+def _deadline(loaded: LoadedRig) -> float:
+    """The node check's deadline, which the Slurm health script fits inside slurmd's."""
+    check = loaded.spec.node_check
+    return check.deadline_s if check is not None else slurm.HEALTH_TIMEOUT_S - 15.0
 
 
 def _expectation(loaded: LoadedRig, host: Host, desired: list[envfiles.DesiredFile]) -> Expectation:
@@ -111,9 +119,9 @@ def plan_host(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
     desired = envfiles.desired_files(loaded, host, facts)
     changes += envfiles.diff_files(desired, facts)
     changes += envfiles.diff_unwanted(envfiles.unwanted_files(loaded, host), facts)
-    changes += slurm.diff(host, rig, facts)
+    changes += slurm.diff(host, rig, facts, _deadline(loaded))
     changes += boot_unit.diff(loaded, host, facts)  # after the NVML steps of its phase, which set them now
     # After the env files: the expectations it installs hold their digests.
-    managed = desired + slurm.desired_files(host, rig, facts)
+    managed = desired + slurm.desired_files(host, rig, facts, _deadline(loaded))
     changes += node_check.diff(loaded, host, facts, _expectation(loaded, host, managed))
     return sorted(changes, key=lambda c: PHASES.index(c.phase))  # stable within a step
