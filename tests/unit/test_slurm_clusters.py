@@ -234,13 +234,13 @@ def test_health_check_timeout_of_26_05_bounds_the_script(loaded: LoadedRig) -> N
     assert slurm.health_timeout_s(SlurmNode(config={"HealthCheckTimeout": "30 sec"})) == 30
     assert slurm.health_timeout_s(SlurmNode()) == 60
     short = nps4_facts(node("26.05.0", controller={"State": "IDLE"}, config={"HealthCheckTimeout": "30 sec",
-                       "HealthCheckProgram": "/usr/local/bin/other"}))  # fmt: skip
+                       "HealthCheckProgram": "(null)"}))  # fmt: skip
     found = [
         c.summary
         for c in slurm.checks(host, rig, rig.slurm, short, True, 45.0)
         if c.resource == "slurm:health"
     ]
-    assert any("HealthCheckProgram is /usr/local/bin/other" in s for s in found), found
+    assert any("sets no HealthCheckProgram" in s for s in found), found
     assert any("after 30 s (HealthCheckTimeout)" in s for s in found), found
 
 

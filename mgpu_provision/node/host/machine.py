@@ -72,17 +72,19 @@ def _memory_mib(meminfo: str) -> Optional[int]:
 
 
 def simulated_machine(
-    sockets: int, cores_per_socket: int, threads_per_core: int, memory_mib: int
+    sockets: int, cores_per_socket: int, threads_per_core: int, memory_mib: int, numa_per_socket: int = 1
 ) -> Dict[str, Any]:
     """A machine numbered as Linux numbers most x86 boxes: first every core's first thread, socket by socket,
-    then the SMT siblings in the same order (so CPU n and n + cores are one core)."""
+    then the SMT siblings in the same order (so CPU n and n + cores are one core); each socket's cores split
+    evenly over `numa_per_socket` NUMA nodes (AMD NPS2/NPS4, Intel SNC)."""
     cores = sockets * cores_per_socket
+    per_numa = max(1, cores_per_socket // numa_per_socket)
     threads = [
         {
             "cpu": thread * cores + socket * cores_per_socket + core,
             "socket": socket,
             "core": core,
-            "numa": socket,
+            "numa": socket * numa_per_socket + min(core // per_numa, numa_per_socket - 1),
         }
         for thread in range(threads_per_core)
         for socket in range(sockets)

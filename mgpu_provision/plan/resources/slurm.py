@@ -275,10 +275,11 @@ def health_script(host: Host, rig: Rig, slurm: Slurm, facts: Facts, deadline_s: 
 
 
 def desired_files(host: Host, rig: Rig, facts: Facts, deadline_s: float = 45.0) -> list[DesiredFile]:
-    """gres.conf and, with `health_check`, the HealthCheckProgram script that drains on a failed check."""
+    """gres.conf (not on a configless node: its slurmd reads the controller's) and, with `health_check`, the
+    HealthCheckProgram script that drains on a failed check."""
     if rig.slurm is None:
         return []
-    files = [DesiredFile(rig.slurm.gres_conf, gres_conf(host, rig, rig.slurm, facts), "0644", "env")]
+    files = [] if configless_source(facts) else [GresConf(host, rig, rig.slurm, facts).file]
     if rig.slurm.health_check is not None:
         script = health_script(host, rig, rig.slurm, facts, deadline_s)
         files.append(DesiredFile(rig.slurm.health_script, script, "0755", "env"))
@@ -523,12 +524,12 @@ def health_program(slurm: Slurm, state: SlurmNode, deadline_s: float) -> list[Ch
         return []
     found = []
     program = state.config.get("HealthCheckProgram")
-    if program is not None and program != slurm.health_script:
+    if program in ("", "(null)"):  # a different program may be a site's wrapper (NHC) that calls ours
         found.append(
             check_failed(
                 "slurm:health",
-                f"slurm.conf's HealthCheckProgram is {program}, not {slurm.health_script}: slurmd never runs "
-                "the check",
+                f"slurm.conf sets no HealthCheckProgram: slurmd never runs {slurm.health_script} (set "
+                f"HealthCheckProgram={slurm.health_script} and HealthCheckInterval)",
                 program,
                 slurm.health_script,
             )
@@ -604,36 +605,39 @@ def configless_step(host: Host, rig: Rig, slurm: Slurm, facts: Facts, how: str) 
     )
 
 
-def diff(host: Host, rig: Rig, facts: Facts, deadline_s: float = 45.0) -> list[Change]:
-    """gres.conf (and a slurmd restart when it changes; a manual slurmctld restart when its Cores= do) plus
-    the checks against the controller. A configless node gets the lines to put on the controller."""
-    wanted = desired_files(host, rig, facts, deadline_s)
-    if not wanted or rig.slurm is None:
-        return []
-    want = wanted[0]
-    current = facts.file(want.path)
-    configless = facts.slurm.configless if facts.slurm is not None else None
-    written = None if configless else diff_file(want, current)
-    changes = checks(host, rig, rig.slurm, facts, written is None, deadline_s)
-    changes += diff_files(wanted[1:], facts)
-    if configless:
-        return [*changes, configless_step(host, rig, rig.slurm, facts, configless)]
-    if written is not None:
-        command = list(rig.slurm.restart_command)
-        changes += [
+def configless_source(facts: Facts) -> str | None:
+    """How the node's slurmd gets the controller's files, None where it reads local ones."""
+    return facts.slurm.configless if facts.slurm is not None else None
+
+
+class GresConf:
+    """The gres.conf a node should have, and what writing it takes."""
+
+    def __init__(self, host: Host, rig: Rig, slurm: Slurm, facts: Facts) -> None:
+        self.slurm = slurm
+        self.file = DesiredFile(slurm.gres_conf, gres_conf(host, rig, slurm, facts), "0644", "env")
+        self.current = facts.file(slurm.gres_conf)
+
+    def changes(self) -> list[Change]:
+        """The write, slurmd's restart, and slurmctld's when the Cores= change (a person's step)."""
+        written = diff_file(self.file, self.current)
+        if written is None:
+            return []
+        command = list(self.slurm.restart_command)
+        changes = [
             written,
             Change(
                 "slurmd",
                 "update",
-                f"restart slurmd ({' '.join(command)}): it reads {want.path} only when it starts",
+                f"restart slurmd ({' '.join(command)}): it reads {self.file.path} only when it starts",
                 None,
                 "restarted",
                 agent_step=protocol.restart_step(command),
                 phase="env",
             ),
         ]
-        before = _cores_of(current.content if current is not None and current.exists else None)
-        if before and before != _cores_of(want.content):
+        before = _cores_of(self.current.content if self.current is not None and self.current.exists else None)
+        if before and before != _cores_of(self.file.content):
             changes.append(
                 Change(
                     "slurmctld",
@@ -645,7 +649,22 @@ def diff(host: Host, rig: Rig, facts: Facts, deadline_s: float = 45.0) -> list[C
                     "restarted",
                 )
             )
-    return changes
+        return changes
+
+
+def diff(host: Host, rig: Rig, facts: Facts, deadline_s: float = 45.0) -> list[Change]:
+    """gres.conf (and a slurmd restart when it changes; a manual slurmctld restart when its Cores= do) plus
+    the checks against the controller. A configless node gets the lines to put on the controller."""
+    if rig.slurm is None:
+        return []
+    configless = configless_source(facts)
+    wanted = desired_files(host, rig, facts, deadline_s)
+    scripts = [w for w in wanted if w.path != rig.slurm.gres_conf]
+    if configless:
+        changes = checks(host, rig, rig.slurm, facts, True, deadline_s) + diff_files(scripts, facts)
+        return [*changes, configless_step(host, rig, rig.slurm, facts, configless)]
+    gres = GresConf(host, rig, rig.slurm, facts).changes()
+    return checks(host, rig, rig.slurm, facts, not gres, deadline_s) + diff_files(scripts, facts) + gres
 
 
 def srun_options(slurm: Slurm, nproc_per_node: int) -> list[str]:
