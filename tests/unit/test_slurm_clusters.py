@@ -160,13 +160,11 @@ def render_script(
     host = loaded.host("gpu-a")
     rig = loaded.rig_of(host)
     assert rig.slurm is not None
-    wired = rig.model_copy(
-        update={"slurm": rig.slurm.model_copy(update={"health_check": str(check),
-                                                       "gres_conf": str(tmp_path / "etc" / "gres.conf")})}
-    )  # fmt: skip
+    wired = rig.slurm.model_copy(
+        update={"health_check": str(check), "gres_conf": str(tmp_path / "etc" / "gres.conf")}
+    )
     facts = nps4_facts(node("22.05.8", scontrol=str(bin_dir / "scontrol"), name="gpu-a"))
-    (script,) = [f for f in slurm.desired_files(host, wired, facts, 45.0) if f.path.endswith("health")]
-    path = _executable(tmp_path / "health.sh", script.content)
+    path = _executable(tmp_path / "health.sh", slurm.health_script(host, rig, wired, facts, 45.0))
     return path, log
 
 

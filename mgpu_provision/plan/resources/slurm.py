@@ -23,15 +23,18 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ... import protocol
+from ...catalog.cpulist import parse_cpu_list
+from ...catalog.pci import pci_key
 from ...facts import Facts, Gpu, Machine, SlurmNode
-from ...node.host.machine import parse_cpu_list
-from ...node.host.pci import pci_key
 from ...rig.models import Host, Rig, Slurm
-from ..change import Change, check_failed
-from .envfiles import DesiredFile, diff_file, diff_files, render
+from ..change import Change, HostContext, check_failed
+from ..files import DesiredFile, diff_file, diff_files, render
+
+if TYPE_CHECKING:
+    from ...rig import LoadedRig
 
 OUR_REASON = "mgpu:"  # drain reasons this tool sets start with it; an admin's drain is never ours
 # `apply --drain slurm`'s own drain: lifted by that apply once the box converged, by nothing else.
@@ -237,10 +240,18 @@ def gres_conf(host: Host, rig: Rig, slurm: Slurm, facts: Facts) -> str:
     return "\n".join(header + node_gres_lines(host, rig, slurm, facts)) + "\n"
 
 
-def managed_paths(rig: Rig) -> list[str]:
+def paths(loaded: LoadedRig, host: Host) -> list[str]:
+    """gres.conf and, with `health_check`, the HealthCheckProgram script: what the facts must describe."""
+    rig = loaded.rig_of(host)
     if rig.slurm is None:
         return []
     return [rig.slurm.gres_conf] + ([rig.slurm.health_script] if rig.slurm.health_check else [])
+
+
+def deadline_of(loaded: LoadedRig) -> float:
+    """The node check's deadline, which the health script fits inside slurmd's."""
+    check = loaded.spec.node_check
+    return check.deadline_s if check is not None else HEALTH_TIMEOUT_S - 15.0
 
 
 def health_timeout_s(state: SlurmNode | None) -> int:
@@ -274,14 +285,15 @@ def health_script(host: Host, rig: Rig, slurm: Slurm, facts: Facts, deadline_s: 
     )
 
 
-def desired_files(host: Host, rig: Rig, facts: Facts, deadline_s: float = 45.0) -> list[DesiredFile]:
+def desired(ctx: HostContext) -> list[DesiredFile]:
     """gres.conf (not on a configless node: its slurmd reads the controller's) and, with `health_check`, the
     HealthCheckProgram script that drains on a failed check."""
+    host, rig, facts = ctx.host, ctx.rig, ctx.facts
     if rig.slurm is None:
         return []
     files = [] if configless_source(facts) else [GresConf(host, rig, rig.slurm, facts).file]
     if rig.slurm.health_check is not None:
-        script = health_script(host, rig, rig.slurm, facts, deadline_s)
+        script = health_script(host, rig, rig.slurm, facts, deadline_of(ctx.loaded))
         files.append(DesiredFile(rig.slurm.health_script, script, "0755", "env"))
     return files
 
@@ -652,14 +664,15 @@ class GresConf:
         return changes
 
 
-def diff(host: Host, rig: Rig, facts: Facts, deadline_s: float = 45.0) -> list[Change]:
+def diff(ctx: HostContext) -> list[Change]:
     """gres.conf (and a slurmd restart when it changes; a manual slurmctld restart when its Cores= do) plus
     the checks against the controller. A configless node gets the lines to put on the controller."""
+    host, rig, facts = ctx.host, ctx.rig, ctx.facts
     if rig.slurm is None:
         return []
+    deadline_s = deadline_of(ctx.loaded)
     configless = configless_source(facts)
-    wanted = desired_files(host, rig, facts, deadline_s)
-    scripts = [w for w in wanted if w.path != rig.slurm.gres_conf]
+    scripts = [w for w in desired(ctx) if w.path != rig.slurm.gres_conf]
     if configless:
         changes = checks(host, rig, rig.slurm, facts, True, deadline_s) + diff_files(scripts, facts)
         return [*changes, configless_step(host, rig, rig.slurm, facts, configless)]
