@@ -592,6 +592,8 @@ def test_smoke_via_srun_passes_2x2_names_the_job_and_a_failing_rank_ends_it_with
     # The job the report names is the controller's, on both nodes (finished jobs stay for MinJobAge).
     job = cluster.scontrol("show", "job", "-o", srun["job_id"]).stdout
     assert "NodeList=na,nb" in job, job
+    # It asked Slurm for each node's GPUs, a CPU per rank, and the nodes to itself (slurm.srun's defaults).
+    assert "TresPerNode=gres:gpu:2" in job and "CPUs/Task=2" in job and "OverSubscribe=NO" in job, job
     hosts_of = {node["host"]: sorted(r["rank"] for r in node["ranks"]) for node in group["nodes"]}
     assert hosts_of == {"na": [0, 1], "nb": [2, 3]}, hosts_of
 
