@@ -208,6 +208,9 @@ class GpuProcess(Fact):
     mps_server: int | None = Field(
         None, description="an MPS client: the pid of the nvidia-cuda-mps-server it runs through"
     )
+    slurm_job: str | None = Field(
+        None, description="the Slurm job it runs in (its SLURM_JOB_ID, or its job_<id> cgroup), None: none"
+    )
 
 
 class TorchInfo(Fact):

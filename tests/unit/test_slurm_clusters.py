@@ -371,3 +371,42 @@ def test_the_registered_name_is_a_running_slurmd_s_n_first(monkeypatch: pytest.M
     monkeypatch.setattr(machine, "running_slurmd", lambda proc="/proc": None)
     assert machine.registered_name(None, "gpu-a") == (None, "gpu-a")
     assert os.path.isabs(machine.CONFIGLESS_DIR)
+
+
+# --- build: GPUs mapped to jobs ---------------------------------------------------------------------------
+
+
+def test_a_process_s_job_is_read_from_its_environment_or_its_slurm_cgroup(tmp_path: Path) -> None:
+    for pid, environ, cgroup in (
+        (10, b"HOME=/root\0SLURM_JOB_ID=4242\0", "0::/system.slice/slurmstepd.scope/job_1/step_0\n"),
+        # cgroup/v1 "%s/job_%u" (xcgroup.c), a task that cleared its environment
+        (11, b"", "5:devices:/slurm/uid_1000/job_77/step_0/task_0\n0::/\n"),
+        (12, b"PATH=/bin\0", "0::/user.slice/session-3.scope\n"),
+    ):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "environ").write_bytes(environ)
+        (tmp_path / str(pid) / "cgroup").write_text(cgroup)
+    assert machine.slurm_job_of(10, str(tmp_path)) == "4242"
+    assert machine.slurm_job_of(11, str(tmp_path)) == "77"
+    assert machine.slurm_job_of(12, str(tmp_path)) is None
+    assert machine.slurm_job_of(13, str(tmp_path)) is None
+
+
+def test_the_node_check_s_gpu_series_carry_the_job_and_user_of_the_processes_on_it() -> None:
+    from mgpu_provision.node.verbs import check_metrics
+
+    facts = {
+        "gpus": [
+            {"index": 0, "uuid": "GPU-0", "pci_bus_id": "0:1"},
+            {"index": 1, "uuid": "GPU-1", "pci_bus_id": "0:2"},
+        ],
+        "processes": [
+            {"pid": 1, "gpu": 0, "slurm_job": "42", "owner": "alice"},
+            {"pid": 2, "gpu": 0, "slurm_job": "42", "owner": "alice"},
+            {"pid": 3, "gpu": 1, "slurm_job": None, "owner": "bob"},
+        ],
+    }
+    assert check_metrics.job_labels(facts) == {0: (("slurm_job", "42"), ("slurm_user", "alice"))}
+    text = check_metrics.render("v", 0, 0.0, 1.0, [("health", [])], [], facts)
+    assert 'check="health",gpu="0",UUID="GPU-0",pci_bus_id="0:1",slurm_job="42",slurm_user="alice"} 1' in text
+    assert 'check="health",gpu="1",UUID="GPU-1",pci_bus_id="0:2"} 1' in text

@@ -10,6 +10,7 @@ the controller holds, so a check can compare them with the facts before slurmd m
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -247,3 +248,23 @@ def slurm(hostname: str, minors: List[Optional[int]], dev_dir: str = "/dev") -> 
     except (OSError, subprocess.TimeoutExpired) as exc:
         found["error"] = "slurm: {}".format(exc)
     return found
+
+
+# Slurm's job cgroup: "%s/job_%u" (src/plugins/cgroup/v1/xcgroup.c line 482, 22.05.8) and "/job_%u"
+# (src/plugins/cgroup/v2/cgroup_v2.c line 1025).
+_JOB_CGROUP = re.compile(r"/job_(\d+)(?:/|$)", re.M)
+
+
+def slurm_job_of(pid: int, proc: str = "/proc") -> Optional[str]:
+    """The Slurm job a process runs in: its SLURM_JOB_ID (srun and sbatch set it in every task), else the
+    job cgroup it is in (a task that cleared its environment); None outside Slurm or when /proc cannot say."""
+    base = os.path.join(proc, str(pid))
+    try:
+        with open(os.path.join(base, "environ"), "rb") as f:
+            for entry in f.read().split(b"\0"):
+                if entry.startswith(b"SLURM_JOB_ID="):
+                    return entry[len(b"SLURM_JOB_ID=") :].decode("ascii", "replace") or None
+    except OSError:
+        pass
+    match = _JOB_CGROUP.search(read_text(os.path.join(base, "cgroup")) or "")
+    return match.group(1) if match else None
