@@ -410,3 +410,32 @@ def test_the_node_check_s_gpu_series_carry_the_job_and_user_of_the_processes_on_
     text = check_metrics.render("v", 0, 0.0, 1.0, [("health", [])], [], facts)
     assert 'check="health",gpu="0",UUID="GPU-0",pci_bus_id="0:1",slurm_job="42",slurm_user="alice"} 1' in text
     assert 'check="health",gpu="1",UUID="GPU-1",pci_bus_id="0:2"} 1' in text
+
+
+def test_a_socket_layout_without_cores_is_refused_with_its_field(tmp_path: Path) -> None:
+    from mgpu_provision.errors import ProvisionError
+
+    (tmp_path / "rig.yaml").write_text(
+        RIG.replace("slurm:\n", "slurm:\n      cores: false\n      socket_layout: numa\n")
+    )
+    with pytest.raises(ProvisionError, match=r"rigs\.pair\.slurm\.socket_layout.*cores: false"):
+        load_rig(tmp_path / "rig.yaml")
+
+
+def test_facts_end_a_hanging_scontrol_and_report_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slurmd = _executable(
+        tmp_path / "slurmd",
+        '#!/bin/sh\n[ "$1" = -V ] && echo "slurm 24.11.1" && exit 0\n'
+        'echo "NodeName=gpu-a CPUs=8 RealMemory=900"\n',
+    )
+    scontrol = _executable(tmp_path / "scontrol", "#!/bin/sh\nexec sleep 30\n")
+    tools = {"slurmd": str(slurmd), "scontrol": str(scontrol)}
+    monkeypatch.setattr(machine, "find_tool", tools.get)
+    monkeypatch.setattr(machine, "_SLURM_TIMEOUT_S", 1)
+    monkeypatch.setattr(machine, "running_slurmd", lambda proc="/proc": None)
+    started = time.monotonic()
+    found = machine.slurm("gpu-a", [], str(tmp_path))
+    assert time.monotonic() - started < 5
+    assert found is not None and found["controller"] is None and "timed out after 1 seconds" in found["error"]
+    assert found["version"] == "24.11.1" and found["name"] == "gpu-a"
+    assert found["registers"] == {"NodeName": "gpu-a", "CPUs": "8", "RealMemory": "900"}
