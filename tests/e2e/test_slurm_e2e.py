@@ -8,7 +8,11 @@ script runs the installed node check, drains a sick node with an `mgpu:` reason,
 leaves an admin's. `apply --drain slurm` waits for a running `srun` job before changing its node, resumes
 the nodes it drained, skips a batch whose job outlasts `--drain-timeout`, and leaves an admin's drain. The
 installed launcher runs a 2 x 2 Gloo DDP job as one srun step, its ranks placed by Slurm, and a failing rank
-ends the step on both nodes within seconds (`--kill-on-bad-exit=1`).
+ends the step on both nodes within seconds (`--kill-on-bad-exit=1`); smoke's step asks for the GPUs and CPUs.
+Issue 39: a box of 4 NUMA nodes on 2 sockets registers IDLE with NUMA nodes as Slurm sockets; a configless
+slurmd (`--conf-server`) is detected and gets its gres.conf lines at the controller, and the health script
+drains with no PATH, no local slurm.conf and scontrol only in /opt/slurm/bin, logging a hanging or failing
+scontrol to syslog while the node stays as it was; the node check runs as an acceptance step through srun.
 """
 
 from __future__ import annotations
@@ -235,6 +239,23 @@ def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_on
     code, report = cli_out("apply", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--yes", "--json")
     assert code == 0, report
     cluster.wait_state("na", ["IDLE"])
+
+    def accept() -> subprocess.CompletedProcess[str]:
+        # Acceptance inside an allocation: the node check as one task of a step that holds the node's GPUs.
+        return cluster.client(
+            "srun", "-w", "na", "-N1", "--gres=gpu:2", "--exclusive", "--immediate=10", "--time=2",
+            "env", f"MGPU_PROVISION_SIMULATE={host.twin_path}", "/usr/local/bin/mgpu-provision-check",
+            check=False, timeout=90,
+        )  # fmt: skip
+
+    done = accept()
+    assert done.returncode == 0, done.stdout + done.stderr
+    broken = twin(2)
+    broken["gpus"][0]["health"] = {"xid": [79]}
+    host.set_twin(broken)
+    done = accept()
+    assert done.returncode == 2 and "FAIL xid: GPU 0 logged Xid 79" in done.stdout, done.stdout + done.stderr
+    host.set_twin(twin(2))
 
     def health_check() -> None:
         # As slurmd runs HealthCheckProgram: root, only PATH and SLURMD_NODENAME (no SLURM_CONF), plus the
