@@ -256,6 +256,10 @@ def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_on
     done = accept()
     assert done.returncode == 2 and "FAIL xid: GPU 0 logged Xid 79" in done.stdout, done.stdout + done.stderr
     host.set_twin(twin(2))
+    deadline = time.monotonic() + 30
+    while cluster.node_state("na")["State"] != "IDLE":  # the steps' COMPLETING ends
+        assert time.monotonic() < deadline, cluster.node_state("na")
+        time.sleep(0.2)
 
     def health_check() -> None:
         # As slurmd runs HealthCheckProgram: root, only PATH and SLURMD_NODENAME (no SLURM_CONF), plus the
@@ -293,6 +297,19 @@ def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_on
     health_check()
     state = cluster.node_state("na")
     assert "DRAIN" in state["State"] and state["Reason"].startswith("mgpu: apply"), state
+
+    # A slurm.conf scontrol cannot read: the script says so (exit 1, slurmd logs it), changes nothing, and
+    # plan names scontrol's words.
+    cluster.scontrol("update", "nodename=na", "state=resume")
+    (cluster.nodes[0].etc / "slurm.conf").write_text("NodeName=\x00 garbage=(\n")
+    host.set_twin(sick)
+    env = f"env -i SLURMD_NODENAME=na MGPU_PROVISION_SIMULATE={host.twin_path}"
+    done = host.run_in_ns(f"{env} /usr/local/bin/mgpu-provision-slurm-health", check=False)
+    assert done.returncode == 1 and "scontrol show node na failed" in done.stderr, done.stderr
+    assert "DRAIN" not in cluster.node_state("na")["State"]
+    code, plan = cli_out("plan", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--json")
+    node = [c for c in json.loads(plan)["hosts"]["na"]["changes"] if c["resource"] == "slurm:node"]
+    assert code == 2 and node and "scontrol show node na" in node[0]["summary"], plan
 
 
 @contextlib.contextmanager
