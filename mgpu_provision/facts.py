@@ -356,6 +356,7 @@ class CpuThread(Fact):
     socket: int = Field(description="physical_package_id")
     core: int = Field(description="core_id within the socket (not dense: numbers may skip)")
     numa: int | None = None
+    l3: int | None = Field(None, description="the id of its L3 cache (cache/index3/id), None when unknown")
 
 
 class Machine(Fact):

@@ -399,13 +399,14 @@ class Slurm(Strict):
     )
     gres_conf: PathStr = Field("/etc/slurm/gres.conf", description="the gres.conf apply writes")
     cores: bool = Field(True, description="write Cores= (Slurm's logical core indices near each GPU)")
-    socket_layout: Literal["auto", "exact", "sockets", "numa"] = Field(
+    socket_layout: Literal["auto", "exact", "sockets", "numa", "l3cache"] = Field(
         "auto",
         description="how Cores= meets Slurm's socket rule (gres.c _check_core_range_matches_sock, 24.11+: "
         "Cores= must cover whole Slurm sockets). exact: the GPU's own cores (Slurm before 24.11); sockets: "
         "the whole sockets they are on; numa: one Slurm socket per NUMA node (slurm.conf: "
-        "SlurmdParameters=numa_node_as_socket, Sockets= the NUMA node count); auto: exact before 24.11, "
-        "sockets from 24.11 (or when slurmd's version is unknown)",
+        "SlurmdParameters=numa_node_as_socket, Sockets= the NUMA node count); l3cache: one per L3 cache "
+        "(SlurmdParameters=l3cache_as_socket, gres.shtml's recommendation for AMD); auto: exact before "
+        "24.11, sockets from 24.11 (or when slurmd's version is unknown)",
     )
     memory_headroom_percent: float = Field(
         3.0,

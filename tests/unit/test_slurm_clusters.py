@@ -129,7 +129,10 @@ def test_a_gpu_near_one_numa_node_of_a_socket_gets_whole_sockets_or_numa_nodes_a
         c.summary for c in slurm.checks(host, numa_rig, numa, held, True) if c.resource == "slurm:layout"
     ]
     assert any("Sockets=2 (box: 8)" in s for s in found), found
-    assert any("SlurmdParameters=config_overrides lacks numa_node_as_socket" in s for s in found), found
+    assert any(
+        "SlurmdParameters=numa_node_as_socket, and the cluster's SlurmdParameters=config_overrides lacks" in s
+        for s in found
+    ), found
 
 
 # --- item 2: the health script as slurmd runs it ------------------------------------------------------------
@@ -439,3 +442,22 @@ def test_facts_end_a_hanging_scontrol_and_report_it(tmp_path: Path, monkeypatch:
     assert found is not None and found["controller"] is None and "timed out after 1 seconds" in found["error"]
     assert found["version"] == "24.11.1" and found["name"] == "gpu-a"
     assert found["registers"] == {"NodeName": "gpu-a", "CPUs": "8", "RealMemory": "900"}
+
+
+def test_l3_caches_as_sockets_count_one_slurm_socket_per_ccx(loaded: LoadedRig) -> None:
+    # slurm.conf.5 l3cache_as_socket: "Use the hwloc l3cache as the socket count ... along CCX boundaries".
+    host = loaded.host("gpu-a")
+    rig = loaded.rig_of(host)
+    assert rig.slurm is not None
+    ccx = rig.slurm.model_copy(update={"socket_layout": "l3cache"})
+    plain = nps4_facts(node("25.11.0"))
+    assert plain.machine is not None
+    threads = [dict(t.model_dump(), l3=t.cpu // 8) for t in plain.machine.threads]  # 8 cores per CCX
+    facts = Facts.model_validate(dict(plain.model_dump(), machine={"threads": threads, "memory_mib": 1000}))
+    ccx_rig = rig.model_copy(update={"slurm": ccx})
+    line = slurm.node_line(host, ccx_rig, facts)
+    assert line is not None and "Sockets=16 CoresPerSocket=8 ThreadsPerCore=1" in line
+    # GPU 0 near OS CPUs 48-63: two CCXs, which 25.11 ("exactly one socket") refuses: every core instead.
+    text = slurm.gres_conf(host, ccx_rig, ccx, facts)
+    assert "File=/dev/nvidia0 Cores=0-127 " in text
+    assert any("l3cache_as_socket" in n for n in slurm.node_notes(host, ccx_rig, facts))

@@ -48,7 +48,11 @@ def machine(
         core = read_text(os.path.join(topology, "core_id"))
         if package is None or core is None:
             return None
-        threads.append({"cpu": cpu, "socket": int(package), "core": int(core), "numa": numa.get(cpu)})
+        # The L3 cache's id: slurmd's l3cache_as_socket counts each L3 (an AMD CCX) as a socket.
+        l3 = read_text(os.path.join(cpu_dir, "cpu{}".format(cpu), "cache", "index3", "id"))
+        thread = {"cpu": cpu, "socket": int(package), "core": int(core), "numa": numa.get(cpu)}
+        thread["l3"] = int(l3) if l3 is not None and l3.strip().isdigit() else None
+        threads.append(thread)
     if not threads:
         return None
     return {"threads": threads, "memory_mib": _memory_mib(meminfo)}

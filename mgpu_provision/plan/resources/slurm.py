@@ -46,7 +46,7 @@ _CORES = re.compile(r"^(?:NodeName=(\S+) .*?)?Name=gpu .*File=(\S+)(?: Cores=(\S
 # `.max_wait = 60 * 1000` in 22.05.8, line 2870).
 HEALTH_TIMEOUT_S = 60
 
-Grouping = Literal["socket", "numa"]
+Grouping = Literal["socket", "numa", "l3cache"]
 Rule = Literal["none", "whole", "one"]
 
 
@@ -104,7 +104,7 @@ class Layout:
     @property
     def parameter(self) -> str | None:
         """The SlurmdParameters value slurmd needs to count sockets this way (slurm.conf.5)."""
-        return "numa_node_as_socket" if self.grouping == "numa" else None
+        return {"numa": "numa_node_as_socket", "l3cache": "l3cache_as_socket"}.get(self.grouping)
 
 
 def chosen_layout(slurm: Slurm, state: SlurmNode | None) -> Layout:
@@ -114,15 +114,17 @@ def chosen_layout(slurm: Slurm, state: SlurmNode | None) -> Layout:
     name = slurm.socket_layout
     if name == "auto":
         name = "exact" if rule == "none" and version is not None else "sockets"
-    return Layout("numa" if name == "numa" else "socket", name != "exact", rule, name)
+    grouping: Grouping = "numa" if name == "numa" else "l3cache" if name == "l3cache" else "socket"
+    return Layout(grouping, name != "exact", rule, name)
 
 
 def _core_key(machine: Machine, grouping: Grouping) -> dict[tuple[int, int], int]:
-    """(socket, core) -> the Slurm socket it counts in: the physical socket, or the NUMA node of the
-    core's first thread."""
+    """(socket, core) -> the Slurm socket it counts in: the physical socket, or the NUMA node (L3 cache)
+    of the core's first thread where known."""
     keys: dict[tuple[int, int], int] = {}
     for t in sorted(machine.threads, key=lambda t: t.cpu):
-        keys.setdefault((t.socket, t.core), t.socket if grouping == "socket" or t.numa is None else t.numa)
+        group = {"numa": t.numa, "l3cache": t.l3}.get(grouping)
+        keys.setdefault((t.socket, t.core), t.socket if group is None else group)
     return keys
 
 
@@ -337,7 +339,8 @@ def node_notes(host: Host, rig: Rig, facts: Facts) -> list[str]:
             f"{rig.slurm.memory_headroom_percent:g}%; slurmd -C says RealMemory={said or '?'}"
         )
     if rig.slurm is not None and (parameter := chosen_layout(rig.slurm, state).parameter):
-        notes.append(f"# {host.name}: sockets are NUMA nodes: slurm.conf needs SlurmdParameters={parameter}")
+        what = "NUMA nodes" if parameter == "numa_node_as_socket" else "L3 caches"
+        notes.append(f"# {host.name}: sockets are {what}: slurm.conf needs SlurmdParameters={parameter}")
     if state is not None and state.configless:
         notes.append(f"# {host.name}: configless ({state.configless}): its gres.conf lines go here too:")
         notes += ["# " + line for line in node_gres_lines(host, rig, rig.slurm, facts)] if rig.slurm else []
@@ -482,7 +485,7 @@ def layout_differs(slurm: Slurm, facts: Facts, line: NodeLine) -> list[Change]:
     differs = [f"{k}={h} (box: {b})" for k, h, b in zip(names, held, box, strict=True) if h not in (None, b)]
     if not differs:
         return []
-    how = " with NUMA nodes as sockets (SlurmdParameters=numa_node_as_socket)" if chosen.parameter else ""
+    how = f" with {chosen.name} as sockets (SlurmdParameters={chosen.parameter})" if chosen.parameter else ""
     return [
         check_failed(
             "slurm:layout",
@@ -499,8 +502,8 @@ def numa_parameter_missing(slurm: Slurm, state: SlurmNode) -> list[Change]:
     return [
         check_failed(
             "slurm:layout",
-            f"socket_layout numa counts NUMA nodes as sockets, and the cluster's SlurmdParameters={held} "
-            f"lacks {parameter}: slurmd registers physical sockets",
+            f"socket_layout {chosen_layout(slurm, state).name} needs SlurmdParameters={parameter}, and the "
+            f"cluster's SlurmdParameters={held} lacks it: slurmd registers physical sockets",
         )
     ]
 
