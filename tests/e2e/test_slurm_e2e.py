@@ -464,7 +464,7 @@ def test_apply_drain_slurm_waits_for_the_running_job_then_changes_the_node_and_r
     # A job on na outlasts a 1 s drain timeout: the batch is skipped, nothing on na changes, and the drain
     # this run set is lifted again (the job keeps running, the node takes work again).
     job = subprocess.Popen(
-        ["srun", "-w", "na", "-N1", "sleep", "8"], env=cluster.env(), stdout=subprocess.PIPE,
+        ["srun", "-w", "na", "-N1", "sleep", "15"], env=cluster.env(), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     cluster.wait_state("na", ["ALLOCATED", "MIXED"])
