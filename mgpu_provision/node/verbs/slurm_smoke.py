@@ -147,7 +147,5 @@ def run(args: Dict[str, Any], simulated: bool = False) -> Dict[str, Any]:
     if action == "prepare":
         return prepare(req)
     if action == "run":
-        return run_step(
-            req, [str(n) for n in args.get("nodes") or []], [str(o) for o in args.get("srun_options") or []]
-        )
+        return run_step(req, [str(n) for n in args["nodes"]], [str(o) for o in args["srun_options"]])
     return collect(req)
