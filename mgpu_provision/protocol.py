@@ -247,6 +247,8 @@ VERB_ARGS["slurm-smoke"] = {
     **VERB_ARGS["smoke"],
     "action": choice("prepare", "run", "collect", required=True),
     "nodes": with_default(texts(), []),  # `run`: the group's Slurm node names, for srun -w
+    # `run`: what the step asks Slurm for (GPUs, CPUs, partition, ...)
+    "srun_options": with_default(texts(), []),
 }
 
 

@@ -838,7 +838,7 @@ def local_hosts_apart(inp: RuleInput) -> Iterator[Finding]:
             (*loc, "connection"),
             f"'{host.name}' and '{first[1].name}' are simulated on this machine (connection: local) and "
             "would write the same managed files (files:) over each other; rehearse several nodes with one "
-            "rig file per local host, or with SSH hosts (README, \"Rehearsing a fleet\")",
+            'rig file per local host, or with SSH hosts (README, "Rehearsing a fleet")',
         )
 
 
@@ -849,6 +849,16 @@ def slurm_health_check_has_node_check(inp: RuleInput) -> Iterator[Finding]:
                 (*loc, "slurm", "health_check"),
                 "health_check runs the node check, which apply installs only with a `node_check` section "
                 "(interval: null leaves the scheduling to Slurm)",
+            )
+
+
+def slurm_socket_layout_needs_cores(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.slurm is not None and not rig.slurm.cores and rig.slurm.socket_layout not in ("auto", "exact"):
+            yield Finding(
+                (*loc, "slurm", "socket_layout"),
+                f"socket_layout {rig.slurm.socket_layout} shapes gres.conf's Cores=, which cores: false "
+                "leaves out; set cores: true or drop socket_layout",
             )
 
 
@@ -911,6 +921,7 @@ RULES: tuple[Rule, ...] = (
     local_hosts_apart,
     node_check_timer_has_systemd,
     slurm_type_matches_nvml,
+    slurm_socket_layout_needs_cores,
     slurm_health_check_has_node_check,
     containers_fit,
 )

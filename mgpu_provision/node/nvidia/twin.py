@@ -192,13 +192,17 @@ def _complete_gpu(path: str, index: int, raw: Any) -> Dict[str, Any]:
 
 
 def _machine(path: str, raw: Any) -> Optional[Dict[str, Any]]:
-    """The twin's `machine` (sockets, cores_per_socket, threads_per_core, memory_mib); None: the real's."""
+    """The twin's `machine` (sockets, cores_per_socket, threads_per_core, memory_mib, optional
+    numa_per_socket); None: the real's."""
     if raw is None:
         return None
     given = _mapping(raw, "machine")
     sizes = [_int(given, key, "machine") for key in _MACHINE_KEYS]
+    if "numa_per_socket" in given:
+        sizes.append(_int(given, "numa_per_socket", "machine"))
     if any(size < 1 for size in sizes):
-        raise _bad(path, "machine: " + ", ".join(_MACHINE_KEYS) + " must each be 1 or more")
+        keys = ", ".join(_MACHINE_KEYS)
+        raise _bad(path, "machine: " + keys + " (and numa_per_socket) must each be 1 or more")
     return simulated_machine(*sizes)
 
 

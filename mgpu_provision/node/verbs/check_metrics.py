@@ -9,7 +9,7 @@ check that passed is a 1, not a missing series), so an alert on `== 0` never mis
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ...judge.records import FAIL, SEVERITY_NAMES, Finding
 
@@ -67,6 +67,22 @@ def gpu_labels(facts: Optional[Dict[str, Any]]) -> List[Tuple[int, Labels]]:
     return sorted(found.items())
 
 
+def job_labels(facts: Optional[Dict[str, Any]]) -> Dict[int, Labels]:
+    """GPU index -> the Slurm jobs of the processes on it and their users (`slurm_job`, `slurm_user`, each
+    a sorted comma list), so a dashboard joins a failed GPU to the job it hurt; GPUs without one: none."""
+    jobs: Dict[int, Dict[str, Set[str]]] = {}
+    for process in (facts or {}).get("processes") or ():
+        if process.get("slurm_job"):
+            held = jobs.setdefault(process["gpu"], {"slurm_job": set(), "slurm_user": set()})
+            held["slurm_job"].add(str(process["slurm_job"]))
+            if process.get("owner"):
+                held["slurm_user"].add(str(process["owner"]))
+    return {
+        gpu: tuple((key, ",".join(sorted(values))) for key, values in held.items() if values)
+        for gpu, held in jobs.items()
+    }
+
+
 def render(
     version: str,
     exit_code: int,
@@ -111,7 +127,8 @@ def render(
             [((("check", name),), 0 if _fails(found) else 1) for name, found in judged]
             + [((("check", f.check),), 0) for f in extra],
         )
-        gpus = gpu_labels(facts)
+        jobs = job_labels(facts)
+        gpus = [(index, (*labels, *jobs.get(index, ()))) for index, labels in gpu_labels(facts)]
         failed = {
             (name, f.gpu) for name, found in judged for f in found if f.gpu is not None and f.severity == FAIL
         }
