@@ -23,7 +23,8 @@ from .errors import ProvisionError, SpecError
 
 # Order here is the order in `--help`.
 COMMANDS = (
-    "validate", "schema", "facts", "plan", "apply", "smoke", "reclaim", "init", "demo", "slurm-conf",
+    "validate", "schema", "facts", "plan", "apply", "smoke", "reclaim", "init", "demo", "rehearse",
+    "slurm-conf",
 )  # fmt: skip
 TOP_OPTIONS = ("--help", "-h", "--version", "-V")
 

@@ -39,6 +39,7 @@ from typing import Any, Literal, NoReturn
 import pytest
 import yaml
 
+from mgpu_provision.node.nvidia.twin import DEFAULT_STATE_DIR, state_file
 from tests import debian_root
 
 SSHD = "/usr/sbin/sshd"
@@ -160,6 +161,13 @@ class TestHost:
         return self.dir / "twin.yaml"
 
     @property
+    def twin_state_path(self) -> Path:
+        """The agent's overlay of this host's twin, as this machine sees it: in the host's private state
+        folder (files.state_dir's default), where a simulated node keeps it."""
+        inside = Path(state_file(str(self.twin_path), DEFAULT_STATE_DIR)).relative_to(DEFAULT_STATE_DIR)
+        return self.dir / "managed" / str(MANAGED_DIRS.index(DEFAULT_STATE_DIR)) / inside
+
+    @property
     def known_hosts_line(self) -> str:
         key_type, key = self.host_key_pub.split()[:2]
         return f"[{self.address}]:{self.port} {key_type} {key}"
@@ -169,7 +177,8 @@ class TestHost:
         # A dict is written as JSON: valid YAML that the agent's small YAML reader takes without surprises.
         text = twin if isinstance(twin, str) else json.dumps(twin, indent=2)
         self.twin_path.write_text(text)
-        self.twin_path.with_name(self.twin_path.name + ".state.json").unlink(missing_ok=True)
+        if (self.dir / "managed").exists():
+            self.twin_state_path.unlink(missing_ok=True)
 
     def twin(self) -> dict[str, Any]:
         loaded: dict[str, Any] = yaml.safe_load(self.twin_path.read_text())

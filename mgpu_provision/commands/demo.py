@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import socket
-import subprocess
 import sys
 from importlib import resources
 from pathlib import Path
@@ -20,6 +19,7 @@ from rich.console import Console
 from rich.rule import Rule
 
 from ..errors import ProvisionError
+from ..jobs.rehearse import has_torch
 from ..rig.models import schema_comment
 from . import paths
 from .output import shown
@@ -101,16 +101,6 @@ def write_demo(sandbox: Path, python: str | None) -> Path:
         encoding="utf-8",
     )
     return rig
-
-
-def has_torch(python: str) -> bool:
-    """Whether `python` can import torch (the smoke step runs a real DDP job with it)."""
-    probe = subprocess.run(
-        [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"],
-        capture_output=True,
-        check=False,
-    )
-    return probe.returncode == 0
 
 
 def smoke_hint(python: str) -> str:

@@ -187,7 +187,7 @@ def test_apply_converges_power_limit_and_compute_mode_and_they_survive_a_reboot(
     assert cli.main(["apply", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--yes"]) == 0
     code, doc = plan_json(capsys, rig, test_hosts.known_hosts)
     assert (code, doc["hosts"]["settings"]["changes"]) == (0, [])
-    state = json.loads(Path(str(host.twin_path) + ".state.json").read_text())
+    state = json.loads(host.twin_state_path.read_text())
     assert (state["power_limit_w"], state["compute_mode"]) == ({"0": 300}, {"1": "default"})
     assert state["services"][UNIT] == {"enabled": True, "running": False}  # starts at the next boot
     unit = host.run_in_ns(f"cat {UNIT_FILE}").stdout

@@ -72,7 +72,7 @@ def test_apply_installs_the_check_and_it_agrees_with_plan_on_every_box(
         listing = host.run_in_ns(f"ls {AGENT} {EXPECTATIONS} {COMMAND} {' '.join(UNITS)}", check=False)
         assert listing.returncode == 0, listing.stderr
         assert host.run_in_ns(f"test -x {COMMAND}", check=False).returncode == 0
-    assert json.loads(hosts[0].twin_path.with_name("twin.yaml.state.json").read_text())["services"][
+    assert json.loads(hosts[0].twin_state_path.read_text())["services"][
         "mgpu-provision-check.timer"
     ] == {"enabled": True, "running": True}
 
@@ -115,6 +115,6 @@ def test_apply_installs_the_check_and_it_agrees_with_plan_on_every_box(
     assert code == 0, removed
     for path in (AGENT, EXPECTATIONS, COMMAND, *UNITS):
         assert hosts[0].run_in_ns(f"test -e {path}", check=False).returncode == 1, path
-    state = json.loads(hosts[0].twin_path.with_name("twin.yaml.state.json").read_text())
+    state = json.loads(hosts[0].twin_state_path.read_text())
     assert state["services"]["mgpu-provision-check.timer"] == {"enabled": False, "running": False}
     assert cli.main(["plan", *common]) == 0

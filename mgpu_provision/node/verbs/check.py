@@ -107,10 +107,15 @@ def load_expectation(path: str) -> Expectation:
         raise CheckError(f"{path}: {exc}: run `mgpu-provision apply` for this host") from None
 
 
-def gather_facts(expect: Expectation, budget_s: float) -> Tuple[Optional[Dict[str, Any]], List[Finding]]:
+def gather_facts(
+    expect: Expectation, budget_s: float, state_dir: Optional[str] = None
+) -> Tuple[Optional[Dict[str, Any]], List[Finding]]:
     """(the facts, []) from the agent's facts verb in a child, or (None, [the timeout]) when the child did
-    not answer within `budget_s`; a child that answers with an error is a CheckError."""
-    request = {"args": protocol.facts_request(files=sorted(expect.files)), "simulate": None}
+    not answer within `budget_s`; a child that answers with an error is a CheckError. `state_dir` is the
+    node's state folder, where a simulated node's overlay is (the health sample stays plan's alone)."""
+    request: Dict[str, Any] = {"args": protocol.facts_request(files=sorted(expect.files)), "simulate": None}
+    if state_dir:
+        request["state_dir"] = state_dir
     child = subprocess.Popen(
         [sys.executable, "-S", "-I", "-c", _CHILD, agent_root()],
         stdin=subprocess.PIPE,
@@ -196,7 +201,8 @@ class Run:
 
 def judge(options: argparse.Namespace, run: Run) -> None:
     """Fill `run` with the verdict; a CheckError says why there is none."""
-    if os.geteuid() != 0:
+    # A simulated node's GPUs are its twin's (the command apply writes names it): no root needed to read them.
+    if os.geteuid() != 0 and not os.environ.get(protocol.SIMULATE_ENV):
         raise CheckError("must run as root (it reads every GPU and the managed files)")
     if not options.deadline >= MIN_DEADLINE_S:
         raise CheckError(f"--deadline {options.deadline:g} is too short: at least {MIN_DEADLINE_S:g} s")
@@ -210,7 +216,7 @@ def judge(options: argparse.Namespace, run: Run) -> None:
         raise CheckError(exc.message) from None
     try:
         budget = options.deadline - run.elapsed() - RESERVE_S
-        run.facts, run.extra = gather_facts(expect, budget)
+        run.facts, run.extra = gather_facts(expect, budget, os.path.dirname(options.lock))
         run.judged = [] if run.facts is None else judge_each(run.facts, expect)
     finally:
         lock.__exit__(None, None, None)

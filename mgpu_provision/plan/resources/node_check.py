@@ -101,6 +101,7 @@ def desired_files(loaded: LoadedRig, host: Host, expect: Expectation) -> list[De
                 deadline_s=f"{section.deadline_s:g}",
                 lock=where(posixpath.join(loaded.spec.files.state_dir, LOCK_FILE)),
                 textfile_dir=section.textfile_dir and where(section.textfile_dir),
+                simulate=host.simulate and where(host.simulate),
             ),
             "0755",
             PHASE,
@@ -141,7 +142,9 @@ def diff(loaded: LoadedRig, host: Host, facts: Facts, expect: Expectation) -> li
     if host.os != "linux":
         return []
     timer = facts.units.get(TIMER)
-    systemd = timer is None or timer.service != "unknown"  # no systemd on the box: no units are managed
+    # No systemd on the box, or a simulated one (its twin stands in for the NVIDIA layer, not for systemd,
+    # and a timer would judge the real GPUs): no units are managed, the command is run by hand or by Slurm.
+    systemd = (timer is None or timer.service != "unknown") and not facts.host.simulated
     enabled = bool(timer and timer.enabled)
     state = "not reported" if timer is None else f"{timer.service}, {'enabled' if enabled else 'disabled'}"
     if not wanted(loaded, host):
