@@ -388,9 +388,10 @@ def load(folder: Path) -> Rehearsal:
 def _ours(folder: Path, host: RehearsalHost) -> bool:
     """Whether the pid still is this host's sshd (a pid is reused once its process is gone)."""
     try:
-        cmdline = Path(f"/proc/{host.pid}/cmdline").read_bytes().split(b"\0")
+        cmdline = Path(f"/proc/{host.pid}/cmdline").read_bytes()
     except OSError:
         return False
+    # A substring: sshd rewrites its own title ("sshd: /usr/sbin/sshd -D -f <config> ... [listener]").
     return str(folder / "hosts" / host.name / "sshd_config").encode() in cmdline
 
 
