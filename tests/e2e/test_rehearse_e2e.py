@@ -59,12 +59,14 @@ def test_readmes_rehearsal_on_2_and_8_hosts(tmp_path: Path, count: int) -> None:
     }
     outputs = []
     try:
-        for command, expected in zip(commands, EXPECTED):
+        for command, expected in zip(commands, EXPECTED, strict=True):
             done = subprocess.run(
                 ["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=600
             )
             outputs.append(done.stdout + done.stderr)
-            assert done.returncode == expected, f"{command}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+            assert done.returncode == expected, (
+                f"{command}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+            )
             assert "Traceback" not in done.stderr, done.stderr
     finally:
         if (work / "mgpu-rehearsal" / "rehearsal.json").exists():  # a failed step: stop the hosts anyway
