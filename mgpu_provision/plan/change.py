@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
 
+from ..catalog.topology import TopoMatrix
 from ..facts import Facts
 from ..judge.records import Expectation, Finding
-from ..node.nvidia.topology import TopoMatrix
 from ..rig.models import Host, Rig
 from .expectation import for_rig
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from ..catalog.topology import TopoMatrix
 from ..judge.records import Expectation
-from ..node.nvidia.topology import TopoMatrix
 from ..rig.cards import fabric_manager_elsewhere
 from ..rig.models import Host, Rig
 

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..node.nvidia.topology import TopoMatrix
-from ..node.packages import families, names, sources
+from ..catalog import families, names, sources
+from ..catalog.topology import TopoMatrix
 from .cards import (
     card_class,
     fabric_manager_elsewhere,
@@ -486,7 +486,7 @@ def runfile_complete(inp: RuleInput) -> Iterator[Finding]:
                     )
 
 
-# How each package source is installed; the CUDA repository serves every family (node/packages/families.py).
+# How each package source is installed; the CUDA repository serves every family (catalog/families.py).
 SOURCE_METHODS = {
     source: tuple(method for method, served in families.METHOD_SOURCES.items() if source in served)
     for source in sources.SOURCES

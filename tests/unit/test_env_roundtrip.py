@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.node.host import envpath
+from mgpu_provision.catalog import envpath
 from mgpu_provision.plan.resources import envfiles
 from mgpu_provision.plan.resources.envfiles import SYSTEMD_DEFAULT_PATH, desired_files
 from mgpu_provision.rig import LoadedRig, load_rig

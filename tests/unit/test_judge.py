@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
+from mgpu_provision.catalog.topology import parse_topology
 from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.judge import driver, files, health, inventory, topology
 from mgpu_provision.judge.records import Expectation, Finding, expectation_from_json, expectation_to_json
 from mgpu_provision.judge.verdict import judge_node
-from mgpu_provision.node.nvidia.topology import parse_topology
 from mgpu_provision.plan import expectation
 from mgpu_provision.plan.host import expectation_of, plan_host
 from mgpu_provision.plan.resources.envfiles import desired_files

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision.catalog import names
 from mgpu_provision.node.core import system
 from mgpu_provision.node.core.errors import AgentFailure
-from mgpu_provision.node.packages import apt, common, names
+from mgpu_provision.node.packages import apt, common
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "packages"
 

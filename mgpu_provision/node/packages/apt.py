@@ -16,11 +16,12 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...catalog import names, sources
 from ...protocol import PackageSet
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
-from . import mirror, names, sources
+from . import mirror
 from .common import Command, installed_debs, installed_version, resolve_version, run_all, upstream
 
 PREFERENCES = "/etc/apt/preferences.d/mgpu-provision-nvidia"

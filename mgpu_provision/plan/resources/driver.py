@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import protocol
+from ...catalog import families, sources
 from ...facts import HostInfo
 from ...judge import driver as judge
-from ...node.packages import families, sources, zypper
 from ...rig.cards import nvlink5_hgx, open_modules_only
 from ...rig.models import Driver
 from ..change import Action, Change, HostContext
@@ -181,7 +181,7 @@ def _install(
                 debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5_hgx(ctx.rig.gpus.model),
             )  # fmt: skip
         elif source.method == "zypper":  # every name at the version in one transaction, each locked
-            packages = zypper.package_set(branch, source.flavor, want.fabricmanager)
+            packages = sources.zypper_set(branch, source.flavor, want.fabricmanager)
         else:  # dnf, yum: one transaction, nothing to pin first or hold by pattern (versionlock does)
             names = sources.dnf_packages(branch, source.flavor, want.version is not None, want.fabricmanager)
             packages = protocol.PackageSet([], names, [])

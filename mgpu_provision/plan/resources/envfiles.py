@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ... import protocol
+from ...catalog import envpath
 from ...errors import ProvisionError
 from ...facts import Facts, ManagedFile
 from ...judge.files import same_digest
-from ...node.host import envpath
 from ...rig.cache import control_cache_dir
 from ...rig.envvalues import value_problem
 from ...rig.models import Host, Rig

@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 
 from ... import protocol
+from ...catalog.cpulist import parse_cpu_list
+from ...catalog.pci import pci_key
 from ...facts import Facts, Gpu, Machine
-from ...node.host.machine import parse_cpu_list
-from ...node.host.pci import pci_key
 from ...rig.models import Host, Rig, Slurm
 from ..change import Change, check_failed
 from .envfiles import DesiredFile, diff_file, diff_files, render

@@ -20,7 +20,7 @@ class Family(NamedTuple):
 
     name: str  # "RHEL 9 family", "SUSE Linux Enterprise Server 15", …: what plan prints
     method: Optional[str]  # apt, dnf, yum or zypper; None: no package path (a manual step says why)
-    source: Optional[str]  # the driver source its os-release suggests (node/packages/sources.py)
+    source: Optional[str]  # the driver source its os-release suggests (catalog/sources.py)
     modules: bool = False  # NVIDIA serves the driver as dnf module streams
     problem: Optional[str] = None  # why the tool cannot install here
 
