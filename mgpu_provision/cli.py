@@ -10,6 +10,7 @@ module of the command it was asked for, and every module only for the top-level 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import os
@@ -105,7 +106,11 @@ def parse(words: list[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse(list(sys.argv[1:] if argv is None else argv))
+    try:
+        args = parse(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # while a command's modules load (pydantic and the models take a second)
+        print("interrupted", file=sys.stderr)
+        return 130
     try:
         args.cli = main  # for a command that runs others, as the demo does
         code: int = args.func(args)
@@ -130,5 +135,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def run() -> NoReturn:
+    """The installed command: `main`, then an exit that waits for no thread. After a Ctrl-C the fleet's
+    worker threads may still be in an SSH call; the interpreter's normal exit would join them, and a second
+    Ctrl-C there prints `Exception ignored in: <module 'threading'>`."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # between main's own handlers (argument parsing, a view being printed)
+        print("interrupted", file=sys.stderr)
+        code = 130
+    if code == 130:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

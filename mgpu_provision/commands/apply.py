@@ -194,7 +194,11 @@ def confirm(yes: bool, hosts: int, console: Console) -> None:
         raise NotConfirmed(
             f"apply would change {hosts} host(s) and needs confirmation: pass --yes, or run it in a terminal"
         )
-    answer = console.input(f"Apply these changes to {hosts} host(s)? Only 'yes' is accepted: ")
+    try:
+        answer = console.input(f"Apply these changes to {hosts} host(s)? Only 'yes' is accepted: ")
+    except EOFError:  # Ctrl-D (or the end of piped input): no answer is not a yes
+        console.print()
+        answer = ""
     if answer.strip().lower() != "yes":
         raise NotConfirmed("apply cancelled: nothing was changed")
 

@@ -114,3 +114,21 @@ def test_the_readmes_first_command_needs_no_torch() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     first = readme.split("```sh\n", 1)[1].split("\n", 1)[0]
     assert first == "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/mgpu-provision demo"
+
+
+def test_a_rehearsal_against_an_example_twin_writes_nothing_into_the_checkout(tmp_path: Path) -> None:
+    """Issue 37 item 11: the twin's overlay goes to the node's state folder, not `<twin>.state.json` beside
+    a twin of the checkout (examples/twins/), where it was an untracked file after every apply."""
+    twins = Path(__file__).resolve().parents[2] / "examples" / "twins"
+    before = sorted(twins.iterdir())
+    rig = write_demo(tmp_path / "demo", None)
+    text = rig.read_text()
+    demo_twin = f"{tmp_path / 'demo'}/twin-rtx3090-nvlink.yaml"
+    rig.write_text(text.replace(demo_twin, str(twins / "rtx3090-nvlink.yaml")))
+    env = {**os.environ, "HOME": str(tmp_path)}
+    for argv, code in ((["apply", "--yes"], 0), (["plan"], 0)):
+        done = subprocess.run([*CLI, argv[0], str(rig), *argv[1:]], capture_output=True, text=True, env=env)
+        assert done.returncode == code, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(twins.iterdir()) == before
+    (state,) = (tmp_path / "demo" / "root" / "var" / "lib" / "mgpu-provision" / "twin-state").iterdir()
+    assert state.name.startswith("rtx3090-nvlink-") and "nvidia-persistenced" in state.read_text()

@@ -1,0 +1,84 @@
+"""Issue 40 items 4-6: mistakes and interruptions a newcomer makes are one plain line, never a traceback.
+
+4. an ~/.ssh/config line Paramiko cannot parse (`ProxyJump` with no value), or a number that is not one
+   (`Port abc`, `ConnectTimeout abc`): the file, the line and why;
+5. Ctrl-D at apply's confirmation prompt: answered as `no`;
+6. Ctrl-C while the CLI's modules load: exit 130, no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from mgpu_provision.commands import apply as apply_command
+from mgpu_provision.fleet.options import ssh_config_problem
+
+CLI = [sys.executable, "-m", "mgpu_provision"]
+REPO = Path(__file__).resolve().parents[2]
+RIG = """\
+version: 1
+hosts: [{name: gpu-a, address: 127.0.0.1, rig: r}]
+rigs: {r: {gpus: {model: "NVIDIA GeForce RTX 3090", count: 2}}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("  ProxyJump", "ProxyJump has no value"),
+        ("  Port abc", "Port 'abc' is not a whole number"),
+        ("  ConnectTimeout abc", "ConnectTimeout 'abc' is not a whole number"),
+    ],
+)
+def test_a_bad_ssh_config_line_is_named_with_its_file_and_line(tmp_path: Path, line: str, why: str) -> None:
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text(f"# mine\nHost *\n{line}\n")
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(RIG)
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([*CLI, "plan", str(rig)], capture_output=True, text=True, env=env, timeout=120)
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    assert f"{tmp_path / '.ssh' / 'config'}, line 3: {why}" in done.stdout + done.stderr
+    assert done.returncode == 2  # the host is unreachable, named with the reason
+
+
+def test_a_good_ssh_config_has_no_problem() -> None:
+    assert ssh_config_problem(["Host gpu-*", "  Port 2222", "  ProxyJump bastion", "", "# c"]) is None
+
+
+def test_ctrl_d_at_the_confirmation_is_no(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    console = Console(force_terminal=False)
+
+    def end_of_input(*_: object, **__: object) -> str:
+        raise EOFError
+
+    monkeypatch.setattr(console, "input", end_of_input)
+    with pytest.raises(apply_command.NotConfirmed, match="apply cancelled: nothing was changed"):
+        apply_command.confirm(False, 2, console)
+
+
+# Not before ~0.1 s: the interpreter is still importing `site` then, and Python itself prints that one.
+@pytest.mark.parametrize("after_s", [0.15, 0.3, 0.5])
+def test_ctrl_c_while_the_cli_loads_is_one_line_and_130(tmp_path: Path, after_s: float) -> None:
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(RIG)
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(
+        [*CLI, "validate", str(rig)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    time.sleep(after_s)
+    process.send_signal(signal.SIGINT)
+    _out, err = process.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert process.returncode in (0, 130), (process.returncode, err)  # 0: it had finished before the signal
+    if process.returncode == 130:
+        assert err.strip().splitlines()[-1] == "interrupted", err
