@@ -14,6 +14,8 @@ Shipped to nodes: Python 3.8, standard library only.
 
 from typing import List, NamedTuple, Optional, Tuple
 
+from ..protocol import branch_of
+
 
 class Family(NamedTuple):
     """What a distribution is, for installing NVIDIA's driver."""
@@ -42,7 +44,7 @@ _SUSE_NAMES = {"opensuse-leap": "openSUSE Leap"}
 
 
 def _major(version_id: Optional[str]) -> str:
-    return (version_id or "").split(".")[0]
+    return branch_of(version_id or "")
 
 
 def family_of(os_id: Optional[str], version_id: Optional[str], os_like: List[str]) -> Family:

@@ -14,11 +14,12 @@ import functools
 import hashlib
 import importlib.util
 import io
-import os
 import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..control_cache import control_cache_dir
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
@@ -55,7 +56,7 @@ def _pynvml_source() -> bytes:
 
 def bundle_cache_dir() -> Path:
     """Where built zipapps are kept on the control machine (XDG_CACHE_HOME is honoured)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mgpu-provision" / "bundles"
+    return control_cache_dir() / "bundles"
 
 
 def _zip(files: dict[str, bytes]) -> bytes:

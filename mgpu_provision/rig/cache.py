@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from .. import __version__
+from ..control_cache import control_cache_dir
 
 if TYPE_CHECKING:
     from .rig import LoadedRig
@@ -51,11 +52,6 @@ class Checked(NamedTuple):
 
 def _checked(loaded: LoadedRig) -> Checked:
     return Checked(tuple((h.name, h.rig) for h in loaded.spec.hosts), len(loaded.spec.rigs))
-
-
-def control_cache_dir() -> Path:
-    """The control machine's cache of mgpu-provision (XDG_CACHE_HOME is honoured)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mgpu-provision"
 
 
 def rig_cache_dir() -> Path:

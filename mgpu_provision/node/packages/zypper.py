@@ -52,7 +52,8 @@ def _offered(name: str) -> List[str]:
 def install(step: Dict[str, Any], what: str = "driver") -> Tuple[bool, str]:
     """Install the step's set at one version and lock it; `what` names it in the messages."""
     names = list(step["pinning"]) + list(step["packages"])
-    run_all([Command([*ZYPPER, "refresh"])], what)  # stale metadata says "not found"
+    kind = "driver" if what == "driver" else "fabricmanager"  # the error kind; `what` is for the words
+    run_all([Command([*ZYPPER, "refresh"])], kind)  # stale metadata says "not found"
     found = resolve_version(names, _offered, step["version"], step["branch"], "the zypper repositories")
     target = upstream(found)
     hold = bool(step["hold"])
@@ -68,7 +69,7 @@ def install(step: Dict[str, Any], what: str = "driver") -> Tuple[bool, str]:
     )
     if hold:
         commands.append(Command([*ZYPPER, "addlock", *step["hold_patterns"]]))
-    run_all(commands, what)
+    run_all(commands, kind)
     kept = f"{len(step['hold_patterns'])} packages locked" if hold else "not locked"
     reboot = "; reboot to load it" if what == "driver" else ""
     return True, f"installed {what} {target} with zypper, {kept}{reboot}"
