@@ -82,3 +82,21 @@ def test_ctrl_c_while_the_cli_loads_is_one_line_and_130(tmp_path: Path, after_s:
     assert process.returncode in (0, 130), (process.returncode, err)  # 0: it had finished before the signal
     if process.returncode == 130:
         assert err.strip().splitlines()[-1] == "interrupted", err
+
+
+def test_verbose_logs_one_line_per_ssh_step_for_a_host_without_a_banner(tmp_path: Path) -> None:
+    """Item 7: `-v` against a box whose sshd never sends its banner printed Paramiko's own traceback."""
+    from tests.hosts import SilentServer, loopback_address
+
+    address = loopback_address()
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(RIG.replace("address: 127.0.0.1", f"address: {address}, port: 2222"))
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    with SilentServer(address):
+        done = subprocess.run(
+            [*CLI, "plan", str(rig), "-v", "--timeout", "1", "--known-hosts", str(tmp_path / "kh")],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "\n  File " not in done.stderr, done.stderr
+    assert "gpu-a: connecting" in done.stderr  # the steps are still logged, one line each
