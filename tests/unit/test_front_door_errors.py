@@ -123,5 +123,5 @@ def test_schema_and_init_take_json(tmp_path: Path, capsys: pytest.CaptureFixture
     argv = ["init", "--connection", "local", "--simulate", str(twin), "--output", str(output), "--json"]
     assert cli.main(argv) == 0
     document = json.loads(capsys.readouterr().out)
-    ((name, host),) = document["hosts"].items()
+    (host,) = document["hosts"].values()
     assert (document["rig"], host["gpus"], host["simulated"]) == (str(output), 2, True)
