@@ -125,3 +125,14 @@ def test_schema_and_init_take_json(tmp_path: Path, capsys: pytest.CaptureFixture
     document = json.loads(capsys.readouterr().out)
     (host,) = document["hosts"].values()
     assert (document["rig"], host["gpus"], host["simulated"]) == (str(output), 2, True)
+
+
+def test_plan_into_head_exits_as_the_exit_code_table_says(tmp_path: Path) -> None:
+    """Item 12: `plan … | head` exited 1 with nothing on stderr (rich's broken-pipe exit), not 2 for drift."""
+    from mgpu_provision.commands.demo import write_demo
+
+    rig = write_demo(tmp_path / "demo", None)
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    script = f'{sys.executable} -m mgpu_provision plan {rig} --diff | head -1; exit "${{PIPESTATUS[0]}}"'
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "demo-3090\n", "")
