@@ -61,6 +61,15 @@ REPO = Path(__file__).resolve().parent.parent
 TWINS_DIR = REPO / "examples" / "twins"
 
 
+def record_pid(pid: int) -> None:
+    """Note a test host's pid (its process group) in $MGPU_TEST_HOST_PIDS, where .ci/run ends what a killed
+    pytest could not tear down: a stopped CI run leaves no test sshd behind."""
+    listing = os.environ.get("MGPU_TEST_HOST_PIDS")
+    if listing:
+        with open(listing, "a", encoding="utf-8") as out:
+            out.write(f"{pid}\n")
+
+
 def harness_unavailable() -> str | None:
     """Why the test hosts cannot start here, or None when they can."""
     if os.geteuid() != 0:
@@ -335,6 +344,7 @@ class HostFactory:
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group, so teardown can end sshd and its children
         )
+        record_pid(host.process.pid)
         self.hosts.append(host)
         _wait_listening(host)
         self._write_known_hosts()
@@ -381,6 +391,7 @@ class HostFactory:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        record_pid(host.process.pid)
         self.hosts.append(host)
         _wait_listening(host)
         self._write_known_hosts()

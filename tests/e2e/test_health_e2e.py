@@ -245,7 +245,11 @@ def test_without_the_boot_unit_a_reboot_brings_the_drift_back(
 
 def reboot(host: TestHost) -> None:
     """The agent's `reboot` verb on the host's twin: a simulated box reboots by changing its twin's state."""
-    reply, _ = handle("reboot", json.dumps({"args": {}, "simulate": str(host.twin_path)}))
+    # The host's own state folder, as this machine sees it: where its agent keeps the twin's overlay.
+    state_dir = str(host.twin_state_path.parent.parent)
+    reply, _ = handle(
+        "reboot", json.dumps({"args": {}, "simulate": str(host.twin_path), "state_dir": state_dir})
+    )
     assert reply["ok"], reply
 
 
