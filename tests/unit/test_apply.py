@@ -597,3 +597,29 @@ def test_an_interrupted_apply_says_what_finished_what_was_under_way_and_what_was
         "not started: gpu-c"
     )
     assert boxes["gpu-c"].writes == 0
+
+
+def test_a_long_error_is_cut_in_its_recap_cell_and_printed_whole_below(
+    tmp_path: Path, cli_boxes: Boxes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 40 item 10: a recap cell never carries a 400-character error; the error goes below the table."""
+    boxes = cli_boxes
+    boxes.update({"gpu-a": Box(persistence=False), "gpu-b": Box(), "gpu-c": Box()})
+    boxes["gpu-a"].fail_kind = "persistence"
+    long = "nvidia-persistenced: " + "the daemon said something long " * 12
+    original = boxes["gpu-a"].apply
+
+    def failing(args: dict[str, Any]) -> dict[str, Any]:
+        reply = original(args)
+        for entry in reply["results"]:
+            if entry["error"]:
+                entry["error"] = long
+        return reply
+
+    boxes["gpu-a"].apply = failing  # type: ignore[method-assign]
+    load(tmp_path)
+    assert cli.main(["apply", str(tmp_path / "rig.yaml"), "--yes"]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if "│" in line]
+    assert all(len(row.rstrip()) < 130 for row in rows), rows
+    assert f"gpu-a: step 4 (persistence) failed: {long}".rstrip() in [line.rstrip() for line in lines]

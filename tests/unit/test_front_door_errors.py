@@ -136,3 +136,17 @@ def test_plan_into_head_exits_as_the_exit_code_table_says(tmp_path: Path) -> Non
     script = f'{sys.executable} -m mgpu_provision plan {rig} --diff | head -1; exit "${{PIPESTATUS[0]}}"'
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (2, "demo-3090\n", "")
+
+
+def test_drain_slurm_without_a_slurm_section_is_refused_before_any_host_is_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 10: refused at once (as smoke --via srun is), not after running scontrol on every node."""
+    from mgpu_provision import cli
+    from mgpu_provision.commands.demo import write_demo
+
+    rig = write_demo(tmp_path / "demo", None)
+    assert cli.main(["apply", str(rig), "--drain", "slurm", "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --drain slurm needs a `slurm` section in the rig of demo-3090"), err
+    assert not (tmp_path / "demo" / "root").exists()  # nothing was applied, no agent was asked
