@@ -27,6 +27,8 @@ from .output import shown
 DEMO_TWIN = "twin-rtx3090-nvlink.yaml"
 # PyTorch's index of CPU-only wheels (pytorch.org, "Get started"): ~190 MB instead of the CUDA build's GBs.
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# The torch README and pyproject's `demo` extra pin (tests/unit/test_demo.py keeps the three equal).
+TORCH = "torch==2.13.0"
 
 RIG_TEMPLATE = """\
 {schema_line}
@@ -106,7 +108,7 @@ def write_demo(sandbox: Path, python: str | None) -> Path:
 def smoke_hint(python: str) -> str:
     return (
         f"{python} has no torch, so the demo leaves out its smoke test (a real DDP run). To add it, install "
-        f"the CPU build (about 190 MB): {python} -m pip install torch --index-url {CPU_INDEX} "
+        f"the CPU build (about 190 MB): {python} -m pip install {TORCH} --index-url {CPU_INDEX} "
         "and run mgpu-provision demo again"
     )
 

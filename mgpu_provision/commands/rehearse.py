@@ -69,7 +69,8 @@ def run_up(args: argparse.Namespace) -> int:
     )
     print(f"Wrote {rehearsal.rig}, {rehearsal.known_hosts} and {rehearsal.ssh_config}.")
     if smoke_python is None:
-        print(f"note: {python} has no torch, so the rig leaves out smoke (pip install torch, then up again).")
+        print(f"note: {python} has no torch, so the rig leaves out smoke; install the CPU build as README's")
+        print("      'Try it' says (or name one with --python), then rehearse down and up again.")
     print("Next:")
     for step in steps:
         print(f"  {step}")

@@ -103,7 +103,7 @@ def test_demo_without_torch_runs_validate_plan_apply_and_says_how_to_add_smoke(t
     assert "smoke: a real DDP run" not in done.stdout
     hint = (
         f"smoke skipped: {bare} has no torch, so the demo leaves out its smoke test (a real DDP run). To add "
-        f"it, install the CPU build (about 190 MB): {bare} -m pip install torch --index-url "
+        f"it, install the CPU build (about 190 MB): {bare} -m pip install torch==2.13.0 --index-url "
         "https://download.pytorch.org/whl/cpu"
     )
     assert hint in done.stdout
@@ -132,3 +132,12 @@ def test_a_rehearsal_against_an_example_twin_writes_nothing_into_the_checkout(tm
     assert sorted(twins.iterdir()) == before
     (state,) = (tmp_path / "demo" / "root" / "var" / "lib" / "mgpu-provision" / "twin-state").iterdir()
     assert state.name.startswith("rtx3090-nvlink-") and "nvidia-persistenced" in state.read_text()
+
+
+def test_the_demos_torch_hint_pins_the_version_readme_and_pyproject_pin() -> None:
+    """Issue 40 item 16: the hint said `pip install torch`, README `torch==2.13.0`."""
+    from mgpu_provision.commands.demo import TORCH
+
+    root = Path(__file__).resolve().parents[2]
+    assert f"pip install {TORCH} --index-url" in (root / "README.md").read_text()
+    assert f'demo = ["{TORCH}"]' in (root / "pyproject.toml").read_text()
