@@ -9,8 +9,9 @@ real boxes do, and none sees another's files. HOME is the host's own folder too 
 probe), so nothing lands in the user's home.
 
 Without root the namespaces come from a user namespace (the sshd runs as the user, mapped back to the
-user's own uid inside it); as root, from plain mount namespaces, as the test hosts (tests/hosts.py) do. Only
-127.0.0.0/8 is ever listened on, and the hosts are stopped by the pids written at start.
+user's own uid inside it); as root, from plain mount namespaces, as the test hosts
+(tests/support/hosts.py) do. Only 127.0.0.0/8 is ever listened on, and the hosts are stopped by the pids
+written at start.
 """
 
 from __future__ import annotations

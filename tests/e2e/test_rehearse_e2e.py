@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import hosts
+from tests.support import hosts
 
 REPO = Path(__file__).resolve().parents[2]
 # What each of README's commands must exit with: up, plan (drift), apply, plan (clean), smoke, check, down.

@@ -93,7 +93,7 @@ def test_ctrl_c_while_the_cli_loads_is_one_line_and_130(tmp_path: Path, after: s
 
 def test_verbose_logs_one_line_per_ssh_step_for_a_host_without_a_banner(tmp_path: Path) -> None:
     """Item 7: `-v` against a box whose sshd never sends its banner printed Paramiko's own traceback."""
-    from tests.hosts import SilentServer, loopback_address
+    from tests.support.hosts import SilentServer, loopback_address
 
     address = loopback_address()
     rig = tmp_path / "rig.yaml"
