@@ -150,3 +150,19 @@ def test_drain_slurm_without_a_slurm_section_is_refused_before_any_host_is_asked
     err = capsys.readouterr().err
     assert err.startswith("error: --drain slurm needs a `slurm` section in the rig of demo-3090"), err
     assert not (tmp_path / "demo" / "root").exists()  # nothing was applied, no agent was asked
+
+
+def test_the_ssh_keyscan_advice_works_on_a_clean_home(tmp_path: Path) -> None:
+    """Item 16: `ssh-keyscan ... >> ~/.ssh/known_hosts` fails in the shell where ~/.ssh does not exist."""
+    import paramiko
+
+    from mgpu_provision.fleet.ssh import UnknownHostKey, _RejectUnknown
+
+    known = tmp_path / "home" / ".ssh" / "known_hosts"
+    key = paramiko.RSAKey.generate(1024)
+    with pytest.raises(UnknownHostKey) as refused:
+        _RejectUnknown("gpu-a", known).missing_host_key(None, "[127.0.0.1]:2222", key)  # type: ignore[arg-type]
+    advice = str(refused.value).rsplit("add it with ", 1)[1].strip("`")
+    assert advice == f"mkdir -p -m 700 {known.parent} && ssh-keyscan -p 2222 127.0.0.1 >> {known}"
+    done = subprocess.run(["bash", "-c", advice.replace("ssh-keyscan -p 2222 127.0.0.1", "echo key")])
+    assert done.returncode == 0 and known.read_text() == "key\n"
