@@ -5,4 +5,3 @@ imports so that the node side (stdlib only, Python 3.8+) can import the package.
 """
 
 __version__ = "0.1.0"
-

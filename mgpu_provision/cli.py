@@ -21,7 +21,6 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .commands.output import print_json, visible
-from .entry import interrupted_while_loading
 from .errors import ProvisionError, SpecError
 
 # Order here is the order in `--help`.
@@ -113,7 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # while a command's modules load (pydantic and the models take a second)
         print("interrupted", file=sys.stderr)
         return 130
-    if signal.getsignal(signal.SIGINT) is interrupted_while_loading:  # loaded: Ctrl-C is the commands' now
+    # Loaded: Ctrl-C is the commands' now (entry.py ends the process at once until here).
+    if getattr(signal.getsignal(signal.SIGINT), "__module__", None) == "mgpu_provision.entry":
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         args.cli = main  # for a command that runs others, as the demo does
