@@ -113,7 +113,9 @@ def gather_facts(
     """(the facts, []) from the agent's facts verb in a child, or (None, [the timeout]) when the child did
     not answer within `budget_s`; a child that answers with an error is a CheckError. `state_dir` is the
     node's state folder, where a simulated node's overlay is (the health sample stays plan's alone)."""
-    request: Dict[str, Any] = {"args": protocol.facts_request(files=sorted(expect.files)), "simulate": None}
+    runtimes = list(expect.runtimes) if expect.containers else None  # the containers judge needs them
+    args = protocol.facts_request(files=sorted(expect.files), containers=runtimes)
+    request: Dict[str, Any] = {"args": args, "simulate": None}
     if state_dir:
         request["state_dir"] = state_dir
     child = subprocess.Popen(
