@@ -156,6 +156,13 @@ def render_plan(plan: FleetPlan, console: Console, new_content: bool = False) ->
     console.print(Text(summary_line(plan), style=style), soft_wrap=True)
 
 
+# What a twin stands in for, said where the plan names the simulated hosts (ARCHITECTURE "Simulated nodes").
+SIMULATION_BOUNDARY = (
+    " (twin files stand in for the NVIDIA layer: NVML, the driver and its daemons; files, processes and "
+    "torch are real; the node check's timer is not installed: run the check by hand)"
+)
+
+
 def kind_lines(plan: FleetPlan) -> list[Text]:
     """Which hosts are simulated (a twin file stands in for their NVIDIA layer) and which are real, and a
     warning for the machine running this tool, where apply holds back a driver install and a reboot."""
@@ -163,7 +170,8 @@ def kind_lines(plan: FleetPlan) -> list[Text]:
     for kind, value, style in (("simulated", True, "yellow"), ("real", False, "bold")):
         names = [h.host for h in plan.hosts if h.simulated is value]
         if names:
-            lines.append(shown((f"{kind}: ", style), host_ranges(names)))
+            boundary = SIMULATION_BOUNDARY if value else ""
+            lines.append(shown((f"{kind}: ", style), host_ranges(names), boundary))
     for host in plan.hosts:
         held = held_on_control_machine(list(host.changes))
         if host.control_machine and held:

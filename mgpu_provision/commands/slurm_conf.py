@@ -18,6 +18,7 @@ from ..errors import ProvisionError
 from ..jobs.plan import gather_facts
 from ..plan.resources.slurm import node_line, node_notes
 from . import options
+from .output import print_json
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     lines = [f"# From the facts of {len(hosts)} host(s) of {args.rig} (mgpu-provision slurm-conf)"]
     lines.append("GresTypes=gpu")
     failed = False
+    per_host: dict[str, dict[str, str | None]] = {}
     for host in hosts:
         outcome = outcomes[host.name]
         line = None
@@ -44,8 +46,12 @@ def run(args: argparse.Namespace) -> int:
             lines.append(f"# {host.name}: no line ({why})")
         else:
             lines.append(line)
+        per_host[host.name] = {"line": line, "error": None if line else why}
+    code = 2 if failed else 0
+    if args.json:
+        return print_json(code, per_host, lines=lines)
     print("\n".join(lines))
-    return 2 if failed else 0
+    return code
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

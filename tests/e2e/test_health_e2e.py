@@ -187,7 +187,7 @@ def test_apply_converges_power_limit_and_compute_mode_and_they_survive_a_reboot(
     assert cli.main(["apply", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--yes"]) == 0
     code, doc = plan_json(capsys, rig, test_hosts.known_hosts)
     assert (code, doc["hosts"]["settings"]["changes"]) == (0, [])
-    state = json.loads(Path(str(host.twin_path) + ".state.json").read_text())
+    state = json.loads(host.twin_state_path.read_text())
     assert (state["power_limit_w"], state["compute_mode"]) == ({"0": 300}, {"1": "default"})
     assert state["services"][UNIT] == {"enabled": True, "running": False}  # starts at the next boot
     unit = host.run_in_ns(f"cat {UNIT_FILE}").stdout
@@ -245,7 +245,11 @@ def test_without_the_boot_unit_a_reboot_brings_the_drift_back(
 
 def reboot(host: TestHost) -> None:
     """The agent's `reboot` verb on the host's twin: a simulated box reboots by changing its twin's state."""
-    reply, _ = handle("reboot", json.dumps({"args": {}, "simulate": str(host.twin_path)}))
+    # The host's own state folder, as this machine sees it: where its agent keeps the twin's overlay.
+    state_dir = str(host.twin_state_path.parent.parent)
+    reply, _ = handle(
+        "reboot", json.dumps({"args": {}, "simulate": str(host.twin_path), "state_dir": state_dir})
+    )
     assert reply["ok"], reply
 
 

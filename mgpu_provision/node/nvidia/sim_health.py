@@ -2,7 +2,7 @@
 
 A value the twin leaves out reads as NVML's NotSupported would (None: not checked), except where a real GPU
 always has an answer: compute mode `default`, no clock event, no Xid. Compute mode and power limit, which
-apply sets, go to the twin's overlay (`<twin>.state.json`) like every other simulated change.
+apply sets, go to the twin's overlay (in the node's state folder) like every other simulated change.
 
 Shipped to nodes: standard library only, Python 3.8.
 """

@@ -207,7 +207,8 @@ class Run:
 
 def judge(options: argparse.Namespace, run: Run) -> None:
     """Fill `run` with the verdict; a CheckError says why there is none."""
-    if os.geteuid() != 0:
+    # A simulated node's GPUs are its twin's (the command apply writes names it): no root needed to read them.
+    if os.geteuid() != 0 and not os.environ.get(protocol.SIMULATE_ENV):
         raise CheckError("must run as root (it reads every GPU and the managed files)")
     if not options.deadline >= MIN_DEADLINE_S:
         raise CheckError(f"--deadline {options.deadline:g} is too short: at least {MIN_DEADLINE_S:g} s")
