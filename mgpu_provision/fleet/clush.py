@@ -117,6 +117,9 @@ def _run(
     task.set_info("ssh_options", ssh_options(config, options))
     task.set_info("connect_timeout", max(1, round(connect_timeout)))
     task.set_info("fanout", options.forks or 512)
+    # The handler keeps each host's output; ClusterShell's own per-line trees would hold it a second time.
+    task.set_default("stdout_msgtree", False)
+    task.set_default("stderr_msgtree", False)
     for (command, stdin), names in groups.items():
         for name in names:
             replies.out.pop(name, None)

@@ -3,6 +3,8 @@ and options ClusterShell's OpenSSH runs with (aliases, key exchange, host-key po
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from mgpu_provision.fleet import clush
 from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.rig import nodesets
+from tests.support.hosts import fake_agent
 
 RIG = """\
 hosts:
@@ -74,3 +77,61 @@ def test_openssh_options_prefer_curve25519_and_keep_known_hosts_strict(tmp_path:
     assert "-oStrictHostKeyChecking=yes" in options
     relaxed = clush.ssh_options(tmp_path / "cfg", FleetOptions(accept_new_host_keys=True))
     assert "-oStrictHostKeyChecking=accept-new" in relaxed
+
+
+FAKE_SSH = """#!{python}
+import os, sys
+host, command = sys.argv[-2], sys.argv[-1]
+with open({log!r}, "a") as log:
+    log.write(host + " " + " ".join(sys.argv[1:-2]) + "\\n")
+if host == "dead":
+    sys.stderr.write("ssh: connect to host 127.0.0.9 port 22: Connection refused\\n")
+    sys.exit(255)
+home = os.path.join({homes!r}, host)
+os.makedirs(home, exist_ok=True)
+os.execve("/bin/sh", ["sh", "-c", command], dict(os.environ, HOME=home))
+"""
+
+
+@pytest.fixture
+def fake_ssh(tmp_path: Path) -> Iterator[Path]:
+    """ClusterShell's ssh replaced by a script that runs the command here, each host in a HOME of its own
+    (the real sshd case is tests/e2e/test_clush_e2e.py); the log has one line per ssh started."""
+    from ClusterShell.Task import task_self
+
+    log = tmp_path / "ssh.log"
+    script = tmp_path / "ssh"
+    script.write_text(FAKE_SSH.format(python=sys.executable, log=str(log), homes=str(tmp_path / "homes")))
+    script.chmod(0o755)
+    task_self().set_info("ssh_path", str(script))
+    yield log
+    task_self().set_info("ssh_path", None)
+
+
+needs_library = pytest.mark.skipif(not nodesets.clustershell(), reason="the clush extra is not installed")
+
+
+@needs_library
+def test_outcomes_per_host_upload_once_unreachable_and_timeout(fake_ssh: Path) -> None:
+    agent = fake_agent()
+    hosts = [target(name, python=sys.executable) for name in ("gpu-001", "gpu-002", "dead")]
+    requests = {t.name: {"n": 1} for t in hosts}
+    first = clush.call_many_clush(hosts, "facts", requests, FleetOptions(), agent)
+    assert [o.status for o in first.values()] == ["ok", "ok", "unreachable"]
+    assert first["gpu-001"].value is not None and first["gpu-001"].value["args"] == {"n": 1}
+    assert (
+        first["dead"].error
+        == "cannot reach dead (127.0.0.9:2222): ssh: connect to host 127.0.0.9 port 22: Connection refused"
+    )
+    # gpu-001: the agent command (97), its upload, the command again; dead: the one try.
+    started = [line.split()[0] for line in fake_ssh.read_text().splitlines()]
+    assert sorted(started) == ["dead", "gpu-001", "gpu-001", "gpu-001", "gpu-002", "gpu-002", "gpu-002"]
+    assert all("-oKexAlgorithms=curve25519-sha256," in line for line in fake_ssh.read_text().splitlines())
+
+    fake_ssh.write_text("")
+    again = clush.call_many_clush(
+        hosts[:2], "sleep", {t.name: {"seconds": 5} for t in hosts[:2]}, FleetOptions(), agent, timeout=0.5
+    )
+    assert [o.status for o in again.values()] == ["failed", "failed"]
+    assert again["gpu-001"].error == "agent sleep did not finish within 0.5s on gpu-001 (127.0.0.9:2222)"
+    assert len(fake_ssh.read_text().splitlines()) == 2  # cached now: one ssh each, no upload
