@@ -44,7 +44,8 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--limit",
         metavar="PATTERN",
-        help='hosts to act on: "gpu-a,rtx*,!gpu-c" (host names, groups, inventory groups, rig types)',
+        help='hosts to act on: "gpu-a,rtx*,!gpu-c,gpu-[001-064]" (host names, groups, inventory groups, '
+        "rig types, globs, node sets; @source:group with the clush extra)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON (stable keys) instead of tables")
     parser.add_argument(
