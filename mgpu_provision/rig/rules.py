@@ -566,15 +566,15 @@ PGP_ARMOR = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
 
 
 def driver_repo_usable(inp: RuleInput) -> Iterator[Finding]:
-    """A mirror is apt's here (a deb822 source); its key file must be there and be a public key."""
+    """A mirror is a package repository (apt's deb822 source, or a .repo file for dnf, yum and zypper); its
+    key file must be there and be a public key."""
     for loc, rig in inp.rigs():
         driver = rig.driver
         if driver is None or driver.repo is None:
             continue
         at = (*loc, "driver", "repo")
-        if driver.method in ("dnf", "runfile") or driver.source == "rhel":
-            method = driver.method or "dnf"
-            yield Finding(at, f"driver.repo is an apt mirror; this rig installs with {method}")
+        if driver.method == "runfile":
+            yield Finding(at, "driver.repo is a package repository; method runfile installs no packages")
         path = resolve_path(inp.base_dir, driver.repo.key)
         try:
             text = path.read_text(errors="replace")
@@ -824,7 +824,7 @@ def local_hosts_apart(inp: RuleInput) -> Iterator[Finding]:
             (*loc, "connection"),
             f"'{host.name}' and '{first[1].name}' are simulated on this machine (connection: local) and "
             "would write the same managed files (files:) over each other; rehearse several nodes with one "
-            "rig file per local host, or with SSH hosts (README, \"Rehearsing a fleet\")",
+            'rig file per local host, or with SSH hosts (README, "Rehearsing a fleet")',
         )
 
 

@@ -57,7 +57,8 @@ CASES = {
     ),
     "hosts-are-distinct-boxes-by-ip": (
         HEAD.replace("{name: gpu-b, rig: pair}", "{name: gpu-b, address: '0::1', rig: pair}")
-        + "  - {name: gpu-c, address: '0:0::1', port: 22, rig: pair}  # <-\nrigs:\n  pair:\n" + GPUS,
+        + "  - {name: gpu-c, address: '0:0::1', port: 22, rig: pair}  # <-\nrigs:\n  pair:\n"
+        + GPUS,
         "hosts[2].address",
         "hosts 'gpu-b' and 'gpu-c' are the same box (::1 port 22)",
     ),
@@ -207,14 +208,15 @@ CASES = {
         "rigs.pair.driver.repo.key",
         "cannot read the mirror's key",
     ),
-    "driver-repo-is-apt": (
+    "driver-repo-is-a-package-repository": (
         rig(
             GPUS.strip(),
-            'driver: {version: "550.54.15", source: rhel, method: dnf,',
+            'driver: {version: "550.54.15", method: runfile, runfile_url: /srv/NVIDIA.run,',
+            "         runfile_sha256: " + "0" * 64 + ",",
             "         repo: {url: http://mirror.lab/nvidia/, key: absent.asc}}  # <-",
         ),
         "rigs.pair.driver.repo",
-        "driver.repo is an apt mirror; this rig installs with dnf",
+        "driver.repo is a package repository; method runfile installs no packages",
     ),
     "no-fabric-manager-on-a-gb200-tray": (
         rig(

@@ -119,7 +119,7 @@ class RealBackend(RealHealth, Backend):
         return system.boot_id()
 
     def install_driver(self, step: Dict[str, Any]) -> Tuple[bool, str]:
-        return driver.install(step, self.installed_version())
+        return services.install_driver(step, self.installed_version())
 
     def reboot(self) -> Optional[Callable[[], None]]:
         def later() -> None:

@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 from ...protocol import branch_of
 from ..core import system
 from ..core.errors import AgentFailure
+from . import names
 
 NONINTERACTIVE = {"DEBIAN_FRONTEND": "noninteractive"}
 
@@ -41,8 +42,17 @@ def version_key(version: str) -> List[int]:
 
 
 def upstream(version: str) -> str:
-    """`535.216.03` of `535.216.03-2~bpo12+1` or of `3:575.51-1.el9`: the version NVIDIA gave it."""
-    return version.split(":", 1)[-1].rsplit("-", 1)[0]
+    """`535.216.03` of `535.216.03-2~bpo12+1`, of `3:575.51-1.el9` or of a SUSE kernel module package's
+    `580.95.05_k6.4.0_150600.23.73-1.1` (SUSE's KMPs carry the kernel they were built for after `_k`): the
+    version NVIDIA gave it."""
+    return version.split(":", 1)[-1].rsplit("-", 1)[0].split("_k", 1)[0]
+
+
+def at_driver_version(packages: List[str]) -> Tuple[List[str], List[str]]:
+    """(the packages installed at the driver's version, those installed by name at their own: NVLink Subnet
+    Manager and its tools)."""
+    own = [name for name in packages if names.own_version(name)]
+    return [name for name in packages if name not in own], own
 
 
 def pick_version(available: List[str], version: Optional[str], branch: str) -> Optional[str]:

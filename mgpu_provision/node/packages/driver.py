@@ -30,11 +30,13 @@ def check_source(step: Dict[str, Any]) -> None:
 
 def install(step: Dict[str, Any], current: Optional[str]) -> Tuple[bool, str]:
     """Install the step's driver unless the exact version is already there; return (changed, message)."""
-    from . import apt, dnf, runfile, zypper  # only an install needs them: facts reads versions through here
+    from . import apt, dnf, rpmrepo, runfile, zypper  # only an install needs them: facts reads through here
 
     method, branch, version = step["method"], step["branch"], step["version"]
     if method != "runfile":
         check_source(step)
+    if method in ("dnf", "yum") and step["repo"]:
+        rpmrepo.configure(method, step["repo"])  # read once before any package moves; taken back if not
     if method == "apt":
         return apt.install(step, "driver")
     if method == "zypper":

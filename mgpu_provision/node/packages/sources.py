@@ -7,6 +7,7 @@ without branch names, RHEL has dnf module streams. Plan and validate read the fl
 here; the agent reads the package names. Shipped to nodes: Python 3.8, standard library only.
 """
 
+import fnmatch
 import re
 from typing import Dict, List, Optional, Tuple
 
@@ -90,7 +91,21 @@ def apt_set(
         install = list(packages)
     if fabricmanager:
         install += fabricmanager_packages(source, branch, "apt", nvlink5)
-    return PackageSet(pinning, install, hold)
+    return PackageSet(pinning, install, hold + _held_by_name(install, hold))
+
+
+def _held_by_name(install: List[str], hold: List[str]) -> List[str]:
+    """The set's packages at the driver's version that its branch patterns miss: from 580 NVIDIA names
+    Fabric Manager, NSCQ, NVSDM and IMEX without the branch (`nvidia-fabricmanager`, `libnvidia-nscq`)
+    while the 580 driver set keeps it, so they are held by name; else facts would count them unheld and
+    every plan would show a hold that apply never makes. NVLink Subnet Manager keeps its own version."""
+    return [
+        name
+        for name in install
+        if not names.own_version(name)
+        and not any(fnmatch.fnmatchcase(name, p) for p in hold)
+        and not any(fnmatch.fnmatchcase(name, p) for p in names.NEVER_HOLD)
+    ]
 
 
 def fabricmanager_packages(source: str, branch: str, method: str = "apt", nvlink5: bool = False) -> List[str]:
@@ -99,13 +114,16 @@ def fabricmanager_packages(source: str, branch: str, method: str = "apt", nvlink
     return names.fabric_set(source, method, int(branch), nvlink5)
 
 
-def dnf_packages(branch: str, flavor: str, exact: bool, fabricmanager: bool) -> List[str]:
+def dnf_packages(
+    branch: str, flavor: str, exact: bool, fabricmanager: bool, nvlink5: bool = False
+) -> List[str]:
     """What one dnf transaction installs: with an `exact` version the driver's pieces (each pinned at it by
-    the agent), else the metapackage that follows the branch; Fabric Manager and NSCQ with them."""
+    the agent), else the metapackage that follows the branch; Fabric Manager and NSCQ with them (and NVLink5's
+    pieces on HGX B200/B300)."""
     open_modules = flavor == "open"
     if exact:
         kmod = "kmod-nvidia-open-dkms" if open_modules else "kmod-nvidia-latest-dkms"
         wanted = ["nvidia-driver", "nvidia-driver-cuda", kmod]
     else:
         wanted = ["nvidia-open" if open_modules else "cuda-drivers"]
-    return wanted + (fabricmanager_packages("rhel", branch, "dnf") if fabricmanager else [])
+    return wanted + (fabricmanager_packages("rhel", branch, "dnf", nvlink5) if fabricmanager else [])

@@ -2,85 +2,152 @@
 
 NVIDIA's CUDA repositories `sles15` and `opensuse15` carry the driver as RPMs: a branch metapackage
 (`cuda-drivers-<branch>`, `nvidia-open-<branch>`; from 590 unversioned, with `nvidia-driver-pinning-<branch>`
-choosing the branch), the G06 pieces it pulls in, and Fabric Manager and NSCQ by name. The plan resolves the
-set (`package_set`); the node installs every package of it at `name=version` in one transaction, so the
-whole set moves up or down together (`--oldpackage` allows the way down), and holds it with `zypper addlock`
-on each name. A version the repository lacks fails before anything changes, naming the versions it has;
-the locks of every NVIDIA package are removed first, as a previous branch's locks would block the change.
+choosing the branch), the compute utilities and SUSE's kernel module package (KMP) of the generation that
+branch belongs to, and Fabric Manager and NSCQ by name. The plan resolves the set (`package_set`); the node
+installs every package of it at its full version in one transaction, so the whole set moves up or down
+together (`--oldpackage` allows the way down), and holds it with `zypper addlock` on each name. A KMP's
+version carries the kernel it was built for (`580.95.05_k6.4.0_150600.23.73-1.1`), so each package is
+installed at the full version the repository lists for it, matched by the driver's version before `_k`. A
+version the repository lacks fails before anything changes, naming the versions it has; the locks of every
+NVIDIA package are removed first, as a previous branch's locks would block the change.
+
+Signatures are checked on every call: zypper's `--no-gpg-checks` would install kernel modules as root from
+anything that answers at the repository's address (zypper's option table, src/Zypper.cc: "Ignore GPG check
+failures and continue"). The repository's key is imported once, where the repository is configured
+(node/packages/rpmrepo.py), as NVIDIA's installation guide does with `zypper addrepo` and its key.
 Shipped to nodes: Python 3.8, standard library only.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import re
+import xml.etree.ElementTree as ElementTree
 from typing import Any, Dict, List, Tuple
 
 from ...protocol import PackageSet
 from ..core import system
-from . import names, sources
-from .common import Command, installed_rpms, resolve_version, run_all, upstream
+from ..core.errors import AgentFailure
+from . import names, rpmrepo, sources
+from .common import Command, at_driver_version, installed_rpms, resolve_version, run_all, upstream
 
-ZYPPER = ["zypper", "--non-interactive", "--no-gpg-checks"]
+ZYPPER = ["zypper", "--non-interactive"]
 # Locks of these names are NVIDIA's: cleared before an install (a previous branch's names included).
 LOCK_PATTERNS = ("*nvidia*", "cuda-drivers*", "libnvidia*", "libcuda*")
+# SUSE's nvidia-open-driver-G07-signed builds 590 and later (its first sources are open-gpu-kernel-modules
+# 590.44.01); G06 is 580 and earlier (bmwiedemann/openSUSE packages/n/nvidia-open-driver-G0{6,7}-signed).
+G07_FROM = 590
 
 
-def package_set(branch: str, flavor: str, fabricmanager: bool) -> PackageSet:
-    """What zypper installs for a branch and flavor: the metapackage, the G06 pieces, Fabric Manager."""
+def generation(branch: int) -> str:
+    """SUSE's driver generation of a branch: G06 up to 580, G07 from 590."""
+    return "G07" if branch >= G07_FROM else "G06"
+
+
+def package_set(branch: str, flavor: str, fabricmanager: bool, nvlink5: bool = False) -> PackageSet:
+    """What zypper installs for a branch and flavor: the metapackage, the compute utilities and kernel
+    modules of the branch's generation, Fabric Manager. The open modules are SUSE's signed `-cuda-` KMP
+    flavour, the one built at the CUDA repository's driver versions (its graphics flavour follows SUSE's
+    own, other versions: nvidia-open-driver-G06-signed.spec `Name: ...%{?with_cuda:-cuda}`)."""
     b = int(branch)
+    gen = generation(b)
     unversioned = b >= names.UNVERSIONED_DRIVER_FROM
     open_modules = flavor == "open"
     main = "nvidia-open" if open_modules else "cuda-drivers"
-    kmp = "nvidia-open-driver-G06-signed-kmp-default" if open_modules else "nvidia-driver-G06-kmp-default"
-    install = [main if unversioned else f"{main}-{b}", "nvidia-compute-utils-G06", kmp]
+    kmp = (
+        f"nvidia-open-driver-{gen}-signed-cuda-kmp-default"
+        if open_modules
+        else f"nvidia-driver-{gen}-kmp-default"
+    )
+    install = [main if unversioned else f"{main}-{b}", f"nvidia-compute-utils-{gen}", kmp]
     if fabricmanager:
-        install += sources.fabricmanager_packages("cuda", branch, "zypper")  # RPM names, as on RHEL
+        install += sources.fabricmanager_packages("cuda", branch, "zypper", nvlink5)  # RPM names, as on RHEL
     pinning = [f"nvidia-driver-pinning-{b}"] if unversioned else []
-    return PackageSet(pinning, install, list(pinning) + install)
+    return PackageSet(pinning, install, list(pinning) + at_driver_version(install)[0])
 
 
-def search_versions(output: str, name: str) -> List[str]:
-    """Versions of `name` in `zypper search --details --match-exact` output (`S | Name | Type | Version`)."""
+def search_versions(xml: str, name: str) -> List[str]:
+    """Versions (editions) of `name` in `zypper --xmlout search --details --match-exact` output, in its
+    order: `<solvable name="cuda-drivers-550" edition="550.90.07-1" .../>` (zypper's xmlout schema,
+    openSUSE/zypper doc/xmlout.rnc)."""
+    start = xml.find("<")
+    try:
+        root = ElementTree.fromstring(xml[start:]) if start >= 0 else None
+    except ElementTree.ParseError:
+        return []
     found: List[str] = []
-    for line in output.splitlines():
-        cells = [cell.strip() for cell in line.split("|")]
-        if len(cells) >= 4 and cells[1] == name and cells[3] not in found:
-            found.append(cells[3])
+    for solvable in root.iter("solvable") if root is not None else []:
+        edition = solvable.get("edition") or ""
+        package = solvable.get("name") == name and solvable.get("kind", "package") == "package"
+        if package and edition and edition not in found:
+            found.append(edition)
     return found
 
 
 def lock_names(output: str) -> List[str]:
     """Names locked in `zypper locks` output (`# | Name | Type | Repository`), in its order."""
-    names: List[str] = []
+    locked: List[str] = []
     for line in output.splitlines():
         cells = [cell.strip() for cell in line.split("|")]
         if len(cells) >= 3 and cells[0].isdigit():
-            names.append(cells[1])
-    return names
+            locked.append(cells[1])
+    return locked
 
 
 def _offered(name: str) -> List[str]:
-    result = system.run([*ZYPPER, "search", "--details", "--match-exact", name], timeout=300)
-    return search_versions(result.stdout, name)
+    argv = [*ZYPPER, "--xmlout", "search", "--details", "--match-exact", name]
+    return search_versions(system.run(argv, timeout=300).stdout, name)
+
+
+def _edition_key(edition: str) -> List[int]:
+    return [int(part) for part in re.findall(r"\d+", edition)]
+
+
+def editions(names_: List[str], offered: Dict[str, List[str]], target: str) -> List[str]:
+    """`name=edition` for each package at the driver's version `target` (the newest edition of it, a KMP's
+    built for the newest kernel on offer)."""
+    wanted = []
+    for name in names_:
+        matching = [v for v in offered[name] if upstream(v) == target]
+        wanted.append(f"{name}={max(matching, key=_edition_key)}")
+    return wanted
 
 
 def install(step: Dict[str, Any], what: str = "driver") -> Tuple[bool, str]:
     """Install the step's set at one version and lock it; `what` names it in the messages."""
-    names = list(step["pinning"]) + list(step["packages"])
+    wanted = list(step["pinning"]) + list(step["packages"])
+    versioned, own = at_driver_version(wanted)
+    if step.get("repo"):
+        rpmrepo.configure("zypper", step["repo"])  # read once before any package moves; taken back if not
     run_all([Command([*ZYPPER, "refresh"])], what)  # stale metadata says "not found"
-    found = resolve_version(names, _offered, step["version"], step["branch"], "the zypper repositories")
+    offered = {name: _offered(name) for name in wanted}
+    found = resolve_version(
+        versioned, offered.__getitem__, step["version"], step["branch"], "the zypper repositories"
+    )
+    absent = [name for name in own if not offered[name]]
+    if absent:
+        raise AgentFailure(
+            what, f"{', '.join(absent)} not available from the zypper repositories; nothing was changed"
+        )
     target = upstream(found)
     hold = bool(step["hold"])
     locked_now = lock_names(system.run([*ZYPPER, "locks"], timeout=120).stdout)
-    installed = installed_rpms(names)
-    at_version = all(upstream(installed.get(n, "")) == target for n in names)
-    if at_version and (not hold or set(step["hold_patterns"]) <= set(locked_now)):
+    installed = installed_rpms(wanted)
+    at_version = all(upstream(installed.get(n, "")) == target for n in versioned)
+    locked = not hold or set(step["hold_patterns"]) <= set(locked_now)
+    if at_version and all(n in installed for n in own) and locked:
         return False, f"{what} {target} already installed"
     ours = [n for n in locked_now if any(fnmatch.fnmatchcase(n, p) for p in LOCK_PATTERNS)]
     commands = [Command([*ZYPPER, "removelock", *ours])] if ours else []
-    commands.append(
-        Command([*ZYPPER, "install", "--oldpackage", "--no-recommends", *[f"{n}={target}" for n in names]])
-    )
+    argv = [
+        *ZYPPER,
+        "install",
+        "--oldpackage",
+        "--no-recommends",
+        *editions(versioned, offered, target),
+        *own,
+    ]
+    commands.append(Command(argv))
     if hold:
         commands.append(Command([*ZYPPER, "addlock", *step["hold_patterns"]]))
     run_all(commands, what)

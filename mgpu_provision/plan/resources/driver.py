@@ -31,7 +31,7 @@ class Source:
 
     @property
     def label(self) -> str:
-        return f"{self.name} packages" if self.name else "runfile"
+        return f"{self.name} packages with {self.method}" if self.name else "runfile"
 
 
 def resolve(want: Driver, host: HostInfo, model: str) -> Source:
@@ -175,20 +175,22 @@ def _install(
     else:
         assert source.name is not None and source.flavor is not None  # resolve() says a problem otherwise
         summary = f"{summary} ({source.label})"
+        nvlink5 = nvlink5_hgx(ctx.rig.gpus.model)
         if source.method == "apt":
             packages = sources.apt_set(
                 source.name, branch, source.flavor, want.fabricmanager, want.packages,
-                debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5_hgx(ctx.rig.gpus.model),
+                debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5,
             )  # fmt: skip
         elif source.method == "zypper":  # every name at the version in one transaction, each locked
-            packages = zypper.package_set(branch, source.flavor, want.fabricmanager)
+            packages = zypper.package_set(branch, source.flavor, want.fabricmanager, nvlink5)
         else:  # dnf, yum: one transaction, nothing to pin first or hold by pattern (versionlock does)
-            names = sources.dnf_packages(branch, source.flavor, want.version is not None, want.fabricmanager)
+            exact = want.version is not None
+            names = sources.dnf_packages(branch, source.flavor, exact, want.fabricmanager, nvlink5)
             packages = protocol.PackageSet([], names, [])
         step = protocol.driver_step(
             source.method, source.name, source.flavor, branch, want.version, want.hold, want.fabricmanager,
             packages=packages, modules=family_of(ctx.facts.host).modules,
-            repo=ctx.driver_repo if source.method == "apt" else None,
+            repo=ctx.driver_repo,
         )  # fmt: skip
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
 
