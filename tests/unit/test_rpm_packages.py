@@ -8,16 +8,17 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision import protocol
+from mgpu_provision.catalog import sources
 from mgpu_provision.node.core import system
 from mgpu_provision.node.core.errors import AgentFailure
-from mgpu_provision.node.packages import dnf, driver, sources, zypper
+from mgpu_provision.node.packages import dnf, driver, zypper
 from mgpu_provision.node.packages.common import Command, listed_versions, upstream
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "rpm"
 
 
 def test_the_set_of_a_branch_with_fabric_manager_by_name() -> None:
-    found = zypper.package_set("550", "default", fabricmanager=True)
+    found = sources.zypper_set("550", "default", fabricmanager=True)
     assert found.pinning == []
     assert found.install == [
         "cuda-drivers-550",
@@ -33,12 +34,12 @@ def test_open_modules_are_suses_cuda_kmp_of_the_branchs_generation() -> None:
     """Issue 37 item 4: the open KMP is SUSE's `-cuda-` flavour (built at the CUDA repository's driver
     versions; the graphics flavour has SUSE's own), and 590 and later are G07 (SUSE's
     nvidia-open-driver-G07-signed builds 590.44.01 onwards), not G06."""
-    found = zypper.package_set("590", "open", fabricmanager=False)
+    found = sources.zypper_set("590", "open", fabricmanager=False)
     assert found.pinning == ["nvidia-driver-pinning-590"]
     kmp = "nvidia-open-driver-G07-signed-cuda-kmp-default"
     assert found.install == ["nvidia-open", "nvidia-compute-utils-G07", kmp]
     assert found.hold[0] == "nvidia-driver-pinning-590"
-    older = zypper.package_set("580", "open", fabricmanager=False)
+    older = sources.zypper_set("580", "open", fabricmanager=False)
     assert older.install == [
         "nvidia-open-580",
         "nvidia-compute-utils-G06",
@@ -48,7 +49,7 @@ def test_open_modules_are_suses_cuda_kmp_of_the_branchs_generation() -> None:
 
 def test_nvlink5_packages_are_installed_by_name_and_never_locked() -> None:
     """Issue 37 item 1: nvlsm and infiniband-diags have versions of their own."""
-    found = zypper.package_set("580", "open", fabricmanager=True, nvlink5=True)
+    found = sources.zypper_set("580", "open", fabricmanager=True, nvlink5=True)
     assert found.install[3:] == [
         "nvidia-fabricmanager",
         "libnvidia-nscq",

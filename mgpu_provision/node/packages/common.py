@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
+from ...catalog import names
 from ...protocol import branch_of
 from ..core import system
 from ..core.errors import AgentFailure
-from . import names
 
 NONINTERACTIVE = {"DEBIAN_FRONTEND": "noninteractive"}
 

@@ -16,10 +16,10 @@ import shutil
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
+from ...catalog import families
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
-from . import families
 
 SOURCES_DIR = "/etc/apt/sources.list.d"
 KEYRINGS_DIR = "/etc/apt/keyrings"

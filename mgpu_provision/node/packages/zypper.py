@@ -3,7 +3,8 @@
 NVIDIA's CUDA repositories `sles15` and `opensuse15` carry the driver as RPMs: a branch metapackage
 (`cuda-drivers-<branch>`, `nvidia-open-<branch>`; from 590 unversioned, with `nvidia-driver-pinning-<branch>`
 choosing the branch), the compute utilities and SUSE's kernel module package (KMP) of the generation that
-branch belongs to, and Fabric Manager and NSCQ by name. The plan resolves the set (`package_set`); the node
+branch belongs to, and Fabric Manager and NSCQ by name. The plan resolves the set
+(`catalog.sources.zypper_set`); the node
 installs every package of it at its full version in one transaction, so the whole set moves up or down
 together (`--oldpackage` allows the way down), and holds it with `zypper addlock` on each name. A KMP's
 version carries the kernel it was built for (`580.95.05_k6.4.0_150600.23.73-1.1`), so each package is
@@ -25,45 +26,14 @@ import re
 import xml.etree.ElementTree as ElementTree
 from typing import Any, Dict, List, Tuple
 
-from ...protocol import PackageSet
 from ..core import system
 from ..core.errors import AgentFailure
-from . import names, rpmrepo, sources
+from . import rpmrepo
 from .common import Command, at_driver_version, installed_rpms, resolve_version, run_all, upstream
 
 ZYPPER = ["zypper", "--non-interactive"]
 # Locks of these names are NVIDIA's: cleared before an install (a previous branch's names included).
 LOCK_PATTERNS = ("*nvidia*", "cuda-drivers*", "libnvidia*", "libcuda*")
-# SUSE's nvidia-open-driver-G07-signed builds 590 and later (its first sources are open-gpu-kernel-modules
-# 590.44.01); G06 is 580 and earlier (bmwiedemann/openSUSE packages/n/nvidia-open-driver-G0{6,7}-signed).
-G07_FROM = 590
-
-
-def generation(branch: int) -> str:
-    """SUSE's driver generation of a branch: G06 up to 580, G07 from 590."""
-    return "G07" if branch >= G07_FROM else "G06"
-
-
-def package_set(branch: str, flavor: str, fabricmanager: bool, nvlink5: bool = False) -> PackageSet:
-    """What zypper installs for a branch and flavor: the metapackage, the compute utilities and kernel
-    modules of the branch's generation, Fabric Manager. The open modules are SUSE's signed `-cuda-` KMP
-    flavour, the one built at the CUDA repository's driver versions (its graphics flavour follows SUSE's
-    own, other versions: nvidia-open-driver-G06-signed.spec `Name: ...%{?with_cuda:-cuda}`)."""
-    b = int(branch)
-    gen = generation(b)
-    unversioned = b >= names.UNVERSIONED_DRIVER_FROM
-    open_modules = flavor == "open"
-    main = "nvidia-open" if open_modules else "cuda-drivers"
-    kmp = (
-        f"nvidia-open-driver-{gen}-signed-cuda-kmp-default"
-        if open_modules
-        else f"nvidia-driver-{gen}-kmp-default"
-    )
-    install = [main if unversioned else f"{main}-{b}", f"nvidia-compute-utils-{gen}", kmp]
-    if fabricmanager:
-        install += sources.fabricmanager_packages("cuda", branch, "zypper", nvlink5)  # RPM names, as on RHEL
-    pinning = [f"nvidia-driver-pinning-{b}"] if unversioned else []
-    return PackageSet(pinning, install, list(pinning) + at_driver_version(install)[0])
 
 
 def search_versions(xml: str, name: str) -> List[str]:
@@ -117,9 +87,10 @@ def install(step: Dict[str, Any], what: str = "driver") -> Tuple[bool, str]:
     """Install the step's set at one version and lock it; `what` names it in the messages."""
     wanted = list(step["pinning"]) + list(step["packages"])
     versioned, own = at_driver_version(wanted)
+    kind = "driver" if what == "driver" else "fabricmanager"  # the error kind; `what` is for the words
     if step.get("repo"):
-        rpmrepo.configure("zypper", step["repo"])  # read once before any package moves; taken back if not
-    run_all([Command([*ZYPPER, "refresh"])], what)  # stale metadata says "not found"
+        rpmrepo.configure("zypper", step["repo"])  # checked before it is written; taken back if unread
+    run_all([Command([*ZYPPER, "refresh"])], kind)  # stale metadata says "not found"
     offered = {name: _offered(name) for name in wanted}
     found = resolve_version(
         versioned, offered.__getitem__, step["version"], step["branch"], "the zypper repositories"
@@ -127,7 +98,7 @@ def install(step: Dict[str, Any], what: str = "driver") -> Tuple[bool, str]:
     absent = [name for name in own if not offered[name]]
     if absent:
         raise AgentFailure(
-            what, f"{', '.join(absent)} not available from the zypper repositories; nothing was changed"
+            kind, f"{', '.join(absent)} not available from the zypper repositories; nothing was changed"
         )
     target = upstream(found)
     hold = bool(step["hold"])
@@ -150,7 +121,7 @@ def install(step: Dict[str, Any], what: str = "driver") -> Tuple[bool, str]:
     commands.append(Command(argv))
     if hold:
         commands.append(Command([*ZYPPER, "addlock", *step["hold_patterns"]]))
-    run_all(commands, what)
+    run_all(commands, kind)
     kept = f"{len(step['hold_patterns'])} packages locked" if hold else "not locked"
     reboot = "; reboot to load it" if what == "driver" else ""
     return True, f"installed {what} {target} with zypper, {kept}{reboot}"

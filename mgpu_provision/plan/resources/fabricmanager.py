@@ -12,9 +12,9 @@ failed checks for a person.
 from __future__ import annotations
 
 from ... import protocol
+from ...catalog import sources
+from ...catalog.names import own_version
 from ...judge import driver as judge
-from ...node.packages import sources
-from ...node.packages.names import own_version
 from ...rig.cards import nvlink5_hgx
 from ...rig.models import Driver
 from ..change import Change, HostContext, failed_checks

@@ -11,7 +11,7 @@ import fnmatch
 import re
 from typing import Dict, List, Optional, Tuple
 
-from ...protocol import PackageSet
+from ..protocol import PackageSet
 from . import names
 
 SOURCES = ("ubuntu", "cuda", "debian", "rhel")
@@ -77,7 +77,7 @@ def apt_set(
     debian_family: bool = False,
     nvlink5: bool = False,
 ) -> PackageSet:
-    """The set one apt install puts on a node (names from node/packages/names.py). NVIDIA's repository for
+    """The set one apt install puts on a node (names from catalog/names.py). NVIDIA's repository for
     Debian names its libraries without the branch at every branch (`debian_family`: the node is Debian), as
     the CUDA repository does everywhere from 590: the unversioned set is held by name."""
     b = int(branch)
@@ -110,7 +110,7 @@ def _held_by_name(install: List[str], hold: List[str]) -> List[str]:
 
 def fabricmanager_packages(source: str, branch: str, method: str = "apt", nvlink5: bool = False) -> List[str]:
     """Fabric Manager and NSCQ (the NVSwitch library it loads), always at the driver's exact version, and
-    on NVLink5 boxes NVSDM and the subnet manager; the names change at 580 (node/packages/names.py)."""
+    on NVLink5 boxes NVSDM and the subnet manager; the names change at 580 (catalog/names.py)."""
     return names.fabric_set(source, method, int(branch), nvlink5)
 
 
@@ -127,3 +127,37 @@ def dnf_packages(
     else:
         wanted = ["nvidia-open" if open_modules else "cuda-drivers"]
     return wanted + (fabricmanager_packages("rhel", branch, "dnf", nvlink5) if fabricmanager else [])
+
+
+# SUSE's nvidia-open-driver-G07-signed builds 590 and later (its first sources are open-gpu-kernel-modules
+# 590.44.01); G06 is 580 and earlier (bmwiedemann/openSUSE packages/n/nvidia-open-driver-G0{6,7}-signed).
+G07_FROM = 590
+
+
+def suse_generation(branch: int) -> str:
+    """SUSE's driver generation of a branch: G06 up to 580, G07 from 590."""
+    return "G07" if branch >= G07_FROM else "G06"
+
+
+def zypper_set(branch: str, flavor: str, fabricmanager: bool, nvlink5: bool = False) -> PackageSet:
+    """What zypper installs for a branch and flavor: the metapackage, the compute utilities and kernel
+    modules of the branch's generation, Fabric Manager (and NVLink5's pieces on HGX B200/B300). The open
+    modules are SUSE's signed `-cuda-` KMP flavour, the one built at the CUDA repository's driver
+    versions (its graphics flavour follows SUSE's own: nvidia-open-driver-G06-signed.spec, `Name:
+    ...%{?with_cuda:-cuda}`, `Version: %{cuda_version}`). Each name is locked but those with versions of
+    their own."""
+    b = int(branch)
+    gen = suse_generation(b)
+    unversioned = b >= names.UNVERSIONED_DRIVER_FROM
+    open_modules = flavor == "open"
+    main = "nvidia-open" if open_modules else "cuda-drivers"
+    kmp = (
+        f"nvidia-open-driver-{gen}-signed-cuda-kmp-default"
+        if open_modules
+        else f"nvidia-driver-{gen}-kmp-default"
+    )
+    install = [main if unversioned else f"{main}-{b}", f"nvidia-compute-utils-{gen}", kmp]
+    if fabricmanager:
+        install += fabricmanager_packages("cuda", branch, "zypper", nvlink5)  # RPM names, as on RHEL
+    pinning = [f"nvidia-driver-pinning-{b}"] if unversioned else []
+    return PackageSet(pinning, install, pinning + [n for n in install if not names.own_version(n)])
