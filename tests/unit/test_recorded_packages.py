@@ -191,3 +191,33 @@ def test_the_plan_marks_ubuntus_server_set_for_prebuilt_modules(
     pkgset = sources.apt_set(source, "580", flavor, fabricmanager, packages)
     chosen = plan_driver.Source(source, "apt", flavor)
     assert plan_driver.ubuntu_server_set(chosen, "580", pkgset) is prebuilt
+
+
+def test_an_hwe_kernel_gets_the_modules_of_its_own_kernel_metapackage(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 37 item 3: the modules metapackage follows the installed kernel metapackage
+    (linux-image-generic-hwe-24.04 → linux-modules-nvidia-580-server-open-generic-hwe-24.04), as
+    ubuntu-drivers does; `uname -r`'s `-generic` pulled the GA kernel's modules and GRUB booted the HWE kernel with none."""
+    listing = recorded("ubuntu-noble-dpkg-query-linux-image-hwe.txt")
+    assert apt.kernel_metapackage_flavour(listing, "6.11.0-29-generic") == "generic-hwe-24.04"
+    assert apt.kernel_metapackage_flavour(listing, "6.8.0-85-generic") == "generic"
+    assert apt.kernel_metapackage_flavour(listing, "6.14.0-1-generic") is None  # none pulls it in: uname's
+
+    calls = ubuntu_box(
+        monkeypatch, tmp_path, recorded("ubuntu-noble-madison-linux-modules-nvidia-580-hwe.txt")
+    )
+    monkeypatch.setattr(apt, "running_kernel", lambda: "6.11.0-29-generic")
+    answer = system.run
+
+    def run(argv: list[str], timeout: float = 0, env: object = None) -> subprocess.CompletedProcess[str]:
+        if argv[0] == "dpkg-query" and argv[-1] == "linux-image-*":
+            calls.append(argv)
+            return subprocess.CompletedProcess(argv, 0, listing, "")
+        return answer(argv, timeout, env)
+
+    monkeypatch.setattr(system, "run", run)
+    changed, message = apt.install(dict(UBUNTU_580), "driver")
+    assert changed and "following linux-image-generic-hwe-24.04" in message, message
+    (install,) = [c for c in calls if c[:2] == ["apt-get", "install"]]
+    assert install[-1] == "linux-modules-nvidia-580-server-open-generic-hwe-24.04"

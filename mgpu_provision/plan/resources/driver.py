@@ -45,7 +45,7 @@ def resolve(want: Driver, host: HostInfo, model: str) -> Source:
     if name is None:
         return Source(None, method, want.flavor, family.problem)
     flavor = want.flavor or sources.default_flavor(name, model, branch_of_rig(want))
-    problem = families.method_problem(family, method, name) or _source_problem(want, name, flavor)
+    problem = families.method_problem(family, method, name) or _source_problem(want, name, flavor, model)
     return Source(name, method, flavor, problem)
 
 
@@ -54,11 +54,17 @@ def family_of(host: HostInfo) -> families.Family:
     return families.family_of(host.os_id or "ubuntu", host.os_version_id, host.os_like)
 
 
-def _source_problem(want: Driver, name: str, flavor: str) -> str | None:
+def _source_problem(want: Driver, name: str, flavor: str, model: str) -> str | None:
     if flavor not in sources.FLAVORS[name]:
         return f"the {name} source has no {flavor} flavor (it has {', '.join(sources.FLAVORS[name])})"
     if want.fabricmanager and not sources.HAS_FABRICMANAGER[name]:
         return f"the {name} source has no Fabric Manager package: set driver.source: cuda"
+    if want.fabricmanager and name == "ubuntu" and nvlink5_hgx(model):
+        # Validate refuses `source: ubuntu` written in the rig; this is the source an Ubuntu box suggests.
+        return (
+            "Ubuntu's archive has no NVLink Subnet Manager (nvlsm) nor NVSDM, without which Fabric Manager "
+            f"never starts on {model}: set driver.source: cuda (NVIDIA's repository)"
+        )
     return None
 
 
