@@ -198,7 +198,8 @@ def test_an_hwe_kernel_gets_the_modules_of_its_own_kernel_metapackage(
 ) -> None:
     """Issue 37 item 3: the modules metapackage follows the installed kernel metapackage
     (linux-image-generic-hwe-24.04 → linux-modules-nvidia-580-server-open-generic-hwe-24.04), as
-    ubuntu-drivers does; `uname -r`'s `-generic` pulled the GA kernel's modules and GRUB booted the HWE kernel with none."""
+    ubuntu-drivers does; `uname -r`'s `-generic` pulled the GA kernel's modules and GRUB booted the HWE
+    kernel with none."""
     listing = recorded("ubuntu-noble-dpkg-query-linux-image-hwe.txt")
     assert apt.kernel_metapackage_flavour(listing, "6.11.0-29-generic") == "generic-hwe-24.04"
     assert apt.kernel_metapackage_flavour(listing, "6.8.0-85-generic") == "generic"
