@@ -34,6 +34,9 @@ class HostInfo(Fact):
     )
     os_version_id: str | None = Field(None, description='VERSION_ID of /etc/os-release, e.g. "12"')
     os_like: list[str] = Field(default_factory=list, description="ID_LIKE of /etc/os-release")
+    os_platform_id: str | None = Field(
+        None, description='PLATFORM_ID of /etc/os-release, e.g. "platform:el9" (the RHEL release it follows)'
+    )
 
 
 NvmlStatus = Literal["ok", "no-driver", "driver-not-loaded", "version-mismatch", "no-permission", "error"]
@@ -377,8 +380,9 @@ class Facts(Fact):
     schema_version: int = FACTS_SCHEMA_VERSION
     agent_version: str
     agent_digest: str | None = Field(
-        None, description="sha256 of the agent's zipapp (what apply installs for the node check); None: "
-        "the agent runs from a source tree"
+        None,
+        description="sha256 of the agent's zipapp (what apply installs for the node check); None: "
+        "the agent runs from a source tree",
     )
     host: HostInfo
     driver: DriverInfo

@@ -51,7 +51,7 @@ def resolve(want: Driver, host: HostInfo, model: str) -> Source:
 
 def family_of(host: HostInfo) -> families.Family:
     """The node's family; facts without os-release (older agents) read as Ubuntu, the first one supported."""
-    return families.family_of(host.os_id or "ubuntu", host.os_version_id, host.os_like)
+    return families.family_of(host.os_id or "ubuntu", host.os_version_id, host.os_like, host.os_platform_id)
 
 
 def _source_problem(want: Driver, name: str, flavor: str, model: str) -> str | None:
