@@ -3,6 +3,7 @@ what those archives print for the packages of 2026's boxes, read by the agent's 
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -222,3 +223,64 @@ def test_an_hwe_kernel_gets_the_modules_of_its_own_kernel_metapackage(
     assert changed and "following linux-image-generic-hwe-24.04" in message, message
     (install,) = [c for c in calls if c[:2] == ["apt-get", "install"]]
     assert install[-1] == "linux-modules-nvidia-580-server-open-generic-hwe-24.04"
+
+
+def test_a_box_without_nvidias_repository_is_told_the_repository_step_before_anything_changes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 37 item 8: `source: cuda` on a fresh Ubuntu box said only "they offer: none"; the refusal now
+    names NVIDIA's repository step for this box (the cuda-keyring package of ubuntu2404/<arch>)."""
+    monkeypatch.setattr(apt, "PREFERENCES", str(tmp_path / "pin"))
+    ubuntu = (FIXTURES.parent / "os-release" / "ubuntu-24.04").read_text()
+    real_read = system.read_text
+    monkeypatch.setattr(system, "read_text", lambda p: ubuntu if p == "/etc/os-release" else real_read(p))
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], timeout: float = 0, env: object = None) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")  # Ubuntu's archive has no cuda-drivers-580
+
+    monkeypatch.setattr(system, "run", run)
+    step = {
+        "source": "cuda",
+        "flavor": "open",
+        "branch": "580",
+        "version": "580.95.05",
+        "packages": ["nvidia-open-580"],
+        "pinning": [],
+        "hold_patterns": ["*nvidia*-580", "*nvidia*-580-*"],
+        "hold": True,
+        "prebuilt": False,
+        "repo": None,
+    }
+    with pytest.raises(AgentFailure) as caught:
+        apt.install(step, "driver")
+    arch = {"x86_64": "x86_64", "aarch64": "sbsa"}.get(os.uname().machine, os.uname().machine)
+    assert "they offer: none); NVIDIA's CUDA repository is not configured on this box" in caught.value.message
+    assert f"compute/cuda/repos/ubuntu2404/{arch}/cuda-keyring_1.1-1_all.deb" in caught.value.message
+    assert caught.value.message.endswith("or set driver.repo to a mirror of it; nothing was changed")
+    assert not [c for c in calls if c[:2] == ["apt-get", "install"] or c[0] == "apt-mark"]
+    assert not (tmp_path / "pin").exists()
+
+
+def test_a_hanging_package_manager_is_stopped_and_named_before_anything_changes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 37, bad input: apt-get that never returns (another apt holding the lock) is stopped at the
+    command's timeout with a plain error; no pin, no install, no hold was made."""
+    monkeypatch.setattr(apt, "PREFERENCES", str(tmp_path / "pin"))
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], timeout: float = 0, env: object = None) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        if argv[:2] == ["apt-get", "update"]:  # as system.run answers a command past its timeout
+            return subprocess.CompletedProcess(argv, 124, "", f"apt-get: timed out after {timeout:g} s")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(system, "run", run)
+    step = dict(UBUNTU_580, repo=None)
+    with pytest.raises(AgentFailure) as caught:
+        apt.install(step, "driver")
+    assert caught.value.message.startswith("`apt-get update -q` did not finish in 30 minutes and was stopped")
+    assert "the next apply starts this step again" in caught.value.message
+    assert calls == [["apt-get", "update", "-q"]] and not (tmp_path / "pin").exists()

@@ -124,7 +124,8 @@ def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
     pkgset = PackageSet(step["pinning"], packages, step["hold_patterns"])
     # The kernel's module packages carry the kernel's version, NVLink Subnet Manager its own.
     versioned, own = at_driver_version(holdable(pkgset.install))
-    target = resolve_version(versioned, _offered, step["version"], branch, "the apt sources")
+    nvidia = "apt" if source == "cuda" and not step.get("repo") else None
+    target = resolve_version(versioned, _offered, step["version"], branch, "the apt sources", nvidia)
     refuse_transitional(pkgset.install[0], target, branch)
     missing_own(own)
     pin = preferences(versioned, target)

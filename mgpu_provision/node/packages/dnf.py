@@ -39,7 +39,8 @@ def check_available(step: Dict[str, Any]) -> None:
     versioned, own = at_driver_version(step["packages"])
     where = f"the {tool} repositories"
     if step["version"]:
-        resolve_version(versioned, offered, step["version"], step["branch"], where)
+        nvidia = None if step.get("repo") else tool
+        resolve_version(versioned, offered, step["version"], step["branch"], where, nvidia)
     absent = [name for name in own if not offered(name)]
     if absent:
         raise AgentFailure("driver", f"{', '.join(absent)} not available from {where}; nothing was changed")

@@ -92,9 +92,9 @@ def install(step: Dict[str, Any], what: str = "driver") -> Tuple[bool, str]:
         rpmrepo.configure("zypper", step["repo"])  # checked before it is written; taken back if unread
     run_all([Command([*ZYPPER, "refresh"])], kind)  # stale metadata says "not found"
     offered = {name: _offered(name) for name in wanted}
-    found = resolve_version(
-        versioned, offered.__getitem__, step["version"], step["branch"], "the zypper repositories"
-    )
+    nvidia = None if step.get("repo") else "zypper"
+    where = "the zypper repositories"
+    found = resolve_version(versioned, offered.__getitem__, step["version"], step["branch"], where, nvidia)
     absent = [name for name in own if not offered[name]]
     if absent:
         raise AgentFailure(
