@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision import protocol
 from mgpu_provision.catalog import names, sources
 from mgpu_provision.node.core import system
 from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.packages import apt, common
 from mgpu_provision.plan.resources import driver as plan_driver
+from mgpu_provision.plan.resources.fabricmanager import package_set
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "packages"
 
@@ -284,3 +286,53 @@ def test_a_hanging_package_manager_is_stopped_and_named_before_anything_changes(
     assert caught.value.message.startswith("`apt-get update -q` did not finish in 30 minutes and was stopped")
     assert "the next apply starts this step again" in caught.value.message
     assert calls == [["apt-get", "update", "-q"]] and not (tmp_path / "pin").exists()
+
+
+def test_nvlink5_packages_install_at_their_own_versions_and_a_second_apply_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 37 item 1 (apt): nvlsm and infiniband-diags were pinned at the driver's version ("nvlsm
+    580.95.05 is not available … nothing was changed"); NVIDIA's ubuntu24.04/precompiled/nvidia-driver
+    installs them without one. Versions as NVIDIA's CUDA repository ubuntu2404 offers them."""
+    monkeypatch.setattr(apt, "PREFERENCES", str(tmp_path / "pin"))
+    offer = {
+        "nvidia-fabricmanager": "580.95.05-1",
+        "libnvidia-nscq": "580.95.05-1",
+        "libnvsdm": "580.95.05-1",
+        "nvlsm": "2025.06.5-1",
+        "infiniband-diags": "50.0-1",
+    }
+    installed: dict[str, list[str]] = {}  # name -> [version, status]
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], timeout: float = 0, env: object = None) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        out = ""
+        if argv[:2] == ["apt-cache", "madison"]:
+            out = "".join(f"{n} | {offer[n]} | https://developer.download.nvidia.com x\n" for n in argv[2:])
+        elif argv[0] == "dpkg-query":
+            out = "".join(f"{n} {v} {s}\n" for n, (v, s) in installed.items())
+        elif argv[:2] == ["apt-get", "install"]:
+            installed.update({n: [offer[n], "ii"] for n in argv[len(apt.INSTALL) :]})
+        elif argv[:2] == ["apt-mark", "hold"]:
+            for name in argv[2:]:
+                installed[name][1] = "hi"
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(system, "run", run)
+    fm = package_set("cuda", "apt", "580.95.05", nvlink5=True)
+    step = protocol.fabricmanager_step("580.95.05", "cuda", "apt", fm, hold=True, start=False)
+    changed, message = apt.install(dict(protocol.check_step(0, step)), "Fabric Manager")
+    assert changed, message
+    (install,) = [c for c in calls if c[:2] == ["apt-get", "install"]]
+    assert install[len(apt.INSTALL) :] == list(offer)  # names only: the pin picks the driver's version
+    assert "nvlsm" not in (tmp_path / "pin").read_text()
+    assert {n: s for n, (_, s) in installed.items()} == {
+        "nvidia-fabricmanager": "hi",
+        "libnvidia-nscq": "hi",
+        "libnvsdm": "hi",
+        "nvlsm": "ii",  # never held: its own version moves with NVIDIA's repository
+        "infiniband-diags": "ii",
+    }
+    again = apt.install(dict(protocol.check_step(0, step)), "Fabric Manager")
+    assert again == (False, "Fabric Manager 580.95.05 already installed (580.95.05-1)")
