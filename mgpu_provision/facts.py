@@ -56,6 +56,11 @@ class DriverInfo(Fact):
     kernel_module: Literal["open", "proprietary"] | None = Field(
         None, description="which kernel modules are loaded (/proc/driver/nvidia/version), None when none"
     )
+    installed_module: Literal["open", "proprietary"] | None = Field(
+        None,
+        description="which kernel modules are installed for the running kernel (modinfo's license), the ones "
+        "the next boot loads; None when unknown",
+    )
     unheld: list[str] = Field(
         default_factory=list, description="packages of the installed driver set that apt does not hold"
     )

@@ -91,6 +91,9 @@ class RealBackend(RealHealth, Backend):
     def unheld_driver_packages(self, version: str) -> List[str]:
         return driver.unheld_packages(version)
 
+    def installed_module(self) -> Optional[str]:
+        return driver.installed_module()
+
     def kernel_module(self) -> Optional[str]:
         return system.parse_module_type(system.read_text("/proc/driver/nvidia/version"))
 

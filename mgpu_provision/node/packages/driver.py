@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...catalog import sources
+from ..core import system
 from ..core.errors import AgentFailure
 from .common import installed_debs, installed_version, run_all, upstream, version_key
 
@@ -49,6 +50,17 @@ def install(step: Dict[str, Any], current: Optional[str]) -> Tuple[bool, str]:
     else:
         runfile.install(step)
     return True, f"installed driver {version or 'branch ' + branch} with {method}; reboot to load it"
+
+
+def installed_module() -> Optional[str]:
+    """open or proprietary: the nvidia module installed for the running kernel, by its license (the open
+    modules are `Dual MIT/GPL`, NVIDIA's proprietary ones `NVIDIA`: kernel-open/nvidia/nv.c and
+    kernel/nvidia/nv.c of the driver's sources); None without one or without modinfo."""
+    found = system.run(["modinfo", "-F", "license", "nvidia"], timeout=30)
+    if found.returncode != 0:
+        return None
+    license_ = found.stdout.strip()
+    return "open" if "GPL" in license_ else ("proprietary" if license_ else None)
 
 
 def unheld_packages(version: str) -> List[str]:

@@ -93,7 +93,11 @@ def diff(ctx: HostContext) -> list[Change]:
         return [install, _reboot(want, str(installed), loaded=info.loaded, installed=installed)]
     running = _flavor_mismatch(ctx, want)
     if running is not None:
-        install = _install(ctx, want, installed, str(installed), f"{running} kernel modules running")
+        wanted = "open" if running == "proprietary" else "proprietary"
+        if info.installed_module == wanted:  # installed, the other type still loaded: only the boot is left
+            return [_reboot(want, str(installed), info.loaded, why=f"{wanted} kernel modules installed")]
+        why = f"installs the {wanted} kernel modules; the {running} ones are running"
+        install = _install(ctx, want, installed, str(installed), why)
         return (
             [install] if install.action == "manual" else [install, _reboot(want, str(installed), info.loaded)]
         )
@@ -218,7 +222,12 @@ def debian_family(host: HostInfo) -> bool:
     return family_of(host).source == "debian"
 
 
-def _reboot(want: Driver, version: str, loaded: str | None, installed: str | None = None) -> Change:
+def _reboot(
+    want: Driver, version: str, loaded: str | None, installed: str | None = None, why: str = ""
+) -> Change:
+    if why and want.reboot == "never":
+        summary = f"{why}, the running ones are the other type: reboot required to load them (policy: never)"
+        return Change("reboot", "manual", summary, loaded, version, reboot=True, phase="reboot")
     if want.reboot == "never":
         if installed == version and loaded is None:
             summary = f"installed {version}, no kernel module loaded: reboot required (policy: never)"
@@ -236,7 +245,9 @@ def _reboot(want: Driver, version: str, loaded: str | None, installed: str | Non
     return Change(
         "reboot",
         "update",
-        f"reboot to load driver {version} (running: {loaded or 'none'})",
+        f"reboot to load driver {version} ({why}; running: {loaded or 'none'})"
+        if why
+        else f"reboot to load driver {version} (running: {loaded or 'none'})",
         loaded,
         version,
         reboot=True,
