@@ -571,7 +571,7 @@ def branch_drives_gpu(inp: RuleInput) -> Iterator[Finding]:
     for loc, rig in inp.rigs():
         driver = rig.driver
         known = branch_range(rig.gpus.model)
-        branch = str((driver.branch or str(driver.version or "").split(".")[0]) if driver else "")
+        branch = str((driver.branch or branch_of(driver.version or "")) if driver else "")
         if driver is None or known is None or not branch.isdigit():
             continue
         b = int(branch)

@@ -171,11 +171,11 @@ def repository_step(method: str) -> str:
     version = str(release["os_version_id"] or "")
     platform = str(release["os_platform_id"] or "")
     if method == "apt":
-        distro = os_id + version.replace(".", "") if os_id == "ubuntu" else os_id + version.split(".")[0]
+        distro = os_id + version.replace(".", "") if os_id == "ubuntu" else os_id + branch_of(version)
     elif method == "zypper":
         distro = "opensuse15" if os_id.startswith("opensuse") else "sles15"
     else:
-        el = platform[len("platform:el") :] if platform.startswith("platform:el") else version.split(".")[0]
+        el = platform[len("platform:el") :] if platform.startswith("platform:el") else branch_of(version)
         distro = ("amzn" if os_id == "amzn" else "rhel") + el
     arch = {"x86_64": "x86_64", "aarch64": "sbsa"}.get(os.uname().machine, os.uname().machine)
     base = f"{CUDA_REPOS}{distro}/{arch}/"
