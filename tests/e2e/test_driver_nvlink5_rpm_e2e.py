@@ -108,7 +108,7 @@ def test_an_hgx_b200_gets_fabric_manager_nvlsm_nscq_and_nvsdm_from_a_signed_mirr
     rig = tmp_path / "rig.yaml"
     common = [str(rig), "--known-hosts", str(test_hosts.known_hosts)]
 
-    # Signed with another key: refused when the mirror is read, the file and key taken back, nothing moved.
+    # Signed with another key: refused (gpgv, before anything is written), no package moved.
     write_rig(test_hosts, rig, host, url, apt_repo.stranger_key(tmp_path / "stranger"))
     before = versions(host)
     code, result = cli_json(capsys, "apply", *common, "--yes")
@@ -130,7 +130,9 @@ def test_an_hgx_b200_gets_fabric_manager_nvlsm_nscq_and_nvsdm_from_a_signed_mirr
         SETS[manager] + FABRIC, VERSION
     )
     assert {n: installed.get(n) for n in OWN} == OWN  # at their own versions, never the driver's
-    assert len([k for k in installed if k.startswith("gpg-pubkey-")]) <= 1
+    keys = host.run_in_root("rpm -q gpg-pubkey").stdout.split()
+    assert len(keys) == 1, keys  # the mirror's key, imported once
+    assert host.run_in_root("systemctl is-enabled nvidia-fabricmanager").stdout.strip() == "enabled"
 
     code, again = cli_json(capsys, "apply", *common, "--yes")
     assert again["hosts"][host.name]["status"] != "changed", again
@@ -138,7 +140,7 @@ def test_an_hgx_b200_gets_fabric_manager_nvlsm_nscq_and_nvsdm_from_a_signed_mirr
 
 
 @pytest.mark.parametrize("manager", sorted(SETS))
-def test_an_unsigned_package_in_the_mirror_is_refused_and_the_next_apply_finishes_the_set(
+def test_an_unsigned_package_in_the_signed_mirror_is_refused(
     manager: str,
     signed_mirror: Any,
     test_hosts: HostFactory,
