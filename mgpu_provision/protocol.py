@@ -51,7 +51,7 @@ class Arg(NamedTuple):
     expected: str  # what the value must be, in words: "{verb}: `{name}` must be {expected}"
     ok: Callable[[Any], bool]
     required: bool = False
-    default: Any = None  # an apply step's field left out: the door fills this in (STEP_FIELDS)
+    default: Any = None  # an argument or step field left out: the door fills this in
 
 
 def _is_text(value: Any) -> bool:
@@ -163,31 +163,44 @@ def user_name() -> Arg:
     return Arg("a user name or null", ok)
 
 
+def with_default(arg: Arg, default: Any) -> Arg:
+    """`arg` that a request or step may leave out, the door then filling in `default` (a list or mapping
+    is copied for each request)."""
+    return arg._replace(required=False, default=default)
+
+
 RECLAIM_POLICIES = ("never", "orphans", "orphans+patterns")
 MAX_GRACE_S = 600.0
+LOCK_WAIT_S = 10.0  # how long apply and reboot wait for the host lock when the request does not say
 
 VERB_ARGS: Dict[str, Dict[str, Arg]] = {
     "facts": {
-        "files": texts(),
-        "include_content": flag(),
-        "python": optional_text(),
-        "xorg_paths": texts(),
-        "xorg_layout_paths": texts(),
-        "units": texts(),
+        "files": with_default(texts(), []),
+        "include_content": with_default(flag(), False),
+        "python": optional_text(),  # null: no torch probe
+        "xorg_paths": with_default(texts(), []),
+        "xorg_layout_paths": with_default(texts(), []),
+        "units": with_default(texts(), []),
         "driver_repo": apt_mirror(),  # checked: does the driver's set resolve from this mirror alone
-        "driver_packages": texts(),
+        "driver_packages": with_default(texts(), []),
         "state_dir": optional_text(),  # where the node keeps its previous health counter sample
-        "slurm": flag(),
+        "slurm": with_default(flag(), False),
     },
-    "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects(), "simulated": flag()},
-    "reboot": {"lock": line(), "lock_wait_s": number(), "simulated": flag()},
+    "apply": {
+        "lock": line(required=True),
+        "lock_wait_s": with_default(number(), LOCK_WAIT_S),
+        "steps": with_default(objects(), []),
+        "simulated": flag(),  # null: not checked
+    },
+    # lock null: no lock is waited for
+    "reboot": {"lock": line(), "lock_wait_s": with_default(number(), LOCK_WAIT_S), "simulated": flag()},
     "reclaim": {
-        "policy": choice(*RECLAIM_POLICIES),
-        "patterns": texts(),
-        "grace_s": number(0, MAX_GRACE_S),
-        "dry_run": flag(),
-        "user": user_name(),
-        "pids": pids(),  # `reclaim --pid`: end exactly these, whatever their classification
+        "policy": with_default(choice(*RECLAIM_POLICIES), "orphans"),
+        "patterns": with_default(texts(), []),
+        "grace_s": with_default(number(0, MAX_GRACE_S), 10.0),
+        "dry_run": with_default(flag(), True),
+        "user": user_name(),  # null: anyone's processes
+        "pids": with_default(pids(), []),  # `reclaim --pid`: end exactly these, whatever their classification
     },
     "smoke": {
         "python": line(required=True),
@@ -199,16 +212,16 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "backend": choice("nccl", "gloo", required=True),
         "rdzv_backend": choice("static", "c10d", required=True),
         "rdzv_id": line(required=True),
-        "run_id": line(),
+        "run_id": line(),  # null: the rdzv_id
         "timeout_s": positive(required=True),
         "batch_size": integer(1, required=True),
-        "sizes_mib": positives(),  # none: sizes that suit the backend (node/verbs/smoke.py)
-        "iters": integer(1),
-        "env": text_mapping(),
-        "path_prepend": text_lists_mapping(),  # what the env files put in front of PATH and the like
-        "node": line(),
+        "sizes_mib": with_default(positives(), []),  # none: sizes that suit the backend (node/verbs/smoke.py)
+        "iters": integer(1),  # null: what suits the backend
+        "env": with_default(text_mapping(), {}),
+        "path_prepend": with_default(text_lists_mapping(), {}),  # what the env files put before PATH and such
+        "node": line(),  # null: the node's hostname
         "launcher": optional_text(),  # the installed mgpu-torchrun; null: smoke runs torchrun itself
-        "files": installed_files(),  # checked before any rank starts
+        "files": with_default(installed_files(), []),  # checked before any rank starts
         "interconnect": choice("nvlink", "nvswitch", "pcie"),  # what joins the GPUs: sizes, NCCL transport
     },
     "smoke-cleanup": {"run_id": line(required=True), "node_rank": integer(0, required=True)},
@@ -219,29 +232,39 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
 VERB_ARGS["slurm-smoke"] = {
     **VERB_ARGS["smoke"],
     "action": choice("prepare", "run", "collect", required=True),
-    "nodes": texts(),  # `run`: the group's Slurm node names, for srun -w
+    "nodes": with_default(texts(), []),  # `run`: the group's Slurm node names, for srun -w
 }
 
 
-def check_args(verb: str, args: Dict[str, Any]) -> None:
-    """Raise BadRequest naming the first argument that is missing or of the wrong kind."""
+def _default(arg: Arg) -> Any:
+    """The default the door fills in, a fresh copy of a list or mapping for each request."""
+    return type(arg.default)(arg.default) if isinstance(arg.default, (list, dict)) else arg.default
+
+
+def check_args(verb: str, args: Dict[str, Any]) -> Dict[str, Any]:
+    """The verb's arguments with every declared default filled in (unknown keys kept: an older agent
+    answers a newer control side); BadRequest naming the first one missing or of the wrong kind."""
+    filled = dict(args)
     for name, arg in VERB_ARGS.get(verb, {}).items():
         if name not in args:
             if arg.required:
                 raise BadRequest("{}: `{}` is missing; it must be {}".format(verb, name, arg.expected))
+            filled[name] = _default(arg)
         elif not arg.ok(args[name]):
             raise BadRequest("{}: `{}` must be {}, got {!r}".format(verb, name, arg.expected, args[name]))
+    return filled
 
 
 def check_request(verb: str, request: Dict[str, Any]) -> None:
-    """The whole request's check: the twin path, the verb's arguments, then every apply step's fields."""
+    """The whole request's check: the twin path, the verb's arguments, then every apply step's fields.
+    `request["args"]` is replaced by the checked arguments, defaults filled in (each apply step's too): the
+    node reads each of them without a fallback."""
     if not optional_text().ok(request.get("simulate")):
         raise BadRequest("`simulate` must be a twin file path or null")
-    args = request.get("args") or {}
-    check_args(verb, args)
-    if verb == "apply" and "steps" in args:
-        # Replaced by the checked steps, defaults filled in: the node reads each field without a fallback.
+    args = check_args(verb, request.get("args") or {})
+    if verb == "apply":
         args["steps"] = [check_step(index, step) for index, step in enumerate(args["steps"])]
+    request["args"] = args
 
 
 # --- the facts request -------------------------------------------------------------------------------
@@ -334,11 +357,6 @@ def optional_choice(*values: str) -> Arg:
     return Arg("one of " + ", ".join(values) + " or null", lambda v: v is None or v in values)
 
 
-def with_default(arg: Arg, default: Any) -> Arg:
-    """`arg` that a step may leave out, the door then filling in `default`."""
-    return arg._replace(required=False, default=default)
-
-
 # The package set the plan resolved (PackageSet: `packages` are its `install`, `hold_patterns` its `hold`).
 _PACKAGE_SET = {
     "packages": with_default(texts(), []),  # installed at the pinned version
@@ -422,7 +440,7 @@ def check_step(index: int, step: Any) -> Dict[str, Any]:
         if name not in step:
             if arg.required:
                 raise BadRequest("{}: `{}` is missing; it must be {}".format(where, name, arg.expected))
-            filled[name] = list(arg.default) if isinstance(arg.default, list) else arg.default
+            filled[name] = _default(arg)
         elif not arg.ok(step[name]):
             raise BadRequest("{}: `{}` must be {}, got {!r}".format(where, name, arg.expected, step[name]))
         else:

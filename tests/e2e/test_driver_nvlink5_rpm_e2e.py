@@ -1,7 +1,7 @@
 """An HGX B200 on RHEL 10 (real dnf) and SLES 15 SP6 (real zypper) gets NVLink5's whole set from a signed
 mirror (`driver.repo`), through the CLI as a user runs it.
 
-The mirror is stand-in RPMs with NVIDIA's and SUSE's names and version strings (tests/rpm_roots.py
+The mirror is stand-in RPMs with NVIDIA's and SUSE's names and version strings (tests/support/rpm_roots.py
 `NVLINK5_STAND_INS`): Fabric Manager, NSCQ and NVSDM at the driver's 580.95.05, nvlsm 2025.06.5 and
 infiniband-diags 50.0 at their own versions (NVIDIA/gpu-driver-container rhel9/install.sh installs those two
 without one), SUSE's signed `-cuda-` KMP at `580.95.05_k6.4.0_150600.23.73`; packages and metadata signed
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from mgpu_provision import cli
-from tests import apt_repo, hosts, rpm_roots
-from tests.hosts import HostFactory, TestHost
+from tests.support import apt_repo, hosts, rpm_roots
+from tests.support.hosts import HostFactory, TestHost
 
 VERSION = rpm_roots.NVLINK5_VERSION
 # What each manager installs for an HGX B200 at 580 (open modules: Blackwell runs only those).

@@ -20,7 +20,7 @@ from mgpu_provision.node.packages.driver import install, version_key
 from mgpu_provision.node.packages.runfile import fetch as fetch_runfile
 from mgpu_provision.node.verbs.apply import BACKUP_SUFFIX, write_file
 from mgpu_provision.protocol import GPU_SETTINGS_UNIT as UNIT
-from tests.factories import facts_from_twin
+from tests.support.factories import facts_from_twin
 
 ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "examples" / "twins"

@@ -12,7 +12,7 @@ from mgpu_provision.commands import options
 from mgpu_provision.commands.facts import as_json, driver_line, health_lines, link_matrix
 from mgpu_provision.facts import DriverInfo, Facts, GpuPair, HostHealth, LostGpu
 from mgpu_provision.fleet.pool import HostOutcome
-from tests import factories
+from tests.support import factories
 
 REPO = Path(__file__).resolve().parents[2]
 

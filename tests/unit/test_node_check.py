@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from mgpu_provision.node.verbs import check
-from tests.factories import rtx3090_twin
-from tests.hosts import skip_or_fail
-from tests.node_check_helpers import PAIR, Node
+from tests.support.factories import rtx3090_twin
+from tests.support.hosts import skip_or_fail
+from tests.support.node_check_helpers import PAIR, Node
 
 
 @pytest.fixture

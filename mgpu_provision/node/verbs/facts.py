@@ -46,20 +46,20 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "fabricmanager": backend.fabric_manager(),
         "persistenced": backend.persistence_daemon(),
         "imex": backend.imex(),
-        "driver_mirror": backend.check_mirror(args["driver_repo"], args.get("driver_packages") or [])
-        if args.get("driver_repo")
+        "driver_mirror": backend.check_mirror(args["driver_repo"], args["driver_packages"])
+        if args["driver_repo"]
         else None,
-        "units": {str(unit): backend.unit_state(str(unit)) for unit in args.get("units") or ()},
-        "sli": files.read_sli(args.get("xorg_paths") or []),
-        "xorg_layouts": files.server_layouts(args.get("xorg_layout_paths") or []),
-        "files": [files.describe_file(p, bool(args.get("include_content"))) for p in args.get("files") or ()],
-        "torch": torch_probe.probe_torch(args["python"]) if args.get("python") else None,
+        "units": {str(unit): backend.unit_state(str(unit)) for unit in args["units"]},
+        "sli": files.read_sli(args["xorg_paths"]),
+        "xorg_layouts": files.server_layouts(args["xorg_layout_paths"]),
+        "files": [files.describe_file(p, bool(args["include_content"])) for p in args["files"]],
+        "torch": torch_probe.probe_torch(args["python"]) if args["python"] else None,
         "interfaces": hostenv.interfaces(),
         "cpu": hostenv.cpu(),
         "machine": backend.machine() or machine.machine(),
     }
-    facts.update(nvidia_facts(backend, args.get("state_dir")))
-    if args.get("slurm"):
+    facts.update(nvidia_facts(backend, args["state_dir"]))
+    if args["slurm"]:
         facts["slurm"] = machine.slurm(facts["host"]["hostname"], [g["minor_number"] for g in facts["gpus"]])
     return facts
 

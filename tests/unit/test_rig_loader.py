@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_spec_rules import problems_of
 
 from mgpu_provision.cli import build_parser, main
 from mgpu_provision.errors import SpecError
 from mgpu_provision.rig import load_rig
 from mgpu_provision.rig.source import MAX_BYTES, MAX_DEPTH
+from tests.support.rig_problems import problems_of
 
 GOOD = b"""\
 hosts:
