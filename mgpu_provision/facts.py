@@ -216,6 +216,9 @@ class GpuProcess(Fact):
     mps_server: int | None = Field(
         None, description="an MPS client: the pid of the nvidia-cuda-mps-server it runs through"
     )
+    slurm_job: str | None = Field(
+        None, description="the Slurm job it runs in (its SLURM_JOB_ID, or its job_<id> cgroup), None: none"
+    )
 
 
 class TorchInfo(Fact):
@@ -297,6 +300,7 @@ class GpuHealth(Fact):
     sram_threshold_exceeded: bool | None = Field(
         None, description="the driver's SRAM error threshold verdict"
     )
+    memory_unrepairable: bool | None = Field(None, description="NVML's unrepairable-memory flag")
     change: dict[str, int] | None = Field(
         None, description="ECC and violation counters' rise over HostHealth.counters_interval_s"
     )
@@ -306,6 +310,7 @@ class XidEvent(Fact):
     gpu: int | None = Field(description="the GPU at that address; None when NVML lists no GPU there")
     pci_bus_id: str = Field(description="domain:bus:device as the kernel log prints it")
     code: int
+    cleared: bool = Field(False, description="logged before the GPU's last successful reset this boot")
 
 
 class SXidEvent(Fact):
@@ -361,6 +366,7 @@ class CpuThread(Fact):
     socket: int = Field(description="physical_package_id")
     core: int = Field(description="core_id within the socket (not dense: numbers may skip)")
     numa: int | None = None
+    l3: int | None = Field(None, description="the id of its L3 cache (cache/index3/id), None when unknown")
 
 
 class Machine(Fact):
@@ -379,6 +385,48 @@ class SlurmNode(Fact):
     missing_devices: list[str] = Field(
         default_factory=list, description="the GPUs' /dev/nvidia<minor> that do not exist"
     )
+    version: str | None = Field(None, description="slurmd's version (`slurmd -V`), None when unknown")
+    name: str | None = Field(
+        None, description="the NodeName slurmd registers (a running slurmd's -N, else `slurmd -C`'s)"
+    )
+    configless: str | None = Field(
+        None, description="how slurmd gets its files from the controller (configless), None: local files"
+    )
+    scontrol: str | None = Field(None, description="where scontrol is on the node, None: not found")
+    config: dict[str, str] = Field(
+        default_factory=dict, description="a few keys of `scontrol show config` (HealthCheckTimeout, ...)"
+    )
+
+
+class CdiPath(Fact):
+    role: Literal["device", "mount", "hook"]
+    path: str
+    exists: bool | None = None
+
+
+class CdiSpec(Fact):
+    """One CDI spec file as the node read it (node/verbs/containers.py)."""
+
+    path: str
+    error: str | None = Field(None, description="why it is not a usable spec (invalid YAML/JSON, no kind)")
+    kind: str | None = None
+    cdi_version: str | None = None
+    devices: list[str] = Field(default_factory=list, description="the device names (0, GPU-<uuid>, all)")
+    paths: list[CdiPath] = Field(default_factory=list, description="every device node, mount and hook")
+
+
+class RuntimeState(Fact):
+    installed: bool
+    config: str | None = Field(None, description="the config file that names the nvidia runtime")
+    configured: bool | None = Field(None, description="None: the runtime has no config (podman: CDI only)")
+    error: str | None = Field(None, description="why its config could not be read")
+
+
+class ContainerFacts(Fact):
+    toolkit: str | None = Field(None, description="the NVIDIA Container Toolkit's version; None: none")
+    refresh: bool = Field(False, description="the toolkit's nvidia-cdi-refresh.path unit is enabled")
+    specs: list[CdiSpec] = Field(default_factory=list, description="the specs in /etc/cdi and /var/run/cdi")
+    runtimes: dict[str, RuntimeState] = Field(default_factory=dict)
 
 
 class Facts(Fact):
@@ -411,6 +459,7 @@ class Facts(Fact):
     cpu: CpuInfo | None = None
     machine: Machine | None = Field(None, description="None: an older agent, or /sys could not say")
     slurm: SlurmNode | None = Field(None, description="None: not asked, or no slurmd installed")
+    containers: ContainerFacts | None = Field(None, description="None: not asked (no containers section)")
 
     def file(self, path: str) -> ManagedFile | None:
         return next((f for f in self.files if f.path == path), None)

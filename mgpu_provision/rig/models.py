@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from pydantic import Strict as StrictMode
 
-from ..judge.health import CRITICAL_XIDS
+from ..judge.xids import CRITICAL as CRITICAL_XIDS
 from .cards import placeholder
 
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
@@ -261,8 +261,8 @@ class Health(Strict):
     )
     critical_xids: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
         default_factory=lambda: list(CRITICAL_XIDS),
-        description="Xid codes that fail the xid check; the default: DCGM's and the cloud checks' critical "
-        "Xids (the README's table)",
+        description="Xid codes that fail the xid check; the default: every Xid that NVIDIA's catalog "
+        "resolves with a GPU reset or a reboot (the README's table); other known Xids warn",
     )
     ecc: bool | None = Field(None, description="expected ECC mode; null: the mode is not judged (errors are)")
     nvlink_error_max: int = Field(
@@ -374,6 +374,21 @@ def nvml_gres_type(model: str) -> str:
     return "_".join(model.lower().split())
 
 
+SLURM_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class Srun(Strict):
+    """What a step started by this tool (smoke --via srun, README's training command) asks Slurm for."""
+
+    partition: str | None = Field(None, pattern=SLURM_NAME, description="srun --partition; null: the default")
+    account: str | None = Field(None, pattern=SLURM_NAME, description="srun --account (accounting clusters)")
+    reservation: str | None = Field(None, pattern=SLURM_NAME, description="srun --reservation")
+    exclusive: bool = Field(True, description="srun --exclusive: no other job on the step's nodes")
+    cpus_per_rank: int = Field(
+        1, ge=1, le=1024, description="CPUs per rank: --cpus-per-task is this times nproc_per_node"
+    )
+
+
 class Slurm(Strict):
     """How the box presents its GPUs to Slurm: gres.conf generated from facts, checked against the
     controller's node line."""
@@ -386,6 +401,31 @@ class Slurm(Strict):
     )
     gres_conf: PathStr = Field("/etc/slurm/gres.conf", description="the gres.conf apply writes")
     cores: bool = Field(True, description="write Cores= (Slurm's logical core indices near each GPU)")
+    socket_layout: Literal["auto", "exact", "sockets", "numa", "l3cache"] = Field(
+        "auto",
+        description="how Cores= meets Slurm's socket rule (gres.c _check_core_range_matches_sock, 24.11+: "
+        "Cores= must cover whole Slurm sockets). exact: the GPU's own cores (Slurm before 24.11); sockets: "
+        "the whole sockets they are on; numa: one Slurm socket per NUMA node (slurm.conf: "
+        "SlurmdParameters=numa_node_as_socket, Sockets= the NUMA node count); l3cache: one per L3 cache "
+        "(SlurmdParameters=l3cache_as_socket, gres.shtml's recommendation for AMD); auto: exact before "
+        "24.11, sockets from 24.11 (or when slurmd's version is unknown)",
+    )
+    memory_headroom_percent: float = Field(
+        3.0,
+        ge=0,
+        le=50,
+        description="RealMemory is MemTotal less this share: a later drop below RealMemory (a kernel "
+        "reserving more, crashkernel, an offlined DIMM) makes the node INVAL (Low RealMemory)",
+    )
+    mem_spec_limit_mib: int | None = Field(
+        None, ge=1, description="MemSpecLimit= on the node line (memory kept from jobs); null: none"
+    )
+    autodetect: Literal["off", "nvidia"] = Field(
+        "off",
+        description="gres.conf AutoDetect: off (the lines say it all) or nvidia (Slurm 24.11+ reads the "
+        "GPUs itself, no NVML library needed; the lines then sanity-check it)",
+    )
+    srun: Srun = Field(default_factory=Srun, description="what steps this tool starts ask Slurm for")
     links: bool = Field(True, description="write Links= (NVLinks to each other GPU, from the facts)")
     health_check: PathStr | None = Field(
         None,
@@ -405,6 +445,40 @@ class Slurm(Strict):
         return self.gres_type or nvml_gres_type(model)
 
 
+ContainerRuntime = Literal["docker", "containerd", "cri-o", "podman"]
+
+
+class Cdi(Strict):
+    """The CDI spec apply keeps with `nvidia-ctk cdi generate` (flags of cmd/nvidia-ctk/cdi/generate)."""
+
+    output: PathStr = Field(
+        "/etc/cdi/nvidia.yaml",
+        pattern=r"^/(etc|var/run|run)/cdi/[A-Za-z0-9_.-]+\.(yaml|json)$",
+        description="the spec file (.yaml or .json) under /etc/cdi or /var/run/cdi; where the toolkit's "
+        "refresh service (nvidia-cdi-refresh, 1.18+) is enabled its /var/run/cdi/nvidia.yaml is kept instead",
+    )
+    driver_root: PathStr = Field("/", description="--driver-root: where the driver's files are (/ on a host)")
+    hook_path: PathStr | None = Field(
+        None,
+        description="--nvidia-cdi-hook-path: the program the spec's hooks run; default "
+        "/usr/bin/nvidia-cdi-hook (toolkit 1.16 and later), /usr/bin/nvidia-ctk before (its `hook` command)",
+    )
+
+
+class Containers(Strict):
+    """The NVIDIA Container Toolkit, pinned like the driver; the CDI spec kept in step with the driver; the
+    runtimes configured for it."""
+
+    toolkit: str = Field(pattern=r"^\d+\.\d+\.\d+$", description='exact toolkit version, e.g. "1.17.8"')
+    hold: bool = Field(True, description="hold/version-lock the toolkit's packages at that version")
+    runtimes: list[ContainerRuntime] = Field(
+        default_factory=list,
+        description="runtimes to configure with `nvidia-ctk runtime configure` (docker, containerd, cri-o) "
+        "and to check; podman reads the CDI spec itself",
+    )
+    cdi: Cdi = Field(default_factory=Cdi)
+
+
 class Rig(Strict):
     """A rig type: what every box that names it must look like."""
 
@@ -418,6 +492,9 @@ class Rig(Strict):
     )
     ddp: Ddp | None = None
     slurm: Slurm | None = Field(None, description="the box runs slurmd: gres.conf and Slurm checks")
+    containers: Containers | None = Field(
+        None, description="GPU containers: the NVIDIA Container Toolkit, its CDI spec and runtimes"
+    )
     health: Health = Field(default_factory=Health, description="GPU health checks (all on by default)")
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="extra variables for this rig, merged over the fleet's `env`"
