@@ -26,6 +26,7 @@ from ..rig.rig import LoadedRig
 from .svg import STATES, Svg, text_width, write_atomic
 
 WIDTH = 760
+WIDE = 1000  # a mesh of more than four GPUs: room for the ring without boxes touching
 GPU_W, GPU_H = 168, 70
 MAX_FINDINGS = 12
 
@@ -60,6 +61,7 @@ class Finding:
 
     state: str  # a key of svg.STATES
     text: str
+    check: str = ""  # the plan resource; a topology finding is drawn on its edge, not on the GPUs it names
 
 
 def _short_bus(bus: str | None) -> str:
@@ -74,7 +76,7 @@ def gpu_health(facts: Facts, gpu: Gpu, findings: Sequence[Finding]) -> tuple[str
     """The GPU's state and why: a failed check naming it, Xids, uncorrectable ECC or a failed row remap
     fail it; inactive NVLinks warn (their edge shows the failure)."""
     named = re.compile(rf"\bGPU {gpu.index}\b")
-    fail = [f.text for f in findings if f.state == "fail" and named.search(f.text)]
+    fail = [f.text for f in findings if f.state == "fail" and f.check != "topology" and named.search(f.text)]
     health = facts.health.gpu(gpu.index) if facts.health is not None else None
     xids = sorted({x.code for x in (facts.health.xid if facts.health else []) if x.gpu == gpu.index})
     fail += [f"Xid {code}" for code in xids]
@@ -108,8 +110,11 @@ def _gpu_box(svg: Svg, x: float, y: float, facts: Facts, gpu: Gpu, findings: Seq
              fill=look.ink, title=title)
 
 
+Label = tuple[float, float, str, str, str]  # x, y, words, colour, hover text
+
+
 def _edge(svg: Svg, x1: float, y1: float, x2: float, y2: float, active: int, want: int | None,
-          what: str, at: float = 0.5, star: bool = False) -> None:
+          what: str, at: float = 0.5, star: bool = False) -> Label:
     """One link edge and its label: `NV4` as wanted (on a star always `18/18`), `3/4` dashed in the fail
     colour when short or over."""
     if want is None or active == want:
@@ -120,8 +125,13 @@ def _edge(svg: Svg, x1: float, y1: float, x2: float, y2: float, active: int, wan
         state = f"{active} of {want} NVLinks active"
     title = f"{what}: {state}"
     svg.line(x1, y1, x2, y2, stroke, 3 if not dash else 3.5, title, dash)
-    mx, my = x1 + (x2 - x1) * at, y1 + (y2 - y1) * at
-    svg.label(mx, my, label, 12, fill=stroke, stroke=stroke, title=title)
+    return x1 + (x2 - x1) * at, y1 + (y2 - y1) * at, label, stroke, title
+
+
+def _labels(svg: Svg, labels: list[Label]) -> None:
+    """Edge labels go on last, above every line and box, so none is hidden or crossed."""
+    for x, y, words, colour, title in labels:
+        svg.label(x, y, words, 12, fill=colour, stroke=colour, title=title)
 
 
 def _is_star(facts: Facts, wanted: Wanted) -> bool:
@@ -145,6 +155,7 @@ def _star(svg: Svg, top: float, facts: Facts, wanted: Wanted, findings: Sequence
         name = "NVSwitch fabric"
     title = f"{name}: every GPU's NVLinks end at a switch"
     rows = ((up, top), (down, fabric_y + 40 + 90))
+    labels = []
     for row, y in rows:
         for k, gpu in enumerate(row):
             cx = 20 + step * (k + 0.5)
@@ -152,12 +163,14 @@ def _star(svg: Svg, top: float, facts: Facts, wanted: Wanted, findings: Sequence
             want = wanted.links or len(gpu.nvlinks)
             edge_y = y + GPU_H if y < fabric_y else y
             fabric_edge = fabric_y if y < fabric_y else fabric_y + 40
-            _edge(svg, cx, edge_y, cx, fabric_edge, active, want, f"GPU {gpu.index} to the fabric", star=True)
+            what = f"GPU {gpu.index} to the fabric"
+            labels.append(_edge(svg, cx, edge_y, cx, fabric_edge, active, want, what, star=True))
     svg.rect(20, fabric_y, WIDTH - 40, 40, "#eceff1", "#37474f", title, rx=8, stroke_width=2)
     svg.text(WIDTH / 2, fabric_y + 20, name, 13, bold=True, title=title)
     for row, y in rows:
         for k, gpu in enumerate(row):
             _gpu_box(svg, 20 + step * (k + 0.5) - GPU_W / 2, y, facts, gpu, findings)
+    _labels(svg, labels)
     return fabric_y + 40 + 90 + (GPU_H if down else -90)
 
 
@@ -166,14 +179,16 @@ def _mesh(svg: Svg, top: float, facts: Facts, wanted: Wanted, findings: Sequence
     n = len(gpus)
     if n <= 2:
         spots = [(WIDTH / 2 + (k - (n - 1) / 2) * 360, top + GPU_H / 2 + 10) for k in range(n)]
-        bottom = top + GPU_H + 20
+        bottom = top + GPU_H + 10
     else:
-        radius = 120 + 22 * n
-        cx, cy = WIDTH / 2, top + radius * 0.62 + GPU_H / 2
+        width = WIDTH if n <= 4 else WIDE
+        rx, ry = width / 2 - GPU_W / 2 - 20, 110 + 28 * n
+        cx, cy = width / 2, top + ry + GPU_H / 2
         turn = [2 * math.pi * k / n for k in range(n)]
-        spots = [(cx + radius * math.sin(a), cy - radius * 0.62 * math.cos(a)) for a in turn]
-        bottom = cy + radius * 0.62 + GPU_H / 2 + 10
+        spots = [(cx + rx * math.sin(a), cy - ry * math.cos(a)) for a in turn]
+        bottom = cy + ry + GPU_H / 2 + 10
     where = {gpu.index: spot for gpu, spot in zip(gpus, spots, strict=True)}
+    labels = []
     for a_gpu in gpus:
         for b_gpu in gpus:
             a, b = a_gpu.index, b_gpu.index
@@ -185,11 +200,14 @@ def _mesh(svg: Svg, top: float, facts: Facts, wanted: Wanted, findings: Sequence
             if not active and not want:
                 continue
             (x1, y1), (x2, y2) = where[a], where[b]
-            # Labels off the middle, so those of crossing diagonals do not pile up in the centre.
-            _edge(svg, x1, y1, x2, y2, active, want, f"GPU {a} - GPU {b}", at=0.5 if n <= 4 else 0.3)
+            # The diameters all cross the centre: their labels are moved off it, each to its own side.
+            through = n > 2 and n % 2 == 0 and abs(a - b) == n // 2
+            at = (0.3 if a % 2 else 0.7) if through else 0.5
+            labels.append(_edge(svg, x1, y1, x2, y2, active, want, f"GPU {a} - GPU {b}", at=at))
     for gpu in gpus:
         x, y = where[gpu.index]
         _gpu_box(svg, x - GPU_W / 2, y - GPU_H / 2, facts, gpu, findings)
+    _labels(svg, labels)
     return bottom
 
 
@@ -215,34 +233,36 @@ def box_svg(name: str, facts: Facts | None, wanted: Wanted, findings: Sequence[F
         parts.append("simulated")
     header = " \u00b7 ".join(p for p in parts if p)
     top = 56
+    star = bool(facts.gpus) and _is_star(facts, wanted)
+    width = WIDE if facts.gpus and not star and len(facts.gpus) > 4 else WIDTH
     # The height is known only once drawn: draw into a scratch document, then size the real one.
-    scratch = Svg(WIDTH, 0, "")
+    scratch = Svg(width, 0, "")
     if not facts.gpus:
         scratch.text(WIDTH / 2, top + 20, "no GPUs", 13)
         bottom = top + 40.0
-    elif _is_star(facts, wanted):
+    elif star:
         bottom = _star(scratch, top, facts, wanted, findings)
     else:
         bottom = _mesh(scratch, top, facts, wanted, findings)
-    y = bottom + 16
+    shown = findings if listed else ()
+    y = bottom + (16 if facts.lost_gpus or shown else 0)
     for lost in facts.lost_gpus:
         look = STATES["fail"]
         line = f"{look.letter} GPU {lost.index} ({_short_bus(lost.pci_bus_id)}) is lost: {lost.error}"
         scratch.text(20, y, line, 12, anchor="start", fill=look.ink, bold=True)
         y += 18
-    shown = findings if listed else ()
     for finding in shown[:MAX_FINDINGS]:
         look = STATES[finding.state]
         line = f"{look.letter} {finding.text}"
-        cut = int((WIDTH - 40) / text_width("x", 11))
+        cut = int((width - 40) / text_width("x", 11))
         scratch.text(20, y, line[:cut - 1] + ("\u2026" if len(line) >= cut else ""), 11, anchor="start",
                      fill=look.ink if finding.state == "fail" else "#212121", title=finding.text)
         y += 16
     if len(shown) > MAX_FINDINGS:
         scratch.text(20, y, f"\u2026 and {len(shown) - MAX_FINDINGS} more", 11, anchor="start")
         y += 16
-    svg = Svg(WIDTH, y + 8, f"{name}: {header}")
-    svg.rect(0, 0, WIDTH, y + 8, "#ffffff", "#ffffff", rx=0)
+    svg = Svg(width, y + 8, f"{name}: {header}")
+    svg.rect(0, 0, width, y + 8, "#ffffff", "#ffffff", rx=0)
     svg.text(20, 18, name, 16, anchor="start", bold=True, title=name)
     svg.text(20, 40, header, 12, anchor="start", fill="#455a64", title=header)
     svg.parts += scratch.parts[1:]

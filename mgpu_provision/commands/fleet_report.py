@@ -51,7 +51,7 @@ COLUMN_OF = {resource: column for column, resources in CHECKS.items() for resour
 RANK = {"ok": 0, "simulated": 0, "skipped": 0, "drift": 1, "warn": 2, "fail": 3, "unreachable": 4}
 SMOKE_FORMAT = 1  # the `smoke --json` envelope's format_version this reads
 
-CELL, ROW_H, NAME_W = 58, 26, 300
+CELL, ROW_H, NAME_W = 58, 26, 360
 
 
 def change_state(change: Change) -> str:
@@ -59,6 +59,10 @@ def change_state(change: Change) -> str:
     if change.action == "verify-failed":
         return severity if severity in ("warn", "drift") else "fail"
     return "warn" if change.action == "manual" else "drift"
+
+
+def findings_of(host: HostPlan) -> list[Finding]:
+    return [Finding(change_state(c), f"{c.resource}: {c.summary}", c.resource) for c in host.changes]
 
 
 def _file_columns(loaded: LoadedRig, plan: HostPlan) -> dict[str, str]:
@@ -174,17 +178,17 @@ def heat_map(rows: Sequence[Row], smoke: Mapping[str, tuple[float | None, bool]]
     smoke_w = 130 if smoke else 0
     width = NAME_W + CELL * len(columns) + smoke_w + 20
     groups = sorted({r.group for r in rows}, key=[r.group for r in rows].index)
-    height = 110 + ROW_H * len(rows) + 24 * len(groups) + 40
+    height = 70 + ROW_H * len(rows) + 24 * len(groups) + 8
     svg = Svg(width, height, f"fleet: {sum(len(r.hosts) for r in rows)} hosts")
     svg.rect(0, 0, width, height, "#ffffff", "#ffffff", rx=0)
     legend(svg, 12, 16, tuple(STATES))
     for k, column in enumerate(columns):
         x = NAME_W + CELL * k + CELL / 2
-        svg.text(x, 70, column, 11, bold=True, title=f"{column}: {', '.join(CHECKS[column]) or column}")
+        svg.text(x, 52, column, 11, bold=True, title=f"{column}: {', '.join(CHECKS[column]) or column}")
     if smoke:
-        svg.text(NAME_W + CELL * len(columns) + smoke_w / 2, 70, "smoke busbw", 11, bold=True,
+        svg.text(NAME_W + CELL * len(columns) + smoke_w / 2, 52, "smoke busbw", 11, bold=True,
                  title="the DDP group's best all_reduce bus bandwidth (smoke --json)")
-    y, group = 92.0, None
+    y, group = 70.0, None
     for row in rows:
         if row.group != group:
             group = row.group
@@ -224,7 +228,7 @@ svg a:hover rect { stroke-width: 3; }
 
 def _section(loaded: LoadedRig, row: Row) -> str:
     first = row.hosts[0]
-    findings = [Finding(change_state(c), f"{c.resource}: {c.summary}") for c in first.changes]
+    findings = findings_of(first)
     wanted = wanted_of(loaded, loaded.host(first.host))
     picture = box_svg(first.host, first.facts, wanted, findings, first.error, listed=False)
     names = host_ranges([h.host for h in row.hosts])
@@ -242,8 +246,9 @@ def report_html(loaded: LoadedRig, plan: FleetPlan,
                 smoke: Mapping[str, tuple[float | None, bool]] | None = None) -> str:
     rows = fold(loaded, plan)
     totals = plan.totals
-    summary = (f"{totals.hosts} hosts in {len(rows)} rows; {totals.to_change} changes, "
-               f"{totals.checks_failed} failed checks, {totals.unreachable} unreachable")
+    summary = (f"{plural(totals.hosts, 'host')} in {plural(len(rows), 'row')}; "
+               f"{plural(totals.to_change, 'change')}, {plural(totals.checks_failed, 'failed check')}, "
+               f"{totals.unreachable} unreachable")
     sections = "\n".join(_section(loaded, row) for row in rows)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -262,7 +267,7 @@ def write_plan_pictures(loaded: LoadedRig, plan: FleetPlan, svg: Path | None = N
     if svg is not None:
         pictures = {}
         for host in plan.hosts:
-            findings = [Finding(change_state(c), f"{c.resource}: {c.summary}") for c in host.changes]
+            findings = findings_of(host)
             wanted = wanted_of(loaded, loaded.host(host.host))
             pictures[host.host] = box_svg(host.host, host.facts, wanted, findings, host.error)
         write_pictures(svg, pictures)

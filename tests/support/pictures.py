@@ -12,13 +12,15 @@ from typing import Any
 
 import yaml
 
+from mgpu_provision.catalog.topology import parse_topology
 from mgpu_provision.facts import Facts, ManagedFile
 from mgpu_provision.jobs.plan import FleetPlan, HostPlan
+from mgpu_provision.plan.expectation import captured_cells
 from mgpu_provision.plan.host import plan_host
 from mgpu_provision.rig.loader import load_rig
 from mgpu_provision.rig.models import Host
 from mgpu_provision.rig.rig import LoadedRig
-from tests.support.factories import DRIVER_OK, HOST_INFO, box_facts, facts_from_twin
+from tests.support.factories import DRIVER_OK, HOST_INFO, TOPOLOGIES, box_facts, facts_from_twin
 
 REPO = Path(__file__).resolve().parents[2]
 TWINS = REPO / "examples" / "twins"
@@ -51,6 +53,14 @@ def nvswitch_facts(down: list[dict[str, int]] | None = None) -> Facts:
     return Facts.model_validate(
         {"agent_version": "0.1.0", "host": dict(HOST_INFO), **box_facts(box), "fabricmanager": fabricmanager}
     )
+
+
+def dgx1_facts(down: list[dict[str, int]]) -> tuple[Facts, tuple[tuple[str, ...], ...]]:
+    """A DGX-1's hybrid cube mesh of 8 V100s (NV1 and NV2 pairs), and the captured matrix its rig holds."""
+    topology = "dgx1-v100-hybrid-cube-mesh.txt"
+    box = {"topology": topology, "model": "Tesla V100-SXM2-16GB", "down": down}
+    facts = Facts.model_validate({"agent_version": "0.1.0", "host": dict(HOST_INFO), **box_facts(box)})
+    return facts, captured_cells(parse_topology((TOPOLOGIES / topology).read_text()))
 
 
 def gb200_facts() -> Facts:

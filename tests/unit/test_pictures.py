@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -35,6 +36,7 @@ from tests.support.pictures import (
     bridge_facts,
     chromium_screenshot,
     console_errors,
+    dgx1_facts,
     fleet_plan,
     fleet_rig,
     gb200_facts,
@@ -87,7 +89,13 @@ def degraded_board() -> str:
                    NVSWITCH).render()
 
 
+def dgx1_mesh() -> str:
+    facts, cells = dgx1_facts(down=[{"gpu": 1, "link": 0}])
+    return box_svg("dgx-1", facts, Wanted("nvlink", None, (), cells)).render()
+
+
 BOXES = {
+    "dgx1-mesh-8gpu.svg": dgx1_mesh,
     "bridge-2gpu.svg": lambda: box_svg("gpu-a", bridge_facts(down=[{"gpu": 1, "link": 2}]), BRIDGE).render(),
     "nvswitch-8gpu-degraded.svg": degraded_board,
     "gb200-tray.svg": lambda: box_svg("tray-1", gb200_facts(), Wanted("nvswitch", 18)).render(),
@@ -100,7 +108,8 @@ def test_box_pictures_are_well_formed_deterministic_and_golden(name: str) -> Non
     assert text == BOXES[name]()
     root = ET.fromstring(text.split("\n", 1)[1])
     rects = [t for t in titles(root) if re.match(r"GPU \d+: ", t)]
-    count = {"bridge-2gpu.svg": 2, "nvswitch-8gpu-degraded.svg": 8, "gb200-tray.svg": 4}[name]
+    count = {"bridge-2gpu.svg": 2, "nvswitch-8gpu-degraded.svg": 8, "gb200-tray.svg": 4,
+             "dgx1-mesh-8gpu.svg": 8}[name]
     assert sorted({t.split(":")[0] for t in rects}) == [f"GPU {i}" for i in range(count)]
     # Every drawn element carries its hover text.
     for element in root:
@@ -137,6 +146,7 @@ def test_a_gb200_tray_shows_its_fabric_clique() -> None:
 
 @needs_rsvg
 @pytest.mark.parametrize(("name", "red"), [("bridge-2gpu.svg", True), ("nvswitch-8gpu-degraded.svg", True),
+                                           ("dgx1-mesh-8gpu.svg", True),
                                            ("gb200-tray.svg", False), ("bridge-healthy.svg", False)])
 def test_rendered_box_has_its_size_and_red_only_for_a_failure(name: str, red: bool, tmp_path: Path) -> None:
     healthy = name == "bridge-healthy.svg"
@@ -303,3 +313,34 @@ def test_the_console_check_sees_an_error(tmp_path: Path) -> None:
 
 def test_support_module_is_used() -> None:
     assert pictures.CHROMIUM_FLAGS[0] == "--headless"
+
+
+LOCAL_RIG = """\
+version: 1
+defaults: {{connect_timeout_s: 2}}
+hosts:
+  - {{name: box, rig: pair, connection: local, python: {python}, simulate: {twin}}}
+  - {{name: far, address: 127.0.0.1, port: 1, rig: pair}}  # nothing listens there: refused
+rigs:
+  pair:
+    gpus: {{model: "NVIDIA GeForce RTX 3090", count: 2}}
+    bridge: {{kind: nvlink-bridge, pairs: [[0, 1]], links: 4}}
+"""
+
+
+def test_the_commands_write_their_pictures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # the agent cache of a local host lives in ~/.cache
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(LOCAL_RIG.format(python=sys.executable, twin=pictures.TWINS / "rtx3090-nvlink.yaml"))
+    assert main(["facts", str(rig), "--limit", "box", "--svg", str(tmp_path / "box.svg"), "--json"]) == 0
+    root = ET.fromstring((tmp_path / "box.svg").read_text().split("\n", 1)[1])
+    assert "NV4" in words(root) and "simulated" in titles(root)[0]
+    report = tmp_path / "report.html"
+    code = main(["plan", str(rig), "--report", str(report), "--svg", str(tmp_path / "p.svg"), "--json"])
+    assert code == 2  # `far` is unreachable
+    html = report.read_text()
+    assert 'id="host-box"' in html
+    assert "far" in html and STATES["unreachable"].fill in html
+    assert sorted(p.name for p in tmp_path.glob("p-*.svg")) == ["p-box.svg", "p-far.svg"]
+    assert '"format_version"' in capsys.readouterr().out  # --json still printed beside the files
