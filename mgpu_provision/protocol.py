@@ -38,6 +38,9 @@ ERROR_KINDS = (
     "service",  # enabling, starting or stopping a unit
     "restart",  # the restart step's command (slurmd after gres.conf)
     "slurm",  # scontrol or srun
+    "container-toolkit",  # installing the NVIDIA Container Toolkit's packages
+    "cdi",  # nvidia-ctk cdi generate (NVML unavailable, the toolkit missing)
+    "runtime",  # nvidia-ctk runtime configure (a runtime's config it cannot read)
     "nvml",  # NVML cannot be opened or refuses a setting
     "internal",  # a bug in the agent: the traceback is on stderr
 )
@@ -163,6 +166,16 @@ def user_name() -> Arg:
     return Arg("a user name or null", ok)
 
 
+# The runtimes a rig may name (`containers.runtimes`); nvidia-ctk configures all but podman, which reads CDI.
+CONTAINER_RUNTIMES = ("docker", "containerd", "cri-o", "podman")
+CONFIGURED_RUNTIMES = ("docker", "containerd", "cri-o")
+
+
+def runtime_list() -> Arg:
+    ok = lambda v: v is None or (isinstance(v, list) and all(x in CONTAINER_RUNTIMES for x in v))  # noqa: E731
+    return Arg("null or a list of " + ", ".join(CONTAINER_RUNTIMES), ok)
+
+
 def with_default(arg: Arg, default: Any) -> Arg:
     """`arg` that a request or step may leave out, the door then filling in `default` (a list or mapping
     is copied for each request)."""
@@ -185,6 +198,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "driver_packages": with_default(texts(), []),
         "state_dir": optional_text(),  # where the node keeps its previous health counter sample
         "slurm": with_default(flag(), False),
+        "containers": runtime_list(),  # null: no containers section; else the runtimes to read
     },
     "apply": {
         "lock": line(required=True),
@@ -281,6 +295,7 @@ def facts_request(
     driver_packages: Sequence[str] = (),
     state_dir: Optional[str] = None,
     slurm: bool = False,
+    containers: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
     """The `facts` verb's arguments. With no arguments: the minimal form, enough for GPUs, driver,
     processes and the boot id (what apply's reboot wait and reclaim's check need)."""
@@ -300,6 +315,8 @@ def facts_request(
         "state_dir": state_dir,
         # what slurmd would register and what the controller holds (a rig with a `slurm` section)
         "slurm": slurm,
+        # the toolkit, the CDI specs and these runtimes' configs (a rig with a `containers` section)
+        "containers": None if containers is None else list(containers),
     }
 
 
@@ -311,6 +328,8 @@ FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU = "fabricmanager", "persistenced",
 REMOVE = "remove"
 AGENT = "agent"  # the running agent's own zipapp, copied to where the node check runs it from
 RESTART = "restart"  # a daemon that reads a managed file only when it starts (slurmd and gres.conf)
+# The NVIDIA Container Toolkit: its packages, `nvidia-ctk cdi generate`, `nvidia-ctk runtime configure`.
+CONTAINER_TOOLKIT, CDI_GENERATE, RUNTIME_CONFIGURE = "container-toolkit", "cdi-generate", "runtime-configure"
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
 COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
@@ -417,6 +436,18 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
     COMPUTE_MODE: {"gpus": gpu_list(), "mode": choice(*COMPUTE_MODES, required=True)},
     POWER_LIMIT: {"gpus": gpu_list(), "watts": optional_watts()},  # watts null: each GPU's default
     AGENT: {"path": line(required=True), "sha256": line(required=True)},  # sha256: of the planned agent
+    CONTAINER_TOOLKIT: {
+        "version": line(required=True),
+        "method": choice(*PACKAGE_METHODS, required=True),
+        "hold": with_default(flag(), False),
+        "packages": with_default(texts(), []),  # installed at the version, in one transaction
+    },
+    CDI_GENERATE: {
+        "output": line(required=True),
+        "driver_root": with_default(line(), "/"),
+        "hook_path": with_default(line(), "/usr/bin/nvidia-cdi-hook"),
+    },
+    RUNTIME_CONFIGURE: {"runtime": choice(*CONFIGURED_RUNTIMES, required=True)},
 }
 STEP_KINDS = tuple(STEP_FIELDS)
 
@@ -576,6 +607,22 @@ def persistenced_step(
         "package": package,
         "method": method,
     }
+
+
+def container_toolkit_step(version: str, method: str, hold: bool, packages: List[str]) -> Dict[str, Any]:
+    """The toolkit's `packages` at exactly `version` with `method`, held when `hold`."""
+    return {"kind": CONTAINER_TOOLKIT, "version": version, "method": method, "hold": hold,
+            "packages": packages}  # fmt: skip
+
+
+def cdi_generate_step(output: str, driver_root: str, hook_path: str) -> Dict[str, Any]:
+    """`nvidia-ctk cdi generate --output=<output>` for the loaded driver, written atomically."""
+    return {"kind": CDI_GENERATE, "output": output, "driver_root": driver_root, "hook_path": hook_path}
+
+
+def runtime_configure_step(runtime: str) -> Dict[str, Any]:
+    """`nvidia-ctk runtime configure --runtime=<runtime>`: the nvidia runtime in its config."""
+    return {"kind": RUNTIME_CONFIGURE, "runtime": runtime}
 
 
 def nouveau_step() -> Dict[str, Any]:

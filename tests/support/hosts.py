@@ -55,6 +55,8 @@ MANAGED_DIRS = (
     "/etc/systemd/system",  # the boot unit for compute mode and power limit (files.systemd_dir)
     "/usr/local/lib/mgpu-provision",  # the agent the node check runs (node_check.agent)
     "/etc/slurm",  # gres.conf, where a rig's slurm section has apply write it
+    "/etc/cdi",  # CDI specs (podman reads these two folders: tests/support/podman.py runs it inside the host)
+    "/var/run/cdi",
 )
 REPO = Path(__file__).resolve().parents[2]
 TWINS_DIR = REPO / "examples" / "twins"

@@ -63,6 +63,7 @@ def test_facts_request_names_managed_files_x_config_and_smoke_python(loaded: Loa
         "driver_packages": [],
         "state_dir": "/var/lib/mgpu-provision",  # where the node keeps its health counter sample
         "slurm": False,  # the rig has no `slurm` section
+        "containers": None,  # nor a `containers` one
     }
 
 

@@ -152,7 +152,7 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         6,
         5,
         "unknown key 'gpu' (did you mean 'gpus'?); expected one of: gpus, bridge, driver, sli, "
-        "visible_devices, ddp, slurm, health, env, path_prepend",
+        "visible_devices, ddp, slurm, containers, health, env, path_prepend",
     ),
     "health-check-unknown": (
         rig_with("health: {skip: [xid, temperature]}"),

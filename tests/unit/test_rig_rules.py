@@ -367,6 +367,11 @@ CASES = {
         "rigs.pair.driver.flavor",
         "flavor server is an Ubuntu package build; a runfile has default or open",
     ),
+    "containers-toolkit-has-cdi": (
+        rig(GPUS.strip(), 'containers: {toolkit: "1.11.0", runtimes: [podman]}  # <-'),
+        "rigs.pair.containers.toolkit",
+        "toolkit 1.11.0 has no `nvidia-ctk cdi generate` (from 1.12.0): pin 1.12.0 or later",
+    ),
     "fabricmanager-needs-nvswitch": (
         rig(GPUS.strip(), 'driver: {version: "550.54.15", fabricmanager: true}  # <-'),
         "rigs.pair.driver.fabricmanager",

@@ -194,9 +194,7 @@ def test_missing_or_stale_files_fail_the_node_before_anything_starts(tmp_path: P
     # first. A mark, not a stopwatch: under a loaded machine a timing bound fails a correct run.
     started = tmp_path / "python-ran"
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh
-touch {started}
-")
+    python.write_text(f"#!/bin/sh\ntouch {started}\n")
     python.chmod(0o755)
     result = node.run(
         protocol.check_args(

@@ -83,6 +83,9 @@ def run_step(step: Dict[str, Any], backend: Backend) -> StepResult:
         protocol.REMOVE: lambda s, b: remove_file(s["path"]),
         protocol.AGENT: lambda s, b: archive.install(s["path"], s["sha256"]),
         protocol.RESTART: lambda s, b: restart(s["command"]),
+        protocol.CONTAINER_TOOLKIT: lambda s, b: b.install_container_toolkit(s),
+        protocol.CDI_GENERATE: lambda s, b: b.generate_cdi(s),
+        protocol.RUNTIME_CONFIGURE: lambda s, b: b.configure_runtime(s["runtime"]),
     }
     return kinds[step["kind"]](step, backend)
 

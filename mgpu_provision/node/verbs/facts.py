@@ -59,9 +59,23 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "machine": backend.machine() or machine.machine(),
     }
     facts.update(nvidia_facts(backend, args["state_dir"]))
+    if args["containers"] is not None:
+        facts["containers"] = container_facts(args["containers"], backend)
     if args["slurm"]:
         facts["slurm"] = machine.slurm(facts["host"]["hostname"], [g["minor_number"] for g in facts["gpus"]])
     return facts
+
+
+def container_facts(runtimes: List[str], backend: Backend) -> Dict[str, Any]:
+    """The toolkit (NVIDIA's: through the backend), the CDI specs and the runtimes' configs (the box's)."""
+    from . import containers as cdi
+
+    return {
+        "toolkit": backend.container_toolkit(),
+        "refresh": bool(backend.unit_state(cdi.REFRESH_UNIT)["enabled"]),
+        "specs": cdi.read_specs(),
+        "runtimes": cdi.read_runtimes(runtimes),
+    }
 
 
 def nvidia_facts(backend: Backend, state_dir: Optional[str] = None) -> Dict[str, Any]:
