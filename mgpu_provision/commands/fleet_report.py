@@ -141,8 +141,14 @@ def fold(loaded: LoadedRig, plan: FleetPlan) -> list[Row]:
     return sorted(folded, key=place)
 
 
-def read_smoke(path: Path) -> dict[str, tuple[float | None, bool]]:
-    """A `smoke --json` report as host -> (its DDP group's best busbw in GB/s, the group passed)."""
+Bandwidth = dict[str, tuple[float | None, bool]]
+
+
+def read_smoke(path: Path, report: Path | None) -> Bandwidth:
+    """A `smoke --json` report as host -> (its DDP group's best busbw in GB/s, the group passed); read
+    before the plan is made, so that a wrong file costs no fleet run."""
+    if report is None:
+        raise ProvisionError("--smoke FILE puts bandwidth into the report: give --report FILE.html too")
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -153,7 +159,7 @@ def read_smoke(path: Path) -> dict[str, tuple[float | None, bool]]:
             f"{path}: smoke report of format {got!r}; this mgpu-provision reads format {SMOKE_FORMAT}: "
             "write it again with `mgpu-provision smoke RIG --json`"
         )
-    found: dict[str, tuple[float | None, bool]] = {}
+    found: Bandwidth = {}
     for group in document.get("groups") or []:
         best = max((float(b["busbw_gbps"]) for b in group.get("bandwidth") or []), default=None)
         for node in group.get("nodes") or []:
@@ -161,7 +167,7 @@ def read_smoke(path: Path) -> dict[str, tuple[float | None, bool]]:
     return found
 
 
-def _smoke_text(row: Row, smoke: Mapping[str, tuple[float | None, bool]]) -> tuple[str, str] | None:
+def _smoke_text(row: Row, smoke: Bandwidth) -> tuple[str, str] | None:
     seen = [smoke[h.host] for h in row.hosts if h.host in smoke]
     if not seen:
         return None
@@ -173,7 +179,7 @@ def _smoke_text(row: Row, smoke: Mapping[str, tuple[float | None, bool]]) -> tup
     return text, "ok" if ok else "fail"
 
 
-def heat_map(rows: Sequence[Row], smoke: Mapping[str, tuple[float | None, bool]] | None) -> Svg:
+def heat_map(rows: Sequence[Row], smoke: Bandwidth | None) -> Svg:
     columns = list(CHECKS)
     smoke_w = 130 if smoke else 0
     width = NAME_W + CELL * len(columns) + smoke_w + 20
@@ -243,7 +249,7 @@ def _section(loaded: LoadedRig, row: Row) -> str:
 
 
 def report_html(loaded: LoadedRig, plan: FleetPlan,
-                smoke: Mapping[str, tuple[float | None, bool]] | None = None) -> str:
+                smoke: Bandwidth | None = None) -> str:
     rows = fold(loaded, plan)
     totals = plan.totals
     summary = (f"{plural(totals.hosts, 'host')} in {plural(len(rows), 'row')}; "
@@ -259,11 +265,8 @@ def report_html(loaded: LoadedRig, plan: FleetPlan,
 
 
 def write_plan_pictures(loaded: LoadedRig, plan: FleetPlan, svg: Path | None = None,
-                        report: Path | None = None, smoke: Path | None = None) -> None:
+                        report: Path | None = None, bandwidth: Bandwidth | None = None) -> None:
     """`plan --svg` and `plan --report`: each file written whole, before the plan is shown."""
-    if smoke is not None and report is None:
-        raise ProvisionError("--smoke FILE puts bandwidth into the report: give --report FILE.html too")
-    bandwidth = read_smoke(smoke) if smoke is not None else None
     if svg is not None:
         pictures = {}
         for host in plan.hosts:

@@ -239,11 +239,13 @@ def test_smoke_bandwidth_beside_its_rows(tmp_path: Path) -> None:
     report.write_text('{"format_version": 1, "exit_code": 0, "hosts": {}, "groups": [{"master": "hgx-01", '
                       '"ok": true, "bandwidth": [{"busbw_gbps": 182.5}, {"busbw_gbps": 190.25}], '
                       '"nodes": [{"host": "hgx-01"}, {"host": "hgx-02"}]}]}')
-    html = report_html(loaded, plan, read_smoke(report))
+    html = report_html(loaded, plan, read_smoke(report, tmp_path / "r.html"))
     assert html.count("\u2713 190.25 GB/s<") == 2 and "smoke busbw" in html
     report.write_text('{"run_id": "x", "groups": []}')
     with pytest.raises(ProvisionError, match="format None; this mgpu-provision reads format 1"):
-        read_smoke(report)
+        read_smoke(report, tmp_path / "r.html")
+    with pytest.raises(ProvisionError, match=r"give --report FILE\.html too"):
+        read_smoke(report, None)
 
 
 def test_an_unwritable_path_is_a_plain_error_and_leaves_nothing(tmp_path: Path) -> None:
@@ -344,3 +346,8 @@ def test_the_commands_write_their_pictures(tmp_path: Path, monkeypatch: pytest.M
     assert "far" in html and STATES["unreachable"].fill in html
     assert sorted(p.name for p in tmp_path.glob("p-*.svg")) == ["p-box.svg", "p-far.svg"]
     assert '"format_version"' in capsys.readouterr().out  # --json still printed beside the files
+    old = tmp_path / "smoke.json"
+    old.write_text('{"run_id": "r1", "groups": []}')
+    report.unlink()
+    assert main(["plan", str(rig), "--report", str(report), "--smoke", str(old)]) == 1  # before any host
+    assert "reads format 1" in capsys.readouterr().err and not report.exists()
