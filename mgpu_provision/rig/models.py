@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from pydantic import Strict as StrictMode
 
-from ..judge.health import CRITICAL_XIDS
+from ..judge.xids import CRITICAL as CRITICAL_XIDS
 from .cards import placeholder
 
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
@@ -259,8 +259,8 @@ class Health(Strict):
     )
     critical_xids: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
         default_factory=lambda: list(CRITICAL_XIDS),
-        description="Xid codes that fail the xid check; the default: DCGM's and the cloud checks' critical "
-        "Xids (the README's table)",
+        description="Xid codes that fail the xid check; the default: every Xid that NVIDIA's catalog "
+        "resolves with a GPU reset or a reboot (the README's table); other known Xids warn",
     )
     ecc: bool | None = Field(None, description="expected ECC mode; null: the mode is not judged (errors are)")
     nvlink_error_max: int = Field(
@@ -372,6 +372,21 @@ def nvml_gres_type(model: str) -> str:
     return "_".join(model.lower().split())
 
 
+SLURM_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class Srun(Strict):
+    """What a step started by this tool (smoke --via srun, README's training command) asks Slurm for."""
+
+    partition: str | None = Field(None, pattern=SLURM_NAME, description="srun --partition; null: the default")
+    account: str | None = Field(None, pattern=SLURM_NAME, description="srun --account (accounting clusters)")
+    reservation: str | None = Field(None, pattern=SLURM_NAME, description="srun --reservation")
+    exclusive: bool = Field(True, description="srun --exclusive: no other job on the step's nodes")
+    cpus_per_rank: int = Field(
+        1, ge=1, le=1024, description="CPUs per rank: --cpus-per-task is this times nproc_per_node"
+    )
+
+
 class Slurm(Strict):
     """How the box presents its GPUs to Slurm: gres.conf generated from facts, checked against the
     controller's node line."""
@@ -384,6 +399,31 @@ class Slurm(Strict):
     )
     gres_conf: PathStr = Field("/etc/slurm/gres.conf", description="the gres.conf apply writes")
     cores: bool = Field(True, description="write Cores= (Slurm's logical core indices near each GPU)")
+    socket_layout: Literal["auto", "exact", "sockets", "numa", "l3cache"] = Field(
+        "auto",
+        description="how Cores= meets Slurm's socket rule (gres.c _check_core_range_matches_sock, 24.11+: "
+        "Cores= must cover whole Slurm sockets). exact: the GPU's own cores (Slurm before 24.11); sockets: "
+        "the whole sockets they are on; numa: one Slurm socket per NUMA node (slurm.conf: "
+        "SlurmdParameters=numa_node_as_socket, Sockets= the NUMA node count); l3cache: one per L3 cache "
+        "(SlurmdParameters=l3cache_as_socket, gres.shtml's recommendation for AMD); auto: exact before "
+        "24.11, sockets from 24.11 (or when slurmd's version is unknown)",
+    )
+    memory_headroom_percent: float = Field(
+        3.0,
+        ge=0,
+        le=50,
+        description="RealMemory is MemTotal less this share: a later drop below RealMemory (a kernel "
+        "reserving more, crashkernel, an offlined DIMM) makes the node INVAL (Low RealMemory)",
+    )
+    mem_spec_limit_mib: int | None = Field(
+        None, ge=1, description="MemSpecLimit= on the node line (memory kept from jobs); null: none"
+    )
+    autodetect: Literal["off", "nvidia"] = Field(
+        "off",
+        description="gres.conf AutoDetect: off (the lines say it all) or nvidia (Slurm 24.11+ reads the "
+        "GPUs itself, no NVML library needed; the lines then sanity-check it)",
+    )
+    srun: Srun = Field(default_factory=Srun, description="what steps this tool starts ask Slurm for")
     links: bool = Field(True, description="write Links= (NVLinks to each other GPU, from the facts)")
     health_check: PathStr | None = Field(
         None,

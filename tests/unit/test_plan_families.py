@@ -84,7 +84,7 @@ def test_plan_and_apply_per_family(tmp_path: Path, name: str) -> None:
     assert change.summary == f"driver 550.54.15 → {VERSION} ({label})"
     step = change.agent_step
     assert step is not None and (step["method"], step["modules"]) == (method, modules)
-    changed, message = select_backend(str(twin)).install_driver(step)
+    changed, message = select_backend(str(twin), str(tmp_path / "state")).install_driver(step)
     assert changed and message.startswith(f"installed driver {VERSION} with {method}")
 
 

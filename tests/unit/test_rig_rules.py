@@ -7,6 +7,7 @@ itself rather than counted by hand.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,8 @@ CASES = {
     ),
     "hosts-are-distinct-boxes-by-ip": (
         HEAD.replace("{name: gpu-b, rig: pair}", "{name: gpu-b, address: '0::1', rig: pair}")
-        + "  - {name: gpu-c, address: '0:0::1', port: 22, rig: pair}  # <-\nrigs:\n  pair:\n" + GPUS,
+        + "  - {name: gpu-c, address: '0:0::1', port: 22, rig: pair}  # <-\nrigs:\n  pair:\n"
+        + GPUS,
         "hosts[2].address",
         "hosts 'gpu-b' and 'gpu-c' are the same box (::1 port 22)",
     ),
@@ -527,6 +529,18 @@ CASES = {
         "hosts[0].identity_file",
         "keys/id_gone does not exist",
     ),
+    "addresses-are-addresses": (
+        "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, address: 10.0.0.300}  # <-\nrigs:\n  pair:\n"
+        + GPUS,
+        "hosts[0].address",
+        "'10.0.0.300' is not an IPv4 address (four numbers 0 to 255)",
+    ),
+    "local-twins-exist": (
+        "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, connection: local, simulate: twin.yaml}  # <-\n"
+        "rigs:\n  pair:\n" + GPUS,
+        "hosts[0].simulate",
+        "twin.yaml does not exist",
+    ),
     "local-hosts-apart": (
         "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, connection: local, simulate: a.yaml}\n"
         "  - {name: gpu-b, rig: pair, connection: local, simulate: b.yaml}  # <-\nrigs:\n  pair:\n" + GPUS,
@@ -663,3 +677,38 @@ def test_a_topology_file_stands_in_for_links(tmp_path: Path, kind: str) -> None:
     bridge = f"bridge: {{kind: {kind}, topology_file: topo.txt}}"
     (tmp_path / "rig.yaml").write_text(rig(GPUS.strip(), bridge))
     assert load_rig(tmp_path / "rig.yaml").spec.rigs["pair"].bridge.links is None
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("public", "is a public key: name the private key (the same file without .pub)"),
+        ("text", "is not a private key (no '-----BEGIN ... PRIVATE KEY-----' line)"),
+        (
+            "encrypted",
+            "is protected by a passphrase and no SSH agent runs (SSH_AUTH_SOCK): load it with ssh-add",
+        ),
+    ],
+)
+def test_a_key_that_cannot_log_in_is_named_at_validate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, message: str
+) -> None:
+    """Issue 40 item 13: a .pub or a text file as identity_file, or an encrypted key with no agent, failed
+    only at the first login, in Paramiko's words."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    secret = tmp_path / "id_ed25519"
+    passphrase = "s3cret" if key == "encrypted" else ""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(secret)], check=True)
+    named = {"public": "id_ed25519.pub", "text": "notes.txt", "encrypted": "id_ed25519"}[key]
+    (tmp_path / "notes.txt").write_text("my keys are in the safe\n")
+    text = (
+        f"version: 1\nhosts:\n  - {{name: gpu-a, rig: pair, identity_file: {named}}}  # <-\nrigs:\n  pair:\n"
+    )
+    problems = problems_of(tmp_path, text + GPUS)
+    assert [(p.field, p.line) for p in problems if message in p.message] == [("hosts[0].identity_file", 3)]
+    # A key without a passphrase, with no agent: no problem.
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "id_plain")], check=True
+    )
+    (tmp_path / "rig.yaml").write_text(text.replace(named, "id_plain") + GPUS)
+    load_rig(tmp_path / "rig.yaml")  # valid

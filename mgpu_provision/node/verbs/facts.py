@@ -136,6 +136,7 @@ def processes(holders: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         else:
             why = reclaim.classify(info, lookup)
             described.append(reclaim.describe(holder, info, why, btime, hz, mps_server))
+            described[-1]["slurm_job"] = machine.slurm_job_of(info.pid)
     return described
 
 
