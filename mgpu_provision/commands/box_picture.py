@@ -74,9 +74,10 @@ def _short_model(name: str) -> str:
 
 def gpu_health(facts: Facts, gpu: Gpu, findings: Sequence[Finding]) -> tuple[str, list[str]]:
     """The GPU's state and why: a failed check naming it, Xids, uncorrectable ECC or a failed row remap
-    fail it; inactive NVLinks warn (their edge shows the failure)."""
+    fail it; a warning naming it or inactive NVLinks warn (their edge shows the failure)."""
     named = re.compile(rf"\bGPU {gpu.index}\b")
-    fail = [f.text for f in findings if f.state == "fail" and f.check != "topology" and named.search(f.text)]
+    mine = [f for f in findings if f.check != "topology" and named.search(f.text)]
+    fail = [f.text for f in mine if f.state == "fail"]
     health = facts.health.gpu(gpu.index) if facts.health is not None else None
     xids = sorted({x.code for x in (facts.health.xid if facts.health else []) if x.gpu == gpu.index})
     fail += [f"Xid {code}" for code in xids]
@@ -90,9 +91,9 @@ def gpu_health(facts: Facts, gpu: Gpu, findings: Sequence[Finding]) -> tuple[str
     if fail:
         return "fail", fail
     down = [link.link for link in gpu.nvlinks if not link.active]
-    if down:
-        return "warn", [f"NVLink {', '.join(map(str, down))} inactive"]
-    return "ok", []
+    warn = [f.text for f in mine if f.state == "warn"]
+    warn += [f"NVLink {', '.join(map(str, down))} inactive"] if down else []
+    return ("warn", warn) if warn else ("ok", [])
 
 
 def _gpu_box(svg: Svg, x: float, y: float, facts: Facts, gpu: Gpu, findings: Sequence[Finding]) -> None:

@@ -5,8 +5,8 @@ attached to a ticket. Hosts are folded the way admins think of them: per rig gro
 reads the same are one row named as a node set (`gpu-[001-640]`, the text plan's `host_ranges`), so 2,000
 healthy hosts are one row and only the odd ones get rows of their own. Each cell links to the section of
 its row: the hosts, one box picture (`box_picture`) and the findings. A cell's state is the worst of its
-changes: a failed check (severity `fail`, or none given) fails it, a manual step or a `warn` warns, an
-apply change or `drift` is drift; checks the rig skips are skipped, an unread host is unreachable, and a
+changes: a failed check fails it, a warning (a judge finding of severity warn) or a manual step warns, an
+apply change is drift; checks the rig skips are skipped, an unread host is unreachable, and a
 simulated host's passing checks read `simulated` (ok on a twin says nothing of the hardware). With
 `--smoke FILE` (a `smoke --json` report) each row shows its DDP groups' best all_reduce bus bandwidth.
 """
@@ -55,10 +55,11 @@ CELL, ROW_H, NAME_W = 58, 26, 360
 
 
 def change_state(change: Change) -> str:
-    severity = getattr(change, "severity", None)  # judge findings may carry fail / warn / drift
+    """A failed check fails; a warning (a finding of severity warn) or a manual step warns; the rest is
+    what apply would change: drift."""
     if change.action == "verify-failed":
-        return severity if severity in ("warn", "drift") else "fail"
-    return "warn" if change.action == "manual" else "drift"
+        return "fail"
+    return "warn" if change.action in ("warn", "manual") else "drift"
 
 
 def findings_of(host: HostPlan) -> list[Finding]:

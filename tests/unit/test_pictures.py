@@ -173,15 +173,19 @@ def test_change_states_follow_action_and_severity() -> None:
     assert change_state(failed) == "fail"
     assert change_state(Change("driver", "manual", "drain", None, None)) == "warn"
     assert change_state(Change("file:/x", "create", "new", None, None)) == "drift"
-    warned = Change("throttle", "verify-failed", "hot", None, None)
-    object.__setattr__(warned, "severity", "warn")  # the judge's severity, once findings carry it
-    assert change_state(warned) == "warn"
+    assert change_state(Change("throttle", "warn", "clocks held down", None, None)) == "warn"
+
+
+# GPU 0 in hardware thermal slowdown: a warning (judge/records.SEVERITIES, after DCGM's MonitorThermal).
+HOT = {"gpus": [{"index": 0, "throttle": ["hw_thermal"]}, {"index": 1, "throttle": []}], "xid": [],
+       "xid_source": "journal"}
 
 
 def twelve(tmp_path: Path):  # type: ignore[no-untyped-def]
     loaded = fleet_rig(tmp_path, 10, 2)
     plan = fleet_plan(loaded, {
         "gpu-0003": bridge_facts(down=[{"gpu": 0, "link": 1}]),
+        "gpu-0005": bridge_facts(health=HOT),
         "gpu-0007": "ssh: connect to host gpu-0007 port 22: Connection refused",
         "hgx-02": nvswitch_facts(down=[{"gpu": 5, "link": 3}]),
     })
@@ -192,12 +196,15 @@ def test_fleet_rows_fold_healthy_hosts_and_keep_odd_ones(tmp_path: Path) -> None
     loaded, plan = twelve(tmp_path)
     rows = fold(loaded, plan)
     assert [r.label for r in rows] == [
-        "gpu-[0001-0002,0004-0006,0008-0010] all ok", "gpu-0003", "gpu-0007", "hgx-01 all ok", "hgx-02",
+        "gpu-[0001-0002,0004,0006,0008-0010] all ok", "gpu-0003", "gpu-0005", "gpu-0007", "hgx-01 all ok",
+        "hgx-02",
     ]
     assert sorted(h.host for r in rows for h in r.hosts) == sorted(h.host for h in plan.hosts)
     cells = {r.label: dict(zip(CHECKS, r.cells, strict=True)) for r in rows}
     assert cells["gpu-0003"]["topology"] == "fail" and cells["hgx-02"]["topology"] == "fail"
     assert set(cells["gpu-0007"].values()) == {"unreachable"}
+    assert cells["gpu-0005"]["health"] == "warn"
+    assert set(cells["gpu-0005"].values()) == {"ok", "warn", "skipped"}
     assert cells["hgx-01 all ok"]["slurm"] == "skipped"
 
 
@@ -207,12 +214,12 @@ def test_fleet_report_is_self_contained_linked_and_golden(tmp_path: Path) -> Non
     assert html == report_html(loaded, plan)
     assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
     svgs = re.findall(r"<svg .*?</svg>", html, re.S)
-    assert len(svgs) == 6  # the heat map and one box per row
+    assert len(svgs) == 7  # the heat map and one box per row
     for svg in svgs:
         ET.fromstring(svg)
     targets = set(re.findall(r'<a href="#([^"]+)">', html))
     assert targets == set(re.findall(r'<section id="([^"]+)">', html)) == {
-        "host-gpu-0001", "host-gpu-0003", "host-gpu-0007", "host-hgx-01", "host-hgx-02"}
+        "host-gpu-0001", "host-gpu-0003", "host-gpu-0005", "host-gpu-0007", "host-hgx-01", "host-hgx-02"}
     heat = ET.fromstring(svgs[0])
     cell = next(t for t in titles(heat) if t == "gpu-0003 \u00b7 topology: fail")
     assert cell
