@@ -245,6 +245,7 @@ def _run_steps(
 def reboot_and_wait(
     node: ReopenableSession, lock: str, settings: ApplySettings, progress: Progress, simulated: bool
 ) -> None:
+    """Reboot the host through its agent and wait until it answers with a new boot id (apply and recover)."""
     name = node.target.name
     # Under the host lock: a reboot must not land in the middle of another apply's steps.
     timeout = node.target.command_timeout_s + settings.lock_wait_s
