@@ -34,6 +34,9 @@ class HostInfo(Fact):
     )
     os_version_id: str | None = Field(None, description='VERSION_ID of /etc/os-release, e.g. "12"')
     os_like: list[str] = Field(default_factory=list, description="ID_LIKE of /etc/os-release")
+    os_platform_id: str | None = Field(
+        None, description='PLATFORM_ID of /etc/os-release, e.g. "platform:el9" (the RHEL release it follows)'
+    )
 
 
 NvmlStatus = Literal["ok", "no-driver", "driver-not-loaded", "version-mismatch", "no-permission", "error"]
@@ -52,6 +55,11 @@ class DriverInfo(Fact):
     )
     kernel_module: Literal["open", "proprietary"] | None = Field(
         None, description="which kernel modules are loaded (/proc/driver/nvidia/version), None when none"
+    )
+    installed_module: Literal["open", "proprietary"] | None = Field(
+        None,
+        description="which kernel modules are installed for the running kernel (modinfo's license), the ones "
+        "the next boot loads; None when unknown",
     )
     unheld: list[str] = Field(
         default_factory=list, description="packages of the installed driver set that apt does not hold"

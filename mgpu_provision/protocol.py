@@ -413,7 +413,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
             "runfile": with_default(optional_text(), None),  # runfile: the installer's path or https URL
             "sha256": with_default(optional_line(), None),
             "kernel_module_type": with_default(optional_choice("open", "proprietary"), None),
-            "repo": with_default(apt_mirror(), None),  # apt: configure this mirror and install from it
+            "repo": with_default(apt_mirror(), None),  # configure this mirror and install from it
             # apt on Ubuntu: `packages` is the server set, so Canonical's signed prebuilt modules for the
             # running kernel replace it where the archive has them (else DKMS builds the modules)
             "prebuilt": with_default(flag(), False),

@@ -8,7 +8,7 @@ hides the others.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from .. import protocol
@@ -45,6 +45,7 @@ class HostPlan:
     elapsed_s: float = 0.0
     simulated: bool | None = None
     control_machine: str | None = None
+    facts: Facts | None = field(default=None, compare=False, repr=False)  # what it was planned from
 
     def count(self, *actions: str) -> int:
         return sum(1 for c in self.changes if c.action in actions)
@@ -149,7 +150,7 @@ def plan_fleet(
         try:
             changes = arrange(plan_host(loaded, loaded.host(name), facts))
         except ProvisionError as exc:  # e.g. a visible-device UUID no GPU of this box has: this host only
-            hosts.append(HostPlan(name, "failed", (), str(exc), outcome.elapsed_s, simulated, mine))
+            hosts.append(HostPlan(name, "failed", (), str(exc), outcome.elapsed_s, simulated, mine, facts))
             continue
-        hosts.append(HostPlan(name, "ok", tuple(changes), None, outcome.elapsed_s, simulated, mine))
+        hosts.append(HostPlan(name, "ok", tuple(changes), None, outcome.elapsed_s, simulated, mine, facts))
     return FleetPlan(tuple(hosts))

@@ -31,7 +31,7 @@ from ..plan.files import node_path
 from ..plan.host import facts_request
 from ..rig.models import Host
 from ..rig.rig import LoadedRig
-from .apply import LOCK_FILE, ApplySettings, ReopenableSession, _reboot_and_wait
+from .apply import LOCK_FILE, ApplySettings, ReopenableSession, reboot_and_wait
 from .drain import DrainSettings, drain_host, resume_host
 
 RECOVER_REASON = "mgpu: recover"
@@ -182,7 +182,7 @@ def recover_host(
             reboot_settings = ApplySettings(
                 (), settings.lock_wait_s, settings.reboot_timeout_s, settings.poll_s
             )
-            _reboot_and_wait(node, lock, reboot_settings, progress, facts.host.simulated)
+            reboot_and_wait(node, lock, reboot_settings, progress, facts.host.simulated)
             done.say("reboot", True, "rebooted, back with a new boot id")
             left = _failing(judge())
             if left:

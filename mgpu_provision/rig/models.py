@@ -174,12 +174,12 @@ class Bridge(Strict):
 
 
 class DriverRepo(Strict):
-    """An internal apt mirror of the driver's packages (air-gapped or regulated sites)."""
+    """An internal mirror of the driver's packages (air-gapped or regulated sites): apt, dnf, yum, zypper."""
 
     url: str = Field(pattern="^https?://[^\\s'\"`$;]+$", description="the mirror's URL (http or https)")
     key: str = Field(
         description="file with the mirror's public signing key (ASCII-armored), relative to the rig file; "
-        "apt trusts it for this mirror only"
+        "apt trusts it for this mirror only, rpm imports it once (dnf, yum, zypper)"
     )
     suite: str = Field("./", pattern=r"^[A-Za-z0-9./_-]+$", description='"./" for a flat repository')
     components: str | None = Field(None, pattern=r"^[A-Za-z0-9_ -]+$", description='e.g. "main contrib"')
@@ -230,7 +230,9 @@ class Driver(Strict):
     runfile_url: str | None = Field(None, pattern="^(https://|/)[^\\s'\"`$;]+$", description="runfile source")
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     repo: DriverRepo | None = Field(
-        None, description="apt only: install from this mirror, checked in plan to hold the whole set"
+        None,
+        description="install from this mirror (apt: checked in plan to hold the whole set; dnf, yum, zypper: "
+        "its signature checked before it is written)",
     )
 
 

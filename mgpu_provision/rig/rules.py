@@ -25,11 +25,13 @@ from ..catalog.topology import TopoMatrix
 from ..judge.containers import CDI_SINCE, version_tuple
 from ..protocol import branch_of
 from .cards import (
+    branch_range,
     card_class,
     fabric_manager_elsewhere,
     missing_connector,
     missing_nvlink,
     module_type,
+    nvlink5_hgx,
     nvml_name_for,
     open_modules_only,
 )
@@ -564,19 +566,57 @@ def kernel_modules_fit_architecture(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def branch_drives_gpu(inp: RuleInput) -> Iterator[Finding]:
+    """A branch that does not drive the rig's GPU generation (cards.branch_range: Volta on 590, a B200 on
+    550) installs a driver under which the GPU never comes up: refused here, naming the branches that do."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        known = branch_range(rig.gpus.model)
+        branch = str((driver.branch or branch_of(driver.version or "")) if driver else "")
+        if driver is None or known is None or not branch.isdigit():
+            continue
+        b = int(branch)
+        field = "branch" if driver.branch is not None else "version"
+        if known.last is not None and b > known.last:
+            yield Finding(
+                (*loc, "driver", field),
+                f"{rig.gpus.model} ({known.generation}) is driven by branch {known.last} and older; "
+                f'branch {b} does not support it: set driver.branch to "{known.last}"',
+            )
+        elif known.first is not None and b < known.first:
+            yield Finding(
+                (*loc, "driver", field),
+                f"{rig.gpus.model} ({known.generation}) needs branch {known.first} or newer; branch {b} does "
+                f'not support it: set driver.branch to "{known.first}" or later',
+            )
+
+
+def nvlink5_needs_nvidia_repository(inp: RuleInput) -> Iterator[Finding]:
+    """Canonical's archive builds Fabric Manager and NSCQ per branch and nothing of NVLink5's set (NVLink
+    Subnet Manager, NVSDM): Fabric Manager on an HGX B200/B300 from it could never start."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver and driver.fabricmanager and driver.source == "ubuntu" and nvlink5_hgx(rig.gpus.model):
+            yield Finding(
+                (*loc, "driver", "source"),
+                f"{rig.gpus.model} needs NVLink Subnet Manager (nvlsm) and NVSDM beside Fabric Manager, "
+                "which Ubuntu's archive does not carry: set driver.source: cuda (NVIDIA's repository)",
+            )
+
+
 PGP_ARMOR = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
 
 
 def driver_repo_usable(inp: RuleInput) -> Iterator[Finding]:
-    """A mirror is apt's here (a deb822 source); its key file must be there and be a public key."""
+    """A mirror is a package repository (apt's deb822 source, or a .repo file for dnf, yum and zypper); its
+    key file must be there and be a public key."""
     for loc, rig in inp.rigs():
         driver = rig.driver
         if driver is None or driver.repo is None:
             continue
         at = (*loc, "driver", "repo")
-        if driver.method in ("dnf", "runfile") or driver.source == "rhel":
-            method = driver.method or "dnf"
-            yield Finding(at, f"driver.repo is an apt mirror; this rig installs with {method}")
+        if driver.method == "runfile":
+            yield Finding(at, "driver.repo is a package repository; method runfile installs no packages")
         path = resolve_path(inp.base_dir, driver.repo.key)
         try:
             text = path.read_text(errors="replace")
@@ -970,6 +1010,8 @@ RULES: tuple[Rule, ...] = (
     runfile_complete,
     driver_source_fits,
     kernel_modules_fit_architecture,
+    branch_drives_gpu,
+    nvlink5_needs_nvidia_repository,
     driver_repo_usable,
     reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,

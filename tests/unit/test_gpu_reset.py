@@ -134,6 +134,7 @@ def test_a_failing_simulated_reset_says_so_and_changes_nothing(tmp_path: Path) -
 
 def test_a_simulated_reboot_clears_the_old_boots_xids(tmp_path: Path) -> None:
     twin, state = sick_twin(tmp_path, reset="fails"), tmp_path / "state"
-    reply, _ = handle("reboot", json.dumps({"args": {"simulated": True}, "simulate": str(twin)}))
+    request = {"args": {"simulated": True}, "simulate": str(twin), "state_dir": str(state)}
+    reply, _ = handle("reboot", json.dumps(request))
     assert reply["ok"], reply
     assert findings(twin, state) == []

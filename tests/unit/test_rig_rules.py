@@ -202,14 +202,39 @@ CASES = {
         "rigs.pair.driver.repo.key",
         "cannot read the mirror's key",
     ),
-    "driver-repo-is-apt": (
+    "driver-repo-is-a-package-repository": (
         rig(
             GPUS.strip(),
-            'driver: {version: "550.54.15", source: rhel, method: dnf,',
+            'driver: {version: "550.54.15", method: runfile, runfile_url: /srv/NVIDIA.run,',
+            "         runfile_sha256: " + "0" * 64 + ",",
             "         repo: {url: http://mirror.lab/nvidia/, key: absent.asc}}  # <-",
         ),
         "rigs.pair.driver.repo",
-        "driver.repo is an apt mirror; this rig installs with dnf",
+        "driver.repo is a package repository; method runfile installs no packages",
+    ),
+    # Issue 37 item 9: NVIDIA's deprecation schedule (580 is the last branch for Volta) and the data
+    # center release notes (B200 from 570); the cards.branch_range table.
+    "volta-past-580": (
+        rig('gpus: {model: "Tesla V100-SXM2-32GB", count: 2}', 'driver: {branch: "590"}  # <-'),
+        "rigs.pair.driver.branch",
+        "Tesla V100-SXM2-32GB (Maxwell, Pascal or Volta) is driven by branch 580 and older; branch 590 does "
+        'not support it: set driver.branch to "580"',
+    ),
+    "b200-before-570": (
+        rig('gpus: {model: "NVIDIA B200", count: 8}', 'driver: {version: "550.163.01", flavor: open}  # <-'),
+        "rigs.pair.driver.version",
+        "NVIDIA B200 (Blackwell) needs branch 570 or newer; branch 550 does not support it: set "
+        'driver.branch to "570" or later',
+    ),
+    # Issue 37 item 2: Canonical's archive has FM and NSCQ per branch and none of NVLink5's pieces.
+    "nvlink5-from-ubuntus-archive": (
+        rig(
+            'gpus: {model: "NVIDIA B200", count: 8}',
+            "bridge: {kind: nvswitch, links: 18}",
+            'driver: {branch: "580", source: ubuntu, fabricmanager: true}  # <-',
+        ),
+        "rigs.pair.driver.source",
+        "which Ubuntu's archive does not carry: set driver.source: cuda",
     ),
     "no-fabric-manager-on-a-gb200-tray": (
         rig(

@@ -149,6 +149,11 @@ class Backend(abc.ABC):
         """Packages of the installed driver set that the package manager does not hold; none by default."""
         return []
 
+    def installed_module(self) -> Optional[str]:
+        """open or proprietary: which kernel modules are installed (the next boot loads them); None when
+        unknown (a simulated node: its twin switches the running type at the next boot)."""
+        return None
+
     @abc.abstractmethod
     def kernel_module(self) -> Optional[str]:
         """open or proprietary: which kernel modules are loaded, None when none is."""

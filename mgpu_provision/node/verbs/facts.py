@@ -88,6 +88,7 @@ def nvidia_facts(backend: Backend, state_dir: Optional[str] = None) -> Dict[str,
         # Nothing loaded counts too: nouveau bound, or no reboot since the install.
         "reboot_required": bool(installed and installed != loaded),
         "kernel_module": backend.kernel_module(),
+        "installed_module": backend.installed_module() if installed else None,
         "nouveau": backend.nouveau_loaded(),
     }
     try:
