@@ -114,6 +114,8 @@ def fleet_options(args: argparse.Namespace) -> FleetOptions:
         raise ProvisionError(
             f"--via clush needs ClusterShell, which is not installed: {nodesets.INSTALL_HINT}"
         )
+    if via == "clush" and (old := nodesets.too_old()):
+        raise ProvisionError(old)
     return FleetOptions(
         forks=args.forks,
         via=via,

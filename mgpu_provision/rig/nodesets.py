@@ -35,6 +35,18 @@ def clustershell() -> bool:
     return True
 
 
+def too_old() -> str | None:
+    """Why the installed ClusterShell cannot carry `--via clush` (None: it can): releases before 1.9.3 take
+    minutes on large unfoldable node lists (cea-hpc/clustershell#560); Debian 12 packages 1.9.1."""
+    import ClusterShell
+
+    version = getattr(ClusterShell, "__version__", "0")
+    numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+    if numbers >= (1, 9, 3):
+        return None
+    return f"ClusterShell {version} is too old for --via clush (it needs 1.9.3 or later): {INSTALL_HINT}"
+
+
 def split_terms(text: str) -> list[str]:
     """`gpu-[001,003],login` → ['gpu-[001,003]', 'login']: commas outside brackets separate terms."""
     terms, depth, word = [], 0, ""

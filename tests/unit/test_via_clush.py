@@ -37,6 +37,24 @@ def test_via_clush_without_the_extra_is_one_line(
     assert "--via clush needs ClusterShell" in err and "pip install 'mgpu-provision[clush]'" in err
 
 
+@pytest.mark.skipif(not nodesets.clustershell(), reason="the clush extra is not installed")
+def test_via_clush_with_debians_clustershell_says_it_is_too_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ClusterShell
+
+    monkeypatch.setattr(ClusterShell, "__version__", "1.9.1")  # Debian 12's python3-clustershell
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(RIG)
+    assert main(["facts", str(rig), "--via", "clush"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        "ClusterShell 1.9.1 is too old for --via clush (it needs 1.9.3 or later): "
+        "pip install 'mgpu-provision[clush]' (ClusterShell >= 1.9.3)"
+    ), err
+    assert len(err.splitlines()) == 1
+
+
 def test_a_node_set_that_does_not_parse_names_the_option(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
