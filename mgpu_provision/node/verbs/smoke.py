@@ -35,6 +35,7 @@ from ... import protocol
 from ..core.errors import AgentFailure
 from ..host import envpath, files, procs, torch_probe
 from ..nvidia.backend import Backend
+from . import smoke_baseline
 from .smoke_program import DATA_PARALLEL_FILE, DATA_PARALLEL_FLAG, data_parallel_row
 from .smoke_watch import NCCL_LOG_ENV, LoadSampler, transport, transport_problem
 
@@ -69,8 +70,8 @@ class Request:
     run_id (default rdzv_id), node (the name used in messages, default the
     hostname), iters (timed all_reduces per size), launcher (the installed launcher's path, or null), files
     (what the launcher and env files must hold: role, path, content, mode), interconnect (nvlink, nvswitch
-    or pcie: what joins the rig's GPUs; picks the sizes and the transport NCCL must use). `simulated`: the
-    agent's twin.
+    or pcie: what joins the rig's GPUs; picks the sizes and the transport NCCL must use), state_dir (where
+    the box's smoke baseline is read from). `simulated`: the agent's twin.
     """
 
     def __init__(self, args: dict[str, Any], simulated: bool = False) -> None:
@@ -107,6 +108,7 @@ class Request:
         launcher = args.get("launcher")
         self.launcher: str | None = str(launcher) if launcher else None
         self.files: list[dict[str, str]] = list(args.get("files") or [])
+        self.state_dir: str | None = args.get("state_dir") or None
 
     @property
     def run_backend(self) -> str:
@@ -462,6 +464,7 @@ def _identity(req: Request) -> dict[str, Any]:
         "backend": req.run_backend,
         "requested_backend": req.backend,
         "simulated": req.simulated,
+        "baseline": smoke_baseline.answer(req.state_dir),
     }
 
 
