@@ -110,7 +110,7 @@ def partnered(suspects: Sequence[str], good: Sequence[str]) -> list[tuple[str, .
     """Each suspect with a known-good partner, spread over the good nodes (the shell runs trials that share
     a node one after the other); a lone suspect's pair is run beside a pair of good nodes, the figure a
     slow pair is measured against."""
-    trials = [(s, good[i % len(good)]) for i, s in enumerate(suspects)]
+    trials: list[tuple[str, ...]] = [(s, good[i % len(good)]) for i, s in enumerate(suspects)]
     if len(trials) == 1 and len(good) >= 2:
         trials.append((good[0], good[1]))
     return trials
