@@ -22,6 +22,27 @@ GPU_SETTINGS_UNIT = "mgpu-provision-gpu-settings"
 SIMULATE_ENV = "MGPU_PROVISION_SIMULATE"
 
 
+# The kinds of an error reply (`{"ok": false, "error": {"kind", "message"}}`): the node sends no other (the
+# door turns an undeclared one into `internal`) and the control side reads no other (it names the kind).
+ERROR_KINDS = (
+    "bad-request",  # an argument or step missing or of the wrong type, named; or not possible as asked
+    "twin",  # the twin file or its state cannot be read or says something impossible
+    "locked",  # another apply (or check) holds the host lock
+    "lock",  # the host lock cannot be taken (its folder)
+    "refused",  # not the node it was planned as (simulated or real), or not the planned agent
+    "pid-namespace",  # reclaim with real NVML outside the initial pid namespace
+    "driver",  # installing or checking the driver, its packages or its mirror
+    "fabricmanager",  # installing Fabric Manager or IMEX
+    "nouveau",  # blacklisting nouveau (a new initramfs)
+    "persistence",  # nvidia-persistenced
+    "service",  # enabling, starting or stopping a unit
+    "restart",  # the restart step's command (slurmd after gres.conf)
+    "slurm",  # scontrol or srun
+    "nvml",  # NVML cannot be opened or refuses a setting
+    "internal",  # a bug in the agent: the traceback is on stderr
+)
+
+
 class BadRequest(Exception):
     """A request the agent refuses before any verb runs; the dispatcher answers it as kind `bad-request`."""
 
@@ -356,6 +377,9 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
             "sha256": with_default(optional_line(), None),
             "kernel_module_type": with_default(optional_choice("open", "proprietary"), None),
             "repo": with_default(apt_mirror(), None),  # apt: configure this mirror and install from it
+            # apt on Ubuntu: `packages` is the server set, so Canonical's signed prebuilt modules for the
+            # running kernel replace it where the archive has them (else DKMS builds the modules)
+            "prebuilt": with_default(flag(), False),
         },
         **_PACKAGE_SET,
     ),
@@ -482,10 +506,12 @@ def driver_step(
     sha256: Optional[str] = None,
     kernel_module_type: Optional[str] = None,
     repo: Optional[Dict[str, str]] = None,
+    prebuilt: bool = False,
 ) -> Dict[str, Any]:
     """Install a driver at `version` (None: the newest of `branch`) with `method` from `source` (None for
-    the runfile): apt or dnf installs `packages`, dnf following the branch's module stream where `modules`;
-    the runfile installs `runfile` (checked against `sha256`) with `kernel_module_type` modules."""
+    the runfile): apt or dnf installs `packages`, dnf following the branch's module stream where `modules`,
+    apt taking Ubuntu's prebuilt modules for the running kernel instead where `prebuilt` and the archive
+    has them; the runfile installs `runfile` (checked against `sha256`) with `kernel_module_type` modules."""
     return {
         "kind": DRIVER,
         "method": method,
@@ -503,6 +529,7 @@ def driver_step(
         "sha256": sha256,
         "kernel_module_type": kernel_module_type,
         "repo": repo,
+        "prebuilt": prebuilt,
     }
 
 

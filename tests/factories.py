@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from mgpu_provision.catalog.topology import nvlink_count, parse_topology
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet.options import AgentPayload, FleetOptions
 from mgpu_provision.fleet.session import AgentSession
 from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.node.host.procs import ProcInfo
 from mgpu_provision.node.nvidia.select import select_backend
-from mgpu_provision.node.nvidia.topology import nvlink_count, parse_topology
 from mgpu_provision.node.verbs.facts import collect
 
 if TYPE_CHECKING:

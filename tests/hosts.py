@@ -626,14 +626,16 @@ def desired_files_on(rig: Path, known_hosts: Path) -> dict[str, list[Any]]:
     (bus ids, interfaces, torch, cores), as plan renders them."""
     from mgpu_provision import cli
     from mgpu_provision.facts import Facts
-    from mgpu_provision.plan.resources.envfiles import desired_files
+    from mgpu_provision.plan.change import HostContext
+    from mgpu_provision.plan.resources import envfiles, sli
     from mgpu_provision.rig import load_rig
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         cli.main(["facts", str(rig), "--known-hosts", str(known_hosts), "--json"])
     loaded = load_rig(rig)
-    return {
-        name: desired_files(loaded, loaded.host(name), Facts.model_validate(report["facts"]))
+    contexts = {
+        name: HostContext(loaded, loaded.host(name), Facts.model_validate(report["facts"]))
         for name, report in json.loads(out.getvalue())["hosts"].items()
     }
+    return {name: envfiles.desired(ctx) + sli.desired(ctx) for name, ctx in contexts.items()}

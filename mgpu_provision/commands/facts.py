@@ -13,10 +13,10 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from ..catalog.topology import format_topology, gpu_matrix
 from ..facts import Facts, Gpu, PcieLink
 from ..fleet.pool import HostOutcome
 from ..jobs.plan import gather_facts
-from ..node.nvidia.topology import format_topology, gpu_matrix
 from . import options
 from .output import make_console, print_json, shown, waiting_for
 

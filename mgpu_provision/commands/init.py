@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from .. import protocol
+from ..catalog.topology import format_topology, gpu_matrix
 from ..errors import ProvisionError
 from ..facts import Facts
 from ..fleet.options import FleetOptions
@@ -20,7 +21,6 @@ from ..fleet.pool import run_fleet
 from ..fleet.session import read_facts
 from ..fleet.targets import DEFAULT_PYTHON, HostTarget
 from ..jobs.init import env_file_paths, rig_from_facts
-from ..node.nvidia.topology import format_topology, gpu_matrix
 from ..rig.models import path_in_rig, schema_comment
 from . import paths
 

@@ -1,4 +1,5 @@
-"""Build the node agent zipapp: all of `node/`, the protocol, the judge and the installed `pynvml.py`.
+"""Build the node agent zipapp: all of `node/`, the protocol, the judge, the catalog and the installed
+`pynvml.py`.
 
 The bytes are deterministic (sorted entries, fixed timestamps and permissions), so the content hash in the
 name changes only when the code does: a host that already has `agent-<hash>.pyz` never gets it again.
@@ -13,19 +14,20 @@ import functools
 import hashlib
 import importlib.util
 import io
-import os
 import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..control_cache import control_cache_dir
+
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 _MAIN = b"import runpy\nrunpy.run_module('mgpu_provision.node', run_name='__main__', alter_sys=True)\n"
 # What a node runs: the package marker (it carries the version), the protocol, and these packages whole:
-# the node's code and the judge it holds itself to.
+# the node's code, the judge it holds itself to and the catalog of tables and parsers it shares with the plan.
 _SHIPPED = ("__init__.py", "protocol.py")
-_SHIPPED_PACKAGES = ("node", "judge")
+_SHIPPED_PACKAGES = ("node", "judge", "catalog")
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def _pynvml_source() -> bytes:
 
 def bundle_cache_dir() -> Path:
     """Where built zipapps are kept on the control machine (XDG_CACHE_HOME is honoured)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mgpu-provision" / "bundles"
+    return control_cache_dir() / "bundles"
 
 
 def _zip(files: dict[str, bytes]) -> bytes:

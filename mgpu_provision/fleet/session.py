@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import AgentError, ConnectionFailed
 from ..facts import Facts
-from ..protocol import SIMULATE_ENV
+from ..protocol import ERROR_KINDS, SIMULATE_ENV
 from .options import AgentPayload, FleetOptions
 from .targets import HostTarget, describe
 
@@ -89,6 +89,11 @@ def parse_response(where: str, verb: str, exit_code: int, stdout: str, stderr: s
         error = response.get("error") or {}
         kind = error.get("kind", "error") if isinstance(error, dict) else "error"
         message = error.get("message", error) if isinstance(error, dict) else error
+        if kind not in ERROR_KINDS:
+            raise AgentError(
+                f"agent {verb} on {where} answered an error of a kind this version does not know ({kind!r}; "
+                f"it knows {', '.join(ERROR_KINDS)}): {message}"
+            )
         raise AgentError(f"agent {verb} failed on {where} ({kind}): {message}")
     result = response.get("result")
     if not isinstance(result, dict):

@@ -27,8 +27,8 @@ from ..fleet.replies import ApplyReply, RebootReply
 from ..fleet.session import AgentSession, Reply, open_session, read_facts, read_reply
 from ..fleet.targets import HostTarget
 from ..plan.change import Change
+from ..plan.files import node_path
 from ..plan.host import facts_request, plan_host
-from ..plan.resources.envfiles import node_path
 from ..plan.resources.slurm import APPLY_DRAIN, APPLY_REASON
 from ..rig.models import Host
 from .drain import Drained, DrainSettings, drain_host, not_drained_words, resume_host

@@ -27,8 +27,10 @@ from ..fleet.replies import CleanupReply, SmokeReply
 from ..fleet.session import AgentSession, read_facts, read_reply
 from ..fleet.targets import HostTarget
 from ..judge.health import FAILING_THROTTLE
+from ..plan.change import HostContext
+from ..plan.files import node_path
 from ..plan.host import facts_request
-from ..plan.resources.envfiles import desired_files, environment, launcher_path, node_path, path_prepends
+from ..plan.resources.envfiles import desired, environment, launcher_path, path_prepends
 from ..protocol import DATA_PARALLEL_TIMEOUT_S, smoke_cleanup_request, smoke_request
 from ..rig.models import Host
 from ..rig.rig import LoadedRig, Rendezvous
@@ -261,8 +263,7 @@ def installed_files(
             "content": file.content,
             "mode": file.mode,
         }
-        for file in desired_files(loaded, host, facts)
-        if file.phase == "env"
+        for file in desired(HostContext(loaded, host, facts))
     ]
 
 

@@ -19,7 +19,7 @@ import sys
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from .. import __version__
-from ..protocol import BadRequest, check_request
+from ..protocol import ERROR_KINDS, BadRequest, check_request
 from .core.errors import AgentFailure
 from .nvidia.backend import Backend
 from .nvidia.select import select_backend, simulation_target
@@ -126,6 +126,8 @@ def handle(
 
 
 def _error(kind: str, message: str) -> Dict[str, Any]:
+    if kind not in ERROR_KINDS:  # a kind the control side could not read: a bug here, said as one
+        kind, message = "internal", "undeclared error kind {!r}: {}".format(kind, message)
     return {"ok": False, "agent_version": __version__, "error": {"kind": kind, "message": message}}
 
 

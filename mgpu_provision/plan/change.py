@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from ..catalog.topology import TopoMatrix
 from ..facts import Facts
 from ..judge.records import Expectation, Finding
-from ..node.nvidia.topology import TopoMatrix
 from ..rig.models import Host, Rig
 from .expectation import for_rig
+
+if TYPE_CHECKING:
+    from ..rig import LoadedRig
 
 Action = Literal["create", "update", "delete", "verify-failed", "manual"]
 # The playbook step a Change belongs to (`--tags`, `--skip-tags`): what kind of work carrying it out is.
@@ -54,19 +57,40 @@ def failed_checks(findings: Iterable[Finding]) -> list[Change]:
 
 @dataclass(frozen=True)
 class HostContext:
-    """What one host's diffs read: its rig type, its facts, and the rig-file values resolved for it."""
+    """What one host's diffs read: the loaded rig file, the host, its facts, and the rig-file values
+    resolved for it (`plan/host.host_context` builds the one a plan uses)."""
 
+    loaded: LoadedRig
     host: Host
-    rig: Rig
     facts: Facts
-    visible_count: int
-    expected_topology: TopoMatrix | None = None  # parsed from the rig's captured topology_file
     driver_repo: dict[str, str] | None = None  # driver.repo as the agent takes it (the key's text read)
+    # The managed files the node check holds the node to (path -> sha256), from the registry's checked ones.
+    checked_files: Mapping[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def rig(self) -> Rig:
+        return self.loaded.rig_of(self.host)
+
+    @cached_property
+    def visible_count(self) -> int:
+        """How many GPUs the rig's `visible_devices` leave a job (all of the rig's without it)."""
+        visible = self.loaded.visible_indices(self.host, [gpu.uuid for gpu in self.facts.gpus])
+        return self.rig.gpus.count if visible is None else len(visible)
+
+    @cached_property
+    def expected_topology(self) -> TopoMatrix | None:
+        """The rig's captured topology_file, parsed."""
+        return self.loaded.topologies.get(self.host.rig)
 
     @cached_property
     def expect(self) -> Expectation:
         """What the judge holds this host to (managed files are diffed by plan itself, not by digest)."""
         return for_rig(self.rig, self.host, self.expected_topology)
+
+    @cached_property
+    def node_expectation(self) -> Expectation:
+        """What the node holds itself to once apply has run: `expect` with the managed files' digests."""
+        return for_rig(self.rig, self.host, self.expected_topology, self.checked_files)
 
     @cached_property
     def facts_json(self) -> dict[str, Any]:

@@ -7,15 +7,11 @@ a node that judges itself reads the same record from a JSON file apply wrote (`j
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
+from ..catalog.topology import TopoMatrix
 from ..judge.records import Expectation
-from ..node.nvidia.topology import TopoMatrix
 from ..rig.cards import fabric_manager_elsewhere
 from ..rig.models import Host, Rig
-
-if TYPE_CHECKING:
-    from ..rig import LoadedRig
 
 
 def for_rig(
@@ -60,9 +56,3 @@ def captured_cells(matrix: TopoMatrix) -> tuple[tuple[str, ...], ...]:
         return row.cells[column[b]] if row is not None else matrix.cell(a, b)
 
     return tuple(tuple(cell(a, b) for b in labels) for a in labels)
-
-
-def build(loaded: LoadedRig, host: Host, files: Mapping[str, str] | None = None) -> Expectation:
-    """The record for `host` of the loaded rig file; `files` are the managed files apply writes there
-    (path -> sha256, e.g. from `envfiles.desired_files`)."""
-    return for_rig(loaded.rig_of(host), host, loaded.topologies.get(host.rig), files)

@@ -6,7 +6,8 @@ rules and every model's validation. The answer depends only on the file's bytes,
 names, how its paths resolve (the path as given, the working directory, HOME) and the code that loads it,
 so a valid rig is kept pickled under the XDG cache with all of that as its key and checked on every run:
 a changed byte in the rig file or a topology file, a moved HOME or an edited loader (any file of
-`mgpu_provision/rig/`, the topology parser, the package or pydantic version) is a miss and loads afresh.
+`mgpu_provision/rig/`, the catalog's tables and topology parser, the package or pydantic version) is a miss
+and loads afresh; an edited installer of the agent is not (the rig imports no node module).
 A rig that takes hosts from an Ansible inventory is never cached (inventories are folders, variable files
 and plugins: no short key covers them), nor is a file with problems (they are reported on every run).
 A cache that cannot be read or written costs only the next load.
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from .. import __version__
+from ..control_cache import control_cache_dir
 
 if TYPE_CHECKING:
     from .rig import LoadedRig
@@ -35,10 +37,10 @@ _FORMAT = 2
 _KEEP_S = 30 * 24 * 3600
 _PACKAGE = Path(__file__).resolve().parent.parent
 # The code whose output is cached: the rig package (models, loader, rules, messages) and every module it
-# loads from elsewhere (the judge's defaults, the package names the rules check, parsed topologies, the error
-# type, the protocol); tests/unit/test_rig_cache.py checks that loading a rig imports nothing outside these.
-_CODE_FOLDERS = ("rig", "judge", "node/packages", "node/nvidia")
-_CODE = ("__init__.py", "errors.py", "protocol.py", "node/__init__.py")
+# loads from elsewhere (the judge's defaults, the catalog's package names and topology parser, the error type,
+# the protocol); tests/unit/test_rig_cache.py checks that loading a rig imports nothing outside these.
+_CODE_FOLDERS = ("rig", "judge", "catalog")
+_CODE = ("__init__.py", "errors.py", "protocol.py")
 
 
 class Checked(NamedTuple):
@@ -50,11 +52,6 @@ class Checked(NamedTuple):
 
 def _checked(loaded: LoadedRig) -> Checked:
     return Checked(tuple((h.name, h.rig) for h in loaded.spec.hosts), len(loaded.spec.rigs))
-
-
-def control_cache_dir() -> Path:
-    """The control machine's cache of mgpu-provision (XDG_CACHE_HOME is honoured)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mgpu-provision"
 
 
 def rig_cache_dir() -> Path:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from ..node.packages import sources
+from ..catalog import sources
 
 CardClass = Literal["geforce", "professional", "unknown"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..node.nvidia.topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
+from ..catalog.topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
 from .models import Rig
 
 

@@ -13,8 +13,8 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from ..catalog.topology import TopoMatrix
 from ..errors import SpecError, SpecProblem
-from ..node.nvidia.topology import TopoMatrix
 from .files import read_topologies
 from .inventory_part import InventoryPart, read_inventory_part
 from .messages import field_name, schema_findings, unwrap

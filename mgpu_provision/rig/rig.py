@@ -15,8 +15,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from ..catalog.topology import TopoMatrix
 from ..errors import ProvisionError
-from ..node.nvidia.topology import TopoMatrix
 from .files import resolve_path
 from .models import Host, Rig, RigFile
 

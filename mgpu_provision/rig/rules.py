@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..node.nvidia.topology import TopoMatrix
-from ..node.packages import families, names, sources
+from ..catalog import families, names, sources
+from ..catalog.topology import TopoMatrix
+from ..protocol import branch_of
 from .cards import (
     card_class,
     fabric_manager_elsewhere,
@@ -486,7 +487,7 @@ def runfile_complete(inp: RuleInput) -> Iterator[Finding]:
                     )
 
 
-# How each package source is installed; the CUDA repository serves every family (node/packages/families.py).
+# How each package source is installed; the CUDA repository serves every family (catalog/families.py).
 SOURCE_METHODS = {
     source: tuple(method for method, served in families.METHOD_SOURCES.items() if source in served)
     for source in sources.SOURCES
@@ -543,7 +544,7 @@ def kernel_modules_fit_architecture(inp: RuleInput) -> Iterator[Finding]:
         family = open_modules_only(rig.gpus.model)
         if driver is None or family is None:
             continue
-        branch = str(driver.branch or str(driver.version or "").split(".")[0])
+        branch = str(driver.branch or branch_of(driver.version or ""))
         if not branch.isdigit():
             continue  # driver_version_or_branch says what is missing
         if module_type(driver.flavor, rig.gpus.model, branch) == "open":
@@ -618,7 +619,7 @@ def imex_fits(inp: RuleInput) -> Iterator[Finding]:
             )
         if not driver.imex:
             continue
-        branch = str(driver.branch or str(driver.version or "").split(".")[0])
+        branch = str(driver.branch or branch_of(driver.version or ""))
         if driver.source in ("ubuntu", "debian") or driver.method == "runfile":
             where = f"the {driver.source} source" if driver.method != "runfile" else "method runfile"
             yield Finding(

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from mgpu_provision.catalog.topology import parse_topology
 from mgpu_provision.cli import main
-from mgpu_provision.node.nvidia.topology import parse_topology
 from tests.hosts import HostFactory, TestHost, load_twin
 
 TWINS = {"gpu-a": "rtx3090-nvlink", "hgx-1": "h100-hgx", "pcie-5": "rtx4090-pcie"}

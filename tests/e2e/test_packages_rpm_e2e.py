@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 from pathlib import Path
 from typing import Any
 
 from mgpu_provision import protocol
-from mgpu_provision.node.packages import sources, zypper
+from mgpu_provision.catalog import sources
+from mgpu_provision.fleet.bundle import agent_files
+from mgpu_provision.node.packages import zypper
 from tests import hosts, rpm_roots
 
-REPO = Path(__file__).resolve().parents[2]
 OLD, NEW = rpm_roots.VERSIONS
-SUSE_SET = zypper.package_set("550", "default", fabricmanager=True)
+SUSE_SET = sources.zypper_set("550", "default", fabricmanager=True)
 # Carries one driver step out inside a box, on the node code copied there, as the agent's apply does; then
 # reads the installed driver and Fabric Manager versions as facts do.
 RUNNER = """\
@@ -46,13 +46,11 @@ def box_of(manager: str, folder: Path) -> rpm_roots.RpmBox:
     except rpm_roots.RootUnavailable as exc:
         hosts.skip_or_fail(str(exc))
     box = rpm_roots.RpmBox(root, folder)
-    shutil.copytree(
-        REPO / "mgpu_provision" / "node",
-        box.layers["upper"] / "opt" / "mgpu" / "mgpu_provision" / "node",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    for shipped in ("__init__.py", "protocol.py"):
-        shutil.copy(REPO / "mgpu_provision" / shipped, box.layers["upper"] / "opt/mgpu/mgpu_provision")
+    for name, content in agent_files().items():  # what the agent ships, as it ships it
+        if name.startswith("mgpu_provision/"):
+            target = box.layers["upper"] / "opt" / "mgpu" / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
     box.write("/opt/mgpu/run_step.py", RUNNER)
     return box
 

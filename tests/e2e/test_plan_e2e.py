@@ -2,8 +2,8 @@
 
 Four hosts of one rig type each carry one fault (an old driver, a missing env file, a loose bridge link, a
 mismatched GPU) and must report exactly that fault; a fifth, converged host reports nothing and exits 0.
-The env files of the hosts that should have them are written from `envfiles.desired_files` into the host's
-private /etc, so the test does not depend on apply.
+The env files of the hosts that should have them are written from the plan's desired files
+(`tests.hosts.desired_files_on`) into the host's private /etc, so the test does not depend on apply.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from mgpu_provision.cli import main
-from mgpu_provision.plan.resources.envfiles import DesiredFile
+from mgpu_provision.plan.files import DesiredFile
 from tests.hosts import HostFactory, TestHost, desired_files_on, load_twin
 
 RIG = {

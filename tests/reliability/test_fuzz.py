@@ -20,10 +20,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mgpu_provision.catalog.topology import TopologyParseError, parse_topology
 from mgpu_provision.errors import SpecError
 from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.node import __main__ as agent_main
-from mgpu_provision.node.nvidia.topology import TopologyParseError, parse_topology
 from mgpu_provision.rig import load_rig
 from tests.hosts import load_twin
 from tests.reliability.conftest import Trial

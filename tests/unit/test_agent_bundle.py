@@ -65,7 +65,7 @@ def test_bundle_holds_the_node_modules_and_pynvml_only(pyz: Path) -> None:
         "mgpu_provision/protocol.py",
         "mgpu_provision/node/__main__.py",
         "mgpu_provision/node/nvidia/miniyaml.py",
-        "mgpu_provision/node/nvidia/topology.py",
+        "mgpu_provision/catalog/topology.py",
         "mgpu_provision/node/verbs/smoke_program.py",
     ):
         assert required in names
@@ -74,10 +74,11 @@ def test_bundle_holds_the_node_modules_and_pynvml_only(pyz: Path) -> None:
         n
         for n in names
         if n.startswith("mgpu_provision/")
-        and not n.startswith(("mgpu_provision/node/", "mgpu_provision/judge/"))
+        and not n.startswith(("mgpu_provision/node/", "mgpu_provision/judge/", "mgpu_provision/catalog/"))
     }
     assert extra == {"mgpu_provision/__init__.py", "mgpu_provision/protocol.py"}
     assert "mgpu_provision/judge/verdict.py" in names
+    assert "mgpu_provision/catalog/names.py" in names
     assert {i.date_time for i in zipfile.ZipFile(pyz).infolist()} == {(1980, 1, 1, 0, 0, 0)}
 
 

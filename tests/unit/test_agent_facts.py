@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
+from mgpu_provision.catalog.topology import parse_topology
 from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.host.files import describe_file
 from mgpu_provision.node.host.torch_probe import probe_torch
 from mgpu_provision.node.nvidia.select import select_backend
-from mgpu_provision.node.nvidia.topology import parse_topology
 from tests.factories import facts_from_twin, write_twin
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -117,7 +117,7 @@ def test_unusable_bundle_cache_still_builds(tmp_path: Path) -> None:
 
 def test_sources_key_follows_content_and_names() -> None:
     files = agent_files()
-    topology = "mgpu_provision/node/nvidia/topology.py"
+    topology = "mgpu_provision/catalog/topology.py"
     changed = dict(files, **{topology: files[topology] + b"\n"})
     renamed = {("x/" + k if k == "pynvml.py" else k): v for k, v in files.items()}
     assert len({_sources_key(files), _sources_key(changed), _sources_key(renamed)}) == 3

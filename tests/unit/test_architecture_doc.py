@@ -1,5 +1,5 @@
 """The protocol tables of docs/ARCHITECTURE.md say what protocol.py declares: every verb and step kind, with
-exactly its fields, which of them are required, and the defaults the door fills in.
+exactly its fields, which of them are required, and the defaults the door fills in; every error kind.
 
 The table is the one screen a person reads to learn the protocol; a verb or field added to the code without
 its row would make that screen wrong without anyone noticing.
@@ -61,6 +61,10 @@ def test_every_step_kind_is_a_row_with_exactly_its_fields_required_marks_and_def
             elif arg.default is not None and mark is not None:
                 shown = json.dumps(arg.default) if not isinstance(arg.default, str) else arg.default
                 assert mark.rstrip(",") == shown, f"{kind}.{name}"
+
+
+def test_every_error_kind_is_a_row_and_every_row_a_declared_kind() -> None:
+    assert list(table("error kind")) == list(protocol.ERROR_KINDS)
 
 
 def test_the_field_reader_sees_marks_and_defaults() -> None:

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision.plan.change import HostContext
+from mgpu_provision.plan.files import DesiredFile
 from mgpu_provision.plan.resources import boot_unit
 from mgpu_provision.rig import LoadedRig, load_rig
+from tests import factories
 from tests.hosts import skip_or_fail
 
 RIG = """\
@@ -32,8 +35,14 @@ def load(tmp_path: Path, text: str = RIG) -> LoadedRig:
     return load_rig(tmp_path / "rig.yaml")
 
 
+def unit_of(loaded: LoadedRig, host: str) -> DesiredFile | None:
+    """The unit apply writes on `host` (its content needs no facts), None when it writes none."""
+    units = boot_unit.desired(HostContext(loaded, loaded.host(host), factories.facts()))
+    return units[0] if units else None
+
+
 def test_the_unit_sets_the_rigs_values_on_every_gpu_at_boot_after_persistenced(tmp_path: Path) -> None:
-    unit = boot_unit.desired((loaded := load(tmp_path)), loaded.host("gpu-a"))
+    unit = unit_of((loaded := load(tmp_path)), "gpu-a")
     assert unit is not None and (unit.path, unit.mode, unit.phase) == (UNIT_FILE, "0644", "persistence")
     lines = unit.content.splitlines()
     assert "After=nvidia-persistenced.service" in lines
@@ -43,7 +52,7 @@ def test_the_unit_sets_the_rigs_values_on_every_gpu_at_boot_after_persistenced(t
         "ExecStart=/usr/bin/nvidia-smi -c EXCLUSIVE_PROCESS",
         "ExecStart=/usr/bin/nvidia-smi -pl 300",
     ]
-    assert unit.content == boot_unit.desired(loaded, loaded.host("gpu-a")).content  # type: ignore[union-attr]
+    assert unit.content == unit_of(loaded, "gpu-a").content  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -58,7 +67,7 @@ def test_only_the_settings_the_rig_manages_are_in_the_unit(
     tmp_path: Path, health: str, expected: list[str]
 ) -> None:
     loaded = load(tmp_path, RIG.replace("{compute_mode: exclusive_process, power_limit_w: 300}", health))
-    unit = boot_unit.desired(loaded, loaded.host("gpu-a"))
+    unit = unit_of(loaded, "gpu-a")
     assert unit is not None
     executed = [line for line in unit.content.splitlines() if line.startswith("ExecStart=")]
     assert [line.split(" ", 1)[1] for line in executed] == expected
@@ -74,20 +83,20 @@ def test_only_the_settings_the_rig_manages_are_in_the_unit(
 )
 def test_no_unit_where_the_driver_defaults_are_wanted(tmp_path: Path, health: str) -> None:
     loaded = load(tmp_path, RIG.replace("{compute_mode: exclusive_process, power_limit_w: 300}", health))
-    assert boot_unit.desired(loaded, loaded.host("gpu-a")) is None
-    assert boot_unit.unit_path(loaded, loaded.host("gpu-a")) == UNIT_FILE  # still read: one may be left over
+    assert unit_of(loaded, "gpu-a") is None
+    assert boot_unit.paths(loaded, loaded.host("gpu-a")) == [UNIT_FILE]  # still read: one may be left over
 
 
 def test_windows_hosts_and_a_null_systemd_dir_get_no_unit_and_local_paths_lie_beside_the_rig(
     tmp_path: Path,
 ) -> None:
     loaded = load(tmp_path)
-    assert boot_unit.desired(loaded, loaded.host("win")) is None
+    assert unit_of(loaded, "win") is None
     unmanaged = load(tmp_path, RIG + "files: {systemd_dir: null}\n")
-    assert boot_unit.desired(unmanaged, unmanaged.host("gpu-a")) is None
+    assert unit_of(unmanaged, "gpu-a") is None
     local_only = "\n".join(line for line in RIG.splitlines() if "10.0.0." not in line)
     local = load(tmp_path, local_only + "\nfiles: {systemd_dir: units}\n")
-    unit = boot_unit.desired(local, local.host("here"))
+    unit = unit_of(local, "here")
     assert unit is not None and unit.path == str(tmp_path / "units" / "mgpu-provision-gpu-settings.service")
 
 
@@ -96,7 +105,7 @@ def test_systemd_reads_the_unit_without_a_complaint(tmp_path: Path) -> None:
     if checker is None:
         skip_or_fail("systemd-analyze is not installed (apt-get install systemd)")
     loaded = load(tmp_path)
-    unit = boot_unit.desired(loaded, loaded.host("gpu-a"))
+    unit = unit_of(loaded, "gpu-a")
     assert unit is not None
     # verify also checks that ExecStart's program exists: a stand-in for the driver's nvidia-smi.
     stand_in = tmp_path / "nvidia-smi"

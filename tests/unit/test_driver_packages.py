@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision import protocol
+from mgpu_provision.catalog import names, sources
 from mgpu_provision.node.core import system
 from mgpu_provision.node.core.errors import AgentFailure
-from mgpu_provision.node.packages import apt, dnf, driver, names, runfile, services, sources
+from mgpu_provision.node.packages import apt, dnf, driver, runfile, services
 from mgpu_provision.node.packages.common import Command
 from mgpu_provision.plan.resources.fabricmanager import package_set
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.node.host import envpath
+from mgpu_provision.catalog import envpath
+from mgpu_provision.plan.change import HostContext
 from mgpu_provision.plan.resources import envfiles
-from mgpu_provision.plan.resources.envfiles import SYSTEMD_DEFAULT_PATH, desired_files
+from mgpu_provision.plan.resources.envfiles import SYSTEMD_DEFAULT_PATH, desired
 from mgpu_provision.rig import LoadedRig, load_rig
 from tests import factories
 from tests.hosts import skip_or_fail
@@ -98,7 +99,7 @@ def load(tmp_path: Path, text: str) -> LoadedRig:
 def written(loaded: LoadedRig, tmp_path: Path) -> dict[str, Path]:
     """The rendered files, written as apply writes them (UTF-8), by file name."""
     out = {}
-    for file in desired_files(loaded, loaded.host("gpu-a"), factories.facts()):
+    for file in desired(HostContext(loaded, loaded.host("gpu-a"), factories.facts())):
         path = tmp_path / Path(file.path).name
         path.write_bytes(file.content.encode())
         out[path.name] = path

@@ -12,15 +12,14 @@ from typing import Any
 import pytest
 
 from mgpu_provision.facts import Facts, ManagedFile
+from mgpu_provision.plan import files as toolkit
+from mgpu_provision.plan.change import HostContext
+from mgpu_provision.plan.files import DesiredFile, EnvFileError, diff_file, diff_files
+from mgpu_provision.plan.host import desired_files as registry_files
+from mgpu_provision.plan.host import host_context
 from mgpu_provision.plan.resources import envfiles, gloo
-from mgpu_provision.plan.resources.envfiles import (
-    DesiredFile,
-    EnvFileError,
-    desired_files,
-    diff_file,
-    diff_files,
-)
 from mgpu_provision.rig import LoadedRig, load_rig
+from mgpu_provision.rig.models import Host
 from mgpu_provision.rig.rules import DERIVED_ENV
 from tests import factories
 
@@ -48,6 +47,11 @@ def load(tmp_path: Path, text: str = RIG, **replace: str) -> LoadedRig:
     path = tmp_path / "rig.yaml"
     path.write_text(text)
     return load_rig(path)
+
+
+def desired_files(loaded: LoadedRig, host: Host, facts: Facts) -> list[DesiredFile]:
+    """Every file the plan's registry has apply write on `host`: here the env files, launcher, X config."""
+    return registry_files(host_context(loaded, host, facts))
 
 
 def files_of(loaded: LoadedRig, host: str = "gpu-b") -> dict[str, DesiredFile]:
@@ -166,7 +170,7 @@ def test_env_files_carry_the_resolved_gloo_name_not_the_pattern(tmp_path: Path) 
     loaded = load(tmp_path, **{'ifname: "=eth0"': "ifname: eth"})
     env = dict(envfiles.environment(loaded, loaded.rig_of(loaded.host("gpu-a")), facts_with(interfaces=UP)))
     assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("eth", "eth0")  # eth1 is down
-    assert envfiles.env_checks(loaded, loaded.host("gpu-a"), facts_with(interfaces=UP)) == []
+    assert envfiles.checks(HostContext(loaded, loaded.host("gpu-a"), facts_with(interfaces=UP))) == []
 
 
 @pytest.mark.parametrize(
@@ -181,7 +185,7 @@ def test_a_pattern_matching_none_or_several_is_refused_naming_them(
 ) -> None:
     loaded = load(tmp_path, **{'ifname: "=eth0"': f"ifname: {pattern}"})
     box = facts_with(interfaces=[{"name": n, "up": True} for n in ("eth0", "eth1", "lo")])
-    [check] = envfiles.env_checks(loaded, loaded.host("gpu-a"), box)
+    [check] = envfiles.checks(HostContext(loaded, loaded.host("gpu-a"), box))
     assert (check.resource, check.action) == ("ddp.ifname", "verify-failed")
     assert check.summary.startswith(why) and "Gloo needs exactly one interface name" in check.summary
     env = dict(envfiles.environment(loaded, loaded.rig_of(loaded.host("gpu-a")), box))
@@ -192,7 +196,7 @@ def test_gloo_set_in_env_is_left_to_the_rig(tmp_path: Path) -> None:
     loaded = load(tmp_path, **{'ifname: "=eth0"': "ifname: ib", "NCCL_DEBUG: WARN": "GLOO_SOCKET_IFNAME: lo"})
     rig = loaded.rig_of(loaded.host("gpu-a"))
     assert dict(envfiles.environment(loaded, rig, facts_with(interfaces=UP)))["GLOO_SOCKET_IFNAME"] == "lo"
-    assert envfiles.env_checks(loaded, loaded.host("gpu-a"), facts_with(interfaces=UP)) == []
+    assert envfiles.checks(HostContext(loaded, loaded.host("gpu-a"), facts_with(interfaces=UP))) == []
 
 
 def torch_facts(version: str) -> Facts:
@@ -220,7 +224,7 @@ def test_async_error_handling_is_named_as_the_nodes_torch_reads_it(
 
 def test_path_prepend_may_name_no_variable_the_tool_derives(tmp_path: Path) -> None:
     # rig/rules.py keeps its own list of derived names (rig/ cannot import plan/); it must cover them all
-    loaded = load(tmp_path, **{"NCCL_DEBUG: WARN, NCCL_IB_DISABLE: \"0\"": ""})
+    loaded = load(tmp_path, **{'NCCL_DEBUG: WARN, NCCL_IB_DISABLE: "0"': ""})
     rig = loaded.rig_of(loaded.host("gpu-a"))
     names = set()
     for version in ("2.13.0", "1.13.1"):
@@ -364,7 +368,7 @@ def test_nproc_defaults_to_the_visible_gpus(tmp_path: Path) -> None:
     ],
 )
 def test_env_quote_writes_double_quoted_data(value: str, quoted: str) -> None:
-    assert envfiles.env_quote(value) == quoted
+    assert toolkit.env_quote(value) == quoted
 
 
 @pytest.mark.parametrize(
@@ -375,7 +379,7 @@ def test_env_quote_writes_double_quoted_data(value: str, quoted: str) -> None:
         ("\U0010ffff", "contains U+10FFFF, a Unicode noncharacter"),
     ],
 )
-@pytest.mark.parametrize("quote", [envfiles.shell_quote, envfiles.env_quote])
+@pytest.mark.parametrize("quote", [toolkit.shell_quote, toolkit.env_quote])
 def test_values_no_env_file_can_hold_are_refused(quote: Any, value: str, why: str) -> None:
     with pytest.raises(EnvFileError, match=re.escape(why)):
         quote(value)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision.catalog import families
 from mgpu_provision.node.core import system
-from mgpu_provision.node.packages import families
 
 OS_RELEASES = Path(__file__).resolve().parent.parent / "fixtures" / "os-release"
 

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
+from mgpu_provision.catalog.topology import format_topology, gpu_matrix
 from mgpu_provision.cli import main
 from mgpu_provision.commands.init import parse_destination
 from mgpu_provision.errors import ProvisionError
 from mgpu_provision.facts import Facts
 from mgpu_provision.jobs.init import env_file_paths, rig_from_facts, rig_name_for
-from mgpu_provision.node.nvidia.topology import format_topology, gpu_matrix
 from mgpu_provision.plan.host import plan_host
 from mgpu_provision.rig import load_rig
 from mgpu_provision.rig.models import SCHEMA_FILE, schema_comment

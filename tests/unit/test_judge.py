@@ -11,16 +11,15 @@ from typing import Any
 import pytest
 import yaml
 
+from mgpu_provision.catalog.topology import parse_topology
 from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.judge import driver, files, health, inventory, topology
 from mgpu_provision.judge.records import Expectation, Finding, expectation_from_json, expectation_to_json
 from mgpu_provision.judge.verdict import judge_node
-from mgpu_provision.node.nvidia.topology import parse_topology
 from mgpu_provision.plan import expectation
-from mgpu_provision.plan.host import expectation_of, plan_host
-from mgpu_provision.plan.resources.envfiles import desired_files
-from mgpu_provision.rig import load_rig
-from mgpu_provision.rig.models import Health
+from mgpu_provision.plan.host import desired_files, expectation_of, host_context, plan_host
+from mgpu_provision.rig import LoadedRig, load_rig
+from mgpu_provision.rig.models import Health, Host
 from tests.factories import TOPOLOGIES, bus_id, case_facts, facts, gpu
 from tests.unit.test_agent_bundle import NODE_PYTHON, TWINS, run_agent
 from tests.unit.test_plan_cases import CASES, load_case
@@ -186,10 +185,15 @@ def test_rig_default_critical_xids_are_the_judges_and_each_has_advice() -> None:
     assert set(health.CRITICAL_XIDS) <= set(health.XID_ADVICE)
 
 
+def rig_expectation(loaded: LoadedRig, host: Host, files: dict[str, str] | None = None) -> Expectation:
+    """The rig's record for `host`, with its captured topology and these managed files' digests."""
+    return expectation.for_rig(loaded.rig_of(host), host, loaded.topologies.get(host.rig), files)
+
+
 def test_expectation_round_trips_through_json(tmp_path: Path) -> None:
     case = load_case(Path(__file__).parent / "plan_cases" / "bridge-captured-only-loose.yaml")
     loaded, host = _load(case, tmp_path)
-    want = expectation.build(loaded, host, {"/etc/profile.d/x.sh": "0" * 64})
+    want = rig_expectation(loaded, host, {"/etc/profile.d/x.sh": "0" * 64})
     assert want.topology is not None and want.topology[0][0] == "X"
     text = json.dumps(expectation_to_json(want))
     assert expectation_from_json(json.loads(text)) == want
@@ -206,7 +210,7 @@ def test_the_expectation_after_apply_holds_the_digests_of_the_files_apply_writes
     loaded, host = _load(case, tmp_path)
     box_facts = case_facts(case)
     want = expectation_of(loaded, host, box_facts)
-    written = {f.path: f.sha256 for f in desired_files(loaded, host, box_facts)}
+    written = {f.path: f.sha256 for f in desired_files(host_context(loaded, host, box_facts), checked=True)}
     assert want.files == written and list(written) == [str(tmp_path / "profile.sh")]
     # Before apply the node has no such file: the judge says so, as plan says "create".
     assert [(f.check, f.kind) for f in files.files(json.loads(box_facts.model_dump_json()), want)] == [
@@ -273,7 +277,7 @@ def test_plan_and_the_judge_agree_on_every_plan_case(path: Path, tmp_path: Path)
         if c.action == "verify-failed" and c.resource in JUDGED
     ]
     # What a node has: the facts as JSON text and the expectation as a JSON file.
-    want = expectation_from_json(json.loads(json.dumps(expectation_to_json(expectation.build(loaded, host)))))
+    want = expectation_from_json(json.loads(json.dumps(expectation_to_json(rig_expectation(loaded, host)))))
     pin = loaded.rig_of(host).driver
     owned = pin is not None and pin.fabricmanager and host.os == "linux"
     judged = [
@@ -307,7 +311,7 @@ def test_the_judge_runs_from_the_zipapp_on_a_stdlib_only_python(tmp_path: Path) 
     loaded = load_rig(tmp_path / "rig.yaml")
     host = loaded.host("box")
     (tmp_path / "facts.json").write_text(json.dumps(raw))
-    (tmp_path / "expect.json").write_text(json.dumps(expectation_to_json(expectation.build(loaded, host))))
+    (tmp_path / "expect.json").write_text(json.dumps(expectation_to_json(rig_expectation(loaded, host))))
     script = (
         "import json, sys; sys.path.insert(0, sys.argv[1]);"
         "from mgpu_provision.judge.records import expectation_from_json;"

@@ -16,7 +16,7 @@ import pytest
 from mgpu_provision.errors import ProvisionError
 from mgpu_provision.facts import Facts
 from mgpu_provision.judge.records import expectation_from_json
-from mgpu_provision.plan.host import expectation_of, facts_request, plan_host
+from mgpu_provision.plan.host import expectation_of, facts_request, host_context, plan_host
 from mgpu_provision.plan.resources import node_check
 from mgpu_provision.rig import LoadedRig, load_rig
 from tests.factories import facts
@@ -183,10 +183,7 @@ def test_systemd_reads_the_service_and_timer_without_a_complaint(tmp_path: Path)
         skip_or_fail("systemd-analyze is not installed (apt-get install systemd)")
     loaded = load(tmp_path, RIG + CHECK)
     host = loaded.host("gpu-a")
-    units = {
-        Path(f.path).name: f.content
-        for f in node_check.desired_files(loaded, host, expectation_of(loaded, host, box()))
-    }
+    units = {Path(f.path).name: f.content for f in node_check.desired(host_context(loaded, host, box()))}
     stand_in = tmp_path / "check"  # verify also checks that ExecStart's program exists
     stand_in.write_text("#!/bin/sh\n")
     stand_in.chmod(0o755)

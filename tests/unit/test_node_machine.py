@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision.catalog.cpulist import parse_cpu_list
 from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.host import machine
 from tests.factories import facts_from_twin, write_twin
@@ -55,9 +56,9 @@ def test_machine_is_none_where_sys_has_no_topology(tmp_path: Path) -> None:
 
 
 def test_cpu_lists_as_the_kernel_prints_them() -> None:
-    assert machine.parse_cpu_list("0-3,8-11\n") == [0, 1, 2, 3, 8, 9, 10, 11]
-    assert machine.parse_cpu_list("5") == [5]
-    assert machine.parse_cpu_list("") == []
+    assert parse_cpu_list("0-3,8-11\n") == [0, 1, 2, 3, 8, 9, 10, 11]
+    assert parse_cpu_list("5") == [5]
+    assert parse_cpu_list("") == []
 
 
 def test_simulated_machine_numbers_smt_siblings_after_every_first_thread() -> None:

@@ -1,6 +1,6 @@
 """The package-name table: each source's names per branch, across the 580 and 590 boundaries.
 
-The expected names are those NVIDIA's gpu-driver-container scripts install (cited in node/packages/names.py);
+The expected names are those NVIDIA's gpu-driver-container scripts install (cited in catalog/names.py);
 `source: cuda` + 580 + Fabric Manager found nothing to install when the branch was kept in the names.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from mgpu_provision.node.packages import names
+from mgpu_provision.catalog import names
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,13 @@
-"""nvidia-persistenced's effective command line from its unit and drop-ins, and the override that turns
-persistence mode on (the real-systemd proof is tests/e2e/test_persistenced_systemd_e2e.py)."""
+"""nvidia-persistenced's effective command line from its unit and drop-ins (read by catalog/persistenced.py,
+found by node/packages/persistenced.py), and the override that turns persistence mode on (the real-systemd
+proof is tests/e2e/test_persistenced_systemd_e2e.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mgpu_provision.node.packages import persistenced
+from mgpu_provision.catalog import persistenced
+from mgpu_provision.node.packages.persistenced import unit_texts
 
 # Ubuntu's unit (nvidia-graphics-drivers, debian/nvidia-persistenced.service): persistence mode off.
 UBUNTU = """\
@@ -44,5 +46,5 @@ def test_drop_ins_are_read_in_systemds_order(tmp_path: Path) -> None:
     (lib / "nvidia-persistenced.service.d" / "10-x.conf").write_text("[Service]\nExecStart=\nExecStart=/a\n")
     (etc / "nvidia-persistenced.service.d" / "10-x.conf").write_text("[Service]\nExecStart=\nExecStart=/b\n")
     (lib / "nvidia-persistenced.service.d" / "20-y.conf").write_text("[Unit]\nExecStart=/not-a-service-key\n")
-    texts = persistenced.unit_texts(dirs=(str(etc), str(lib)))
+    texts = unit_texts(dirs=(str(etc), str(lib)))
     assert persistenced.exec_start_of(texts) == "/b"  # /etc's 10-x.conf hides /lib's; [Unit] keys ignored

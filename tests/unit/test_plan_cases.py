@@ -5,7 +5,8 @@ A case gives its facts inline (`facts:`), or builds them from a `box:` (a `nvidi
 from `tests/fixtures/topologies/`, the GPU model, and what is broken: down links, odd GPUs, PCIe
 links, lost GPUs) with `facts:` keys replacing the built ones, `facts_patch_pairs:` ("a-b": {...})
 changing single GPU pairs and `health:` adding health facts (see `tests/factories.case_health`). Either way
-the result is validated by `facts.Facts`, as the agent's answer is.
+the result is validated by `facts.Facts`, as the agent's answer is. Every agent step a case plans must pass
+the agent's door (`protocol.check_step`), so each case also holds a producer of steps to the contract.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mgpu_provision import protocol
 from mgpu_provision.plan.host import plan_host
 from mgpu_provision.rig import load_rig
 from tests.factories import TOPOLOGIES, case_facts
@@ -40,6 +42,10 @@ def test_plan_case(path: Path, tmp_path: Path) -> None:
     got = [(c.resource, c.action, c.summary) for c in changes]
     expected = case["expect"] or []
     assert [(r, a) for r, a, _ in got] == [(e["resource"], e["action"]) for e in expected], got
+    for index, change in enumerate(changes):
+        # Held to the agent's door: each step is what `apply` accepts (a reboot is the `reboot` verb's).
+        if change.agent_step is not None and change.agent_step != protocol.reboot_step():
+            assert protocol.check_step(index, change.agent_step), change
     for change, e in zip(changes, expected, strict=True):
         assert e["summary"] in change.summary
         # `step:` pins the keys of the agent step that apply would send (a subset: the rest may vary).

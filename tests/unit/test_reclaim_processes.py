@@ -287,9 +287,10 @@ def test_nvml_unavailable_is_an_agent_failure_with_the_reason() -> None:
 
     with pytest.raises(AgentFailure) as err:
         reclaim.run({"policy": "orphans"}, NoDriver({}))
-    assert err.value.kind == "driver-not-loaded"
+    assert err.value.kind == "nvml"  # a declared kind (protocol.ERROR_KINDS); NVML's reason in the words
     assert err.value.message == (
-        "cannot list the processes holding GPU memory: the NVIDIA kernel module is not loaded"
+        "cannot list the processes holding GPU memory (driver-not-loaded): "
+        "the NVIDIA kernel module is not loaded"
     )
 
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision.catalog import names, sources
 from mgpu_provision.node.core import system
 from mgpu_provision.node.core.errors import AgentFailure
-from mgpu_provision.node.packages import apt, common, names
+from mgpu_provision.node.packages import apt, common
+from mgpu_provision.plan.resources import driver as plan_driver
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "packages"
 
@@ -92,6 +94,7 @@ def test_install_of_a_transitional_branch_is_refused_before_anything_changes(
         "pinning": [],
         "hold_patterns": ["*nvidia*-565", "*nvidia*-565-*"],
         "hold": True,
+        "prebuilt": False,
     }
     with pytest.raises(AgentFailure, match=r'moved branch 565 to 580 .*set driver.branch to "580"'):
         apt.install(step, "driver")
@@ -130,6 +133,7 @@ UBUNTU_580 = {
     "pinning": [],
     "hold_patterns": ["*nvidia*-580", "*nvidia*-580-*"],
     "hold": False,
+    "prebuilt": True,  # the plan's choice for Ubuntu's server set (plan/resources/driver.ubuntu_server_set)
 }
 
 
@@ -156,3 +160,34 @@ def test_ubuntu_falls_back_to_dkms_without_prebuilt_modules(
     assert changed and "DKMS: no prebuilt modules for 6.8.0-85-generic" in message, message
     (install,) = [c for c in calls if c[:2] == ["apt-get", "install"]]
     assert install[len(apt.INSTALL) :] == ["nvidia-driver-580-server-open"]
+
+
+def test_the_node_takes_prebuilt_modules_only_where_the_step_says(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The plan resolves the prebuilt-or-DKMS choice; the node no longer recomputes the server set."""
+    calls = ubuntu_box(monkeypatch, tmp_path, recorded("ubuntu-noble-madison-linux-modules-nvidia-580.txt"))
+    changed, message = apt.install({**UBUNTU_580, "prebuilt": False}, "driver")
+    assert changed and "prebuilt" not in message and "DKMS" not in message, message
+    (install,) = [c for c in calls if c[:2] == ["apt-get", "install"]]
+    assert install[len(apt.INSTALL) :] == ["nvidia-driver-580-server-open"]
+    assert not [c for c in calls if c[:2] == ["apt-cache", "madison"] and c[2].startswith("linux-modules-")]
+
+
+@pytest.mark.parametrize(
+    ("source", "flavor", "packages", "fabricmanager", "prebuilt"),
+    [
+        ("ubuntu", "server-open", None, False, True),
+        ("ubuntu", "server", None, False, True),
+        ("ubuntu", "open", None, False, False),  # a desktop flavor: no prebuilt modules of it
+        ("ubuntu", "server-open", ["nvidia-driver-580-server-open", "nvidia-utils-580-server"], False, False),
+        ("ubuntu", "server-open", None, True, False),  # with Fabric Manager's packages in the set
+        ("cuda", "open", None, False, False),
+    ],
+)
+def test_the_plan_marks_ubuntus_server_set_for_prebuilt_modules(
+    source: str, flavor: str, packages: list[str] | None, fabricmanager: bool, prebuilt: bool
+) -> None:
+    pkgset = sources.apt_set(source, "580", flavor, fabricmanager, packages)
+    chosen = plan_driver.Source(source, "apt", flavor)
+    assert plan_driver.ubuntu_server_set(chosen, "580", pkgset) is prebuilt

@@ -8,16 +8,17 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision import protocol
+from mgpu_provision.catalog import sources
 from mgpu_provision.node.core import system
 from mgpu_provision.node.core.errors import AgentFailure
-from mgpu_provision.node.packages import dnf, driver, sources, zypper
+from mgpu_provision.node.packages import dnf, driver, zypper
 from mgpu_provision.node.packages.common import Command, listed_versions, upstream
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "rpm"
 
 
 def test_the_set_of_a_branch_with_fabric_manager_by_name() -> None:
-    found = zypper.package_set("550", "default", fabricmanager=True)
+    found = sources.zypper_set("550", "default", fabricmanager=True)
     assert found.pinning == []
     assert found.install == [
         "cuda-drivers-550",
@@ -30,7 +31,7 @@ def test_the_set_of_a_branch_with_fabric_manager_by_name() -> None:
 
 
 def test_open_modules_and_the_unversioned_names_of_590() -> None:
-    found = zypper.package_set("590", "open", fabricmanager=False)
+    found = sources.zypper_set("590", "open", fabricmanager=False)
     assert found.pinning == ["nvidia-driver-pinning-590"]
     kmp = "nvidia-open-driver-G06-signed-kmp-default"
     assert found.install == ["nvidia-open", "nvidia-compute-utils-G06", kmp]

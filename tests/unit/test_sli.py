@@ -65,14 +65,11 @@ def facts(mode: str | None = None, bus_ids: tuple[str, ...] = BUS_IDS, **more: A
 
 
 def context(loaded: LoadedRig, name: str, box: Facts) -> HostContext:
-    host = loaded.host(name)
-    return HostContext(host=host, rig=loaded.rig_of(host), facts=box, visible_count=2)
+    return HostContext(loaded, loaded.host(name), box)
 
 
 def snippet(loaded: LoadedRig, box: Facts | None = None) -> str:
-    [xorg] = [
-        f for f in envfiles.desired_files(loaded, loaded.host("lin"), box or facts()) if f.phase == "sli"
-    ]
+    [xorg] = sli.desired(context(loaded, "lin", box or facts()))
     assert xorg.path == XORG
     return xorg.content
 
@@ -119,20 +116,22 @@ def test_base_mosaic_writes_only_its_own_option(tmp_path: Path) -> None:
 def test_off_writes_nothing_and_removes_the_managed_snippet(tmp_path: Path) -> None:
     loaded = load(tmp_path, MOSAIC='"Off"')
     host = loaded.host("lin")
-    assert [f for f in envfiles.desired_files(loaded, host, facts()) if f.phase == "sli"] == []
-    assert envfiles.unwanted_files(loaded, host) == [XORG]
+    assert sli.desired(context(loaded, "lin", facts())) == []
+    assert sli.paths(loaded, host) == [XORG]
     present = facts(files=[{"path": XORG, "exists": True, "mode": "0644", "sha256": "a" * 64}])
-    [change] = envfiles.diff_unwanted([XORG], present)
+    [change] = sli.diff_snippet(context(loaded, "lin", present))
     assert (change.resource, change.action, change.phase) == (f"file:{XORG}", "delete", "sli")
+    assert change.summary == f"remove {XORG} (SLI Off is the driver default)"
     assert change.agent_step == protocol.remove_step(XORG)
-    assert envfiles.diff_unwanted([XORG], facts(files=[{"path": XORG, "exists": False}])) == []
+    assert sli.diff_snippet(context(loaded, "lin", facts(files=[{"path": XORG, "exists": False}]))) == []
 
 
 def test_no_sli_section_leaves_the_x_config_alone(tmp_path: Path) -> None:
     loaded = load(tmp_path, RIG.replace("    sli: {mode: MOSAIC}\n", ""))
     host = loaded.host("lin")
-    assert envfiles.unwanted_files(loaded, host) == []
-    assert [path for path, phase in envfiles.managed_paths(loaded, host) if phase == "sli"] == []
+    assert sli.paths(loaded, host) == []
+    present = facts(files=[{"path": XORG, "exists": True, "mode": "0644", "sha256": "a" * 64}])
+    assert sli.diff_snippet(context(loaded, "lin", present)) == []
     assert sli.diff(context(loaded, "lin", facts())) == []
 
 
@@ -154,9 +153,7 @@ def test_no_gpus_to_name_is_a_failed_check_not_a_wrong_file(tmp_path: Path) -> N
     [change] = sli.diff(context(loaded, "lin", facts(bus_ids=())))
     assert change.action == "verify-failed"
     assert change.summary == "cannot write the X config for SLI Mosaic: no GPU bus ids to name"
-    assert [
-        f for f in envfiles.desired_files(loaded, loaded.host("lin"), facts(bus_ids=())) if f.phase == "sli"
-    ] == []
+    assert sli.desired(context(loaded, "lin", facts(bus_ids=()))) == []
 
 
 def test_the_node_reads_server_layouts_and_their_screens(tmp_path: Path) -> None:
@@ -178,7 +175,7 @@ def test_windows_gets_a_manual_control_panel_step(tmp_path: Path) -> None:
     loaded = load(tmp_path)
     host = loaded.host("win")
     assert sli.desired_mode(host, loaded.rig_of(host)) is None
-    assert envfiles.managed_paths(loaded, host) == []
+    assert envfiles.paths(loaded, host) == sli.paths(loaded, host) == []
     [change] = sli.diff(context(loaded, "win", facts()))
     assert (change.resource, change.action, change.agent_step, change.phase) == ("sli", "manual", None, "sli")
     assert (

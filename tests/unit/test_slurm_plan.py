@@ -11,6 +11,7 @@ from mgpu_provision import protocol
 from mgpu_provision.facts import Facts, SlurmNode
 from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.verbs.apply import run_step
+from mgpu_provision.plan.change import HostContext
 from mgpu_provision.plan.host import facts_request, plan_host
 from mgpu_provision.plan.resources import slurm
 from mgpu_provision.rig import LoadedRig, load_rig
@@ -125,14 +126,12 @@ def test_plan_writes_gres_conf_and_restarts_slurmd_once(loaded: LoadedRig, tmp_p
 
 def test_the_health_script_is_managed_only_with_a_health_check(loaded: LoadedRig, tmp_path: Path) -> None:
     host = loaded.host("gpu-a")
-    rig = loaded.rig_of(host)
     facts = smt_facts(tmp_path)
-    assert [f.path for f in slurm.desired_files(host, rig, facts)] == ["/etc/slurm/gres.conf"]
-    assert rig.slurm is not None
-    checked = rig.model_copy(
-        update={"slurm": rig.slurm.model_copy(update={"health_check": "/usr/local/bin/c"})}
-    )
-    files = {f.path: f for f in slurm.desired_files(host, checked, facts)}
+    assert [f.path for f in slurm.desired(HostContext(loaded, host, facts))] == ["/etc/slurm/gres.conf"]
+    with_check = RIG.replace("slurm: {", "slurm: {health_check: /usr/local/bin/c, ") + "node_check: {}\n"
+    (tmp_path / "rig.yaml").write_text(with_check)
+    checked = load_rig(tmp_path / "rig.yaml")
+    files = {f.path: f for f in slurm.desired(HostContext(checked, checked.host("gpu-a"), facts))}
     script = files["/usr/local/bin/mgpu-provision-slurm-health"]
     assert script.mode == "0755"
     assert "SLURM_CONF=/etc/slurm/slurm.conf\n" in script.content

@@ -24,7 +24,8 @@ from mgpu_provision.errors import ProvisionError
 from mgpu_provision.fleet.pool import HostOutcome
 from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.jobs import smoke as control
-from mgpu_provision.plan.resources.envfiles import desired_files
+from mgpu_provision.plan.change import HostContext
+from mgpu_provision.plan.resources.envfiles import desired
 from mgpu_provision.rig import load_rig
 from tests import factories
 from tests.hosts import desired_files_on
@@ -93,7 +94,7 @@ def test_plan_puts_the_master_first_and_passes_the_rig_settings(tmp_path: Path) 
 def test_smoke_runs_the_rendezvous_the_launchers_were_written_with(tmp_path: Path) -> None:
     loaded = load_rig(rig_file(tmp_path, HOSTS, files={"profile_d": None}))
     for part in control.plan_smoke(loaded, list(loaded.spec.hosts), "run-1"):
-        files = {f.path: f for f in desired_files(loaded, loaded.host(part.host), factories.facts())}
+        files = {f.path: f for f in desired(HostContext(loaded, loaded.host(part.host), factories.facts()))}
         launcher = files["/usr/local/bin/mgpu-torchrun"]
         args = part.args
         for line in (
@@ -120,7 +121,7 @@ def test_nodes_check_the_files_apply_installed_and_run_the_launcher(tmp_path: Pa
         ("env file", "/etc/mgpu-provision/environment", "0644"),
         ("launcher", "/usr/local/bin/mgpu-torchrun", "0755"),
     ]
-    want = {f.path: f.content for f in desired_files(loaded, gpu_b, factories.facts())}
+    want = {f.path: f.content for f in desired(HostContext(loaded, gpu_b, factories.facts()))}
     assert all(f["content"] == want[f["path"]] for f in args["files"])
 
 
@@ -306,7 +307,8 @@ def local_rig(tmp_path: Path, python: str, port: int, names: tuple[str, ...] = (
     }
     document["env"] = {"OMP_NUM_THREADS": "1"}
     own = {"profile_d": "node/profile.sh", "environment_file": "node/env", "launcher": "node/mgpu-torchrun"}
-    document["files"] = own if len(names) == 1 else {"launcher": None}
+    # The state folder beside the rig file: smoke records each box's baseline there, never on this machine.
+    document["files"] = {**(own if len(names) == 1 else {"launcher": None}), "state_dir": "node/state"}
     path.write_text(yaml.safe_dump(document))
     return path
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mgpu_provision.node.nvidia.topology import (
+from mgpu_provision.catalog.topology import (
     MAX_TOPOLOGY_BYTES,
     TopologyParseError,
     format_topology,

@@ -13,24 +13,13 @@ import os
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...catalog.cpulist import parse_cpu_list
 from ..core.system import read_text
 
 CPU_DIR = "/sys/devices/system/cpu"
 NODE_DIR = "/sys/devices/system/node"
 MEMINFO = "/proc/meminfo"
 _SLURM_TIMEOUT_S = 10
-
-
-def parse_cpu_list(text: str) -> List[int]:
-    """A kernel CPU list ("0-3,8-11") as ids; an empty or malformed part is skipped."""
-    cpus: List[int] = []
-    for part in text.strip().split(","):
-        low, _, high = part.partition("-")
-        try:
-            cpus.extend(range(int(low), int(high or low) + 1))
-        except ValueError:
-            continue
-    return cpus
 
 
 def _numa_of(node_dir: str) -> Dict[int, int]:

@@ -14,10 +14,10 @@ import subprocess
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ... import protocol
+from ...catalog.pci import sysfs_name
 from ..core import system
 from ..core.errors import AgentFailure
 from ..host import procs
-from ..host.pci import sysfs_name
 from ..packages import driver, imex, persistenced, runfile, services
 from .backend import Backend, GpuLost, NoSuchLink, NvmlUnavailable, nvml_message
 from .nvml_health import RealHealth

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ...catalog import persistenced
+from ...catalog.topology import nvlink_count
 from ...protocol import FABRICMANAGER_UNIT, GPU_SETTINGS_UNIT, PERSISTENCED_UNIT, branch_of
 from ..core import system
 from ..core.errors import AgentFailure
-from ..packages import persistenced
 from ..packages.driver import version_key
 from .backend import P2P_NVLINK, REMOTE_GPU, REMOTE_SWITCH, Backend, NoSuchLink, NvmlUnavailable, nvml_message
 from .sim_health import SimulatedHealth
-from .topology import nvlink_count
 from .twin import Twin, link_plan
 
 _PCIE_LEVELS = {"PIX": 10, "PSB": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50, "SOC": 50}

@@ -13,10 +13,10 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...catalog.topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
 from ..core.errors import AgentFailure
 from ..host.machine import simulated_machine
 from .miniyaml import MiniYamlError, loads
-from .topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
 from .twin_health import read_gpu_health, read_kernel, read_sxids, read_uptime
 
 DEFAULT_OS_RELEASE = {

@@ -16,11 +16,12 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...protocol import PackageSet
+from ...catalog import names, sources
+from ...protocol import PackageSet, branch_of
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
-from . import mirror, names, sources
+from . import mirror
 from .common import Command, installed_debs, installed_version, resolve_version, run_all, upstream
 
 PREFERENCES = "/etc/apt/preferences.d/mgpu-provision-nvidia"
@@ -153,12 +154,9 @@ def ubuntu_modules(step: Dict[str, Any]) -> Tuple[List[str], str]:
     the running kernel's flavour when the archive has them (ubuntu-drivers' choice, and the one that loads
     under Secure Boot without a MOK), else the source's own set, which builds them with DKMS."""
     packages: List[str] = list(step["packages"])
-    flavor = step["flavor"] or ""
-    if step["source"] != "ubuntu" or not flavor.startswith("server"):
+    if not step["prebuilt"]:  # the plan's choice: not Ubuntu's server set (the rig's own, Fabric Manager's)
         return packages, ""
-    branch = int(step["branch"])
-    if packages != names.driver_set("ubuntu", branch, flavor)[1]:
-        return packages, ""  # the rig's own `packages`, or Fabric Manager's
+    branch, flavor = int(step["branch"]), step["flavor"]
     kernel = running_kernel()
     flavour = names.kernel_flavour(kernel)
     if flavour is None:
@@ -187,7 +185,7 @@ def refuse_transitional(package: str, target: str, branch: str) -> None:
 def check_installed_branch(branch: str) -> None:
     """After an install, the driver library apt put on the box is of the branch asked for."""
     version = installed_version()
-    if version is not None and version.split(".")[0] != branch:
+    if version is not None and branch_of(version) != branch:
         raise AgentFailure(
             "driver",
             f"apt installed driver {version}, not branch {branch}: the archive's packages of branch {branch} "

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...catalog import sources
 from ..core.errors import AgentFailure
-from . import sources
 from .common import installed_debs, installed_version, run_all, upstream, version_key
 
 __all__ = ["install", "installed_version", "unheld_packages", "version_key"]

@@ -11,32 +11,14 @@ Shipped to nodes: Python 3.8, standard library only.
 """
 
 import os
-import shlex
 from typing import List, Optional, Tuple
 
+from ...catalog.persistenced import ON, drop_in, exec_start_of, persistence_on
 from ..core import system
 
 UNIT = "nvidia-persistenced.service"
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
 DROP_IN = "/etc/systemd/system/nvidia-persistenced.service.d/mgpu-provision-persistence.conf"
-ON, OFF = "--persistence-mode", "--no-persistence-mode"
-
-
-def exec_start_of(texts: List[str]) -> Optional[str]:
-    """The ExecStart a unit file and its drop-ins (in the order systemd reads them) leave: each line adds
-    a command, an empty `ExecStart=` clears the ones before; the last one stands (a forking daemon has
-    one)."""
-    commands: List[str] = []
-    for text in texts:
-        section = ""
-        for raw in text.splitlines():
-            line = raw.strip()
-            if line.startswith("[") and line.endswith("]"):
-                section = line
-            elif section == "[Service]" and line.startswith("ExecStart="):
-                value = line[len("ExecStart=") :].strip()
-                commands = [value] if value else []
-    return commands[-1] if commands else None
 
 
 def unit_texts(unit: str = UNIT, dirs: Tuple[str, ...] = UNIT_DIRS) -> List[str]:
@@ -70,28 +52,6 @@ def _shown_argv(text: str) -> Optional[str]:
         if part.startswith("argv[]="):
             return part[len("argv[]=") :].strip()
     return None
-
-
-def persistence_on(exec_start: Optional[str]) -> bool:
-    """Whether the daemon's command line asks for persistence mode (and does not turn it off)."""
-    if exec_start is None:
-        return False
-    words = shlex.split(exec_start)
-    return ON in words and OFF not in words
-
-
-def drop_in(exec_start: str) -> str:
-    """The override: the unit's own command with `--no-persistence-mode` replaced by, or else followed by,
-    `--persistence-mode`."""
-    words = [ON if word == OFF else word for word in shlex.split(exec_start)]
-    if ON not in words:
-        words.append(ON)
-    command = " ".join(shlex.quote(word) for word in words)
-    return (
-        "# Written by mgpu-provision: persistence mode on at every boot (the unit's own command turns\n"
-        "# it off or does not ask for it).\n"
-        "[Service]\nExecStart=\nExecStart={}\n".format(command)
-    )
 
 
 def ensure_persistence_mode() -> Tuple[bool, str]:

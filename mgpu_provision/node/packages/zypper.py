@@ -3,10 +3,11 @@
 NVIDIA's CUDA repositories `sles15` and `opensuse15` carry the driver as RPMs: a branch metapackage
 (`cuda-drivers-<branch>`, `nvidia-open-<branch>`; from 590 unversioned, with `nvidia-driver-pinning-<branch>`
 choosing the branch), the G06 pieces it pulls in, and Fabric Manager and NSCQ by name. The plan resolves the
-set (`package_set`); the node installs every package of it at `name=version` in one transaction, so the
-whole set moves up or down together (`--oldpackage` allows the way down), and holds it with `zypper addlock`
-on each name. A version the repository lacks fails before anything changes, naming the versions it has;
-the locks of every NVIDIA package are removed first, as a previous branch's locks would block the change.
+set (`catalog.sources.zypper_set`); the node installs every package of it at `name=version` in one
+transaction, so the whole set moves up or down together (`--oldpackage` allows the way down), and holds it
+with `zypper addlock` on each name. A version the repository lacks fails before anything changes, naming
+the versions it has; the locks of every NVIDIA package are removed first, as a previous branch's locks
+would block the change.
 Shipped to nodes: Python 3.8, standard library only.
 """
 
@@ -15,28 +16,12 @@ from __future__ import annotations
 import fnmatch
 from typing import Any, Dict, List, Tuple
 
-from ...protocol import PackageSet
 from ..core import system
-from . import names, sources
 from .common import Command, installed_rpms, resolve_version, run_all, upstream
 
 ZYPPER = ["zypper", "--non-interactive", "--no-gpg-checks"]
 # Locks of these names are NVIDIA's: cleared before an install (a previous branch's names included).
 LOCK_PATTERNS = ("*nvidia*", "cuda-drivers*", "libnvidia*", "libcuda*")
-
-
-def package_set(branch: str, flavor: str, fabricmanager: bool) -> PackageSet:
-    """What zypper installs for a branch and flavor: the metapackage, the G06 pieces, Fabric Manager."""
-    b = int(branch)
-    unversioned = b >= names.UNVERSIONED_DRIVER_FROM
-    open_modules = flavor == "open"
-    main = "nvidia-open" if open_modules else "cuda-drivers"
-    kmp = "nvidia-open-driver-G06-signed-kmp-default" if open_modules else "nvidia-driver-G06-kmp-default"
-    install = [main if unversioned else f"{main}-{b}", "nvidia-compute-utils-G06", kmp]
-    if fabricmanager:
-        install += sources.fabricmanager_packages("cuda", branch, "zypper")  # RPM names, as on RHEL
-    pinning = [f"nvidia-driver-pinning-{b}"] if unversioned else []
-    return PackageSet(pinning, install, list(pinning) + install)
 
 
 def search_versions(output: str, name: str) -> List[str]:
@@ -67,7 +52,8 @@ def _offered(name: str) -> List[str]:
 def install(step: Dict[str, Any], what: str = "driver") -> Tuple[bool, str]:
     """Install the step's set at one version and lock it; `what` names it in the messages."""
     names = list(step["pinning"]) + list(step["packages"])
-    run_all([Command([*ZYPPER, "refresh"])], what)  # stale metadata says "not found"
+    kind = "driver" if what == "driver" else "fabricmanager"  # the error kind; `what` is for the words
+    run_all([Command([*ZYPPER, "refresh"])], kind)  # stale metadata says "not found"
     found = resolve_version(names, _offered, step["version"], step["branch"], "the zypper repositories")
     target = upstream(found)
     hold = bool(step["hold"])
@@ -83,7 +69,7 @@ def install(step: Dict[str, Any], what: str = "driver") -> Tuple[bool, str]:
     )
     if hold:
         commands.append(Command([*ZYPPER, "addlock", *step["hold_patterns"]]))
-    run_all(commands, what)
+    run_all(commands, kind)
     kept = f"{len(step['hold_patterns'])} packages locked" if hold else "not locked"
     reboot = "; reboot to load it" if what == "driver" else ""
     return True, f"installed {what} {target} with zypper, {kept}{reboot}"

@@ -11,9 +11,9 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from ... import __version__
+from ...catalog.pci import same_pci
 from ..core import archive, system
 from ..host import files, hostenv, machine, procs, torch_probe
-from ..host.pci import same_pci
 from ..nvidia.backend import (
     NVLINK_MAX_LINKS,
     P2P_NVLINK,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..host.pci import same_slot
+from ...catalog.pci import same_slot
 from ..nvidia import backend as nv  # NVML's codes and names, read by each health reader
 from ..nvidia.backend import Backend
 from . import health_rates

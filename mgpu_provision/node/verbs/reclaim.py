@@ -357,7 +357,7 @@ def _holders(backend: Backend) -> List[Dict[str, Any]]:
         backend.open()
     except NvmlUnavailable as exc:
         raise AgentFailure(
-            exc.status, "cannot list the processes holding GPU memory: " + exc.message
+            "nvml", "cannot list the processes holding GPU memory ({}): {}".format(exc.status, exc.message)
         ) from None
     try:
         return gpu_holders(backend, range(backend.device_count()))

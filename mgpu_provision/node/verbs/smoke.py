@@ -32,8 +32,9 @@ import time
 from typing import IO, Any
 
 from ... import protocol
+from ...catalog import envpath
 from ..core.errors import AgentFailure
-from ..host import envpath, files, procs, torch_probe
+from ..host import files, procs, torch_probe
 from ..nvidia.backend import Backend
 from . import smoke_baseline
 from .smoke_program import DATA_PARALLEL_FILE, DATA_PARALLEL_FLAG, data_parallel_row

@@ -86,6 +86,6 @@ def record(args: Dict[str, Any]) -> Dict[str, Any]:
         atomic_write(path_in(state_dir), data, 0o644)
     except OSError as exc:
         raise AgentFailure(
-            "internal", "cannot write %s: %s (set files.state_dir)" % (path_in(state_dir), exc.strerror)
+            "bad-request", "cannot write %s: %s (set files.state_dir)" % (path_in(state_dir), exc.strerror)
         ) from None
     return {"path": path_in(state_dir), "replaced_corrupt": problem is not None}

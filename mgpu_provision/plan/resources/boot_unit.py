@@ -14,10 +14,9 @@ import posixpath
 from typing import TYPE_CHECKING
 
 from ... import protocol
-from ...facts import Facts
 from ...rig.models import Host, Rig
-from ..change import Change, Phase
-from .envfiles import DesiredFile, diff_file, diff_unwanted, node_path, render
+from ..change import Change, HostContext, Phase
+from ..files import DesiredFile, diff_files, diff_unwanted, node_path, render
 
 if TYPE_CHECKING:
     from ...rig import LoadedRig
@@ -28,12 +27,18 @@ PHASE: Phase = "persistence"  # with the NVML steps that set the same values now
 COMPUTE_MODE_ARGS = {"exclusive_process": "EXCLUSIVE_PROCESS", "prohibited": "PROHIBITED"}
 
 
-def unit_path(loaded: LoadedRig, host: Host) -> str | None:
-    """Where the unit goes on `host`; None where no unit is managed (Windows, `files.systemd_dir: null`)."""
+def paths(loaded: LoadedRig, host: Host) -> list[str]:
+    """Where the unit goes on `host`, read even when unwanted (one may be left over); none where no unit is
+    managed (Windows, `files.systemd_dir: null`)."""
     folder = loaded.spec.files.systemd_dir
     if host.os != "linux" or folder is None:
-        return None
-    return node_path(loaded, host, posixpath.join(folder, UNIT + ".service"))
+        return []
+    return [node_path(loaded, host, posixpath.join(folder, UNIT + ".service"))]
+
+
+def units(loaded: LoadedRig, host: Host) -> list[str]:
+    """The unit whose state the facts must report, where it is managed."""
+    return [UNIT] if paths(loaded, host) else []
 
 
 def settings(rig: Rig) -> list[tuple[str, str]]:
@@ -52,30 +57,30 @@ def settings(rig: Rig) -> list[tuple[str, str]]:
     return wanted
 
 
-def desired(loaded: LoadedRig, host: Host) -> DesiredFile | None:
-    """The unit as the rig wants it on `host`; None when the rig asks for no setting or no unit is managed."""
-    path = unit_path(loaded, host)
-    wanted = [arguments for arguments, _ in settings(loaded.rig_of(host))]
-    if path is None or not wanted:
-        return None
-    content = render("gpu-settings.service.j2", rig_name=host.rig, host_name=host.name, commands=wanted)
-    return DesiredFile(path, content, "0644", PHASE)
+def desired(ctx: HostContext) -> list[DesiredFile]:
+    """The unit as the rig wants it on the host; none when the rig asks for no setting or manages no unit."""
+    wanted = [arguments for arguments, _ in settings(ctx.rig)]
+    if not wanted:
+        return []
+    content = render(
+        "gpu-settings.service.j2", rig_name=ctx.host.rig, host_name=ctx.host.name, commands=wanted
+    )
+    return [DesiredFile(path, content, "0644", PHASE) for path in paths(ctx.loaded, ctx.host)]
 
 
-def diff(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
+def diff(ctx: HostContext) -> list[Change]:
     """Write and enable the unit where wanted; disable, then remove it where the rig no longer asks."""
-    path = unit_path(loaded, host)
-    unit = facts.units.get(UNIT)
-    if path is None or (unit is not None and unit.service == "unknown"):
+    unit = ctx.facts.units.get(UNIT)
+    managed = paths(ctx.loaded, ctx.host)
+    if not managed or (unit is not None and unit.service == "unknown"):
         return []  # no systemd on the box (a container, another init): nothing would run the unit at boot
-    want = desired(loaded, host)
     enabled = bool(unit and unit.enabled)
     state = "not reported" if unit is None else f"{unit.service}, {'enabled' if enabled else 'disabled'}"
-    if want is not None:
-        file = diff_file(want, facts.file(path))
-        changes = [file] if file is not None else []
+    wanted = desired(ctx)
+    if wanted:
+        changes = diff_files(wanted, ctx.facts)
         if not enabled:
-            named = ", ".join(words for _, words in settings(loaded.rig_of(host)))
+            named = ", ".join(words for _, words in settings(ctx.rig))
             # Enabled, not started: NVML holds the values already (the NVML steps run first) until the boot.
             changes.append(_service(f"enable {UNIT}: it sets {named} at every boot", state, True))
         return changes
@@ -84,7 +89,7 @@ def diff(loaded: LoadedRig, host: Host, facts: Facts) -> list[Change]:
     if enabled:
         changes.append(_service(f"disable {UNIT}: the rig sets no compute mode or power limit", state, False))
     why = "the rig sets no compute mode or power limit; the driver's defaults hold after the next boot"
-    return changes + diff_unwanted([path], facts, why, PHASE)
+    return changes + diff_unwanted(managed, ctx.facts, why, PHASE)
 
 
 def _service(summary: str, state: str, enable: bool) -> Change:

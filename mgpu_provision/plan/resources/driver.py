@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import protocol
+from ...catalog import families, names, sources
 from ...facts import HostInfo
 from ...judge import driver as judge
-from ...node.packages import families, sources, zypper
 from ...rig.cards import nvlink5_hgx, open_modules_only
 from ...rig.models import Driver
 from ..change import Action, Change, HostContext
@@ -164,7 +164,7 @@ def _install(
     if source.problem:
         summary = f"{summary}: {source.problem}"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
-    branch = protocol.branch_of(want.version) if want.version else str(want.branch)
+    branch = branch_of_rig(want)
     if source.method == "runfile":
         module = sources.runfile_module_type(want.flavor, ctx.rig.gpus.model, branch)
         summary = f"{summary} (runfile, {module} kernel modules)"
@@ -181,7 +181,7 @@ def _install(
                 debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5_hgx(ctx.rig.gpus.model),
             )  # fmt: skip
         elif source.method == "zypper":  # every name at the version in one transaction, each locked
-            packages = zypper.package_set(branch, source.flavor, want.fabricmanager)
+            packages = sources.zypper_set(branch, source.flavor, want.fabricmanager)
         else:  # dnf, yum: one transaction, nothing to pin first or hold by pattern (versionlock does)
             names = sources.dnf_packages(branch, source.flavor, want.version is not None, want.fabricmanager)
             packages = protocol.PackageSet([], names, [])
@@ -189,8 +189,19 @@ def _install(
             source.method, source.name, source.flavor, branch, want.version, want.hold, want.fabricmanager,
             packages=packages, modules=family_of(ctx.facts.host).modules,
             repo=ctx.driver_repo if source.method == "apt" else None,
+            prebuilt=ubuntu_server_set(source, branch, packages),
         )  # fmt: skip
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
+
+
+def ubuntu_server_set(source: Source, branch: str, packages: protocol.PackageSet) -> bool:
+    """Whether apt installs Ubuntu's server driver as the source names it (not the rig's own packages, no
+    Fabric Manager's): the set Canonical also builds signed prebuilt modules of, which the node takes for
+    its running kernel where the archive has them."""
+    flavor = source.flavor or ""
+    if source.method != "apt" or source.name != "ubuntu" or not flavor.startswith("server"):
+        return False
+    return packages.install == names.driver_set("ubuntu", int(branch), flavor)[1]
 
 
 def debian_family(host: HostInfo) -> bool:

@@ -12,8 +12,8 @@ failed checks for a person.
 from __future__ import annotations
 
 from ... import protocol
+from ...catalog import sources
 from ...judge import driver as judge
-from ...node.packages import sources
 from ...rig.cards import nvlink5_hgx
 from ...rig.models import Driver
 from ..change import Change, HostContext, failed_checks

@@ -10,7 +10,7 @@ is a check for a person (channel 0 is created when the nvidia module loads with 
 from __future__ import annotations
 
 from ... import protocol
-from ...node.packages import names, sources
+from ...catalog import names, sources
 from ..change import Action, Change, HostContext, check_failed
 from .driver import debian_family, resolve, satisfies
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...node.packages import sources
+from ...catalog import sources
 from ...rig.models import Host
 from ..change import Change, HostContext, check_failed
 from .driver import branch_of_rig

@@ -2,7 +2,7 @@
 
 Five files and one enabled timer: the agent itself at a stable path (the very zipapp that answered the
 facts), the expectations the shipped judge holds the node to (`judge.records.Expectation` as JSON, from
-`plan.host.expectation_of`), the command `mgpu-provision-check` that runs the judge from that agent, and a
+`HostContext.node_expectation`), the command `mgpu-provision-check` that runs the judge from that agent, and a
 systemd service + timer that run the command every `interval`. The plan shows them as file changes and the
 timer as a `service:` change, like the boot unit (`boot_unit.py`).
 
@@ -17,11 +17,11 @@ import posixpath
 from typing import TYPE_CHECKING
 
 from ... import protocol
-from ...facts import Facts
-from ...judge.records import Expectation, expectation_to_json
+from ...facts import Facts, Unit
+from ...judge.records import expectation_to_json
 from ...rig.models import Host, NodeCheck
-from ..change import Action, Change, Phase
-from .envfiles import DesiredFile, diff_file, diff_unwanted, node_path, render
+from ..change import Action, Change, HostContext, Phase
+from ..files import DesiredFile, diff_files, diff_unwanted, node_path, render
 
 if TYPE_CHECKING:
     from ...rig import LoadedRig
@@ -59,7 +59,7 @@ def _unit_paths(loaded: LoadedRig, host: Host) -> tuple[str, str] | None:
     )
 
 
-def managed_paths(loaded: LoadedRig, host: Host) -> list[str]:
+def paths(loaded: LoadedRig, host: Host) -> list[str]:
     """Every path this resource writes or removes on `host` (what the facts must describe)."""
     if host.os != "linux":
         return []
@@ -78,15 +78,18 @@ def units(loaded: LoadedRig, host: Host) -> list[str]:
     return [TIMER] if wanted(loaded, host) and _unit_paths(loaded, host) is not None else []
 
 
-def desired_files(loaded: LoadedRig, host: Host, expect: Expectation) -> list[DesiredFile]:
-    """The expectations, the command and (with a timer) its units, as the rig wants them on `host`."""
+def desired(ctx: HostContext) -> list[DesiredFile]:
+    """The expectations, the command and (with a timer) its units, where the rig asks for the check."""
+    loaded, host = ctx.loaded, ctx.host
+    if not wanted(loaded, host):
+        return []
     section = _section(loaded)
 
     def where(path: str) -> str:
         return node_path(loaded, host, path)
 
     command, agent, expectations = where(section.command), where(section.agent), where(section.expectations)
-    content = json.dumps(expectation_to_json(expect), indent=2, sort_keys=True) + "\n"
+    content = json.dumps(expectation_to_json(ctx.node_expectation), indent=2, sort_keys=True) + "\n"
     files = [
         DesiredFile(expectations, content, "0644", PHASE),
         DesiredFile(
@@ -135,32 +138,41 @@ def desired_files(loaded: LoadedRig, host: Host, expect: Expectation) -> list[De
     ]
 
 
-def diff(loaded: LoadedRig, host: Host, facts: Facts, expect: Expectation) -> list[Change]:
+def diff(ctx: HostContext) -> list[Change]:
     """Install the check (agent, expectations, command, units) and enable its timer where the rig asks;
     disable the timer, then remove every file of the check where it does not."""
-    if host.os != "linux":
+    if ctx.host.os != "linux":
         return []
-    timer = facts.units.get(TIMER)
+    timer = ctx.facts.units.get(TIMER)
+    if not wanted(ctx.loaded, ctx.host):
+        return _removed(ctx, timer)
     systemd = timer is None or timer.service != "unknown"  # no systemd on the box: no units are managed
+    unit_files = _unit_paths(ctx.loaded, ctx.host) or ()
+    want = [w for w in desired(ctx) if systemd or w.path not in unit_files]
+    files = diff_files(want, ctx.facts)
+    return _agent(ctx.loaded, ctx.host, ctx.facts) + files + _timer_changes(ctx, timer, files, systemd)
+
+
+def _removed(ctx: HostContext, timer: Unit | None) -> list[Change]:
+    """The check's timer disabled, then its files removed: where the rig no longer asks for it."""
+    why = "the rig asks for no node check"
+    units = _unit_paths(ctx.loaded, ctx.host)
+    left = units is not None and (have := ctx.facts.file(units[1])) is not None and have.exists
+    # Disabled (and stopped) first, while systemctl still finds the unit by its file.
+    changes = [_timer(f"disable {TIMER}: {why}", "installed", False)] if left else []
+    return changes + diff_unwanted(paths(ctx.loaded, ctx.host), ctx.facts, why, PHASE)
+
+
+def _timer_changes(ctx: HostContext, timer: Unit | None, files: list[Change], systemd: bool) -> list[Change]:
+    """The timer enabled and started (restarted when its unit files change), or disabled and its units
+    removed where the rig asks for no timer."""
     enabled = bool(timer and timer.enabled)
     state = "not reported" if timer is None else f"{timer.service}, {'enabled' if enabled else 'disabled'}"
-    if not wanted(loaded, host):
-        why = "the rig asks for no node check"
-        units = _unit_paths(loaded, host)
-        left = units is not None and (have := facts.file(units[1])) is not None and have.exists
-        # Disabled (and stopped) first, while systemctl still finds the unit by its file.
-        changes = [_timer(f"disable {TIMER}: {why}", "installed", False)] if left else []
-        return changes + diff_unwanted(managed_paths(loaded, host), facts, why, PHASE)
-    changes = _agent(loaded, host, facts)
-    desired = desired_files(loaded, host, expect)
-    if not systemd:
-        desired = [want for want in desired if want.path not in (_unit_paths(loaded, host) or ())]
-    files = [c for want in desired if (c := diff_file(want, facts.file(want.path))) is not None]
-    changes += files
-    unit_files = _unit_paths(loaded, host) or ()
-    with_timer = systemd and _section(loaded).interval is not None and bool(unit_files)
+    unit_files = _unit_paths(ctx.loaded, ctx.host) or ()
+    interval = _section(ctx.loaded).interval
+    with_timer = systemd and interval is not None and bool(unit_files)
     running = enabled and timer is not None and timer.service == "active"
-    interval = _section(loaded).interval
+    changes = []
     if with_timer and running and any(c.resource in {f"file:{p}" for p in unit_files} for c in files):
         # A running timer keeps the unit it loaded: stopped, then started again on the new files.
         changes.append(_timer(f"restart {TIMER}: its units change", state, False))
@@ -171,7 +183,7 @@ def diff(loaded: LoadedRig, host: Host, facts: Facts, expect: Expectation) -> li
         why = "the rig asks for no timer"
         if enabled:
             changes.append(_timer(f"disable {TIMER}: {why}", state, False))
-        changes += diff_unwanted(list(_unit_paths(loaded, host) or ()), facts, why, PHASE)
+        changes += diff_unwanted(list(unit_files), ctx.facts, why, PHASE)
     return changes
 
 

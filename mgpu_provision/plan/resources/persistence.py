@@ -11,7 +11,7 @@ Linux only, and only when the rig file asks for a value.
 from __future__ import annotations
 
 from ... import protocol
-from ...node.packages import persistenced, sources
+from ...catalog import persistenced, sources
 from ..change import Change, HostContext, Phase
 from .driver import resolve
 

@@ -1,7 +1,7 @@
 """SLI mode: an X config snippet on Linux, a manual Control Panel step on Windows.
 
 SLI only affects X/OpenGL rendering (CUDA, NCCL and PyTorch use NVLink whatever it says). The snippet
-`envfiles.desired_files` renders at `files.xorg_conf` names every GPU of the box by its bus id (X reads BusID
+`desired` renders at `files.xorg_conf` names every GPU of the box by its bus id (X reads BusID
 in decimal, `PCI:bus@domain:device:function`) and carries exactly one option: `"SLI" "Mosaic"` (SLI Mosaic,
 professional cards) or `"BaseMosaic" "on"`; the two together stop X. `Off` is the driver default, so it
 writes nothing and removes a snippet left by an earlier mode. A ServerLayout elsewhere in the X config makes X
@@ -11,12 +11,16 @@ so a Windows box gets a `manual` change naming the Control Panel page.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ProvisionError
 from ...facts import Facts
 from ...rig.models import Host, Rig
 from ..change import Change, HostContext, check_failed
+from ..files import DesiredFile, diff_files, diff_unwanted, node_path, render
+
+if TYPE_CHECKING:
+    from ...rig import LoadedRig
 
 SCREEN = "mgpu-provision-screen"
 _PANEL = {
@@ -53,6 +57,30 @@ def snippet_context(host: Host, rig: Rig, facts: Facts) -> dict[str, Any] | None
         return None
     devices = [{"index": gpu.index, "bus_id": x_bus_id(gpu.pci_bus_id)} for gpu in facts.gpus]
     return {"mode": mode, "devices": devices, "screen": SCREEN}
+
+
+def paths(loaded: LoadedRig, host: Host) -> list[str]:
+    """The X config snippet's path on `host`, where the rig has an `sli` section (Windows: a manual step)."""
+    path = loaded.spec.files.xorg_conf
+    if not path or host.os == "windows" or loaded.rig_of(host).sli is None:
+        return []
+    return [node_path(loaded, host, path)]
+
+
+def desired(ctx: HostContext) -> list[DesiredFile]:
+    """The snippet as the rig wants it, for the GPUs the facts name; none under Off or without GPUs."""
+    context = snippet_context(ctx.host, ctx.rig, ctx.facts)
+    names = {"rig_name": ctx.host.rig, "host_name": ctx.host.name}
+    content = None if context is None else render("xorg-sli.conf.j2", **context, **names)
+    return [DesiredFile(path, content, "0644", "sli") for path in paths(ctx.loaded, ctx.host) if content]
+
+
+def diff_snippet(ctx: HostContext) -> list[Change]:
+    """The snippet written where it differs; removed under SLI Off, the driver default."""
+    off = ctx.rig.sli is not None and ctx.rig.sli.mode == "Off"
+    unwanted = paths(ctx.loaded, ctx.host) if off else []
+    changes = diff_files(desired(ctx), ctx.facts)
+    return changes + diff_unwanted(unwanted, ctx.facts, "SLI Off is the driver default", "sli")
 
 
 def diff(ctx: HostContext) -> list[Change]:

@@ -16,14 +16,18 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ... import protocol
+from ...catalog.cpulist import parse_cpu_list
+from ...catalog.pci import pci_key
 from ...facts import Facts, Gpu, Machine
-from ...node.host.machine import parse_cpu_list
-from ...node.host.pci import pci_key
 from ...rig.models import Host, Rig, Slurm
-from ..change import Change, check_failed
-from .envfiles import DesiredFile, diff_file, diff_files, render
+from ..change import Change, HostContext, check_failed
+from ..files import DesiredFile, diff_file, diff_files, render
+
+if TYPE_CHECKING:
+    from ...rig import LoadedRig
 
 OUR_REASON = "mgpu:"  # drain reasons this tool sets start with it; an admin's drain is never ours
 # `apply --drain slurm`'s own drain: lifted by that apply once the box converged, by nothing else.
@@ -107,14 +111,17 @@ def gres_conf(host: Host, rig: Rig, slurm: Slurm, facts: Facts) -> str:
     return "\n".join(header + lines) + "\n"
 
 
-def managed_paths(rig: Rig) -> list[str]:
+def paths(loaded: LoadedRig, host: Host) -> list[str]:
+    """gres.conf and, with `health_check`, the HealthCheckProgram script: what the facts must describe."""
+    rig = loaded.rig_of(host)
     if rig.slurm is None:
         return []
     return [rig.slurm.gres_conf] + ([rig.slurm.health_script] if rig.slurm.health_check else [])
 
 
-def desired_files(host: Host, rig: Rig, facts: Facts) -> list[DesiredFile]:
+def desired(ctx: HostContext) -> list[DesiredFile]:
     """gres.conf and, with `health_check`, the HealthCheckProgram script that drains on a failed check."""
+    host, rig, facts = ctx.host, ctx.rig, ctx.facts
     if rig.slurm is None:
         return []
     files = [DesiredFile(rig.slurm.gres_conf, gres_conf(host, rig, rig.slurm, facts), "0644", "env")]
@@ -165,9 +172,10 @@ def controller_gres(value: str | None) -> GresSeen | None:
     return GresSeen(match["type"], int(match["count"]), match["affinity"] is not None)
 
 
-def diff(host: Host, rig: Rig, facts: Facts) -> list[Change]:
+def diff(ctx: HostContext) -> list[Change]:
     """gres.conf (and a slurmd restart when it changes) plus the checks against the controller."""
-    wanted = desired_files(host, rig, facts)
+    rig, facts = ctx.rig, ctx.facts
+    wanted = desired(ctx)
     if not wanted or rig.slurm is None:
         return []
     want = wanted[0]

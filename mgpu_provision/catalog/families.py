@@ -14,13 +14,15 @@ Shipped to nodes: Python 3.8, standard library only.
 
 from typing import List, NamedTuple, Optional, Tuple
 
+from ..protocol import branch_of
+
 
 class Family(NamedTuple):
     """What a distribution is, for installing NVIDIA's driver."""
 
     name: str  # "RHEL 9 family", "SUSE Linux Enterprise Server 15", …: what plan prints
     method: Optional[str]  # apt, dnf, yum or zypper; None: no package path (a manual step says why)
-    source: Optional[str]  # the driver source its os-release suggests (node/packages/sources.py)
+    source: Optional[str]  # the driver source its os-release suggests (catalog/sources.py)
     modules: bool = False  # NVIDIA serves the driver as dnf module streams
     problem: Optional[str] = None  # why the tool cannot install here
 
@@ -42,7 +44,7 @@ _SUSE_NAMES = {"opensuse-leap": "openSUSE Leap"}
 
 
 def _major(version_id: Optional[str]) -> str:
-    return (version_id or "").split(".")[0]
+    return branch_of(version_id or "")
 
 
 def family_of(os_id: Optional[str], version_id: Optional[str], os_like: List[str]) -> Family:

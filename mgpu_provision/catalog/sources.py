@@ -10,7 +10,7 @@ here; the agent reads the package names. Shipped to nodes: Python 3.8, standard 
 import re
 from typing import Dict, List, Optional, Tuple
 
-from ...protocol import PackageSet
+from ..protocol import PackageSet
 from . import names
 
 SOURCES = ("ubuntu", "cuda", "debian", "rhel")
@@ -76,7 +76,7 @@ def apt_set(
     debian_family: bool = False,
     nvlink5: bool = False,
 ) -> PackageSet:
-    """The set one apt install puts on a node (names from node/packages/names.py). NVIDIA's repository for
+    """The set one apt install puts on a node (names from catalog/names.py). NVIDIA's repository for
     Debian names its libraries without the branch at every branch (`debian_family`: the node is Debian), as
     the CUDA repository does everywhere from 590: the unversioned set is held by name."""
     b = int(branch)
@@ -95,7 +95,7 @@ def apt_set(
 
 def fabricmanager_packages(source: str, branch: str, method: str = "apt", nvlink5: bool = False) -> List[str]:
     """Fabric Manager and NSCQ (the NVSwitch library it loads), always at the driver's exact version, and
-    on NVLink5 boxes NVSDM and the subnet manager; the names change at 580 (node/packages/names.py)."""
+    on NVLink5 boxes NVSDM and the subnet manager; the names change at 580 (catalog/names.py)."""
     return names.fabric_set(source, method, int(branch), nvlink5)
 
 
@@ -109,3 +109,17 @@ def dnf_packages(branch: str, flavor: str, exact: bool, fabricmanager: bool) -> 
     else:
         wanted = ["nvidia-open" if open_modules else "cuda-drivers"]
     return wanted + (fabricmanager_packages("rhel", branch, "dnf") if fabricmanager else [])
+
+
+def zypper_set(branch: str, flavor: str, fabricmanager: bool) -> PackageSet:
+    """What zypper installs for a branch and flavor: the metapackage, the G06 pieces, Fabric Manager."""
+    b = int(branch)
+    unversioned = b >= names.UNVERSIONED_DRIVER_FROM
+    open_modules = flavor == "open"
+    main = "nvidia-open" if open_modules else "cuda-drivers"
+    kmp = "nvidia-open-driver-G06-signed-kmp-default" if open_modules else "nvidia-driver-G06-kmp-default"
+    install = [main if unversioned else f"{main}-{b}", "nvidia-compute-utils-G06", kmp]
+    if fabricmanager:
+        install += fabricmanager_packages("cuda", branch, "zypper")  # RPM names, as on RHEL
+    pinning = [f"nvidia-driver-pinning-{b}"] if unversioned else []
+    return PackageSet(pinning, install, list(pinning) + install)

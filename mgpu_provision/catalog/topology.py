@@ -17,7 +17,7 @@ import re
 import stat
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ...judge.topology import nvlink_count as nvlink_count  # re-exported: the parser of these cells
+from ..judge.topology import nvlink_count as nvlink_count  # re-exported: the parser of these cells
 
 # Cell tokens: self, PCIe classes (SOC is the old drivers' word for the socket interconnect, PSB comes from
 # DCGM's variant of the legend) and bonded NVLink sets.

@@ -1,0 +1,227 @@
+"""The managed-file toolkit: a file as the rig wants it on a node, rendered, and the Change that makes it so.
+
+Every resource that writes files on a node (`resources/envfiles.py`, `sli.py`, `boot_unit.py`, `slurm.py`,
+`node_check.py`) is one `ManagedFiles` entry in `plan/host.FILES`: its paths (what the facts must
+describe, known before any facts) and its desired files (for those facts). Files are rendered from
+`templates/*.j2` deterministically (no timestamps, sorted where order is free) so that a converged node
+shows no drift; values pass the quoting filters, never autoescape.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import os
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import protocol
+from ..control_cache import control_cache_dir
+from ..errors import ProvisionError
+from ..facts import Facts, ManagedFile
+from ..judge.files import same_digest
+from ..rig.envvalues import value_problem
+from ..rig.models import Host
+from .change import Change, HostContext, Phase
+
+if TYPE_CHECKING:
+    import jinja2
+
+    from ..rig import LoadedRig
+
+# Values systemd and sh both take unquoted; anything else is double-quoted with escapes.
+_BARE_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%+/^-]+")
+# Inside double quotes POSIX sh and systemd's EnvironmentFile parser both give these four characters
+# their special meaning and take them literally after a backslash; every other character, newlines
+# included, stands for itself in both.
+_DOUBLE_QUOTE_ESCAPES = re.compile(r'([\\"`$])')
+
+
+class EnvFileError(ProvisionError):
+    """A value cannot be written safely into a node's env file or launcher."""
+
+
+@dataclass(frozen=True)
+class DesiredFile:
+    """A managed file as the rig file wants it on one node."""
+
+    path: str
+    content: str
+    mode: str  # octal permission bits, e.g. "0644", as the agent's file step and facts spell them
+    phase: Phase  # the playbook step that manages it
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.content.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ManagedFiles:
+    """One resource's files, as the registry (`plan/host.FILES`) holds them: the facts request asks for
+    `paths`, the plan diffs `desired` (or runs `diff`, for a resource that also enables a unit, restarts a
+    daemon or removes what is no longer wanted), and the node check holds the digests of `checked` ones."""
+
+    paths: Callable[[LoadedRig, Host], list[str]]  # every path written or removed on a host, before facts
+    desired: Callable[[HostContext], list[DesiredFile]]  # the files as the rig wants them, for these facts
+    diff: Callable[[HostContext], list[Change]] | None = (
+        None  # None: each desired file written where it differs
+    )
+    checked: bool = True  # its digests go into the node check's expectations
+
+    def changes(self, ctx: HostContext) -> list[Change]:
+        """What the plan shows for these files on the host."""
+        if self.diff is not None:
+            return self.diff(ctx)
+        return diff_files(self.desired(ctx), ctx.facts)
+
+
+def node_path(loaded: LoadedRig, host: Host, path: str) -> str:
+    """Where a rig-file path lies on `host`: relative ones (local hosts only) are beside the rig file."""
+    return str(loaded.resolve(path)) if host.connection == "local" else path
+
+
+def _safe(value: object) -> str:
+    # The loader refuses these values already; a value from elsewhere must not reach a file either.
+    text = str(value)
+    problem = value_problem(text)
+    if problem is not None:
+        raise EnvFileError(f"value {text!r} {problem}; it cannot be written")
+    return text
+
+
+def shell_quote(value: object) -> str:
+    """Quote a value for POSIX sh (the launcher's own settings)."""
+    return shlex.quote(_safe(value))
+
+
+def env_quote(value: object) -> str:
+    """Quote a value as data for both env files: sourcing the profile.d script in sh, dash or bash, and
+    systemd reading the EnvironmentFile, each give back exactly `value`."""
+    text = _safe(value)
+    if _BARE_VALUE.fullmatch(text):
+        return text
+    return '"' + _DOUBLE_QUOTE_ESCAPES.sub(r"\\\1", text) + '"'
+
+
+@functools.cache
+def _templates() -> jinja2.Environment:
+    """The one template environment of a run, made (and jinja2 imported) when the first file is rendered:
+    a run that renders no file never loads jinja2, and each template is compiled once per run; the compiled
+    templates are kept in the control machine's cache (jinja2's own, checked against each template's
+    source), so a later run does not compile them again."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("mgpu_provision", "templates"),
+        bytecode_cache=_compiled_templates(jinja2.__version__),
+        auto_reload=False,  # the package's templates do not change during a run: no stat per render
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # shell and config files, not HTML; values go through the quoting filters instead
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(shell_quote=shell_quote, env_quote=env_quote)
+    return env
+
+
+def _compiled_templates(version: str) -> jinja2.BytecodeCache | None:
+    """jinja2's bytecode cache in a folder per jinja2 version; none where that folder cannot be made."""
+    import jinja2
+
+    folder = control_cache_dir() / f"templates-jinja2-{version}"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(str(folder)) if os.access(folder, os.W_OK) else None
+
+
+def render(template: str, **context: Any) -> str:
+    return _templates().get_template(template).render(**context)
+
+
+def _lines(text: str) -> list[str]:
+    # Lines as sh and systemd see them: only "\n" ends one (str.splitlines would also split at a CR or
+    # U+2028 inside a value and misnumber the diff).
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+
+
+def _unified(old: str, new: str, path: str, old_label: str) -> str:
+    lines = difflib.unified_diff(_lines(old), _lines(new), fromfile=old_label, tofile=path)
+    return "".join(lines)
+
+
+def _describe(mode: str | None, sha256: str | None) -> str:
+    return f"mode {mode or '?'}, sha256 {(sha256 or '?')[:12]}"
+
+
+def diff_file(want: DesiredFile, have: ManagedFile | None) -> Change | None:
+    """The Change that makes `have` (the node's file, None when not reported) into `want`, or None."""
+    step = protocol.file_step(want.path, want.content, want.mode)
+    resource = f"file:{want.path}"
+    desired = _describe(want.mode, want.sha256)
+    if have is None or not have.exists:
+        lines = want.content.count("\n")
+        return Change(
+            resource,
+            "create",
+            f"new file, {lines} lines, mode {want.mode}",
+            None,
+            desired,
+            diff=_unified("", want.content, want.path, "/dev/null"),
+            agent_step=step,
+            phase=want.phase,
+        )
+    # The content where the node sent it (for the diff), else the digest as a node that judges itself would.
+    same_content = (
+        have.content == want.content if have.content is not None else same_digest(have.sha256, want.sha256)
+    )
+    same_mode = have.mode == want.mode
+    if same_content and same_mode:
+        return None
+    what = []
+    if not same_content:
+        what.append("content differs")
+    if not same_mode:
+        what.append(f"mode {have.mode or '?'} → {want.mode}")
+    diff = None
+    if not same_content and have.content is not None:
+        diff = _unified(have.content, want.content, want.path, want.path)
+    return Change(
+        resource,
+        "update",
+        ", ".join(what),
+        _describe(have.mode, have.sha256),
+        desired,
+        diff=diff,
+        agent_step=step,
+        phase=want.phase,
+    )
+
+
+def diff_files(desired: list[DesiredFile], facts: Facts) -> list[Change]:
+    """Create/update Changes for every desired file that is missing or differs in content or mode."""
+    changes = (diff_file(want, facts.file(want.path)) for want in desired)
+    return [change for change in changes if change is not None]
+
+
+def diff_unwanted(paths: list[str], facts: Facts, why: str, phase: Phase) -> list[Change]:
+    """Delete Changes for the unwanted files the node reports as existing; nothing for those already gone."""
+    return [
+        Change(
+            f"file:{path}",
+            "delete",
+            f"remove {path} ({why})",
+            _describe(have.mode, have.sha256),
+            None,
+            agent_step=protocol.remove_step(path),
+            phase=phase,
+        )
+        for path in paths
+        if (have := facts.file(path)) is not None and have.exists
+    ]
