@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..errors import ProvisionError
 from ..jobs.smoke import GroupReport, SmokeOptions, SmokeReport, new_run_id, run_smoke
 from ..jobs.smoke_isolate import DEFAULT_BUDGET_S
 from ..jobs.smoke_srun import run_smoke_srun
@@ -236,6 +237,8 @@ def run(args: argparse.Namespace) -> int:
                 done.append(f"{host} {'pass' if ok else 'FAIL'}")
                 status.update(shown(f"{label} - {len(done)}/{total} done: {', '.join(done)}"))
 
+        if args.via == "srun" and (args.pairs or args.burn_in):
+            raise ProvisionError("--pairs and --burn-in run over SSH only: leave out --via srun")
         if args.via == "srun":
             report = run_smoke_srun(
                 fleet.loaded, fleet.hosts, fleet.targets, fleet.options, new_run_id(), on_node_done

@@ -84,13 +84,15 @@ def test_a_slow_node_fails_against_the_boxes_own_baseline_and_is_named(
 ) -> None:
     hosts = start_hosts(test_hosts, 4)
     rig = drill_rig(test_hosts, tmp_path, hosts)
-    code, report = smoke(capsys, test_hosts, rig)
+    code, report = smoke(capsys, test_hosts, rig, "--burn-in", "1s")  # at least two runs
     group = report["groups"][0]
     assert code == 0, group["problems"]
     key = "gpu-0,gpu-1,gpu-2,gpu-3 x1 gloo"
     recorded = baseline_on(hosts[2])["groups"][key]
     figure = max(b["busbw_gbps"] for b in group["bandwidth"][-2:])
     assert recorded["busbw_gbps"] == figure and recorded["run_id"] == report["run_id"]
+    assert recorded["burn_in"] == group["burn_in"] and group["burn_in"]["runs"] == 2
+    assert group["burn_in"]["min_gbps"] <= figure <= group["burn_in"]["max_gbps"]
     assert baseline_on(hosts[0])["node"] == {"group": key, "busbw_gbps": figure, "pair_busbw_gbps": None}
 
     # gpu-1 reboots; its baseline is on disk in the state folder and is what the next run reads.
