@@ -589,7 +589,9 @@ class SmokeRun:
         if group.ok and not how.pairs:
             return group
         named = {n.host: n.diagnosis or n.kind or "failed" for n in group.nodes if n.kind in PRE_RUN_KINDS}
-        named.update({n.host: "no smoke call reached it" for n in group.nodes if n.host not in self.sent})
+        named.update(
+            {n.host: "no smoke call reached it" for n in group.nodes if n.host not in self.sent | named}
+        )
         if named:  # a node that failed before any rank ran names itself: no run without it can say more
             isolation = Isolation("none", sorted(named), named, note="named by its own failure")
         else:
