@@ -3,12 +3,12 @@
     .venv/bin/python benchmarks/fleet.py                 # every issue 20 target, ~20-30 min on 2 busy cores
     .venv/bin/python benchmarks/fleet.py --quick         # 1 and 8 hosts, one round: proves the harness
 
-Starts the largest fleet of OpenSSH test hosts once (root, sshd and unshare needed; see tests/hosts.py).
-Then, in one run: the one-process figures (the agent's facts call on a simulated node, what `plan` imports,
-`validate`); `smoke`'s start-up against its floor on small fleets (real torch, Gloo); and for each fleet
-size, after converging its hosts with `apply`, every contender (`ssh` floor, `plan`, `apply` with nothing to
-do, optionally `facts` and Ansible) `--repeat` times, alternating (the order rotates each round so no
-contender always follows the same one). Every run opens cold connections. Writes
+Starts the largest fleet of OpenSSH test hosts once (root, sshd and unshare needed; see
+tests/support/hosts.py). Then, in one run: the one-process figures (the agent's facts call on a simulated
+node, what `plan` imports, `validate`); `smoke`'s start-up against its floor on small fleets (real torch,
+Gloo); and for each fleet size, after converging its hosts with `apply`, every contender (`ssh` floor,
+`plan`, `apply` with nothing to do, optionally `facts` and Ansible) `--repeat` times, alternating (the order
+rotates each round so no contender always follows the same one). Every run opens cold connections. Writes
 `benchmarks/results/fleet.md` and `fleet.json` and prints the page. Ansible comes from its own virtualenv
 (`.bench-venv`, see benchmarks/README.md), never the project's.
 """
@@ -309,9 +309,9 @@ def package_commit() -> str:
 
 
 METHOD = """\
-Every host is a real sshd on loopback (tests/hosts.py, one sshd per host in its own namespaces, clean HOME)
-with a simulated 2x RTX 3090 twin, converged by `apply` for each fleet size and holding the cached agent.
-Every contender runs the same agent `facts` request (the one `plan` sends) on every host over a cold
+Every host is a real sshd on loopback (tests/support/hosts.py, one sshd per host in its own namespaces, clean
+HOME) with a simulated 2x RTX 3090 twin, converged by `apply` for each fleet size and holding the cached
+agent. Every contender runs the same agent `facts` request (the one `plan` sends) on every host over a cold
 connection: `ssh` is one OpenSSH client per host, all in parallel (curve25519, no multiplexing), the floor;
 `facts` and `plan` are `mgpu-provision <verb> --json`, `apply` is `mgpu-provision apply --yes --json` on the
 converged fleet (it reads every host's facts, finds nothing to do and contacts no host again, so its floor

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from mgpu_provision.plan.host import plan_host
 from mgpu_provision.rig import load_rig
-from tests.factories import TOPOLOGIES, case_facts
+from tests.support.factories import TOPOLOGIES, case_facts
 work = []
 for path in sorted(Path(sys.argv[2], "tests", "unit", "plan_cases").glob("*.yaml")):
     case = yaml.safe_load(path.read_text()); folder = Path(tempfile.mkdtemp())

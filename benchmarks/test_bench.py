@@ -38,7 +38,7 @@ from smoke_clock import Event, covered, hook_source, parse_clock, start_up
 from startup import importtime
 from testbed import MAX_HOSTS, WidePool
 
-from tests import hosts as harness  # importable: testbed (via fleet) put the repository on sys.path
+from tests.support import hosts as harness  # importable: testbed (via fleet) put the repository on sys.path
 
 
 def sample(contender: str, hosts: int, wall: float, rss_mib: float = 50, cpu: float = 1.0) -> Sample:

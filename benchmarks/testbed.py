@@ -1,7 +1,7 @@
 """The fleet under test: N OpenSSH test hosts sharing one simulated twin, converged before each fleet size.
 
-Hosts come from the project's test harness (`tests/hosts.py`: one sshd per host in its own mount and UTS
-namespaces, a clean HOME, private managed folders), so the benchmark measures the same boxes the e2e tests
+Hosts come from the project's test harness (`tests/support/hosts.py`: one sshd per host in its own mount and
+UTS namespaces, a clean HOME, private managed folders), so the benchmark measures the same boxes the e2e tests
 use. The largest fleet is started once; smaller sizes are its first hosts. Before any timing the fleet is
 converged (per size) with the tool's own `apply`, which also leaves the agent in every host's cache: the
 runs then measure the fast path only (one cold connection and one agent command per host).
@@ -31,7 +31,7 @@ from startup import stand_in_torch_python  # noqa: E402
 from mgpu_provision.fleet.bundle import build_agent  # noqa: E402
 from mgpu_provision.plan.host import facts_request  # noqa: E402
 from mgpu_provision.rig import load_rig  # noqa: E402
-from tests import hosts as harness  # noqa: E402
+from tests.support import hosts as harness  # noqa: E402
 
 RIG_NAME = "bench"
 AGENT_CACHE = ".cache/mgpu-provision"  # under the login user's HOME, the harness's <host>/home

@@ -373,6 +373,37 @@ class SlurmNode(Fact):
     )
 
 
+class CdiPath(Fact):
+    role: Literal["device", "mount", "hook"]
+    path: str
+    exists: bool | None = None
+
+
+class CdiSpec(Fact):
+    """One CDI spec file as the node read it (node/verbs/containers.py)."""
+
+    path: str
+    error: str | None = Field(None, description="why it is not a usable spec (invalid YAML/JSON, no kind)")
+    kind: str | None = None
+    cdi_version: str | None = None
+    devices: list[str] = Field(default_factory=list, description="the device names (0, GPU-<uuid>, all)")
+    paths: list[CdiPath] = Field(default_factory=list, description="every device node, mount and hook")
+
+
+class RuntimeState(Fact):
+    installed: bool
+    config: str | None = Field(None, description="the config file that names the nvidia runtime")
+    configured: bool | None = Field(None, description="None: the runtime has no config (podman: CDI only)")
+    error: str | None = Field(None, description="why its config could not be read")
+
+
+class ContainerFacts(Fact):
+    toolkit: str | None = Field(None, description="the NVIDIA Container Toolkit's version; None: none")
+    refresh: bool = Field(False, description="the toolkit's nvidia-cdi-refresh.path unit is enabled")
+    specs: list[CdiSpec] = Field(default_factory=list, description="the specs in /etc/cdi and /var/run/cdi")
+    runtimes: dict[str, RuntimeState] = Field(default_factory=dict)
+
+
 class Facts(Fact):
     schema_version: int = FACTS_SCHEMA_VERSION
     agent_version: str
@@ -402,6 +433,7 @@ class Facts(Fact):
     cpu: CpuInfo | None = None
     machine: Machine | None = Field(None, description="None: an older agent, or /sys could not say")
     slurm: SlurmNode | None = Field(None, description="None: not asked, or no slurmd installed")
+    containers: ContainerFacts | None = Field(None, description="None: not asked (no containers section)")
 
     def file(self, path: str) -> ManagedFile | None:
         return next((f for f in self.files if f.path == path), None)

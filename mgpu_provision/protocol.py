@@ -38,6 +38,9 @@ ERROR_KINDS = (
     "service",  # enabling, starting or stopping a unit
     "restart",  # the restart step's command (slurmd after gres.conf)
     "slurm",  # scontrol or srun
+    "container-toolkit",  # installing the NVIDIA Container Toolkit's packages
+    "cdi",  # nvidia-ctk cdi generate (NVML unavailable, the toolkit missing)
+    "runtime",  # nvidia-ctk runtime configure (a runtime's config it cannot read)
     "nvml",  # NVML cannot be opened or refuses a setting
     "internal",  # a bug in the agent: the traceback is on stderr
 )
@@ -51,7 +54,7 @@ class Arg(NamedTuple):
     expected: str  # what the value must be, in words: "{verb}: `{name}` must be {expected}"
     ok: Callable[[Any], bool]
     required: bool = False
-    default: Any = None  # an apply step's field left out: the door fills this in (STEP_FIELDS)
+    default: Any = None  # an argument or step field left out: the door fills this in
 
 
 def _is_text(value: Any) -> bool:
@@ -174,31 +177,55 @@ def user_name() -> Arg:
     return Arg("a user name or null", ok)
 
 
+# The runtimes a rig may name (`containers.runtimes`); nvidia-ctk configures all but podman, which reads CDI.
+CONTAINER_RUNTIMES = ("docker", "containerd", "cri-o", "podman")
+CONFIGURED_RUNTIMES = ("docker", "containerd", "cri-o")
+
+
+def runtime_list() -> Arg:
+    ok = lambda v: v is None or (isinstance(v, list) and all(x in CONTAINER_RUNTIMES for x in v))  # noqa: E731
+    return Arg("null or a list of " + ", ".join(CONTAINER_RUNTIMES), ok)
+
+
+def with_default(arg: Arg, default: Any) -> Arg:
+    """`arg` that a request or step may leave out, the door then filling in `default` (a list or mapping
+    is copied for each request)."""
+    return arg._replace(required=False, default=default)
+
+
 RECLAIM_POLICIES = ("never", "orphans", "orphans+patterns")
 MAX_GRACE_S = 600.0
+LOCK_WAIT_S = 10.0  # how long apply and reboot wait for the host lock when the request does not say
 
 VERB_ARGS: Dict[str, Dict[str, Arg]] = {
     "facts": {
-        "files": texts(),
-        "include_content": flag(),
-        "python": optional_text(),
-        "xorg_paths": texts(),
-        "xorg_layout_paths": texts(),
-        "units": texts(),
+        "files": with_default(texts(), []),
+        "include_content": with_default(flag(), False),
+        "python": optional_text(),  # null: no torch probe
+        "xorg_paths": with_default(texts(), []),
+        "xorg_layout_paths": with_default(texts(), []),
+        "units": with_default(texts(), []),
         "driver_repo": apt_mirror(),  # checked: does the driver's set resolve from this mirror alone
-        "driver_packages": texts(),
+        "driver_packages": with_default(texts(), []),
         "state_dir": optional_text(),  # where the node keeps its previous health counter sample
-        "slurm": flag(),
+        "slurm": with_default(flag(), False),
+        "containers": runtime_list(),  # null: no containers section; else the runtimes to read
     },
-    "apply": {"lock": line(required=True), "lock_wait_s": number(), "steps": objects(), "simulated": flag()},
-    "reboot": {"lock": line(), "lock_wait_s": number(), "simulated": flag()},
+    "apply": {
+        "lock": line(required=True),
+        "lock_wait_s": with_default(number(), LOCK_WAIT_S),
+        "steps": with_default(objects(), []),
+        "simulated": flag(),  # null: not checked
+    },
+    # lock null: no lock is waited for
+    "reboot": {"lock": line(), "lock_wait_s": with_default(number(), LOCK_WAIT_S), "simulated": flag()},
     "reclaim": {
-        "policy": choice(*RECLAIM_POLICIES),
-        "patterns": texts(),
-        "grace_s": number(0, MAX_GRACE_S),
-        "dry_run": flag(),
-        "user": user_name(),
-        "pids": pids(),  # `reclaim --pid`: end exactly these, whatever their classification
+        "policy": with_default(choice(*RECLAIM_POLICIES), "orphans"),
+        "patterns": with_default(texts(), []),
+        "grace_s": with_default(number(0, MAX_GRACE_S), 10.0),
+        "dry_run": with_default(flag(), True),
+        "user": user_name(),  # null: anyone's processes
+        "pids": with_default(pids(), []),  # `reclaim --pid`: end exactly these, whatever their classification
     },
     "smoke": {
         "python": line(required=True),
@@ -210,16 +237,16 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "backend": choice("nccl", "gloo", required=True),
         "rdzv_backend": choice("static", "c10d", required=True),
         "rdzv_id": line(required=True),
-        "run_id": line(),
+        "run_id": line(),  # null: the rdzv_id
         "timeout_s": positive(required=True),
         "batch_size": integer(1, required=True),
-        "sizes_mib": positives(),  # none: sizes that suit the backend (node/verbs/smoke.py)
-        "iters": integer(1),
-        "env": text_mapping(),
-        "path_prepend": text_lists_mapping(),  # what the env files put in front of PATH and the like
-        "node": line(),
+        "sizes_mib": with_default(positives(), []),  # none: sizes that suit the backend (node/verbs/smoke.py)
+        "iters": integer(1),  # null: what suits the backend
+        "env": with_default(text_mapping(), {}),
+        "path_prepend": with_default(text_lists_mapping(), {}),  # what the env files put before PATH and such
+        "node": line(),  # null: the node's hostname
         "launcher": optional_text(),  # the installed mgpu-torchrun; null: smoke runs torchrun itself
-        "files": installed_files(),  # checked before any rank starts
+        "files": with_default(installed_files(), []),  # checked before any rank starts
         "interconnect": choice("nvlink", "nvswitch", "pcie"),  # what joins the GPUs: sizes, NCCL transport
         "state_dir": optional_text(),  # where the box keeps its smoke baseline, sent back in the answer
     },
@@ -233,29 +260,39 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
 VERB_ARGS["slurm-smoke"] = {
     **VERB_ARGS["smoke"],
     "action": choice("prepare", "run", "collect", required=True),
-    "nodes": texts(),  # `run`: the group's Slurm node names, for srun -w
+    "nodes": with_default(texts(), []),  # `run`: the group's Slurm node names, for srun -w
 }
 
 
-def check_args(verb: str, args: Dict[str, Any]) -> None:
-    """Raise BadRequest naming the first argument that is missing or of the wrong kind."""
+def _default(arg: Arg) -> Any:
+    """The default the door fills in, a fresh copy of a list or mapping for each request."""
+    return type(arg.default)(arg.default) if isinstance(arg.default, (list, dict)) else arg.default
+
+
+def check_args(verb: str, args: Dict[str, Any]) -> Dict[str, Any]:
+    """The verb's arguments with every declared default filled in (unknown keys kept: an older agent
+    answers a newer control side); BadRequest naming the first one missing or of the wrong kind."""
+    filled = dict(args)
     for name, arg in VERB_ARGS.get(verb, {}).items():
         if name not in args:
             if arg.required:
                 raise BadRequest("{}: `{}` is missing; it must be {}".format(verb, name, arg.expected))
+            filled[name] = _default(arg)
         elif not arg.ok(args[name]):
             raise BadRequest("{}: `{}` must be {}, got {!r}".format(verb, name, arg.expected, args[name]))
+    return filled
 
 
 def check_request(verb: str, request: Dict[str, Any]) -> None:
-    """The whole request's check: the twin path, the verb's arguments, then every apply step's fields."""
+    """The whole request's check: the twin path, the verb's arguments, then every apply step's fields.
+    `request["args"]` is replaced by the checked arguments, defaults filled in (each apply step's too): the
+    node reads each of them without a fallback."""
     if not optional_text().ok(request.get("simulate")):
         raise BadRequest("`simulate` must be a twin file path or null")
-    args = request.get("args") or {}
-    check_args(verb, args)
-    if verb == "apply" and "steps" in args:
-        # Replaced by the checked steps, defaults filled in: the node reads each field without a fallback.
+    args = check_args(verb, request.get("args") or {})
+    if verb == "apply":
         args["steps"] = [check_step(index, step) for index, step in enumerate(args["steps"])]
+    request["args"] = args
 
 
 # --- the facts request -------------------------------------------------------------------------------
@@ -272,6 +309,7 @@ def facts_request(
     driver_packages: Sequence[str] = (),
     state_dir: Optional[str] = None,
     slurm: bool = False,
+    containers: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
     """The `facts` verb's arguments. With no arguments: the minimal form, enough for GPUs, driver,
     processes and the boot id (what apply's reboot wait and reclaim's check need)."""
@@ -291,6 +329,8 @@ def facts_request(
         "state_dir": state_dir,
         # what slurmd would register and what the controller holds (a rig with a `slurm` section)
         "slurm": slurm,
+        # the toolkit, the CDI specs and these runtimes' configs (a rig with a `containers` section)
+        "containers": None if containers is None else list(containers),
     }
 
 
@@ -302,6 +342,8 @@ FABRICMANAGER, PERSISTENCED, SERVICE, NOUVEAU = "fabricmanager", "persistenced",
 REMOVE = "remove"
 AGENT = "agent"  # the running agent's own zipapp, copied to where the node check runs it from
 RESTART = "restart"  # a daemon that reads a managed file only when it starts (slurmd and gres.conf)
+# The NVIDIA Container Toolkit: its packages, `nvidia-ctk cdi generate`, `nvidia-ctk runtime configure`.
+CONTAINER_TOOLKIT, CDI_GENERATE, RUNTIME_CONFIGURE = "container-toolkit", "cdi-generate", "runtime-configure"
 # Not an `apply` step: carried out by the `reboot` verb between two facts reads.
 REBOOT = "reboot"
 COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
@@ -346,11 +388,6 @@ def optional_watts() -> Arg:
 
 def optional_choice(*values: str) -> Arg:
     return Arg("one of " + ", ".join(values) + " or null", lambda v: v is None or v in values)
-
-
-def with_default(arg: Arg, default: Any) -> Arg:
-    """`arg` that a step may leave out, the door then filling in `default`."""
-    return arg._replace(required=False, default=default)
 
 
 # The package set the plan resolved (PackageSet: `packages` are its `install`, `hold_patterns` its `hold`).
@@ -413,6 +450,18 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
     COMPUTE_MODE: {"gpus": gpu_list(), "mode": choice(*COMPUTE_MODES, required=True)},
     POWER_LIMIT: {"gpus": gpu_list(), "watts": optional_watts()},  # watts null: each GPU's default
     AGENT: {"path": line(required=True), "sha256": line(required=True)},  # sha256: of the planned agent
+    CONTAINER_TOOLKIT: {
+        "version": line(required=True),
+        "method": choice(*PACKAGE_METHODS, required=True),
+        "hold": with_default(flag(), False),
+        "packages": with_default(texts(), []),  # installed at the version, in one transaction
+    },
+    CDI_GENERATE: {
+        "output": line(required=True),
+        "driver_root": with_default(line(), "/"),
+        "hook_path": with_default(line(), "/usr/bin/nvidia-cdi-hook"),
+    },
+    RUNTIME_CONFIGURE: {"runtime": choice(*CONFIGURED_RUNTIMES, required=True)},
 }
 STEP_KINDS = tuple(STEP_FIELDS)
 
@@ -436,7 +485,7 @@ def check_step(index: int, step: Any) -> Dict[str, Any]:
         if name not in step:
             if arg.required:
                 raise BadRequest("{}: `{}` is missing; it must be {}".format(where, name, arg.expected))
-            filled[name] = list(arg.default) if isinstance(arg.default, list) else arg.default
+            filled[name] = _default(arg)
         elif not arg.ok(step[name]):
             raise BadRequest("{}: `{}` must be {}, got {!r}".format(where, name, arg.expected, step[name]))
         else:
@@ -572,6 +621,22 @@ def persistenced_step(
         "package": package,
         "method": method,
     }
+
+
+def container_toolkit_step(version: str, method: str, hold: bool, packages: List[str]) -> Dict[str, Any]:
+    """The toolkit's `packages` at exactly `version` with `method`, held when `hold`."""
+    return {"kind": CONTAINER_TOOLKIT, "version": version, "method": method, "hold": hold,
+            "packages": packages}  # fmt: skip
+
+
+def cdi_generate_step(output: str, driver_root: str, hook_path: str) -> Dict[str, Any]:
+    """`nvidia-ctk cdi generate --output=<output>` for the loaded driver, written atomically."""
+    return {"kind": CDI_GENERATE, "output": output, "driver_root": driver_root, "hook_path": hook_path}
+
+
+def runtime_configure_step(runtime: str) -> Dict[str, Any]:
+    """`nvidia-ctk runtime configure --runtime=<runtime>`: the nvidia runtime in its config."""
+    return {"kind": RUNTIME_CONFIGURE, "runtime": runtime}
 
 
 def nouveau_step() -> Dict[str, Any]:

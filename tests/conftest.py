@@ -1,4 +1,4 @@
-"""Shared fixtures: the OpenSSH test hosts (tests/hosts.py) and the e2e skip-or-fail policy.
+"""Shared fixtures: the OpenSSH test hosts (tests/support/hosts.py) and the e2e skip-or-fail policy.
 
 e2e tests skip with a reason where the harness cannot run (not root, no sshd, no unshare), but under
 `CI=true` a missing harness is a failure: CI must never pass by skipping the tests that matter.
@@ -17,7 +17,7 @@ import pytest
 # `tests.hosts` must import the same way under `python -m pytest` (cwd on sys.path) and `pytest`.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import apt_repo, debian_root, hosts, rpm_roots, systemd_host
+from tests.support import apt_repo, debian_root, hosts, rpm_roots, systemd_host
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +44,8 @@ def test_hosts(
 
 @pytest.fixture
 def debian_host(test_hosts: hosts.HostFactory) -> hosts.TestHost:
-    """A test host whose root is a real Debian 12 system (tests/debian_root.py, built once and cached)."""
+    """A test host whose root is a real Debian 12 system (tests/support/debian_root.py, built once and
+    cached)."""
     try:
         root = debian_root.ensure_root()
     except debian_root.RootUnavailable as exc:
@@ -55,7 +56,8 @@ def debian_host(test_hosts: hosts.HostFactory) -> hosts.TestHost:
 
 @pytest.fixture(scope="session")
 def rpm_repository() -> Iterator[str]:
-    """URL of the stand-in NVIDIA RPM repository (tests/rpm_roots.py), served on 127.0.0.1 for the session."""
+    """URL of the stand-in NVIDIA RPM repository (tests/support/rpm_roots.py), served on 127.0.0.1 for the
+    session."""
     hosts.require_harness()
     try:
         repo = rpm_roots.build_repository(debian_root.CACHE / "stand-in-rpms")

@@ -33,7 +33,7 @@ INTRO = """\
 What the reliability tests (`tests/reliability/`) tried on their last run and how each ended. This page is
 generated: run `python -m pytest tests/reliability -n 2` (add `MGPU_SLOW=1` for the long fuzz runs), then
 `python tools/reliability_report.py`. Test hosts are real OpenSSH servers on loopback, each in its own mount
-and UTS namespace, with a simulated NVIDIA layer (see `tests/hosts.py`).
+and UTS namespace, with a simulated NVIDIA layer (see `tests/support/hosts.py`).
 """
 
 

@@ -83,6 +83,29 @@ def driver_line(facts: Facts) -> str:
     return ", ".join(parts)
 
 
+RUNTIME_STATES = {True: "nvidia runtime configured", False: "no nvidia runtime", None: "reads CDI"}
+
+
+def containers_lines(facts: Facts) -> list[str]:
+    """The toolkit and each CDI spec the node read (a rig with a `containers` section asks for them)."""
+    found = facts.containers
+    if found is None:
+        return []
+    toolkit = f"NVIDIA Container Toolkit {found.toolkit}" if found.toolkit else "no NVIDIA Container Toolkit"
+    lines = [toolkit + (" (refresh service enabled)" if found.refresh else "")]
+    for spec in found.specs:
+        if spec.error:
+            lines.append(f"CDI {spec.path}: {spec.error}")
+            continue
+        missing = sum(1 for p in spec.paths if p.exists is False)
+        gone = f", {missing} path(s) missing" if missing else ""
+        lines.append(f"CDI {spec.path}: {spec.kind}, {len(spec.devices)} devices{gone}")
+    for name, runtime in found.runtimes.items():
+        state = RUNTIME_STATES[runtime.configured]
+        lines.append(f"{name}: {state if runtime.installed else 'not installed'}")
+    return lines
+
+
 def link_matrix(facts: Facts) -> str:
     """The GPU-to-GPU matrix as `nvidia-smi topo -m` prints it (cells the agent could not place: `?`)."""
 
@@ -118,6 +141,7 @@ def host_view(name: str, facts: Facts) -> RenderableType:
     else:
         parts.append(shown("no GPUs"))
     parts += [shown(line, style="yellow") for line in health_lines(facts)]
+    parts += [shown(line) for line in containers_lines(facts)]
     return Group(*parts)
 
 

@@ -330,7 +330,7 @@ def exec_channel(
 
 def open_session(target: HostTarget, options: FleetOptions, agent: AgentPayload) -> AgentSession:
     """A session ready for `call`; raises ConnectionFailed when the host cannot be reached. `options.sessions`
-    opens it instead where set (the tests' injected fake: tests/factories.py)."""
+    opens it instead where set (the tests' injected fake: tests/support/factories.py)."""
     if options.sessions is not None:
         opened = options.sessions(target, options, agent)
         if not isinstance(opened, AgentSession):

@@ -55,6 +55,12 @@ class Expectation(NamedTuple):
     nvlink_error_max: int = 100
     os: str = "linux"
     files: Dict[str, str] = {}  # noqa: RUF012 - never changed; path -> sha256 of what apply writes
+    # The rig's `containers` section (judge/containers.py): off, nothing about containers is judged.
+    containers: bool = False
+    toolkit_version: Optional[str] = None  # the NVIDIA Container Toolkit pin
+    cdi_spec: str = "/etc/cdi/nvidia.yaml"  # the spec apply keeps (the refresh service's, where it runs)
+    cdi_kind: str = "nvidia.com/gpu"
+    runtimes: Tuple[str, ...] = ()  # docker, containerd, cri-o, podman
 
     def checks(self, name: str) -> bool:
         return name not in self.health_skip
@@ -64,7 +70,7 @@ class Expectation(NamedTuple):
         return self.driver_version is not None or self.driver_branch is not None
 
 
-_TUPLES = ("health_skip", "critical_xids")
+_TUPLES = ("health_skip", "critical_xids", "runtimes")
 
 
 def expectation_to_json(expect: Expectation) -> Dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Tuple
 
+from .containers import containers
 from .driver import driver, fabricmanager
 from .files import files
 from .health import health, kernel
@@ -13,7 +14,9 @@ from .topology import topology
 
 Judge = Callable[[Dict[str, Any], Expectation], List[Finding]]
 # In the order plan lists its checks: what is wrong with the hardware before what software lacks.
-JUDGES: Tuple[Judge, ...] = (inventory, topology, pcie, fabricmanager, health, kernel, driver, files)
+JUDGES: Tuple[Judge, ...] = (
+    inventory, topology, pcie, fabricmanager, health, kernel, driver, containers, files
+)  # fmt: skip
 
 
 def judge_each(facts: Dict[str, Any], expect: Expectation) -> List[Tuple[str, List[Finding]]]:

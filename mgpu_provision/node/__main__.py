@@ -154,18 +154,24 @@ def unpack_beside(archive: str) -> Optional[str]:
     try:
         with zipfile.ZipFile(archive) as zipped:
             zipped.extractall(partial)
-        owner = os.stat(archive)
-        if os.geteuid() == 0 and owner.st_uid != 0:
-            for folder, _, names in os.walk(partial):
-                for path in [folder] + [os.path.join(folder, n) for n in names]:
-                    # Not following links: nothing in the archive is one, and a swapped-in link must
-                    # not hand its target to the owner.
-                    os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+        _give_to_owner_of(archive, partial)
         os.rename(partial, final)
     except (OSError, zipfile.BadZipFile):
         shutil.rmtree(partial, ignore_errors=True)
         return final if os.path.isdir(final) else None
     return final
+
+
+def _give_to_owner_of(archive: str, folder: str) -> None:
+    """Under `sudo`, the unpacked folder goes to the archive's owner, whose command runs it next."""
+    owner = os.stat(archive)
+    if os.geteuid() != 0 or owner.st_uid == 0:
+        return
+    for parent, _, names in os.walk(folder):
+        for path in [parent] + [os.path.join(parent, n) for n in names]:
+            # Not following links: nothing in the archive is one, and a swapped-in link must not hand
+            # its target to the owner.
+            os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
 
 
 def main(argv: List[str], stdin: IO[str], stdout: IO[str]) -> int:

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 Action = Literal["create", "update", "delete", "verify-failed", "manual"]
 # The playbook step a Change belongs to (`--tags`, `--skip-tags`): what kind of work carrying it out is.
-Phase = Literal["checks", "env", "sli", "persistence", "driver", "reboot"]
-PHASES: tuple[Phase, ...] = ("checks", "env", "sli", "persistence", "driver", "reboot")
+Phase = Literal["checks", "env", "sli", "persistence", "driver", "containers", "reboot"]
+# containers after the driver: a CDI spec names the driver's libraries and nodes.
+PHASES: tuple[Phase, ...] = ("checks", "env", "sli", "persistence", "driver", "containers", "reboot")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from ..catalog.topology import TopoMatrix
 from ..judge.records import Expectation
 from ..rig.cards import fabric_manager_elsewhere
-from ..rig.models import Host, Rig
+from ..rig.models import Cdi, Host, Rig
 
 
 def for_rig(
@@ -40,6 +40,10 @@ def for_rig(
         nvlink_error_max=health.nvlink_error_max,
         os=host.os,
         files=dict(files or {}),
+        containers=rig.containers is not None,
+        toolkit_version=None if rig.containers is None else rig.containers.toolkit,
+        cdi_spec=(Cdi() if rig.containers is None else rig.containers.cdi).output,
+        runtimes=() if rig.containers is None else tuple(rig.containers.runtimes),
     )
 
 

@@ -162,21 +162,8 @@ def _describe(mode: str | None, sha256: str | None) -> str:
 
 def diff_file(want: DesiredFile, have: ManagedFile | None) -> Change | None:
     """The Change that makes `have` (the node's file, None when not reported) into `want`, or None."""
-    step = protocol.file_step(want.path, want.content, want.mode)
-    resource = f"file:{want.path}"
-    desired = _describe(want.mode, want.sha256)
     if have is None or not have.exists:
-        lines = want.content.count("\n")
-        return Change(
-            resource,
-            "create",
-            f"new file, {lines} lines, mode {want.mode}",
-            None,
-            desired,
-            diff=_unified("", want.content, want.path, "/dev/null"),
-            agent_step=step,
-            phase=want.phase,
-        )
+        return _created(want)
     # The content where the node sent it (for the diff), else the digest as a node that judges itself would.
     same_content = (
         have.content == want.content if have.content is not None else same_digest(have.sha256, want.sha256)
@@ -193,13 +180,28 @@ def diff_file(want: DesiredFile, have: ManagedFile | None) -> Change | None:
     if not same_content and have.content is not None:
         diff = _unified(have.content, want.content, want.path, want.path)
     return Change(
-        resource,
+        f"file:{want.path}",
         "update",
         ", ".join(what),
         _describe(have.mode, have.sha256),
-        desired,
+        _describe(want.mode, want.sha256),
         diff=diff,
-        agent_step=step,
+        agent_step=protocol.file_step(want.path, want.content, want.mode),
+        phase=want.phase,
+    )
+
+
+def _created(want: DesiredFile) -> Change:
+    """A file the node lacks, with its whole content as the diff."""
+    lines = want.content.count("\n")
+    return Change(
+        f"file:{want.path}",
+        "create",
+        f"new file, {lines} lines, mode {want.mode}",
+        None,
+        _describe(want.mode, want.sha256),
+        diff=_unified("", want.content, want.path, "/dev/null"),
+        agent_step=protocol.file_step(want.path, want.content, want.mode),
         phase=want.phase,
     )
 

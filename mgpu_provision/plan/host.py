@@ -24,6 +24,7 @@ from .files import DesiredFile, ManagedFiles, node_path
 from .resources import (
     boot_unit,
     checks,
+    containers,
     driver,
     envfiles,
     fabricmanager,
@@ -67,6 +68,7 @@ DIFFS: tuple[Callable[[HostContext], list[Change]], ...] = (
     mirror.diff,
     torch_probe.diff,
     driver.diff,
+    containers.diff,
     persistence.diff,
     gpu_settings.diff,
     sli.diff,
@@ -80,6 +82,7 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
     when the rig file names a smoke python, that python for the torch probe (importing torch takes seconds,
     and a rig that never said which python has torch would only get a failed probe of `python3`)."""
     smoke = loaded.spec.smoke
+    rig = loaded.rig_of(host)
     xorg = sli.paths(loaded, host)
     return protocol.facts_request(
         files=[path for files in FILES for path in files.paths(loaded, host)],
@@ -95,6 +98,7 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         driver_packages=mirror.packages_of(loaded, host),
         state_dir=node_path(loaded, host, loaded.spec.files.state_dir),
         slurm=loaded.rig_of(host).slurm is not None,
+        containers=None if rig.containers is None else rig.containers.runtimes,
     )
 
 

@@ -411,6 +411,40 @@ class Slurm(Strict):
         return self.gres_type or nvml_gres_type(model)
 
 
+ContainerRuntime = Literal["docker", "containerd", "cri-o", "podman"]
+
+
+class Cdi(Strict):
+    """The CDI spec apply keeps with `nvidia-ctk cdi generate` (flags of cmd/nvidia-ctk/cdi/generate)."""
+
+    output: PathStr = Field(
+        "/etc/cdi/nvidia.yaml",
+        pattern=r"^/(etc|var/run|run)/cdi/[A-Za-z0-9_.-]+\.(yaml|json)$",
+        description="the spec file (.yaml or .json) under /etc/cdi or /var/run/cdi; where the toolkit's "
+        "refresh service (nvidia-cdi-refresh, 1.18+) is enabled its /var/run/cdi/nvidia.yaml is kept instead",
+    )
+    driver_root: PathStr = Field("/", description="--driver-root: where the driver's files are (/ on a host)")
+    hook_path: PathStr | None = Field(
+        None,
+        description="--nvidia-cdi-hook-path: the program the spec's hooks run; default "
+        "/usr/bin/nvidia-cdi-hook (toolkit 1.16 and later), /usr/bin/nvidia-ctk before (its `hook` command)",
+    )
+
+
+class Containers(Strict):
+    """The NVIDIA Container Toolkit, pinned like the driver; the CDI spec kept in step with the driver; the
+    runtimes configured for it."""
+
+    toolkit: str = Field(pattern=r"^\d+\.\d+\.\d+$", description='exact toolkit version, e.g. "1.17.8"')
+    hold: bool = Field(True, description="hold/version-lock the toolkit's packages at that version")
+    runtimes: list[ContainerRuntime] = Field(
+        default_factory=list,
+        description="runtimes to configure with `nvidia-ctk runtime configure` (docker, containerd, cri-o) "
+        "and to check; podman reads the CDI spec itself",
+    )
+    cdi: Cdi = Field(default_factory=Cdi)
+
+
 class Rig(Strict):
     """A rig type: what every box that names it must look like."""
 
@@ -424,6 +458,9 @@ class Rig(Strict):
     )
     ddp: Ddp | None = None
     slurm: Slurm | None = Field(None, description="the box runs slurmd: gres.conf and Slurm checks")
+    containers: Containers | None = Field(
+        None, description="GPU containers: the NVIDIA Container Toolkit, its CDI spec and runtimes"
+    )
     health: Health = Field(default_factory=Health, description="GPU health checks (all on by default)")
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="extra variables for this rig, merged over the fleet's `env`"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..catalog import families, names, sources
 from ..catalog.topology import TopoMatrix
+from ..judge.containers import CDI_SINCE, version_tuple
 from ..protocol import branch_of
 from .cards import (
     card_class,
@@ -640,6 +641,18 @@ def fabricmanager_needs_nvswitch(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def containers_fit(inp: RuleInput) -> Iterator[Finding]:
+    """`nvidia-ctk cdi generate` exists from toolkit 1.12.0 (NVIDIA/nvidia-container-toolkit CHANGELOG.md,
+    v1.12.0-rc.2): an older pin could not keep a CDI spec."""
+    for loc, rig in inp.rigs():
+        want = rig.containers
+        if want is not None and version_tuple(want.toolkit) < CDI_SINCE:
+            yield Finding(
+                (*loc, "containers", "toolkit"),
+                f"toolkit {want.toolkit} has no `nvidia-ctk cdi generate` (from 1.12.0): pin 1.12.0 or later",
+            )
+
+
 def _read_only(loc: Loc, name: str) -> Iterator[Finding]:
     if name in SHELL_READONLY:
         yield Finding(
@@ -899,6 +912,7 @@ RULES: tuple[Rule, ...] = (
     node_check_timer_has_systemd,
     slurm_type_matches_nvml,
     slurm_health_check_has_node_check,
+    containers_fit,
 )
 
 

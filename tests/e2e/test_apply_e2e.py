@@ -23,10 +23,18 @@ import yaml
 from mgpu_provision import cli
 from mgpu_provision.node.verbs.health_rates import SAMPLE_FILE
 from mgpu_provision.plan.resources.envfiles import SYSTEMD_DEFAULT_PATH
-from tests.factories import pair_rig_file as rig_file
-from tests.factories import rtx3090_twin
-from tests.hosts import APPLY_LOCK, MANAGED_DIRS, REPO, HostFactory, TestHost, desired_files_on, hold_lock
-from tests.systemd_envfile import read_environment_file
+from tests.support.factories import pair_rig_file as rig_file
+from tests.support.factories import rtx3090_twin
+from tests.support.hosts import (
+    APPLY_LOCK,
+    MANAGED_DIRS,
+    REPO,
+    HostFactory,
+    TestHost,
+    desired_files_on,
+    hold_lock,
+)
+from tests.support.systemd_envfile import read_environment_file
 
 LOCK = APPLY_LOCK
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.hosts import REPO, TWINS_DIR, skip_or_fail
+from tests.support.hosts import REPO, TWINS_DIR, skip_or_fail
 
 
 def test_the_device_check_passes_against_a_twin(tmp_path: Path) -> None:

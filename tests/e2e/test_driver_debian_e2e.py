@@ -1,6 +1,6 @@
 """The driver path against NVIDIA's real Debian packages: a test host whose root is a real Debian 12 system.
 
-The host's sshd runs chrooted in an overlay of a cached Debian root (tests/debian_root.py), so `apply`
+The host's sshd runs chrooted in an overlay of a cached Debian root (tests/support/debian_root.py), so `apply`
 drives that root's own apt and dpkg, and facts run the bundled pynvml against the real libnvidia-ml.so.1
 the packages install. The package set is `nvidia-smi` + `libnvidia-ml1` (the rig's `driver.packages`): the
 userspace only, so the install completes without building a kernel module. Persistence mode is asked for,
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mgpu_provision import cli
-from tests.hosts import HostFactory, TestHost
+from tests.support.hosts import HostFactory, TestHost
 
 OLD, NEW = "535.216.03", "535.261.03"  # bookworm-backports and bookworm
 DEB = {OLD: "535.216.03-2~bpo12+1", NEW: "535.261.03-1"}

@@ -1,7 +1,7 @@
 """`driver.repo` end to end: the Debian-root test host, whose own Debian sources are gone, gets NVIDIA's real
-535.216.03 packages from a signed mirror on 127.0.0.1 (tests/apt_repo.py) through plan and apply. A mirror
-missing a dependency, or signed with another key, is a failed check in plan naming it, and apply changes
-nothing."""
+535.216.03 packages from a signed mirror on 127.0.0.1 (tests/support/apt_repo.py) through plan and apply. A
+mirror missing a dependency, or signed with another key, is a failed check in plan naming it, and apply
+changes nothing."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from mgpu_provision import cli
-from tests import apt_repo
-from tests.hosts import HostFactory, TestHost
+from tests.support import apt_repo
+from tests.support.hosts import HostFactory, TestHost
 
 OLD = "535.216.03"
 DEB = "535.216.03-2~bpo12+1"

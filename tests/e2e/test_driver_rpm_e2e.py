@@ -1,10 +1,11 @@
 """The driver on RHEL and SUSE boxes: plan picks dnf or zypper from the box's os-release, apply drives it.
 
 Each test host's sshd runs chrooted in an overlay of a root that holds the real dnf (with versionlock) or
-the real zypper and says it is RHEL 10 or SLES 15 SP6 (tests/rpm_roots.py). The repository is stand-in RPMs
-named and versioned like NVIDIA's, served on 127.0.0.1. Through the CLI, as a user runs it: install an exact
-version and lock it, the manager's own upgrade held back by the lock, a second apply changing nothing, up and
-down between versions, and a version the repository lacks refused before anything changes.
+the real zypper and says it is RHEL 10 or SLES 15 SP6 (tests/support/rpm_roots.py). The repository is
+stand-in RPMs named and versioned like NVIDIA's, served on 127.0.0.1. Through the CLI, as a user runs it:
+install an exact version and lock it, the manager's own upgrade held back by the lock, a second apply
+changing nothing, up and down between versions, and a version the repository lacks refused before anything
+changes.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 import pytest
 
 from mgpu_provision import cli
-from tests import hosts, rpm_roots
-from tests.hosts import HostFactory, TestHost
+from tests.support import hosts, rpm_roots
+from tests.support.hosts import HostFactory, TestHost
 
 OLD, NEW = rpm_roots.VERSIONS
 # manager -> (repository file, its text before the URL, the set apply installs, how to list the locks,

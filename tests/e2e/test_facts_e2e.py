@@ -12,7 +12,7 @@ import pytest
 
 from mgpu_provision.catalog.topology import parse_topology
 from mgpu_provision.cli import main
-from tests.hosts import HostFactory, TestHost, load_twin
+from tests.support.hosts import HostFactory, TestHost, load_twin
 
 TWINS = {"gpu-a": "rtx3090-nvlink", "hgx-1": "h100-hgx", "pcie-5": "rtx4090-pcie"}
 

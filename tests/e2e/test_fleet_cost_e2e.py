@@ -19,7 +19,7 @@ from mgpu_provision.fleet.pool import run_fleet
 from mgpu_provision.fleet.session import AgentSession, exec_channel
 from mgpu_provision.fleet.ssh import open_connection
 from mgpu_provision.fleet.targets import HostTarget
-from tests.hosts import HostFactory, TestHost, fake_agent
+from tests.support.hosts import HostFactory, TestHost, fake_agent
 
 _OPENED: list[str] | None = None  # paths opened while `counting_opens` is active
 

@@ -18,7 +18,7 @@ from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.pool import run_fleet
 from mgpu_provision.fleet.session import AgentSession
 from mgpu_provision.fleet.targets import HostTarget
-from tests.hosts import FakeAgent, HostFactory, TestHost, fake_agent
+from tests.support.hosts import FakeAgent, HostFactory, TestHost, fake_agent
 
 
 def target(host: TestHost, factory: HostFactory, **changes: Any) -> HostTarget:

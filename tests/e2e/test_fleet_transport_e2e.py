@@ -14,8 +14,8 @@ from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.pool import run_fleet
 from mgpu_provision.fleet.session import AgentSession
 from mgpu_provision.fleet.targets import HostTarget
-from tests.factories import rtx3090_twin
-from tests.hosts import HostFactory, TestHost, fake_agent
+from tests.support.factories import rtx3090_twin
+from tests.support.hosts import HostFactory, TestHost, fake_agent
 
 
 def target(host: TestHost, factory: HostFactory, user: str = "root") -> HostTarget:

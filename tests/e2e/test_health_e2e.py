@@ -18,7 +18,7 @@ import yaml
 from mgpu_provision import cli
 from mgpu_provision.node.__main__ import handle
 from mgpu_provision.protocol import GPU_SETTINGS_UNIT as UNIT
-from tests.hosts import HostFactory, TestHost, load_twin
+from tests.support.hosts import HostFactory, TestHost, load_twin
 
 KERNEL = "6.8.0-45-generic"
 UNIT_FILE = f"/etc/systemd/system/{UNIT}.service"

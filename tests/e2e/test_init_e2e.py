@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision.cli import main
-from tests.hosts import NODE_PYTHON, HostFactory, load_twin
+from tests.support.hosts import NODE_PYTHON, HostFactory, load_twin
 
 
 @pytest.mark.parametrize("twin", ["rtx3090-nvlink", "h100-hgx"])

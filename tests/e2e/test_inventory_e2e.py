@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision.cli import main
-from tests.hosts import NODE_PYTHON, HostFactory, load_twin
+from tests.support.hosts import NODE_PYTHON, HostFactory, load_twin
 
 pytest.importorskip("ansible", reason="ansible-core (the `ansible` extra) is not installed")
 

@@ -1,6 +1,7 @@
-"""`driver.repo`'s check on the node, against the signed local repository (tests/apt_repo.py) and the real
-apt of the Debian-root test host: the set resolves from the mirror alone, a mirror missing a dependency names
-it, a mirror signed with another key names the key; the box's own apt configuration is left as it was."""
+"""`driver.repo`'s check on the node, against the signed local repository (tests/support/apt_repo.py) and the
+real apt of the Debian-root test host: the set resolves from the mirror alone, a mirror missing a dependency
+names it, a mirror signed with another key names the key; the box's own apt configuration is left as it
+was."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tests import apt_repo
-from tests.hosts import TestHost
+from tests.support import apt_repo
+from tests.support.hosts import TestHost
 
 Mirrors = Callable[..., apt_repo.SignedRepo]
 

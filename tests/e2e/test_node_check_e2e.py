@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from mgpu_provision import cli
-from tests.factories import rtx3090_twin
-from tests.hosts import HostFactory, TestHost
+from tests.support.factories import rtx3090_twin
+from tests.support.hosts import HostFactory, TestHost
 
 COMMAND = "/usr/local/bin/mgpu-provision-check"
 AGENT = "/usr/local/lib/mgpu-provision/agent.pyz"

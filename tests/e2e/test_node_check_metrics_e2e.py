@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.factories import rtx3090_twin
-from tests.hosts import skip_or_fail
-from tests.node_check_helpers import Node
+from tests.support.factories import rtx3090_twin
+from tests.support.hosts import skip_or_fail
+from tests.support.node_check_helpers import Node
 
 EXPORTER = "prometheus-node-exporter"
 

@@ -1,7 +1,8 @@
-"""The node check's timer under real systemd (PID 1 of the real-systemd test host, tests/systemd_host.py):
-the agent's own `apply`, with the steps plan makes, writes the check's files and enables and starts the
-timer through the real systemctl; the timer fires the service again and again, and the service runs the
-check, whose .prom file shows each run. The box has no GPU, so a drop-in points the check at a twin."""
+"""The node check's timer under real systemd (PID 1 of the real-systemd test host,
+tests/support/systemd_host.py): the agent's own `apply`, with the steps plan makes, writes the check's files
+and enables and starts the timer through the real systemctl; the timer fires the service again and again, and
+the service runs the check, whose .prom file shows each run. The box has no GPU, so a drop-in points the
+check at a twin."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.plan.host import facts_request, plan_host
 from mgpu_provision.plan.resources import node_check
 from mgpu_provision.rig import load_rig
-from tests.factories import rtx3090_twin
-from tests.systemd_host import SystemdHost
+from tests.support.factories import rtx3090_twin
+from tests.support.systemd_host import SystemdHost
 
 TEXTFILE = "/var/lib/prometheus/node-exporter"
 APPLIED_KINDS = {protocol.FILE, protocol.AGENT, protocol.SERVICE, protocol.REMOVE}

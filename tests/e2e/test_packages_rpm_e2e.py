@@ -1,8 +1,8 @@
 """The zypper and dnf installers against the real package managers, on boxes whose roots hold them.
 
-Each box is a private overlay of a root with a real zypper or a real dnf (tests/rpm_roots.py) that says it
-is SLES 15 SP6 or RHEL 10; the repository is stand-in RPMs named and versioned like NVIDIA's, served on
-127.0.0.1. The node's installer runs inside the box with the box's own python3, exactly as the agent runs
+Each box is a private overlay of a root with a real zypper or a real dnf (tests/support/rpm_roots.py) that
+says it is SLES 15 SP6 or RHEL 10; the repository is stand-in RPMs named and versioned like NVIDIA's, served
+on 127.0.0.1. The node's installer runs inside the box with the box's own python3, exactly as the agent runs
 it, and the test reads back what rpm and the manager's locks say: an exact version installed and locked,
 old NVIDIA locks cleared (and no other), Fabric Manager in the same transaction, found by what it provides,
 and a version the repository lacks refused before anything changes. (Up, down and a second apply through the
@@ -20,7 +20,7 @@ from mgpu_provision import protocol
 from mgpu_provision.catalog import sources
 from mgpu_provision.fleet.bundle import agent_files
 from mgpu_provision.node.packages import zypper
-from tests import hosts, rpm_roots
+from tests.support import hosts, rpm_roots
 
 OLD, NEW = rpm_roots.VERSIONS
 SUSE_SET = sources.zypper_set("550", "default", fabricmanager=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 from mgpu_provision import protocol
 from mgpu_provision.plan.host import plan_host
 from mgpu_provision.rig import load_rig
-from tests.factories import facts_from_twin
-from tests.systemd_host import SystemdHost
+from tests.support.factories import facts_from_twin
+from tests.support.systemd_host import SystemdHost
 
 REPO = Path(__file__).resolve().parents[2]
 RIG = """\

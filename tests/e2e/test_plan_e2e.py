@@ -18,7 +18,7 @@ import yaml
 
 from mgpu_provision.cli import main
 from mgpu_provision.plan.files import DesiredFile
-from tests.hosts import HostFactory, TestHost, desired_files_on, load_twin
+from tests.support.hosts import HostFactory, TestHost, desired_files_on, load_twin
 
 RIG = {
     "pair": {

@@ -7,8 +7,8 @@ agent was SIGKILLed, a real DataLoader worker whose training script was SIGKILLe
 worker that ignores SIGTERM. Reclaim must end exactly the leftovers, leave every live job running, and find
 nothing to do the second time.
 
-Issue 28's cases follow, with plain Python programs (tests/reclaim_programs.py): the seed's own case (a
-job-control shell, a script's two spawn workers, the script SIGKILLed, the shell still open), an in-process
+Issue 28's cases follow, with plain Python programs (tests/support/reclaim_programs.py): the seed's own case
+(a job-control shell, a script's two spawn workers, the script SIGKILLed, the shell still open), an in-process
 elastic agent named `accelerate`, a job a wrapper script put in the background, `--pid`, and an MPS server
 with a client under a pattern that matches the server.
 """
@@ -25,8 +25,16 @@ import pytest
 
 from mgpu_provision.cli import main
 from mgpu_provision.node.host.procs import read_proc
-from tests.hosts import TWINS_DIR, HostFactory, TestHost
-from tests.reclaim_programs import ELASTIC_AGENT, IGNORE_TERM, SLEEP, SPAWN_MAIN, pids_in, script, wait_until
+from tests.support.hosts import TWINS_DIR, HostFactory, TestHost
+from tests.support.reclaim_programs import (
+    ELASTIC_AGENT,
+    IGNORE_TERM,
+    SLEEP,
+    SPAWN_MAIN,
+    pids_in,
+    script,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 

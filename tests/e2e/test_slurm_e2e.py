@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 
 from mgpu_provision import cli
-from tests.hosts import MANAGED_DIRS, NODE_PYTHON, HostFactory, TestHost
-from tests.slurm import SlurmCluster, require_slurm
-from tests.smoke_helpers import free_port, site_packages
+from tests.support.hosts import MANAGED_DIRS, NODE_PYTHON, HostFactory, TestHost
+from tests.support.slurm import SlurmCluster, require_slurm
+from tests.support.smoke_helpers import free_port, site_packages
 
 SMT_TOPOLOGY = """\
 \tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from mgpu_provision.cli import main
-from tests.hosts import HostFactory
-from tests.smoke_helpers import (
+from tests.support.hosts import HostFactory
+from tests.support.smoke_helpers import (
     FAIL_TIMEOUT_S,
     PASS_TIMEOUT_S,
     apply_env_files,

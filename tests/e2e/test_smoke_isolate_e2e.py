@@ -19,8 +19,8 @@ import pytest
 
 from mgpu_provision.cli import main
 from mgpu_provision.node.__main__ import handle
-from tests.hosts import HostFactory, TestHost
-from tests.smoke_helpers import (
+from tests.support.hosts import HostFactory, TestHost
+from tests.support.smoke_helpers import (
     FAIL_TIMEOUT_S,
     apply_env_files,
     processes_of_run,

@@ -3,7 +3,7 @@ what the host wrote (its overlay's upper layer) while starting every enabled uni
 
 from __future__ import annotations
 
-from tests.systemd_host import SystemdHost
+from tests.support.systemd_host import SystemdHost
 
 UNIT = """\
 [Unit]

@@ -9,31 +9,17 @@ writes every trial with its outcome to `tests/reliability/.results.json` at the 
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.trial import SLOW, Trial
+
 RESULTS = Path(__file__).resolve().parent / ".results.json"
 PROPERTY = "reliability"
-SLOW = os.environ.get("MGPU_SLOW") == "1"
-
-
-@dataclass
-class Trial:
-    """What one test tried; filled in by the test, read by the report."""
-
-    area: str  # "fuzz", "injection", "fault", "trust"
-    tried: str  # one line a person reads: the input or the fault
-    figures: dict[str, Any] = field(default_factory=dict)  # examples run, hosts, payloads, seconds...
-    expect: str = ""  # what "pass" means for this trial
-
-    def count(self, key: str, amount: int = 1) -> None:
-        self.figures[key] = self.figures.get(key, 0) + amount
 
 
 @pytest.fixture

@@ -18,11 +18,10 @@ from typing import Literal
 import pytest
 import yaml
 
-from tests.factories import pair_rig_file as rig_file
-from tests.factories import rtx3090_twin as twin
-from tests.hosts import _FAKE_SUDO, MANAGED_DIRS, HostFactory, TestHost, hold_lock
-from tests.reliability.conftest import Trial
-from tests.reliability.nodes import (
+from tests.support.factories import pair_rig_file as rig_file
+from tests.support.factories import rtx3090_twin as twin
+from tests.support.hosts import _FAKE_SUDO, MANAGED_DIRS, HostFactory, TestHost, hold_lock
+from tests.support.nodes import (
     Run,
     agent_pids,
     assert_converged,
@@ -36,6 +35,7 @@ from tests.reliability.nodes import (
     wait_for,
     want_files,
 )
+from tests.support.trial import Trial
 
 PROFILE = "/etc/profile.d/mgpu-provision.sh"
 OLD_PROFILE = "export OLD=1\n"

@@ -8,7 +8,7 @@ import pytest
 
 from mgpu_provision.errors import SpecError
 from mgpu_provision.rig import load_rig
-from tests.reliability.conftest import Trial
+from tests.support.trial import Trial
 
 
 @pytest.mark.parametrize("char", ["\x80", "\x9f", "\ufffe"])

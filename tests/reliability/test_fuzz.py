@@ -25,9 +25,7 @@ from mgpu_provision.errors import SpecError
 from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.node import __main__ as agent_main
 from mgpu_provision.rig import load_rig
-from tests.hosts import load_twin
-from tests.reliability.conftest import Trial
-from tests.reliability.fuzzing import (
+from tests.support.fuzzing import (
     EXAMPLES,
     TOPOLOGIES,
     budget,
@@ -36,6 +34,8 @@ from tests.reliability.fuzzing import (
     seed_files,
     timed,
 )
+from tests.support.hosts import load_twin
+from tests.support.trial import Trial
 
 
 def load_or_spec_error(path: Path, trial: Trial) -> None:

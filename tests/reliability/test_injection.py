@@ -22,11 +22,11 @@ from pydantic import BaseModel
 from mgpu_provision.errors import SpecError
 from mgpu_provision.rig import load_rig
 from mgpu_provision.rig.models import RigFile
-from tests.factories import pair_rig_file as rig_file
-from tests.factories import rtx3090_twin as twin
-from tests.hosts import HostFactory, TestHost
-from tests.reliability.conftest import Trial
-from tests.reliability.nodes import node_files, run_in_process
+from tests.support.factories import pair_rig_file as rig_file
+from tests.support.factories import rtx3090_twin as twin
+from tests.support.hosts import HostFactory, TestHost
+from tests.support.nodes import node_files, run_in_process
+from tests.support.trial import Trial
 
 MARK = f"mgpu-canary-{uuid.uuid4().hex[:8]}"
 

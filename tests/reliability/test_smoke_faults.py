@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_provision.node.verbs.smoke import MARKER_ENV
-from tests import smoke_helpers as helpers
-from tests.hosts import HostFactory, TestHost
-from tests.reliability.conftest import Trial
-from tests.reliability.nodes import (
+from tests.support import smoke_helpers as helpers
+from tests.support.hosts import HostFactory, TestHost
+from tests.support.nodes import (
     agent_pids,
     finish,
     session_sshds,
@@ -28,6 +27,7 @@ from tests.reliability.nodes import (
     start_cli,
     wait_for,
 )
+from tests.support.trial import Trial
 
 # Beyond the node deadline: the torch probe, the kill grace periods, SSH and the CLI's own start.
 MARGIN_S = 45

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.hosts import HostFactory, TestHost
-from tests.reliability.conftest import Trial
-from tests.reliability.nodes import CLI, Run, cli_env, wait_for
+from tests.support.hosts import HostFactory, TestHost
+from tests.support.nodes import CLI, Run, cli_env, wait_for
+from tests.support.trial import Trial
 
 PASSPHRASE = "correct-horse-battery-staple-4711"
 

@@ -20,7 +20,7 @@ from mgpu_provision.node.packages.driver import install, version_key
 from mgpu_provision.node.packages.runfile import fetch as fetch_runfile
 from mgpu_provision.node.verbs.apply import BACKUP_SUFFIX, write_file
 from mgpu_provision.protocol import GPU_SETTINGS_UNIT as UNIT
-from tests.factories import facts_from_twin
+from tests.support.factories import facts_from_twin
 
 ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "examples" / "twins"
@@ -506,6 +506,9 @@ def test_every_builder_makes_a_step_the_door_takes_as_it_is() -> None:
         protocol.compute_mode_step([1], "exclusive_process"),
         protocol.power_limit_step([0], None),
         protocol.restart_step(["systemctl", "restart", "slurmd"]),
+        protocol.container_toolkit_step("1.17.8", "apt", True, ["nvidia-container-toolkit"]),
+        protocol.cdi_generate_step("/etc/cdi/nvidia.yaml", "/", "/usr/bin/nvidia-cdi-hook"),
+        protocol.runtime_configure_step("docker"),
     ]
     assert sorted({step["kind"] for step in built}) == sorted(protocol.STEP_KINDS)
     for index, step in enumerate(built):

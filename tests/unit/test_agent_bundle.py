@@ -9,16 +9,12 @@ import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet.bundle import build_agent
-
-ROOT = Path(__file__).resolve().parents[2]
-TWINS = ROOT / "examples" / "twins"
-NODE_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+from tests.support.agent import NODE_PYTHON, ROOT, TWINS, run_agent
 
 
 @pytest.fixture(scope="module")
@@ -27,23 +23,6 @@ def pyz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("cache") / bundle.name
     path.write_bytes(bundle.data)
     yield path
-
-
-def run_agent(pyz: Path, verb: str, request: Any, env: dict[str, str] | None = None) -> dict[str, Any]:
-    done = subprocess.run(
-        [NODE_PYTHON, str(pyz), verb],
-        input=request if isinstance(request, str) else json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-        cwd="/",  # nothing from the checkout may leak onto sys.path
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert len(lines) == 1, done.stdout  # exactly one JSON object
-    reply: dict[str, Any] = json.loads(lines[0])
-    return reply
 
 
 def test_bundle_is_deterministic_and_named_by_its_hash() -> None:

@@ -19,7 +19,7 @@ from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.host.files import describe_file
 from mgpu_provision.node.host.torch_probe import probe_torch
 from mgpu_provision.node.nvidia.select import select_backend
-from tests.factories import facts_from_twin, write_twin
+from tests.support.factories import facts_from_twin, write_twin
 
 ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "examples" / "twins"

@@ -1,7 +1,7 @@
 """apply orchestration against fake boxes: the real rig loader, plan, fleet pool and session `call`, with
-the injected session fake (tests/factories.py) answering as an in-memory agent that keeps files, a driver
-(installed vs loaded) and a boot id, and counts every verb. What is checked: convergence, the reboot rule,
-idempotence, playbooks, batches and the recap."""
+the injected session fake (tests/support/factories.py) answering as an in-memory agent that keeps files, a
+driver (installed vs loaded) and a boot id, and counts every verb. What is checked: convergence, the reboot
+rule, idempotence, playbooks, batches and the recap."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from mgpu_provision.jobs.playbooks import STEPS
 from mgpu_provision.jobs.rollout import Serial
 from mgpu_provision.plan.change import Change
 from mgpu_provision.rig import LoadedRig, load_rig
-from tests import factories
+from tests.support import factories
 
 RIG = """\
 version: 1

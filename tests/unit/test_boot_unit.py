@@ -13,8 +13,8 @@ from mgpu_provision.plan.change import HostContext
 from mgpu_provision.plan.files import DesiredFile
 from mgpu_provision.plan.resources import boot_unit
 from mgpu_provision.rig import LoadedRig, load_rig
-from tests import factories
-from tests.hosts import skip_or_fail
+from tests.support import factories
+from tests.support.hosts import skip_or_fail
 
 RIG = """\
 version: 1

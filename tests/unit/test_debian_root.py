@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.debian_root import RootUnavailable, debian_mirror
+from tests.support.debian_root import RootUnavailable, debian_mirror
 
 DEB822 = """\
 Types: deb

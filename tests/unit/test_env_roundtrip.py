@@ -1,8 +1,9 @@
 """Any env value is data: a corpus of hostile and ordinary values goes from a rig file through the loader and
 the renderer into both env files, and comes back byte for byte from real dash, real bash (also interactive)
-sourcing the profile.d script, and from systemd's own EnvironmentFile reader (`tests/systemd_envfile.py`).
-Each hostile value also tries to run a command that would create a canary file; it must never appear.
-`path_prepend` goes the same way: the script sourced twice, into an unset, empty or filled variable.
+sourcing the profile.d script, and from systemd's own EnvironmentFile reader
+(`tests/support/systemd_envfile.py`). Each hostile value also tries to run a command that would create a
+canary file; it must never appear. `path_prepend` goes the same way: the script sourced twice, into an unset,
+empty or filled variable.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from mgpu_provision.plan.change import HostContext
 from mgpu_provision.plan.resources import envfiles
 from mgpu_provision.plan.resources.envfiles import SYSTEMD_DEFAULT_PATH, desired
 from mgpu_provision.rig import LoadedRig, load_rig
-from tests import factories
-from tests.hosts import skip_or_fail
-from tests.systemd_envfile import read_environment_file
+from tests.support import factories
+from tests.support.hosts import skip_or_fail
+from tests.support.systemd_envfile import read_environment_file
 
 SHELLS = {"dash": ["dash", "-c"], "bash": ["bash", "-c"], "bash -i": ["bash", "--norc", "-i", "-c"]}
 BASE_PATH = "/usr/bin:/bin"

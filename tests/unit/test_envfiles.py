@@ -16,12 +16,11 @@ from mgpu_provision.plan import files as toolkit
 from mgpu_provision.plan.change import HostContext
 from mgpu_provision.plan.files import DesiredFile, EnvFileError, diff_file, diff_files
 from mgpu_provision.plan.host import desired_files as registry_files
-from mgpu_provision.plan.host import host_context
 from mgpu_provision.plan.resources import envfiles, gloo
 from mgpu_provision.rig import LoadedRig, load_rig
 from mgpu_provision.rig.models import Host
 from mgpu_provision.rig.rules import DERIVED_ENV
-from tests import factories
+from tests.support import factories
 
 RIG = """\
 version: 1
@@ -51,7 +50,7 @@ def load(tmp_path: Path, text: str = RIG, **replace: str) -> LoadedRig:
 
 def desired_files(loaded: LoadedRig, host: Host, facts: Facts) -> list[DesiredFile]:
     """Every file the plan's registry has apply write on `host`: here the env files, launcher, X config."""
-    return registry_files(host_context(loaded, host, facts))
+    return registry_files(HostContext(loaded, host, facts))
 
 
 def files_of(loaded: LoadedRig, host: str = "gpu-b") -> dict[str, DesiredFile]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.converge import apply_steps, changes_of
+from tests.support.converge import apply_steps, changes_of
 
 TWINS = Path(__file__).resolve().parents[2] / "examples" / "twins"
 RIG = """\

@@ -9,10 +9,10 @@ import pytest
 
 from mgpu_provision.cli import build_parser, main
 from mgpu_provision.commands import options
-from mgpu_provision.commands.facts import as_json, driver_line, health_lines, link_matrix
-from mgpu_provision.facts import DriverInfo, Facts, GpuPair, HostHealth, LostGpu
+from mgpu_provision.commands.facts import as_json, containers_lines, driver_line, health_lines, link_matrix
+from mgpu_provision.facts import ContainerFacts, DriverInfo, Facts, GpuPair, HostHealth, LostGpu
 from mgpu_provision.fleet.pool import HostOutcome
-from tests import factories
+from tests.support import factories
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -186,3 +186,24 @@ def test_unreachable_host_makes_exit_2_and_is_listed(
     out = capsys.readouterr().out
     assert "far  unreachable: connection refused by far (127.0.0.1:1)" in out
     assert "NVIDIA GeForce RTX 3090" in out
+
+
+def test_containers_lines_say_the_toolkit_each_spec_and_each_runtime() -> None:
+    found = ContainerFacts.model_validate({
+        "toolkit": "1.17.8",
+        "specs": [
+            {"path": "/etc/cdi/nvidia.yaml", "kind": "nvidia.com/gpu", "devices": ["0", "all"],
+             "paths": [{"role": "mount", "path": "/usr/lib/libcuda.so.1.2", "exists": False}]},
+            {"path": "/var/run/cdi/x.json", "error": "not valid JSON: Expecting value"},
+        ],
+        "runtimes": {"podman": {"installed": True}, "docker": {"installed": False, "configured": False}},
+    })  # fmt: skip
+    seen = facts(OK_DRIVER, 1).model_copy(update={"containers": found})
+    assert containers_lines(seen) == [
+        "NVIDIA Container Toolkit 1.17.8",
+        "CDI /etc/cdi/nvidia.yaml: nvidia.com/gpu, 2 devices, 1 path(s) missing",
+        "CDI /var/run/cdi/x.json: not valid JSON: Expecting value",
+        "podman: reads CDI",
+        "docker: not installed",
+    ]
+    assert containers_lines(facts(OK_DRIVER, 1)) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import hosts
+from tests.support import hosts
 
 
 def test_missing_harness_skips_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,8 +19,8 @@ from mgpu_provision.fleet.session import AGENT_MISSING, agent_command, cache_fol
 from mgpu_provision.fleet.ssh import connect_error_message, known_hosts_name, make_connection
 from mgpu_provision.fleet.targets import targets_for
 from mgpu_provision.rig import load_rig
-from tests.factories import local_target, ssh_target
-from tests.hosts import fake_agent
+from tests.support.factories import local_target, ssh_target
+from tests.support.hosts import fake_agent
 
 WHERE = "gpu-a (10.0.0.1:22)"
 

@@ -18,7 +18,7 @@ from mgpu_provision.judge.records import Expectation
 from mgpu_provision.node.nvidia import kernel
 from mgpu_provision.node.nvidia.nvml_real import RealBackend
 from mgpu_provision.node.verbs.facts import nvidia_facts
-from tests.unit.test_agent_nvml_real import ScriptedNvml
+from tests.support.nvml import ScriptedNvml
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernel"
 

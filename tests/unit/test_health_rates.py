@@ -10,7 +10,7 @@ from typing import Any
 
 from mgpu_provision.facts import Facts
 from mgpu_provision.node.verbs.health_rates import SAMPLE_FILE, change
-from tests.factories import facts_from_twin, write_twin
+from tests.support.factories import facts_from_twin, write_twin
 
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "topologies"
 MONTHS_S = 270 * 86400

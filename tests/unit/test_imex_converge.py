@@ -7,8 +7,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.converge import apply_steps, changes_of
-from tests.factories import facts_from_twin
+from tests.support.converge import apply_steps, changes_of
+from tests.support.factories import facts_from_twin
 
 TWINS = Path(__file__).resolve().parents[2] / "examples" / "twins"
 RIG = """\

@@ -18,7 +18,7 @@ from mgpu_provision.jobs.init import env_file_paths, rig_from_facts, rig_name_fo
 from mgpu_provision.plan.host import plan_host
 from mgpu_provision.rig import load_rig
 from mgpu_provision.rig.models import SCHEMA_FILE, schema_comment
-from tests.factories import facts_from_twin
+from tests.support.factories import facts_from_twin
 
 TWINS = Path(__file__).resolve().parents[2] / "examples" / "twins"
 

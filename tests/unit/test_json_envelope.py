@@ -2,19 +2,21 @@
 and `hosts`, then the command's keys; an error prints an error document, so `... --json | jq .exit_code`
 reads 1 instead of nothing.
 
-Run on the demo's box (one simulated host reached without SSH), through the real CLI.
+Run on the demo's box (one simulated host reached without SSH), through the real CLI; smoke's python is a
+stand-in that answers the torch probe (the envelope is the subject here, not torch: starting real torch
+cost this test most of its 40 s).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from mgpu_provision.cli import main
 from mgpu_provision.commands.demo import write_demo
+from tests.support.factories import FAKE_TORCH
 
 # Each command and the keys of its own that follow the envelope.
 OWN_KEYS = {
@@ -32,7 +34,10 @@ def document(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, 
 
 
 def test_every_command_prints_the_envelope(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rig = str(write_demo(tmp_path / "demo", sys.executable))
+    python = tmp_path / "torch-python"
+    python.write_text(FAKE_TORCH)
+    python.chmod(0o755)
+    rig = str(write_demo(tmp_path / "demo", str(python)))
     runs = [
         ("validate", [rig]),
         ("facts", [rig]),

@@ -20,9 +20,9 @@ from mgpu_provision.plan import expectation
 from mgpu_provision.plan.host import desired_files, expectation_of, host_context, plan_host
 from mgpu_provision.rig import LoadedRig, load_rig
 from mgpu_provision.rig.models import Health, Host
-from tests.factories import TOPOLOGIES, bus_id, case_facts, facts, gpu
-from tests.unit.test_agent_bundle import NODE_PYTHON, TWINS, run_agent
-from tests.unit.test_plan_cases import CASES, load_case
+from tests.support.agent import NODE_PYTHON, TWINS, run_agent
+from tests.support.factories import TOPOLOGIES, bus_id, case_facts, facts, gpu
+from tests.support.plan_cases import CASES, load_case
 
 PAIR = Expectation(gpu_model="NVIDIA GeForce RTX 3090", gpu_count=2, critical_xids=health.CRITICAL_XIDS)
 OK = {"nvml": "ok", "version": "550.54.15", "installed": "550.54.15", "loaded": "550.54.15"}

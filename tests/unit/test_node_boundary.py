@@ -18,7 +18,14 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision.fleet.bundle import agent_files
-from tests.support.imports import PACKAGE, import_graph, imported_modules, package_files, package_of
+from tests.support.imports import (
+    PACKAGE,
+    import_graph,
+    imported_modules,
+    package_files,
+    package_of,
+    write_package,
+)
 
 JUDGE = sorted((PACKAGE / "judge").rglob("*.py"))
 CATALOG = sorted((PACKAGE / "catalog").rglob("*.py"))
@@ -114,20 +121,20 @@ def test_nothing_outside_node_imports_the_node_package() -> None:
 
 
 def test_an_import_of_node_code_from_outside_is_caught(tmp_path: Path) -> None:
-    package = tmp_path / "mgpu_provision"
-    for rel, text in {
-        "__init__.py": "",
-        "node/__init__.py": "",
-        "node/host/__init__.py": "",
-        "node/host/machine.py": "from ...catalog import cpulist\n",
-        "catalog/__init__.py": "",
-        "catalog/cpulist.py": "",
-        "plan/__init__.py": "",
-        "plan/slurm.py": "def cores():\n    from ..node.host import machine\n",
-        "rig/__init__.py": "from .. import node\n",
-    }.items():
-        (package / rel).parent.mkdir(parents=True, exist_ok=True)
-        (package / rel).write_text(text)
+    package = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "node/__init__.py": "",
+            "node/host/__init__.py": "",
+            "node/host/machine.py": "from ...catalog import cpulist\n",
+            "catalog/__init__.py": "",
+            "catalog/cpulist.py": "",
+            "plan/__init__.py": "",
+            "plan/slurm.py": "def cores():\n    from ..node.host import machine\n",
+            "rig/__init__.py": "from .. import node\n",
+        },
+    )
     assert node_importers(import_graph(package)) == [
         "mgpu_provision.plan.slurm -> mgpu_provision.node.host.machine",
         "mgpu_provision.rig -> mgpu_provision.node",

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from mgpu_provision.node.verbs import check
-from tests.factories import rtx3090_twin
-from tests.hosts import skip_or_fail
-from tests.node_check_helpers import PAIR, Node
+from tests.support.factories import rtx3090_twin
+from tests.support.hosts import skip_or_fail
+from tests.support.node_check_helpers import PAIR, Node
 
 
 @pytest.fixture
@@ -168,3 +168,14 @@ def test_a_user_other_than_root_is_told_so_with_exit_1(node: Node) -> None:
         == "mgpu-provision-check: cannot check: must run as root (it reads every GPU and the managed files)\n"
     )
     assert not node.prom.exists()
+
+
+def test_the_node_check_reads_the_cdi_specs_it_judges(node: Node) -> None:
+    """The check's own facts child asks for the containers facts the expectation's judge needs: a box
+    without the spec fails on the spec, not on facts it never asked for."""
+    node.set_twin(rtx3090_twin(containers={"toolkit": "1.17.8"}))
+    spec = "/etc/cdi/mgpu-provision-test-absent.yaml"  # read only: no test writes the machine's /etc/cdi
+    node.expect(PAIR._replace(containers=True, toolkit_version="1.17.8", cdi_spec=spec))
+    result = node.run()
+    assert result.returncode == 2, result.stderr
+    assert f"FAIL cdi: no CDI spec at {spec} for nvidia.com/gpu" in result.stdout.splitlines()

@@ -19,8 +19,8 @@ from mgpu_provision.judge.records import expectation_from_json
 from mgpu_provision.plan.host import expectation_of, facts_request, host_context, plan_host
 from mgpu_provision.plan.resources import node_check
 from mgpu_provision.rig import LoadedRig, load_rig
-from tests.factories import facts
-from tests.hosts import skip_or_fail
+from tests.support.factories import facts
+from tests.support.hosts import skip_or_fail
 
 RIG = """\
 version: 1

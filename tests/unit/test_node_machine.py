@@ -10,7 +10,7 @@ import pytest
 from mgpu_provision.catalog.cpulist import parse_cpu_list
 from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.host import machine
-from tests.factories import facts_from_twin, write_twin
+from tests.support.factories import facts_from_twin, write_twin
 
 DEEPOPS_TOPOLOGY = """\
 \tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity

@@ -31,7 +31,7 @@ from mgpu_provision.jobs.plan import FleetPlan, HostPlan
 from mgpu_provision.jobs.reclaim import HostReclaim, ReclaimedProcess
 from mgpu_provision.jobs.smoke import GroupReport, NodeReport, SmokeReport
 from mgpu_provision.plan.change import Change
-from tests import factories
+from tests.support import factories
 
 # A title change, a bell, a colour and a screen clear: what a terminal would obey if sent raw.
 ESC_TEXT = "\x1b]0;owned\x07\x1b[31mred\x1b[2J"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mgpu_provision.cli import build_parser
 from mgpu_provision.commands import paths
-from tests.hosts import skip_or_fail
+from tests.support.hosts import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD_RIG = """\

@@ -12,7 +12,6 @@ the agent's door (`protocol.check_step`), so each case also holds a producer of 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -20,14 +19,8 @@ import yaml
 from mgpu_provision import protocol
 from mgpu_provision.plan.host import plan_host
 from mgpu_provision.rig import load_rig
-from tests.factories import TOPOLOGIES, case_facts
-
-CASES_DIR = Path(__file__).parent / "plan_cases"
-CASES = sorted(CASES_DIR.glob("*.yaml"))
-
-def load_case(path: Path) -> dict[str, Any]:
-    case: dict[str, Any] = yaml.safe_load(path.read_text())
-    return case
+from tests.support.factories import TOPOLOGIES, case_facts
+from tests.support.plan_cases import CASES, load_case
 
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)

@@ -17,7 +17,7 @@ from mgpu_provision.node.core import system
 from mgpu_provision.node.nvidia.select import select_backend
 from mgpu_provision.plan.host import plan_host
 from mgpu_provision.rig import load_rig
-from tests.factories import facts_from_twin, write_twin
+from tests.support.factories import facts_from_twin, write_twin
 
 OS_RELEASES = Path(__file__).resolve().parents[1] / "fixtures" / "os-release"
 VERSION = "550.90.07"

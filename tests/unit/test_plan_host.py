@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision import protocol
+from mgpu_provision.plan import host
+from mgpu_provision.plan.change import HostContext
+from mgpu_provision.plan.files import DesiredFile, ManagedFiles
 from mgpu_provision.plan.host import facts_request, plan_host
 from mgpu_provision.rig import LoadedRig, load_rig
-from tests.factories import TOPOLOGIES, case_facts
+from mgpu_provision.rig.models import Host
+from tests.support.factories import TOPOLOGIES, case_facts
 
 PAIR_BOX = {"box": {"topology": "2x-rtx3090-nvlink-bridge.txt", "model": "NVIDIA GeForce RTX 3090"}}
 RIG = """
@@ -58,6 +63,7 @@ def test_facts_request_names_managed_files_x_config_and_smoke_python(loaded: Loa
         "driver_packages": [],
         "state_dir": "/var/lib/mgpu-provision",  # where the node keeps its health counter sample
         "slurm": False,  # the rig has no `slurm` section
+        "containers": None,  # nor a `containers` one
     }
 
 
@@ -99,3 +105,31 @@ def test_the_topology_file_is_read_once_when_the_rig_is_loaded(loaded: LoadedRig
     (tmp_path / "captured.txt").unlink()
     assert plan_host(loaded, loaded.host("gpu-a"), case_facts(PAIR_BOX)) == before
     assert loaded.topologies["pair"].gpu_count == 2
+
+
+def test_a_managed_file_is_one_registry_entry(loaded: LoadedRig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recipe of docs/ARCHITECTURE.md ("How to add a managed file"): one `FILES` entry, and the facts
+    ask for its path, the plan writes it, the node check's expectations hold its digest."""
+    motd = "/etc/motd.d/mgpu-provision"
+
+    def paths(loaded: LoadedRig, host: Host) -> list[str]:
+        return [motd] if host.os == "linux" else []
+
+    def desired(ctx: HostContext) -> list[DesiredFile]:
+        return [
+            DesiredFile(path, f"rig {ctx.host.rig}\n", "0644", "env") for path in paths(ctx.loaded, ctx.host)
+        ]
+
+    entry = ManagedFiles(paths, desired)
+    monkeypatch.setattr(host, "FILES", (*host.FILES, entry))
+    monkeypatch.setattr(host, "DIFFS", (*host.DIFFS, entry.changes))  # DIFFS takes FILES' diffs at import
+    gpu_a = loaded.host("gpu-a")
+    assert motd in host.facts_request(loaded, gpu_a)["files"]
+    box = case_facts(PAIR_BOX)
+    [change] = [c for c in host.plan_host(loaded, gpu_a, box) if c.resource == f"file:{motd}"]
+    assert (change.action, change.agent_step) == ("create", protocol.file_step(motd, "rig pair\n", "0644"))
+    assert (
+        host.expectation_of(loaded, gpu_a, box).files[motd]
+        == DesiredFile(motd, "rig pair\n", "0644", "env").sha256
+    )
+    assert motd not in host.facts_request(loaded, loaded.host("win"))["files"]

@@ -28,7 +28,7 @@ def test_shipped_playbooks() -> None:
     order twice, tied here (a phase added to one only fails this test)."""
     assert packaged_playbooks() == ["audit", "env", "provision"]
     assert tuple(s.name for s in load_playbook("provision").steps) == PHASES
-    assert PHASES == ("checks", "env", "sli", "persistence", "driver", "reboot")
+    assert PHASES == ("checks", "env", "sli", "persistence", "driver", "containers", "reboot")
     assert [s.name for s in load_playbook("audit").steps] == ["checks"]
     assert [s.name for s in load_playbook("env").steps] == ["env"]
 
@@ -80,9 +80,10 @@ def test_missing_playbook_file() -> None:
 
 def test_select_steps_by_tags() -> None:
     playbook = load_playbook("provision")
-    assert select_steps(playbook, None, None) == ("checks", "env", "sli", "persistence", "driver", "reboot")
+    every = ("checks", "env", "sli", "persistence", "driver", "containers", "reboot")
+    assert select_steps(playbook, None, None) == every
     assert select_steps(playbook, ["files"], None) == ("env", "sli")
-    assert select_steps(playbook, None, ["reboot", "gpu"]) == ("checks", "env", "sli")
+    assert select_steps(playbook, None, ["reboot", "gpu"]) == ("checks", "env", "sli", "containers")
     assert select_steps(playbook, ["driver"], ["reboot"]) == ("driver",)
 
 

@@ -12,8 +12,8 @@ import pytest
 from mgpu_provision.commands.output import pending_line
 from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.pool import run_fleet
-from tests.factories import local_target
-from tests.hosts import fake_agent
+from tests.support.factories import local_target
+from tests.support.hosts import fake_agent
 
 
 def test_the_pending_line_names_what_is_left() -> None:

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision import protocol
 from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.host import procs
 from mgpu_provision.node.host.procs import ProcInfo
 from mgpu_provision.node.verbs import reclaim
 from mgpu_provision.node.verbs.reclaim import Classification
 from mgpu_provision.protocol import BadRequest, check_args
-from tests.factories import INIT, SHELL, proc
+from tests.support.factories import INIT, SHELL, proc
 
 
 def table(*listed: ProcInfo) -> procs.Lookup:
@@ -191,7 +192,7 @@ def test_unknown_memory_use_still_counts_as_holding() -> None:
 )
 def test_arguments_that_do_not_fit_together_are_refused(args: dict[str, object], message: str) -> None:
     with pytest.raises(AgentFailure) as err:
-        reclaim.run(args, backend=None)  # type: ignore[arg-type]
+        reclaim.run(protocol.check_args("reclaim", args), backend=None)  # type: ignore[arg-type]
     assert err.value.kind == "bad-request"
     assert message in err.value.message
 
@@ -332,7 +333,7 @@ def fake_namespace(root: Path, link: str) -> str:
 def test_outside_the_initial_pid_namespace_nothing_is_ended(tmp_path: Path) -> None:
     root = fake_namespace(tmp_path, "pid:[4026532301]")
     with pytest.raises(AgentFailure) as err:
-        reclaim.run({"policy": "orphans", "dry_run": False}, HostPids(), root)  # type: ignore[arg-type]
+        reclaim.run(protocol.check_args("reclaim", {"policy": "orphans", "dry_run": False}), HostPids(), root)  # type: ignore[arg-type]
     assert err.value.kind == "pid-namespace"
     assert err.value.message == (
         "refusing to reclaim: the agent runs in pid namespace pid:[4026532301], not the host's "
@@ -349,7 +350,7 @@ def test_an_unreadable_pid_namespace_counts_as_foreign(tmp_path: Path) -> None:
 def test_in_the_initial_pid_namespace_reclaim_runs(tmp_path: Path) -> None:
     root = fake_namespace(tmp_path, "pid:[4026531836]")
     assert procs.pid_namespace_problem(root) is None
-    result = reclaim.run({"policy": "orphans"}, HostPids(), root)  # type: ignore[arg-type]
+    result = reclaim.run(protocol.check_args("reclaim", {"policy": "orphans"}), HostPids(), root)  # type: ignore[arg-type]
     assert result == {"processes": [], "freed_mib": 0, "not_holders": []}
 
 
@@ -358,5 +359,5 @@ def test_a_simulated_node_names_processes_as_the_agent_sees_them(tmp_path: Path)
         reports_host_pids = False
 
     root = fake_namespace(tmp_path, "pid:[4026532301]")
-    result = reclaim.run({"policy": "orphans"}, Twin(), root)  # type: ignore[arg-type]
+    result = reclaim.run(protocol.check_args("reclaim", {"policy": "orphans"}), Twin(), root)  # type: ignore[arg-type]
     assert result == {"processes": [], "freed_mib": 0, "not_holders": []}

@@ -17,7 +17,7 @@ from mgpu_provision.node.host import procs
 from mgpu_provision.node.host.procs import ProcInfo
 from mgpu_provision.node.verbs import reclaim
 from mgpu_provision.node.verbs.reclaim import OWN_GROUP, Classification
-from tests.factories import INIT, SHELL, job, proc, session
+from tests.support.factories import INIT, SHELL, job, proc, session
 
 RUN = "3f2a9c"
 PYTHON = "/usr/bin/python3"

@@ -19,7 +19,7 @@ from mgpu_provision.jobs import reclaim
 from mgpu_provision.jobs.reclaim import HostReclaim, ReclaimedProcess
 from mgpu_provision.protocol import facts_request
 from mgpu_provision.rig.models import Reclaim
-from tests import factories
+from tests.support import factories
 
 
 def row(pid: int, action: str, used_mib: int | None = 1000, gpu: int = 0, **kw: Any) -> dict[str, Any]:

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision import protocol
 from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.host import procs
 from mgpu_provision.node.host.procs import ProcInfo
 from mgpu_provision.node.nvidia.backend import NvmlUnavailable
 from mgpu_provision.node.verbs import reclaim
-from tests.reclaim_programs import IGNORE_TERM, SLEEP, SPAWN_MAIN, pids_in, script
+from tests.support.reclaim_programs import IGNORE_TERM, SLEEP, SPAWN_MAIN, pids_in, script
 
 MIB = 1024 * 1024
 # The main thread leaves through pthread_exit while another thread sleeps: the leader shows state Z.
@@ -197,7 +198,7 @@ def test_reclaim_ends_exactly_the_orphans(spawn: Spawner) -> None:
         {orphan: (0, 1000), stubborn: (1, 2000), defunct: (0, 300), child: (1, 4000), worker: (0, 8000)}
     )
 
-    dry = by_pid(reclaim.run({"policy": "orphans", "grace_s": 0.5}, backend))
+    dry = by_pid(reclaim.run(protocol.check_args("reclaim", {"policy": "orphans", "grace_s": 0.5}), backend))
     assert {pid: row["action"] for pid, row in dry.items()} == {
         orphan: "would-end",
         stubborn: "would-end",
@@ -221,7 +222,9 @@ def test_reclaim_ends_exactly_the_orphans(spawn: Spawner) -> None:
     assert all(alive(pid) for pid in (orphan, stubborn, defunct, child, worker))
 
     started = time.monotonic()
-    done = reclaim.run({"policy": "orphans", "grace_s": 0.5, "dry_run": False}, backend)
+    done = reclaim.run(
+        protocol.check_args("reclaim", {"policy": "orphans", "grace_s": 0.5, "dry_run": False}), backend
+    )
     rows = by_pid(done)
     assert time.monotonic() - started >= 0.5
     assert rows[orphan]["action"] == "ended" and rows[orphan]["reason"].endswith("; ended by SIGTERM")  # type: ignore[union-attr]
@@ -233,7 +236,9 @@ def test_reclaim_ends_exactly_the_orphans(spawn: Spawner) -> None:
     assert alive(child) and alive(worker) and alive(launcher)
 
     assert backend.opened == 0  # NVML is released after each listing
-    again = reclaim.run({"policy": "orphans", "grace_s": 0.5, "dry_run": False}, backend)
+    again = reclaim.run(
+        protocol.check_args("reclaim", {"policy": "orphans", "grace_s": 0.5, "dry_run": False}), backend
+    )
     assert {pid: row["action"] for pid, row in by_pid(again).items()} == {child: "keep", worker: "keep"}
     assert again["freed_mib"] == 0
 
@@ -243,7 +248,7 @@ def test_patterns_end_a_live_child_and_refuse_the_agent_and_its_ancestors(spawn:
     me, parent = os.getpid(), os.getppid()
     backend = FakeBackend({child: (0, 500), me: (0, 10), parent: (1, 10)})
     args = {"policy": "orphans+patterns", "patterns": ["^sleep 300$", "."], "grace_s": 2}
-    rows = by_pid(reclaim.run({**args, "dry_run": False}, backend))
+    rows = by_pid(reclaim.run(protocol.check_args("reclaim", {**args, "dry_run": False}), backend))
     assert rows[child]["action"] == "ended"
     assert rows[child]["reason"] == "command matches '^sleep 300$'; ended by SIGTERM"
     assert rows[me]["action"] == "refused"
@@ -276,7 +281,9 @@ def test_a_process_gone_before_the_signal_counts_as_ended(spawn: Spawner) -> Non
 
 def test_dead_holders_are_not_listed() -> None:
     finished = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
-    result = reclaim.run({"policy": "orphans"}, FakeBackend({int(finished.stdout): (0, 100)}))
+    result = reclaim.run(
+        protocol.check_args("reclaim", {"policy": "orphans"}), FakeBackend({int(finished.stdout): (0, 100)})
+    )
     assert result == {"processes": [], "freed_mib": 0, "not_holders": []}
 
 
@@ -286,7 +293,7 @@ def test_nvml_unavailable_is_an_agent_failure_with_the_reason() -> None:
             raise NvmlUnavailable("driver-not-loaded", "the NVIDIA kernel module is not loaded")
 
     with pytest.raises(AgentFailure) as err:
-        reclaim.run({"policy": "orphans"}, NoDriver({}))
+        reclaim.run(protocol.check_args("reclaim", {"policy": "orphans"}), NoDriver({}))
     assert err.value.kind == "nvml"  # a declared kind (protocol.ERROR_KINDS); NVML's reason in the words
     assert err.value.message == (
         "cannot list the processes holding GPU memory (driver-not-loaded): "
@@ -299,7 +306,11 @@ def test_jobs_whose_shell_exited_are_kept_when_started_with_nohup_or_setsid(spaw
     setsid = spawn.background("setsid sleep 300", session=False)
     leftover = spawn.orphan()
     backend = FakeBackend({nohup: (0, 100), setsid: (0, 200), leftover: (1, 300)})
-    rows = by_pid(reclaim.run({"policy": "orphans", "grace_s": 1, "dry_run": False}, backend))
+    rows = by_pid(
+        reclaim.run(
+            protocol.check_args("reclaim", {"policy": "orphans", "grace_s": 1, "dry_run": False}), backend
+        )
+    )
     assert {pid: (row["action"], row["reason"]) for pid, row in rows.items() if pid != leftover} == {
         nohup: ("keep", "it ignores SIGHUP: started with nohup to outlive its shell"),
         setsid: ("keep", reclaim.OWN_GROUP),
@@ -312,7 +323,7 @@ def test_pid_ends_exactly_the_named_process(spawn: Spawner) -> None:
     backgrounded = spawn.background("sleep 300")  # by a wrapper that exited: nothing marks it as a worker
     other = spawn.background("sleep 300")
     backend = FakeBackend({backgrounded: (0, 100), other: (1, 200)})
-    rows = by_pid(reclaim.run({"policy": "orphans"}, backend))
+    rows = by_pid(reclaim.run(protocol.check_args("reclaim", {"policy": "orphans"}), backend))
     info = procs.read_proc(backgrounded)
     assert info is not None
     assert rows[backgrounded]["action"] == "keep"
@@ -321,7 +332,10 @@ def test_pid_ends_exactly_the_named_process(spawn: Spawner) -> None:
         f"(a backgrounded job? a fork-mode child?); `reclaim --pid {backgrounded}` ends exactly it"
     )
     done = reclaim.run(
-        {"policy": "orphans", "grace_s": 1, "dry_run": False, "pids": [backgrounded, 1]}, backend
+        protocol.check_args(
+            "reclaim", {"policy": "orphans", "grace_s": 1, "dry_run": False, "pids": [backgrounded, 1]}
+        ),
+        backend,
     )
     rows = by_pid(done)
     assert (rows[backgrounded]["action"], rows[other]["action"]) == ("ended", "keep")
@@ -337,7 +351,7 @@ def test_mps_clients_are_listed_with_their_server(spawn: Spawner, tmp_path: Path
     client = spawn.child()
     backend = FakeBackend({server: (0, 300)}, mps_clients={client: (0, 900)})
     args = {"policy": "orphans+patterns", "patterns": ["mps"]}
-    rows = by_pid(reclaim.run(args, backend))
+    rows = by_pid(reclaim.run(protocol.check_args("reclaim", args), backend))
     assert rows[client]["mps_server"] == server and rows[client]["action"] == "keep"
     assert rows[server]["mps_server"] is None
     assert (rows[server]["action"], rows[server]["reason"]) == (
@@ -349,7 +363,11 @@ def test_mps_clients_are_listed_with_their_server(spawn: Spawner, tmp_path: Path
 def test_a_process_that_let_go_of_the_gpu_is_left_alone(spawn: Spawner) -> None:
     pid = spawn.orphan()
     backend = FakeBackend({pid: (0, 100)}, released=(pid,))
-    row = by_pid(reclaim.run({"policy": "orphans", "grace_s": 1, "dry_run": False}, backend))[pid]
+    row = by_pid(
+        reclaim.run(
+            protocol.check_args("reclaim", {"policy": "orphans", "grace_s": 1, "dry_run": False}), backend
+        )
+    )[pid]
     assert row["action"] == "keep"
     assert row["reason"].endswith("; left alone: it has no /dev/nvidia* file open any more")  # type: ignore[union-attr]
     assert alive(pid)

@@ -18,7 +18,7 @@ import pytest
 from mgpu_provision.errors import ProvisionError, SpecError
 from mgpu_provision.rig import cache, loader
 from mgpu_provision.rig.cache import check_rig, load_rig
-from tests.hosts import skip_or_fail
+from tests.support.hosts import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "tests" / "unit" / "rigs" / "topo-2x-rtx3090.txt"
@@ -171,3 +171,12 @@ def test_the_fingerprint_covers_every_module_that_loading_a_rig_imports() -> Non
     loaded = {Path(line).resolve() for line in done.stdout.split()}
     covered = {path.resolve() for path in cache.code_files()}
     assert loaded and loaded <= covered, sorted(str(p) for p in loaded - covered)
+
+
+def test_an_edited_agent_installer_leaves_cached_rigs_valid() -> None:
+    """Loading a rig runs the catalog's tables, not the agent: an edit to `node/packages/apt.py` must not
+    make every cached rig a miss (it did while the rules read package names from node/packages/)."""
+    files = {path.resolve() for path in cache.code_files()}
+    package = Path(cache.__file__).resolve().parents[1]
+    assert package / "catalog" / "names.py" in files
+    assert not [path for path in files if (package / "node") in path.parents]

@@ -15,7 +15,7 @@ from mgpu_provision.plan.change import HostContext
 from mgpu_provision.plan.host import facts_request, plan_host
 from mgpu_provision.plan.resources import slurm
 from mgpu_provision.rig import LoadedRig, load_rig
-from tests.factories import facts_from_twin, write_twin
+from tests.support.factories import facts_from_twin, write_twin
 
 # A box with SMT on: 2 sockets x 4 cores x 2 threads; topo -m prints OS CPU ids, siblings included, as
 # DeepOps copied them into gres.conf (NVIDIA/deepops#1195).

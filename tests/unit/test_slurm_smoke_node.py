@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision import protocol
 from mgpu_provision.node.verbs import slurm_smoke, smoke
 
 ARGS = {
@@ -19,7 +20,7 @@ ARGS = {
 
 
 def test_srun_bounds_the_wait_for_nodes_and_ends_the_step_when_a_rank_fails() -> None:
-    req = smoke.Request(ARGS)
+    req = smoke.Request(protocol.check_args("smoke", ARGS))
     command = slurm_smoke.srun_command("/usr/bin/srun", req, ["na", "nb"])
     folder = slurm_smoke.workdir("mgpu-smoke-abc")
     assert command[:8] == [
@@ -43,11 +44,13 @@ def test_prepare_writes_the_program_and_config_where_the_step_finds_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(slurm_smoke.tempfile, "gettempdir", lambda: str(tmp_path))
-    assert slurm_smoke.run({**ARGS, "action": "prepare"})["ok"]
+    assert slurm_smoke.run(protocol.check_args("slurm-smoke", {**ARGS, "action": "prepare"}))["ok"]
     folder = Path(slurm_smoke.workdir("mgpu-smoke-abc"))
     assert (folder / "mgpu_smoke_program.py").read_bytes() == smoke.program_source()
     (folder / "out" / "rank-1.json").write_text('{"rank": 1, "ok": true}')
-    assert slurm_smoke.run({**ARGS, "action": "collect"})["ranks"] == [{"rank": 1, "ok": True}]
+    assert slurm_smoke.run(protocol.check_args("slurm-smoke", {**ARGS, "action": "collect"}))["ranks"] == [
+        {"rank": 1, "ok": True}
+    ]
     assert not folder.exists()
 
 
@@ -64,7 +67,9 @@ def test_a_step_past_the_deadline_is_ended_through_srun_and_reported_with_its_jo
     )
     fake.chmod(0o755)
     monkeypatch.setattr(slurm_smoke, "find_tool", lambda name: str(fake))
-    result = slurm_smoke.run({**ARGS, "timeout_s": 1, "action": "run", "nodes": ["na", "nb"]})
+    result = slurm_smoke.run(
+        protocol.check_args("slurm-smoke", {**ARGS, "timeout_s": 1, "action": "run", "nodes": ["na", "nb"]})
+    )
     assert (result["ok"], result["kind"], result["job_id"], result["exit_code"]) == (
         False,
         "timeout",
@@ -81,7 +86,12 @@ def test_nodes_that_share_tmp_prepare_the_same_folder_at_once(
 ) -> None:
     monkeypatch.setattr(slurm_smoke.tempfile, "gettempdir", lambda: str(tmp_path))
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda _: slurm_smoke.run({**ARGS, "action": "prepare"}), range(32)))
+        results = list(
+            pool.map(
+                lambda _: slurm_smoke.run(protocol.check_args("slurm-smoke", {**ARGS, "action": "prepare"})),
+                range(32),
+            )
+        )
     assert all(r["ok"] for r in results), results
     folder = Path(slurm_smoke.workdir("mgpu-smoke-abc"))
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "mgpu_smoke_program.py", "out"]

@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 import yaml
 
+from mgpu_provision import protocol
 from mgpu_provision.fleet.pool import HostOutcome
 from mgpu_provision.jobs import smoke as control
 from mgpu_provision.node.verbs import smoke as node
 from mgpu_provision.node.verbs.smoke_program import bus_bandwidth, sizes_that_fit
 from mgpu_provision.node.verbs.smoke_watch import LoadSampler, transport, transport_problem
 from mgpu_provision.rig import load_rig
-from tests.smoke_helpers import node_args, processes_of_run, run_id
-from tests.unit.test_smoke_control import HOSTS, ok_outcome, plan, rig_file
+from tests.support.smoke_control import HOSTS, ok_outcome, plan, rig_file
+from tests.support.smoke_helpers import node_args, processes_of_run, run_id
 
 NCCL = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 
@@ -28,7 +29,7 @@ def defaults(**over: Any) -> node.Request:
     """A request that leaves sizes and iterations to the node."""
     args = node_args("r", 1, 0, **over)
     del args["sizes_mib"], args["iters"]
-    return node.Request(args)
+    return node.Request(protocol.check_args("smoke", args))
 
 
 def test_sizes_reach_4_gib_where_nvlink_or_nvswitch_joins_the_gpus() -> None:
@@ -52,7 +53,9 @@ def test_busbw_is_nccl_tests_all_reduce_factor() -> None:
 
 
 def test_nccl_runs_ask_for_nccl_s_transport_log_and_the_rig_s_setting_wins() -> None:
-    req = node.Request(node_args("r", 1, 0, backend="nccl", env={"NCCL_DEBUG": "WARN"}))
+    req = node.Request(
+        protocol.check_args("smoke", node_args("r", 1, 0, backend="nccl", env={"NCCL_DEBUG": "WARN"}))
+    )
     env = node.child_environment(req, {})
     assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"]) == ("WARN", "INIT,GRAPH")
     assert node.child_environment(req, {}, rig_env=False)["NCCL_DEBUG"] == "INFO"
@@ -114,13 +117,13 @@ def test_a_node_whose_rank_log_shows_shm_on_an_nvlink_rig_fails_smoke(
         run_id(), 29999, 0, nnodes=1, backend="nccl", python=str(tmp_path / "python"),
         launcher=str(tmp_path / "mgpu-torchrun"), timeout_s=30, interconnect="nvlink",
     )  # fmt: skip
-    result = node.run(args)
+    result = node.run(protocol.check_args("smoke", args))
     assert (result["ok"], result["kind"]) == (False, "transport"), result
     assert result["diagnosis"].endswith("NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct")
     assert result["transport"]["intra_node"] == ["SHM/direct/direct"]
     assert processes_of_run(args["run_id"]) == []
     args["interconnect"] = "pcie"  # the same log on a PCIe box: SHM is how its GPUs talk
-    assert node.run(args)["ok"]
+    assert node.run(protocol.check_args("smoke", args))["ok"]
 
 
 class BusyGpus:

@@ -27,11 +27,18 @@ from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.host import files
 from mgpu_provision.node.verbs import smoke as node
 from mgpu_provision.protocol import BadRequest, check_args
-from tests.smoke_helpers import FAIL_TIMEOUT_S, free_port, listening, node_args, processes_of_run, run_id
+from tests.support.smoke_helpers import (
+    FAIL_TIMEOUT_S,
+    free_port,
+    listening,
+    node_args,
+    processes_of_run,
+    run_id,
+)
 
 
 def request(**over: Any) -> node.Request:
-    return node.Request({**node_args("r1", 29500, 0), **over})
+    return node.Request(protocol.check_args("smoke", {**node_args("r1", 29500, 0), **over}))
 
 
 # ---- the request -------------------------------------------------------------------------------------
@@ -183,9 +190,21 @@ def test_installed_file_problems_name_the_file_and_the_line(
 def test_missing_or_stale_files_fail_the_node_before_anything_starts(tmp_path: Path) -> None:
     stale = installed(tmp_path, LAUNCHER.replace("node_rank=1", "node_rank=0"))
     gone = {"role": "env file", "path": str(tmp_path / "profile.sh"), "content": "x\n", "mode": "0644"}
-    started = time.monotonic()
-    result = node.run(node_args(run_id(), free_port(), 1, launcher=stale["path"], files=[stale, gone]))
-    assert time.monotonic() - started < 2  # no torch import, no torchrun
+    # The interpreter leaves a mark if anything runs it (the torch probe, torchrun): the files are checked
+    # first. A mark, not a stopwatch: under a loaded machine a timing bound fails a correct run.
+    started = tmp_path / "python-ran"
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\ntouch {started}\n")
+    python.chmod(0o755)
+    result = node.run(
+        protocol.check_args(
+            "smoke",
+            node_args(
+                run_id(), free_port(), 1, python=str(python), launcher=stale["path"], files=[stale, gone]
+            ),
+        )
+    )
+    assert not started.exists()
     assert (result["ok"], result["kind"], result["ranks"]) == (False, "not-applied", [])
     assert result["diagnosis"] == (
         f"launcher {stale['path']} is stale: run apply (line 3 is `node_rank=0`, the rig file renders "
@@ -361,7 +380,9 @@ def node_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_two_nodes_of_two_ranks_pass_with_per_rank_results(node_tmp: Path) -> None:
     rid, port = run_id(), free_port()
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda r: node.run(node_args(rid, port, r)), [0, 1]))
+        results = list(
+            pool.map(lambda r: node.run(protocol.check_args("smoke", node_args(rid, port, r))), [0, 1])
+        )
     for node_rank, result in enumerate(results):
         assert result["ok"], result
         assert result["node_rank"] == node_rank and result["leftover_pids"] == []
@@ -379,13 +400,21 @@ def test_two_nodes_of_two_ranks_pass_with_per_rank_results(node_tmp: Path) -> No
 
 
 def test_torch_missing_names_interpreter_and_node() -> None:
-    result = node.run(node_args(run_id(), free_port(), 1, python="/usr/bin/python3", node="gpu-b"))
+    result = node.run(
+        protocol.check_args(
+            "smoke", node_args(run_id(), free_port(), 1, python="/usr/bin/python3", node="gpu-b")
+        )
+    )
     assert result["ok"] is False and result["kind"] == "torch-missing"
     assert result["diagnosis"] == "torch is not installed in /usr/bin/python3 on gpu-b"
 
 
 def test_missing_interpreter_is_named() -> None:
-    result = node.run(node_args(run_id(), free_port(), 0, python="/nonexistent/python3", node="gpu-a"))
+    result = node.run(
+        protocol.check_args(
+            "smoke", node_args(run_id(), free_port(), 0, python="/nonexistent/python3", node="gpu-a")
+        )
+    )
     assert (result["kind"], result["diagnosis"]) == (
         "python-missing",
         "/nonexistent/python3 does not exist on gpu-a",
@@ -396,7 +425,7 @@ def test_missing_interpreter_is_named() -> None:
 def test_nccl_with_a_torch_that_cannot_use_cuda_fails_the_node_before_anything_starts() -> None:
     """No usable CUDA here (CI has no GPU): the rig's nccl must not become a quiet Gloo run on the CPU."""
     args = node_args(run_id(), free_port(), 0, backend="nccl", node="gpu-a")
-    result = node.run(args, simulated=False)
+    result = node.run(protocol.check_args("smoke", args), simulated=False)
     assert (result["ok"], result["kind"], result["ranks"]) == (False, "no-cuda", [])
     assert result["backend"] == "nccl" and result["simulated"] is False
     assert result["diagnosis"].startswith("the rig says nccl, but torch 2.")
@@ -436,21 +465,30 @@ def test_why_nccl_cannot_run_is_said(
     args = node_args(
         "r1", 29500, 0, backend="nccl", python="/p", node="gpu-a", env={"CUDA_VISIBLE_DEVICES": "3"}
     )
-    refused = node.probe_torch(node.Request(args))
+    refused = node.probe_torch(node.Request(protocol.check_args("smoke", args)))
     assert refused is not None and refused["kind"] == "no-cuda"
     assert refused["diagnosis"].endswith(why), refused["diagnosis"]
     assert (
-        node.probe_torch(node.Request(args, simulated=True)) is None
+        node.probe_torch(node.Request(protocol.check_args("smoke", args), simulated=True)) is None
     )  # a twin's GPUs: Gloo, said in the report
 
 
 def test_sizes_reach_the_bus_plateau_on_gpus_and_stay_small_on_the_cpu() -> None:
     without = {k: v for k, v in node_args("r1", 29500, 0).items() if k != "sizes_mib"}
-    assert node.Request({**without, "backend": "nccl"}).sizes_mib == node.GPU_SIZES_MIB
+    assert (
+        node.Request(protocol.check_args("smoke", {**without, "backend": "nccl"})).sizes_mib
+        == node.GPU_SIZES_MIB
+    )
     assert max(node.GPU_SIZES_MIB) >= 128
-    assert node.Request({**without, "backend": "nccl"}, simulated=True).sizes_mib == node.CPU_SIZES_MIB
-    assert node.Request({**without, "backend": "gloo"}).sizes_mib == node.CPU_SIZES_MIB
-    assert node.Request({**without, "sizes_mib": [8]}).sizes_mib == [8.0]
+    assert (
+        node.Request(protocol.check_args("smoke", {**without, "backend": "nccl"}), simulated=True).sizes_mib
+        == node.CPU_SIZES_MIB
+    )
+    assert (
+        node.Request(protocol.check_args("smoke", {**without, "backend": "gloo"})).sizes_mib
+        == node.CPU_SIZES_MIB
+    )
+    assert node.Request(protocol.check_args("smoke", {**without, "sizes_mib": [8]})).sizes_mib == [8.0]
 
 
 @pytest.mark.torch
@@ -460,7 +498,7 @@ def test_rendezvous_port_held_by_another_program_fails_fast_naming_it(node_tmp: 
         squatter.bind(("127.0.0.1", port))
         squatter.listen()
         started = time.monotonic()
-        result = node.run(node_args(rid, port, 0, timeout_s=FAIL_TIMEOUT_S))
+        result = node.run(protocol.check_args("smoke", node_args(rid, port, 0, timeout_s=FAIL_TIMEOUT_S)))
         elapsed = time.monotonic() - started
     assert result["kind"] == "port-in-use", result
     assert result["diagnosis"] == f"rendezvous port {port} on 127.0.0.1 is already in use"
@@ -472,7 +510,7 @@ def test_rendezvous_port_held_by_another_program_fails_fast_naming_it(node_tmp: 
 def test_master_where_nothing_listens_fails_within_the_rendezvous_timeout() -> None:
     rid, port = run_id(), free_port()
     started = time.monotonic()
-    result = node.run(node_args(rid, port, 1, timeout_s=FAIL_TIMEOUT_S))
+    result = node.run(protocol.check_args("smoke", node_args(rid, port, 1, timeout_s=FAIL_TIMEOUT_S)))
     assert time.monotonic() - started < FAIL_TIMEOUT_S
     assert result["kind"] == "rendezvous-unreachable", result
     assert result["diagnosis"].startswith(f"rendezvous endpoint 127.0.0.1:{port} unreachable")
@@ -483,7 +521,7 @@ def test_master_where_nothing_listens_fails_within_the_rendezvous_timeout() -> N
 def test_peer_that_never_starts_fails_the_master_within_its_timeout() -> None:
     rid, port = run_id(), free_port()
     started = time.monotonic()
-    result = node.run(node_args(rid, port, 0, timeout_s=FAIL_TIMEOUT_S))
+    result = node.run(protocol.check_args("smoke", node_args(rid, port, 0, timeout_s=FAIL_TIMEOUT_S)))
     assert time.monotonic() - started < FAIL_TIMEOUT_S
     assert result["kind"] == "rendezvous-timeout", result
     assert f"timed out waiting for peers at 127.0.0.1:{port}: 1 of 2 nodes joined" in result["diagnosis"]
@@ -497,7 +535,7 @@ def test_hang_is_killed_at_the_deadline_leaving_nothing_behind() -> None:
         silent.bind(("127.0.0.1", port))
         silent.listen()
         started = time.monotonic()
-        result = node.run(node_args(rid, port, 1, timeout_s=8))
+        result = node.run(protocol.check_args("smoke", node_args(rid, port, 1, timeout_s=8)))
         elapsed = time.monotonic() - started
         assert processes_of_run(rid) == []
     assert result["kind"] == "timeout" and result["timed_out"] is True, result
@@ -565,7 +603,9 @@ def test_peer_agent_that_leaves_without_its_exit_barrier_costs_seconds_not_the_d
     wrapper = tmp_path / "abort_after_result.py"
     wrapper.write_text(ABORT_AFTER_RESULT)
     program = Path(node.__file__).with_name("smoke_program.py")
-    peer_request = node.Request(node_args(rid, port, 1, timeout_s=BARRIER_TEST_TIMEOUT_S))
+    peer_request = node.Request(
+        protocol.check_args("smoke", node_args(rid, port, 1, timeout_s=BARRIER_TEST_TIMEOUT_S))
+    )
     peer = subprocess.Popen(
         [*node.torchrun_command(peer_request, str(wrapper), str(program)), str(config)],
         env=dict(node.child_environment(peer_request, dict(os.environ)), TMPDIR=str(tmp_path)),
@@ -574,7 +614,9 @@ def test_peer_agent_that_leaves_without_its_exit_barrier_costs_seconds_not_the_d
     )
     try:
         started = time.monotonic()
-        result = node.run(node_args(rid, port, 0, timeout_s=BARRIER_TEST_TIMEOUT_S))
+        result = node.run(
+            protocol.check_args("smoke", node_args(rid, port, 0, timeout_s=BARRIER_TEST_TIMEOUT_S))
+        )
         elapsed = time.monotonic() - started
         peer_log = peer.communicate(timeout=BARRIER_TEST_TIMEOUT_S)[0].decode(errors="replace")
     finally:
@@ -666,7 +708,7 @@ def test_data_parallel_runs_alone_after_every_rank_has_ended(cuda_node: tuple[di
     """Beside live ranks DataParallel cannot open its contexts under EXCLUSIVE_PROCESS: the node runs it as
     one process once torchrun and every rank (even one lingering after its result) are gone."""
     args, record = cuda_node
-    result = node.run(args)
+    result = node.run(protocol.check_args("smoke", args))
     assert result["ok"], result
     [dp] = records(record)
     assert dp["alive"] == []  # no rank, no torchrun: the lingering rank 1 was ended before it started
@@ -689,7 +731,9 @@ def test_data_parallel_runs_alone_after_every_rank_has_ended(cuda_node: tuple[di
 
 def test_data_parallel_is_not_run_on_gloo(cuda_node: tuple[dict[str, Any], Path]) -> None:
     args, record = cuda_node
-    result = node.run(args, simulated=True)  # a twin's GPUs: the ranks run Gloo on the CPU
+    result = node.run(
+        protocol.check_args("smoke", args), simulated=True
+    )  # a twin's GPUs: the ranks run Gloo on the CPU
     assert result["ok"] and result["backend"] == "gloo", result
     assert (result["data_parallel"], records(record)) == (None, [])
 
@@ -700,7 +744,7 @@ def test_a_data_parallel_process_that_hangs_fails_the_node_and_is_ended(
     args, record = cuda_node
     monkeypatch.setattr(protocol, "DATA_PARALLEL_TIMEOUT_S", 1.0)
     monkeypatch.setenv("FAKE_DP", "hang")
-    result = node.run(args)
+    result = node.run(protocol.check_args("smoke", args))
     assert (result["ok"], result["kind"]) == (False, "check-failed"), result
     assert result["diagnosis"].startswith("data_parallel: no result within 1 s")
     assert result["data_parallel"]["ok"] is False and len(records(record)) == 1

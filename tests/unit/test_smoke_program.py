@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision.node.verbs import smoke_program as program
-from tests.smoke_helpers import free_port
+from tests.support.smoke_helpers import free_port
 
 
 @pytest.mark.parametrize(("world", "factor"), [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.hosts import SilentServer, loopback_address
+from tests.support.hosts import SilentServer, loopback_address
 
 RIG = """\
 version: 1

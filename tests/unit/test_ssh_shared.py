@@ -13,7 +13,7 @@ import pytest
 from mgpu_provision.fleet.known_hosts import KnownHosts
 from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.ssh import _AcceptNew, make_connection, shared_ssh
-from tests.factories import ssh_target
+from tests.support.factories import ssh_target
 
 KEY = paramiko.ECDSAKey.generate()
 OTHER = paramiko.ECDSAKey.generate()

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from mgpu_provision.fleet.bundle import build_agent
 from mgpu_provision.fleet.session import agent_command
 from mgpu_provision.node.__main__ import unpack_beside
 from mgpu_provision.node.host.torch_probe import _TORCH_PROBE
-from tests.factories import FAKE_TORCH
+from tests.support.factories import FAKE_TORCH
 
 ROOT = Path(__file__).resolve().parents[2]
 TWIN = ROOT / "examples" / "twins" / "rtx3090-nvlink.yaml"
@@ -176,8 +177,18 @@ def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> Non
     assert "mgpu_provision.node.verbs.facts" in loaded
     node_only_elsewhere = {
         f"mgpu_provision.node.{name}"
-        for name in ("apply", "apt", "dnf", "runfile", "atomic", "smoke", "smoke_program", "gpu_settings")
+        for name in (
+            "verbs.apply",
+            "packages.apt",
+            "packages.dnf",
+            "packages.runfile",
+            "core.atomic",
+            "verbs.smoke",
+            "verbs.smoke_program",
+            "verbs.gpu_settings",
+        )
     }
+    assert all(find_spec(name) for name in node_only_elsewhere)  # real modules: a moved one must move here
     # The rare paths of the agent's own start (unpacking, a bug's traceback), a simulated reboot, and what
     # topology's dataclasses would load (it is NamedTuples for that).
     stdlib_only_elsewhere = {"shutil", "tempfile", "traceback", "zipfile", "uuid", "platform", "socket"}

@@ -194,6 +194,23 @@ class Backend(abc.ABC):
     def blacklist_nouveau(self) -> Tuple[bool, str]:
         """Keep nouveau from loading at the next boot."""
 
+    # --- the NVIDIA Container Toolkit ---
+    @abc.abstractmethod
+    def container_toolkit(self) -> Optional[str]:
+        """The toolkit's version (`nvidia-ctk --version`), None when it is not installed."""
+
+    @abc.abstractmethod
+    def install_container_toolkit(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        """Carry out a `container-toolkit` step: its packages at exactly the step's version."""
+
+    @abc.abstractmethod
+    def generate_cdi(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        """Carry out a `cdi-generate` step: `nvidia-ctk cdi generate` for the loaded driver, atomically."""
+
+    @abc.abstractmethod
+    def configure_runtime(self, runtime: str) -> Tuple[bool, str]:
+        """Carry out a `runtime-configure` step: `nvidia-ctk runtime configure --runtime=<runtime>`."""
+
     @abc.abstractmethod
     def reboot(self) -> Optional[Callable[[], None]]:
         """Reboot the node; what must only happen after the reply is sent is returned as a callable."""

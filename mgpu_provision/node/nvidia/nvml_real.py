@@ -18,7 +18,7 @@ from ...catalog.pci import sysfs_name
 from ..core import system
 from ..core.errors import AgentFailure
 from ..host import procs
-from ..packages import driver, imex, persistenced, runfile, services
+from ..packages import driver, imex, persistenced, runfile, services, toolkit
 from .backend import Backend, GpuLost, NoSuchLink, NvmlUnavailable, nvml_message
 from .nvml_health import RealHealth
 
@@ -120,6 +120,18 @@ class RealBackend(RealHealth, Backend):
 
     def install_driver(self, step: Dict[str, Any]) -> Tuple[bool, str]:
         return driver.install(step, self.installed_version())
+
+    def container_toolkit(self) -> Optional[str]:
+        return toolkit.installed_version()
+
+    def install_container_toolkit(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        return toolkit.install(step)
+
+    def generate_cdi(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        return toolkit.generate(step)
+
+    def configure_runtime(self, runtime: str) -> Tuple[bool, str]:
+        return toolkit.configure_runtime(runtime)
 
     def reboot(self) -> Optional[Callable[[], None]]:
         def later() -> None:

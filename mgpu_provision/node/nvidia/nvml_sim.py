@@ -7,6 +7,7 @@ links come and go as the twin's matrix and `nvlink_down` say, and a reboot yield
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...catalog import persistenced
@@ -165,9 +166,61 @@ class SimulatedBackend(SimulatedHealth, Backend):
             self.twin.state["next_kernel_module"] = module
         if changed:
             self.twin.save_state()
+            self._driver_files(target)
         if self.twin.loaded_version() != target:
             messages.append("reboot required to load it")
         return changed, "; ".join(messages) or f"driver {target} already installed"
+
+    def _driver_files(self, version: str) -> None:
+        """The installed driver's stand-in libraries under the twin's `containers.driver_root`, as a package
+        install replaces them: the new version's files in, the old one's out."""
+        from ..core.atomic import atomic_write  # only an install writes: facts must not load it
+        from . import ctk_sim
+
+        folder = self.twin.driver_root.rstrip("/") + ctk_sim.LIB_DIR if self.twin.driver_root else None
+        if folder is None or not os.path.isdir(folder):
+            return
+        for name in os.listdir(folder):
+            if name.startswith(ctk_sim.LIBRARIES) and not name.endswith("." + version):
+                os.unlink(os.path.join(folder, name))
+        for library in ctk_sim.LIBRARIES:
+            path = os.path.join(folder, "{}.{}".format(library, version))
+            if not os.path.exists(path):
+                atomic_write(path, b"", 0o755)
+
+    # --- the NVIDIA Container Toolkit: nvidia-ctk stands in as ctk_sim writes it ---
+    def container_toolkit(self) -> Optional[str]:
+        return self.twin.toolkit_version()
+
+    def install_container_toolkit(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        version = str(step["version"])
+        if self.twin.toolkit_version() == version:
+            return False, "NVIDIA Container Toolkit {} already installed".format(version)
+        self.twin.state["container_toolkit"] = version
+        self.twin.save_state()
+        return True, "installed NVIDIA Container Toolkit {} with {}".format(version, step["method"])
+
+    def generate_cdi(self, step: Dict[str, Any]) -> Tuple[bool, str]:
+        from . import ctk_sim
+
+        if self.twin.toolkit_version() is None:
+            raise AgentFailure("cdi", "nvidia-ctk: command not found (the toolkit is not installed)")
+        try:  # nvidia-ctk's nvml mode needs NVML: it fails before the reboot that loads a new driver
+            self.open()
+        except NvmlUnavailable as exc:
+            raise AgentFailure("cdi", "nvidia-ctk cdi generate failed: {}".format(exc.message)) from None
+        # A GPU in MIG mode gets no whole-GPU device (pkg/nvcdi/lib-nvml.go); the twin has no MIG instances.
+        gpus = [(index, str(gpu["uuid"]), int(gpu["minor"])) for index, gpu in enumerate(self.twin.gpus)
+                if not (self.mig_mode(index) or (False, False))[0]]  # fmt: skip
+        data = ctk_sim.spec(self.driver_version(), gpus, step["driver_root"], step["hook_path"])
+        return ctk_sim.write_spec(step["output"], data)
+
+    def configure_runtime(self, runtime: str) -> Tuple[bool, str]:
+        from . import ctk_sim
+
+        if self.twin.toolkit_version() is None:
+            raise AgentFailure("runtime", "nvidia-ctk: command not found (the toolkit is not installed)")
+        return ctk_sim.configure_runtime(runtime)
 
     def _target_version(self, step: Dict[str, Any]) -> str:
         if step["version"]:

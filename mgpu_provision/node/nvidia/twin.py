@@ -71,6 +71,13 @@ class Twin:
         self.processes: List[Dict[str, Any]] = [
             _mapping(p, "processes[]") for p in _list(data.get("processes"), "processes")
         ]
+        # The NVIDIA Container Toolkit (`containers.toolkit`: its installed version) and where the driver's
+        # stand-in files live (`containers.driver_root`): installs keep its libraries at the driver's version.
+        containers = _mapping(data.get("containers") or {}, "containers")
+        toolkit = containers.get("toolkit")
+        self.toolkit: Optional[str] = None if toolkit is None else str(toolkit)
+        root = containers.get("driver_root")
+        self.driver_root: Optional[str] = None if root is None else str(root)
         self.state_path = self.path + ".state.json"
         self.state: Dict[str, Any] = _read_state(self.state_path)
 
@@ -99,6 +106,9 @@ class Twin:
 
     def loaded_version(self) -> Optional[str]:
         return self.state.get("loaded", self.driver.get("loaded", self.driver.get("version")))
+
+    def toolkit_version(self) -> Optional[str]:
+        return self.state.get("container_toolkit", self.toolkit)
 
     def fabricmanager_version(self) -> Optional[str]:
         return self.state.get("fabricmanager", self.fabricmanager)

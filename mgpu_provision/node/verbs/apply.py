@@ -21,7 +21,6 @@ from ..nvidia.backend import Backend
 from . import gpu_settings
 
 BACKUP_SUFFIX = ".mgpu-provision.bak"
-DEFAULT_LOCK_WAIT_S = 10.0
 RESTART_TIMEOUT_S = 120
 
 StepResult = Tuple[bool, str]
@@ -30,7 +29,7 @@ StepResult = Tuple[bool, str]
 def same_node(args: Dict[str, Any], backend: Backend) -> None:
     """Refuse to change a node that is not what its facts said: a rehearsal on a simulated node must never
     reach the real machine (e.g. when sudo dropped the variable that points the agent at its twin)."""
-    expected = args.get("simulated")
+    expected = args["simulated"]
     if expected is not None and expected != backend.simulated:
         said, now = ("simulated", "a real machine") if expected else ("a real machine", "simulated")
         raise AgentFailure(
@@ -43,9 +42,9 @@ def same_node(args: Dict[str, Any], backend: Backend) -> None:
 def apply(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
     same_node(args, backend)
     lock = args["lock"]
-    steps = args.get("steps", [])
+    steps = args["steps"]
     results: List[Dict[str, Any]] = []
-    with HostLock(str(lock), float(args.get("lock_wait_s", DEFAULT_LOCK_WAIT_S))):
+    with HostLock(str(lock), float(args["lock_wait_s"])):
         failed = False
         for index, step in enumerate(steps):
             kind = step["kind"]
@@ -84,6 +83,9 @@ def run_step(step: Dict[str, Any], backend: Backend) -> StepResult:
         protocol.REMOVE: lambda s, b: remove_file(s["path"]),
         protocol.AGENT: lambda s, b: archive.install(s["path"], s["sha256"]),
         protocol.RESTART: lambda s, b: restart(s["command"]),
+        protocol.CONTAINER_TOOLKIT: lambda s, b: b.install_container_toolkit(s),
+        protocol.CDI_GENERATE: lambda s, b: b.generate_cdi(s),
+        protocol.RUNTIME_CONFIGURE: lambda s, b: b.configure_runtime(s["runtime"]),
     }
     return kinds[step["kind"]](step, backend)
 
@@ -145,11 +147,7 @@ def reboot(args: Dict[str, Any], backend: Backend) -> Tuple[Dict[str, Any], Opti
     another apply's steps; the lock is then held until this process ends with the reboot.
     """
     same_node(args, backend)
-    lock = (
-        HostLock(str(args["lock"]), float(args.get("lock_wait_s", DEFAULT_LOCK_WAIT_S)))
-        if args.get("lock")
-        else None
-    )
+    lock = HostLock(str(args["lock"]), float(args["lock_wait_s"])) if args["lock"] else None
     if lock is not None:
         lock.__enter__()
     old = backend.boot_id()

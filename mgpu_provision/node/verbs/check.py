@@ -110,7 +110,9 @@ def load_expectation(path: str) -> Expectation:
 def gather_facts(expect: Expectation, budget_s: float) -> Tuple[Optional[Dict[str, Any]], List[Finding]]:
     """(the facts, []) from the agent's facts verb in a child, or (None, [the timeout]) when the child did
     not answer within `budget_s`; a child that answers with an error is a CheckError."""
-    request = {"args": protocol.facts_request(files=sorted(expect.files)), "simulate": None}
+    runtimes = list(expect.runtimes) if expect.containers else None  # the containers judge needs them
+    args = protocol.facts_request(files=sorted(expect.files), containers=runtimes)
+    request = {"args": args, "simulate": None}
     child = subprocess.Popen(
         [sys.executable, "-S", "-I", "-c", _CHILD, agent_root()],
         stdin=subprocess.PIPE,

@@ -46,22 +46,36 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "fabricmanager": backend.fabric_manager(),
         "persistenced": backend.persistence_daemon(),
         "imex": backend.imex(),
-        "driver_mirror": backend.check_mirror(args["driver_repo"], args.get("driver_packages") or [])
-        if args.get("driver_repo")
+        "driver_mirror": backend.check_mirror(args["driver_repo"], args["driver_packages"])
+        if args["driver_repo"]
         else None,
-        "units": {str(unit): backend.unit_state(str(unit)) for unit in args.get("units") or ()},
-        "sli": files.read_sli(args.get("xorg_paths") or []),
-        "xorg_layouts": files.server_layouts(args.get("xorg_layout_paths") or []),
-        "files": [files.describe_file(p, bool(args.get("include_content"))) for p in args.get("files") or ()],
-        "torch": torch_probe.probe_torch(args["python"]) if args.get("python") else None,
+        "units": {str(unit): backend.unit_state(str(unit)) for unit in args["units"]},
+        "sli": files.read_sli(args["xorg_paths"]),
+        "xorg_layouts": files.server_layouts(args["xorg_layout_paths"]),
+        "files": [files.describe_file(p, bool(args["include_content"])) for p in args["files"]],
+        "torch": torch_probe.probe_torch(args["python"]) if args["python"] else None,
         "interfaces": hostenv.interfaces(),
         "cpu": hostenv.cpu(),
         "machine": backend.machine() or machine.machine(),
     }
-    facts.update(nvidia_facts(backend, args.get("state_dir")))
-    if args.get("slurm"):
+    facts.update(nvidia_facts(backend, args["state_dir"]))
+    if args["containers"] is not None:
+        facts["containers"] = container_facts(args["containers"], backend)
+    if args["slurm"]:
         facts["slurm"] = machine.slurm(facts["host"]["hostname"], [g["minor_number"] for g in facts["gpus"]])
     return facts
+
+
+def container_facts(runtimes: List[str], backend: Backend) -> Dict[str, Any]:
+    """The toolkit (NVIDIA's: through the backend), the CDI specs and the runtimes' configs (the box's)."""
+    from . import containers as cdi
+
+    return {
+        "toolkit": backend.container_toolkit(),
+        "refresh": bool(backend.unit_state(cdi.REFRESH_UNIT)["enabled"]),
+        "specs": cdi.read_specs(),
+        "runtimes": cdi.read_runtimes(runtimes),
+    }
 
 
 def nvidia_facts(backend: Backend, state_dir: Optional[str] = None) -> Dict[str, Any]:

@@ -366,15 +366,15 @@ def _holders(backend: Backend) -> List[Dict[str, Any]]:
 
 
 def _args(args: Dict[str, Any]) -> Dict[str, Any]:
-    """The verb's options with defaults; types were checked at the door (`protocol.VERB_ARGS`)."""
-    policy = args.get("policy", "orphans")
+    """The verb's options; types were checked and defaults filled in at the door (`protocol.VERB_ARGS`)."""
+    policy = args["policy"]
     return {
         "policy": policy,
-        "patterns": compile_patterns(policy, args.get("patterns") or []),
-        "grace_s": float(args.get("grace_s", 10.0)),
-        "dry_run": bool(args.get("dry_run", True)),
-        "owner": _owner(args.get("user")),
-        "pids": frozenset(args.get("pids") or []),
+        "patterns": compile_patterns(policy, args["patterns"]),
+        "grace_s": float(args["grace_s"]),
+        "dry_run": bool(args["dry_run"]),
+        "owner": _owner(args["user"]),
+        "pids": frozenset(args["pids"]),
     }
 
 

@@ -37,7 +37,7 @@ def run(args: Dict[str, Any]) -> Dict[str, Any]:
     if scontrol is None:
         raise AgentFailure("slurm", "scontrol is not installed on this node (Debian: slurm-client)")
     action = args["action"]
-    reason: Optional[str] = args.get("reason")
+    reason: Optional[str] = args["reason"]
     try:
         _, name = registered_name(find_tool("slurmd"), socket.gethostname().split(".")[0])
         line = _line(scontrol, name)

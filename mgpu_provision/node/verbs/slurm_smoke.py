@@ -142,5 +142,5 @@ def run(args: Dict[str, Any], simulated: bool = False) -> Dict[str, Any]:
     if action == "prepare":
         return prepare(req)
     if action == "run":
-        return run_step(req, [str(n) for n in args.get("nodes") or []])
+        return run_step(req, [str(n) for n in args["nodes"]])
     return collect(req)

@@ -90,26 +90,26 @@ class Request:
         self.backend = str(args["backend"])
         self.rdzv_backend = str(args["rdzv_backend"])
         self.rdzv_id = str(args["rdzv_id"])
-        self.run_id = str(args.get("run_id") or self.rdzv_id)
+        self.run_id = str(args["run_id"] or self.rdzv_id)
         self.timeout_s = float(args["timeout_s"])
         self.batch_size = int(args["batch_size"])
-        interconnect = args.get("interconnect")
+        interconnect = args["interconnect"]
         self.interconnect: str | None = str(interconnect) if interconnect else None
         gpu = self.run_backend == "nccl"
-        sizes = args.get("sizes_mib")
+        sizes = args["sizes_mib"]
         if not sizes:
             linked = self.interconnect in ("nvlink", "nvswitch")
             sizes = (NVLINK_SIZES_MIB if linked else GPU_SIZES_MIB) if gpu else CPU_SIZES_MIB
         self.sizes_mib = [float(s) for s in sizes]
-        self.iters = int(args.get("iters") or (GPU_ITERS if gpu else CPU_ITERS))
+        self.iters = int(args["iters"] or (GPU_ITERS if gpu else CPU_ITERS))
         self.warmup_iters = GPU_WARMUP_ITERS if gpu else CPU_WARMUP_ITERS
-        self.env: dict[str, str] = dict(args.get("env") or {})
-        self.path_prepend: dict[str, list[str]] = dict(args.get("path_prepend") or {})
-        self.node = str(args.get("node") or socket.gethostname())
-        launcher = args.get("launcher")
+        self.env: dict[str, str] = dict(args["env"])
+        self.path_prepend: dict[str, list[str]] = dict(args["path_prepend"])
+        self.node = str(args["node"] or socket.gethostname())
+        launcher = args["launcher"]
         self.launcher: str | None = str(launcher) if launcher else None
-        self.files: list[dict[str, str]] = list(args.get("files") or [])
-        self.state_dir: str | None = args.get("state_dir") or None
+        self.files: list[dict[str, str]] = list(args["files"])
+        self.state_dir: str | None = args.get("state_dir")
 
     @property
     def run_backend(self) -> str:

@@ -173,18 +173,8 @@ def _install(
             runfile=want.runfile_url, sha256=want.runfile_sha256, kernel_module_type=module,
         )  # fmt: skip
     else:
-        assert source.name is not None and source.flavor is not None  # resolve() says a problem otherwise
         summary = f"{summary} ({source.label})"
-        if source.method == "apt":
-            packages = sources.apt_set(
-                source.name, branch, source.flavor, want.fabricmanager, want.packages,
-                debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5_hgx(ctx.rig.gpus.model),
-            )  # fmt: skip
-        elif source.method == "zypper":  # every name at the version in one transaction, each locked
-            packages = sources.zypper_set(branch, source.flavor, want.fabricmanager)
-        else:  # dnf, yum: one transaction, nothing to pin first or hold by pattern (versionlock does)
-            names = sources.dnf_packages(branch, source.flavor, want.version is not None, want.fabricmanager)
-            packages = protocol.PackageSet([], names, [])
+        packages = _package_set(ctx, want, source, branch)
         step = protocol.driver_step(
             source.method, source.name, source.flavor, branch, want.version, want.hold, want.fabricmanager,
             packages=packages, modules=family_of(ctx.facts.host).modules,
@@ -192,6 +182,21 @@ def _install(
             prebuilt=ubuntu_server_set(source, branch, packages),
         )  # fmt: skip
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
+
+
+def _package_set(ctx: HostContext, want: Driver, source: Source, branch: str) -> protocol.PackageSet:
+    """The packages the source's method installs for the rig's driver on this host."""
+    assert source.name is not None and source.flavor is not None  # resolve() says a problem otherwise
+    if source.method == "apt":
+        return sources.apt_set(
+            source.name, branch, source.flavor, want.fabricmanager, want.packages,
+            debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5_hgx(ctx.rig.gpus.model),
+        )  # fmt: skip
+    if source.method == "zypper":  # every name at the version in one transaction, each locked
+        return sources.zypper_set(branch, source.flavor, want.fabricmanager)
+    # dnf, yum: one transaction, nothing to pin first or hold by pattern (versionlock does)
+    rpms = sources.dnf_packages(branch, source.flavor, want.version is not None, want.fabricmanager)
+    return protocol.PackageSet([], rpms, [])
 
 
 def ubuntu_server_set(source: Source, branch: str, packages: protocol.PackageSet) -> bool:

@@ -52,20 +52,22 @@ def _power(ctx: HostContext, gpus: list[GpuHealth]) -> list[Change]:
             )
             for g in refused
         ]
+    return capped + _set_power(gpus, want)
+
+
+def _set_power(gpus: list[GpuHealth], want: int | None) -> list[Change]:
+    """One step for every GPU whose limit is not `want` (None: its default); none when all are."""
     wrong: dict[int, tuple[int, int]] = {}
     for gpu in gpus:
         target = want if want is not None else gpu.default_power_limit_w
         if gpu.power_limit_w is not None and target is not None and gpu.power_limit_w != target:
             wrong[gpu.index] = (gpu.power_limit_w, target)
     if not wrong:
-        return capped
-    currents = sorted({c for c, _ in wrong.values()})
-    targets = sorted({t for _, t in wrong.values()})
-    now = "/".join(f"{w} W" for w in currents)
-    then = "/".join(f"{w} W" for w in targets)
+        return []
+    now = "/".join(f"{w} W" for w in sorted({c for c, _ in wrong.values()}))
+    then = "/".join(f"{w} W" for w in sorted({t for _, t in wrong.values()}))
     why = "" if want is not None else " (the default, as health.power_limit_w says)"
     return [
-        *capped,
         Change(
             resource="power",
             action="update",
@@ -74,7 +76,7 @@ def _power(ctx: HostContext, gpus: list[GpuHealth]) -> list[Change]:
             desired=then,
             agent_step=protocol.power_limit_step(sorted(wrong), want),
             phase="persistence",
-        ),
+        )
     ]
 
 

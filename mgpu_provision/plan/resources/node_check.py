@@ -80,43 +80,48 @@ def units(loaded: LoadedRig, host: Host) -> list[str]:
 
 def desired(ctx: HostContext) -> list[DesiredFile]:
     """The expectations, the command and (with a timer) its units, where the rig asks for the check."""
-    loaded, host = ctx.loaded, ctx.host
-    if not wanted(loaded, host):
+    if not wanted(ctx.loaded, ctx.host):
         return []
+    where = _section(ctx.loaded).expectations
+    content = json.dumps(expectation_to_json(ctx.node_expectation), indent=2, sort_keys=True) + "\n"
+    expectations = DesiredFile(node_path(ctx.loaded, ctx.host, where), content, "0644", PHASE)
+    return [expectations, _command(ctx.loaded, ctx.host), *_timer_units(ctx.loaded, ctx.host)]
+
+
+def _command(loaded: LoadedRig, host: Host) -> DesiredFile:
+    """`mgpu-provision-check`: the judge of the installed agent over its expectations, under a deadline."""
     section = _section(loaded)
 
     def where(path: str) -> str:
         return node_path(loaded, host, path)
 
-    command, agent, expectations = where(section.command), where(section.agent), where(section.expectations)
-    content = json.dumps(expectation_to_json(ctx.node_expectation), indent=2, sort_keys=True) + "\n"
-    files = [
-        DesiredFile(expectations, content, "0644", PHASE),
-        DesiredFile(
-            command,
-            render(
-                "mgpu-provision-check.j2",
-                rig_name=host.rig,
-                host_name=host.name,
-                python=host.python or loaded.spec.defaults.python or "python3",
-                agent=agent,
-                expectations=expectations,
-                deadline_s=f"{section.deadline_s:g}",
-                lock=where(posixpath.join(loaded.spec.files.state_dir, LOCK_FILE)),
-                textfile_dir=section.textfile_dir and where(section.textfile_dir),
-            ),
-            "0755",
-            PHASE,
-        ),
-    ]
+    content = render(
+        "mgpu-provision-check.j2",
+        rig_name=host.rig,
+        host_name=host.name,
+        python=host.python or loaded.spec.defaults.python or "python3",
+        agent=where(section.agent),
+        expectations=where(section.expectations),
+        deadline_s=f"{section.deadline_s:g}",
+        lock=where(posixpath.join(loaded.spec.files.state_dir, LOCK_FILE)),
+        textfile_dir=section.textfile_dir and where(section.textfile_dir),
+    )
+    return DesiredFile(where(section.command), content, "0755", PHASE)
+
+
+def _timer_units(loaded: LoadedRig, host: Host) -> list[DesiredFile]:
+    """The service that runs the command and the timer that starts it every `interval`; none without an
+    interval or a systemd folder."""
+    section = _section(loaded)
     units = _unit_paths(loaded, host)
     if units is None or section.interval is None:
-        return files
+        return []
     service, timer = units
     context = {"rig_name": host.rig, "host_name": host.name}
+    command = node_path(loaded, host, section.command)
     timeout = int(section.deadline_s) + UNIT_GRACE_S
+    first = first_run(section.interval)
     return [
-        *files,
         DesiredFile(
             service,
             render("node-check.service.j2", command=command, timer=TIMER, timeout_s=timeout, **context),
@@ -125,13 +130,7 @@ def desired(ctx: HostContext) -> list[DesiredFile]:
         ),
         DesiredFile(
             timer,
-            render(
-                "node-check.timer.j2",
-                service=SERVICE,
-                interval=section.interval,
-                first=first_run(section.interval),
-                **context,
-            ),
+            render("node-check.timer.j2", service=SERVICE, interval=section.interval, first=first, **context),
             "0644",
             PHASE,
         ),

@@ -14,8 +14,8 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from tests.hosts import REPO
-from tests.reliability.conftest import SLOW, Trial
+from tests.support.hosts import REPO
+from tests.support.trial import SLOW, Trial
 
 EXAMPLES = REPO / "examples"
 TOPOLOGIES = REPO / "tests" / "fixtures" / "topologies"

@@ -15,7 +15,7 @@ from typing import Any
 
 from mgpu_provision import cli
 from mgpu_provision.node.verbs.smoke import MARKER_ENV
-from tests.hosts import NODE_PYTHON, HostFactory, TestHost, load_twin
+from tests.support.hosts import NODE_PYTHON, HostFactory, TestHost, load_twin
 
 # Generous deadlines: six torch imports per run can take tens of seconds on two busy cores. A passing run ends
 # as soon as it is done; a failing one must still name its cause before the deadline, so FAIL_TIMEOUT_S leaves

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from mgpu_provision import protocol
 from mgpu_provision.catalog.topology import nvlink_count, parse_topology
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet.options import AgentPayload, FleetOptions
@@ -27,9 +28,9 @@ from mgpu_provision.node.nvidia.select import select_backend
 from mgpu_provision.node.verbs.facts import collect
 
 if TYPE_CHECKING:
-    from tests.hosts import HostFactory, TestHost
+    from tests.support.hosts import HostFactory, TestHost
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TWINS_DIR = REPO / "examples" / "twins"
 TOPOLOGIES = REPO / "tests" / "fixtures" / "topologies"
 # Stands in for the smoke python on simulated boxes: torch that sees the twin's two GPUs.
@@ -178,7 +179,7 @@ def case_facts(case: dict[str, Any]) -> Facts:
 def facts_from_twin(twin: Path | str | None, **args: Any) -> Facts:
     """The agent's own `facts` verb run in this process on a twin (None: this machine's real NVIDIA layer),
     passed through JSON and the contract as the control side receives it."""
-    raw = collect(args, select_backend(str(twin) if twin else None))
+    raw = collect(protocol.check_args("facts", args), select_backend(str(twin) if twin else None))
     return Facts.model_validate(json.loads(json.dumps(raw)))
 
 

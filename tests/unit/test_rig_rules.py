@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_provision.errors import SpecError, SpecProblem
+from mgpu_provision.errors import SpecError
 from mgpu_provision.rig import load_rig
+from tests.support.rig_problems import problems_of
 
 RIGS = Path(__file__).parent / "rigs"
 HEAD = """\
@@ -22,14 +23,6 @@ hosts:
   - {name: gpu-b, rig: pair}
 """
 GPUS = '    gpus: {model: "NVIDIA GeForce RTX 3090", count: 2}\n'
-
-
-def problems_of(tmp_path: Path, text: str) -> list[SpecProblem]:
-    path = tmp_path / "rig.yaml"
-    path.write_text(text)
-    with pytest.raises(SpecError) as info:
-        load_rig(path)
-    return info.value.problems
 
 
 def marked_line(text: str) -> int:
@@ -373,6 +366,11 @@ CASES = {
         ),
         "rigs.pair.driver.flavor",
         "flavor server is an Ubuntu package build; a runfile has default or open",
+    ),
+    "containers-toolkit-has-cdi": (
+        rig(GPUS.strip(), 'containers: {toolkit: "1.11.0", runtimes: [podman]}  # <-'),
+        "rigs.pair.containers.toolkit",
+        "toolkit 1.11.0 has no `nvidia-ctk cdi generate` (from 1.12.0): pin 1.12.0 or later",
     ),
     "fabricmanager-needs-nvswitch": (
         rig(GPUS.strip(), 'driver: {version: "550.54.15", fabricmanager: true}  # <-'),

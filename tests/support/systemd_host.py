@@ -3,10 +3,10 @@
 What systemd holds across a boot (a unit's effective ExecStart after a drop-in, what is enabled and ordered
 after what) cannot be shown by `systemctl` on unit files alone: only a running manager merges drop-ins and
 starts units at boot. So the host runs `/lib/systemd/systemd` as PID 1 of its own PID, mount, UTS and IPC
-namespaces, chrooted into an overlay of tests/debian_root.py's root (lower: the cached root, shared and never
-written; upper: this host's folder, which survives a reboot). It gets /proc, the machine's /sys, tmpfs on
-/run and /tmp and a minimal /dev of its own: never the machine's /dev, whose ttys would get gettys (the getty
-units are masked too). A reboot is the namespace's PID 1 killed and the same overlay booted again.
+namespaces, chrooted into an overlay of tests/support/debian_root.py's root (lower: the cached root, shared
+and never written; upper: this host's folder, which survives a reboot). It gets /proc, the machine's /sys,
+tmpfs on /run and /tmp and a minimal /dev of its own: never the machine's /dev, whose ttys would get gettys
+(the getty units are masked too). A reboot is the namespace's PID 1 killed and the same overlay booted again.
 
 Nothing here needs a network: the namespaces have none of their own, and nothing in the root listens.
 """

@@ -10,8 +10,8 @@ from typing import Any
 
 from mgpu_provision.judge.records import Expectation, expectation_to_json
 from mgpu_provision.node.verbs import check
-from tests.factories import rtx3090_twin
-from tests.hosts import REPO
+from tests.support.factories import rtx3090_twin
+from tests.support.hosts import REPO
 
 NODE_PYTHON = "/usr/bin/python3"
 # What the installed command runs (templates/mgpu-provision-check.j2), with the source tree as the agent.

@@ -15,7 +15,7 @@ from mgpu_provision.node.__main__ import handle
 from mgpu_provision.plan.change import Change
 from mgpu_provision.plan.host import plan_host
 from mgpu_provision.rig import load_rig
-from tests.factories import facts_from_twin
+from tests.support.factories import facts_from_twin
 
 
 def changes_of(rig: Path, host: str, twin: Path, resources: tuple[str, ...]) -> list[Change]:

@@ -15,7 +15,7 @@ import glob
 import os
 from pathlib import Path
 
-from tests.hosts import skip_or_fail
+from tests.support.hosts import skip_or_fail
 
 LIBRARY_GLOBS = (
     "/usr/lib/*/systemd/libsystemd-shared-*.so",

@@ -3,7 +3,7 @@
 The RHEL and SUSE driver paths must meet their real package managers, yet NVIDIA's RPM repositories cannot
 be reached from here. Debian ships dnf 4.14 (with dnf-plugins-core for versionlock), zypper 1.14, rpm and
 createrepo_c, so each manager gets a root of its own derived from the cached Debian root
-(tests/debian_root.py; dnf-plugins-core and zypper conflict as Debian packages), cached beside it. The
+(tests/support/debian_root.py; dnf-plugins-core and zypper conflict as Debian packages), cached beside it. The
 packages are small noarch RPMs built here with rpmbuild, named and versioned like NVIDIA's (nvidia-driver,
 nvidia-fabric-manager, ... at 550.54.15 and 550.90.07) and carrying the capabilities the agent asks rpm
 about (libnvidia-ml.so.1), served as an rpm-md repository on 127.0.0.1 by a `python3 -m http.server` that
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests import debian_root
+from tests.support import debian_root
 
 MANAGERS = {
     # dnf-plugins-core brings `dnf versionlock`; python3-dnf-plugin-versionlock is the name RHEL gives it.
@@ -28,7 +28,7 @@ MANAGERS = {
 }
 # The distribution each root says it is (a recorded os-release), so that plan picks the manager it holds.
 OS_RELEASE = {"dnf": "rhel-10.0", "zypper": "sles-15.6"}
-OS_RELEASES = Path(__file__).resolve().parent / "fixtures" / "os-release"
+OS_RELEASES = Path(__file__).resolve().parents[1] / "fixtures" / "os-release"
 ROOT_RECIPE = 3  # bump when the derivation below changes
 VERSIONS = ("550.54.15", "550.90.07")
 # name -> extra spec lines: what NVIDIA's packages provide that the agent or the driver's deps look for.

@@ -7,8 +7,8 @@ layer is a twin file (docs/ARCHITECTURE.md "Test hosts"). Each host is one `sshd
 sees it.
 
 A root-filesystem host (`start_root`) instead runs its sshd chrooted into a private overlay of a real root
-filesystem (tests/debian_root.py), with no twin: the agent there drives that root's own apt and dpkg and the
-real NVIDIA libraries the packages install.
+filesystem (tests/support/debian_root.py), with no twin: the agent there drives that root's own apt and dpkg
+and the real NVIDIA libraries the packages install.
 
 Addresses are 127.<a>.<b>.<n> with <a>.<b> derived from this process's pid, so concurrent test sessions
 (xdist workers, other checkouts) never collide; a bind probe skips any address already in use.
@@ -39,7 +39,7 @@ from typing import Any, Literal, NoReturn
 import pytest
 import yaml
 
-from tests import debian_root
+from tests.support import debian_root
 
 SSHD = "/usr/sbin/sshd"
 APPLY_LOCK = "/var/lib/mgpu-provision/apply.lock"  # the default files.state_dir's lock
@@ -55,8 +55,10 @@ MANAGED_DIRS = (
     "/etc/systemd/system",  # the boot unit for compute mode and power limit (files.systemd_dir)
     "/usr/local/lib/mgpu-provision",  # the agent the node check runs (node_check.agent)
     "/etc/slurm",  # gres.conf, where a rig's slurm section has apply write it
+    "/etc/cdi",  # CDI specs (podman reads these two folders: tests/support/podman.py runs it inside the host)
+    "/var/run/cdi",
 )
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TWINS_DIR = REPO / "examples" / "twins"
 
 
@@ -333,8 +335,9 @@ class HostFactory:
 
     def start_root(self, name: str, root: Path) -> TestHost:
         """Start a host whose sshd runs chrooted in a private overlay of a real root filesystem
-        (tests/debian_root.py): no twin, so the agent meets that root's real apt, dpkg and NVIDIA libraries.
-        Its own mount, UTS and pid namespaces hold the overlay, /proc and /dev; they vanish with it."""
+        (tests/support/debian_root.py): no twin, so the agent meets that root's real apt, dpkg and NVIDIA
+        libraries. Its own mount, UTS and pid namespaces hold the overlay, /proc and /dev; they vanish with
+        it."""
         address = self.pool.take()
         host_dir = self.root / name
         layers = {layer: host_dir / layer for layer in ("upper", "work", "merged")}

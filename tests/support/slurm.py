@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mgpu_provision.node.host.machine import parse_key_values
-from tests.hosts import TestHost, skip_or_fail
+from tests.support.hosts import TestHost, skip_or_fail
 
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/mungekey", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
 CLIENTS = ("scontrol", "sinfo", "srun")

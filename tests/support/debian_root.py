@@ -1,6 +1,6 @@
 """A real Debian 12 root filesystem for test hosts, built once from Debian's registry and cached.
 
-The driver path must meet a real package manager: a test host started from this root (tests/hosts.py
+The driver path must meet a real package manager: a test host started from this root (tests/support/hosts.py
 `HostFactory.start_debian`) runs its sshd chrooted into an overlay of it, so the agent drives the root's own
 apt and dpkg and installs NVIDIA's real Debian packages. The root is built with mmdebstrap (minbase, the
 `main contrib non-free non-free-firmware` components of bookworm and bookworm-backports, from the mirror

@@ -6,8 +6,8 @@ changes. This builds such a mirror as a flat repository (`Packages`, `Release`, 
 from .deb files, signs it with a throwaway ed25519 key made in its own GNUPGHOME, and serves it with
 Python's http.server on a loopback address, stopped by its pid.
 
-The packages come from the cached Debian root's apt cache (tests/debian_root.py downloads NVIDIA's 535.216.03
-and 535.261.03 sets with their closure there), so building a repository reaches no network.
+The packages come from the cached Debian root's apt cache (tests/support/debian_root.py downloads NVIDIA's
+535.216.03 and 535.261.03 sets with their closure there), so building a repository reaches no network.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests import debian_root
+from tests.support import debian_root
 
 ARCHIVES = Path("var/cache/apt/archives")
 

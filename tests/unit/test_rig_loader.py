@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_spec_rules import problems_of
 
 from mgpu_provision.cli import build_parser, main
 from mgpu_provision.errors import SpecError
 from mgpu_provision.rig import load_rig
 from mgpu_provision.rig.source import MAX_BYTES, MAX_DEPTH
+from tests.support.rig_problems import problems_of
 
 GOOD = b"""\
 hosts:
@@ -152,7 +152,7 @@ SCHEMA_CASES: dict[str, tuple[str, str, int, int, str]] = {
         6,
         5,
         "unknown key 'gpu' (did you mean 'gpus'?); expected one of: gpus, bridge, driver, sli, "
-        "visible_devices, ddp, slurm, health, env, path_prepend",
+        "visible_devices, ddp, slurm, containers, health, env, path_prepend",
     ),
     "health-check-unknown": (
         rig_with("health: {skip: [xid, temperature]}"),

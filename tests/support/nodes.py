@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from mgpu_provision import cli
-from tests.hosts import MANAGED_DIRS, REPO, HostFactory, TestHost, desired_files_on
+from tests.support.hosts import MANAGED_DIRS, REPO, HostFactory, TestHost, desired_files_on
 
 CLI = [sys.executable, "-m", "mgpu_provision"]
 
