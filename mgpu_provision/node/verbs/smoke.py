@@ -109,7 +109,7 @@ class Request:
         launcher = args["launcher"]
         self.launcher: str | None = str(launcher) if launcher else None
         self.files: list[dict[str, str]] = list(args["files"])
-        self.state_dir: str | None = args.get("state_dir")
+        self.state_dir: str | None = args["state_dir"]
 
     @property
     def run_backend(self) -> str:
