@@ -1,7 +1,5 @@
-"""`python -m mgpu_provision` runs the CLI."""
+"""`python -m mgpu_provision` runs the CLI, as the installed `mgpu-provision` does."""
 
-import sys
+from .entry import main
 
-from .cli import main
-
-sys.exit(main())
+main()

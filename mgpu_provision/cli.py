@@ -10,9 +10,11 @@ module of the command it was asked for, and every module only for the top-level 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -23,7 +25,8 @@ from .errors import ProvisionError, SpecError
 
 # Order here is the order in `--help`.
 COMMANDS = (
-    "validate", "schema", "facts", "plan", "apply", "smoke", "reclaim", "init", "demo", "slurm-conf",
+    "validate", "schema", "facts", "plan", "apply", "smoke", "reclaim", "recover", "init", "demo",
+    "rehearse", "slurm-conf",
 )  # fmt: skip
 TOP_OPTIONS = ("--help", "-h", "--version", "-V")
 
@@ -104,7 +107,14 @@ def parse(words: list[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse(list(sys.argv[1:] if argv is None else argv))
+    try:
+        args = parse(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # while a command's modules load (pydantic and the models take a second)
+        print("interrupted", file=sys.stderr)
+        return 130
+    # Loaded: Ctrl-C is the commands' now (entry.py ends the process at once until here).
+    if getattr(signal.getsignal(signal.SIGINT), "__module__", None) == "mgpu_provision.entry":
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         args.cli = main  # for a command that runs others, as the demo does
         code: int = args.func(args)
@@ -129,5 +139,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def run() -> NoReturn:
+    """The installed command: `main`, then an exit that waits for no thread. After a Ctrl-C the fleet's
+    worker threads may still be in an SSH call; the interpreter's normal exit would join them, and a second
+    Ctrl-C there prints `Exception ignored in: <module 'threading'>`."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # between main's own handlers (argument parsing, a view being printed)
+        print("interrupted", file=sys.stderr)
+        code = 130
+    if code == 130:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

@@ -34,6 +34,9 @@ class HostInfo(Fact):
     )
     os_version_id: str | None = Field(None, description='VERSION_ID of /etc/os-release, e.g. "12"')
     os_like: list[str] = Field(default_factory=list, description="ID_LIKE of /etc/os-release")
+    os_platform_id: str | None = Field(
+        None, description='PLATFORM_ID of /etc/os-release, e.g. "platform:el9" (the RHEL release it follows)'
+    )
 
 
 NvmlStatus = Literal["ok", "no-driver", "driver-not-loaded", "version-mismatch", "no-permission", "error"]
@@ -52,6 +55,11 @@ class DriverInfo(Fact):
     )
     kernel_module: Literal["open", "proprietary"] | None = Field(
         None, description="which kernel modules are loaded (/proc/driver/nvidia/version), None when none"
+    )
+    installed_module: Literal["open", "proprietary"] | None = Field(
+        None,
+        description="which kernel modules are installed for the running kernel (modinfo's license), the ones "
+        "the next boot loads; None when unknown",
     )
     unheld: list[str] = Field(
         default_factory=list, description="packages of the installed driver set that apt does not hold"
@@ -208,6 +216,9 @@ class GpuProcess(Fact):
     mps_server: int | None = Field(
         None, description="an MPS client: the pid of the nvidia-cuda-mps-server it runs through"
     )
+    slurm_job: str | None = Field(
+        None, description="the Slurm job it runs in (its SLURM_JOB_ID, or its job_<id> cgroup), None: none"
+    )
 
 
 class TorchInfo(Fact):
@@ -289,6 +300,7 @@ class GpuHealth(Fact):
     sram_threshold_exceeded: bool | None = Field(
         None, description="the driver's SRAM error threshold verdict"
     )
+    memory_unrepairable: bool | None = Field(None, description="NVML's unrepairable-memory flag")
     change: dict[str, int] | None = Field(
         None, description="ECC and violation counters' rise over HostHealth.counters_interval_s"
     )
@@ -298,6 +310,7 @@ class XidEvent(Fact):
     gpu: int | None = Field(description="the GPU at that address; None when NVML lists no GPU there")
     pci_bus_id: str = Field(description="domain:bus:device as the kernel log prints it")
     code: int
+    cleared: bool = Field(False, description="logged before the GPU's last successful reset this boot")
 
 
 class SXidEvent(Fact):
@@ -353,6 +366,7 @@ class CpuThread(Fact):
     socket: int = Field(description="physical_package_id")
     core: int = Field(description="core_id within the socket (not dense: numbers may skip)")
     numa: int | None = None
+    l3: int | None = Field(None, description="the id of its L3 cache (cache/index3/id), None when unknown")
 
 
 class Machine(Fact):
@@ -370,6 +384,17 @@ class SlurmNode(Fact):
     error: str | None = Field(None, description="why the controller's line is missing")
     missing_devices: list[str] = Field(
         default_factory=list, description="the GPUs' /dev/nvidia<minor> that do not exist"
+    )
+    version: str | None = Field(None, description="slurmd's version (`slurmd -V`), None when unknown")
+    name: str | None = Field(
+        None, description="the NodeName slurmd registers (a running slurmd's -N, else `slurmd -C`'s)"
+    )
+    configless: str | None = Field(
+        None, description="how slurmd gets its files from the controller (configless), None: local files"
+    )
+    scontrol: str | None = Field(None, description="where scontrol is on the node, None: not found")
+    config: dict[str, str] = Field(
+        default_factory=dict, description="a few keys of `scontrol show config` (HealthCheckTimeout, ...)"
     )
 
 
@@ -408,8 +433,9 @@ class Facts(Fact):
     schema_version: int = FACTS_SCHEMA_VERSION
     agent_version: str
     agent_digest: str | None = Field(
-        None, description="sha256 of the agent's zipapp (what apply installs for the node check); None: "
-        "the agent runs from a source tree"
+        None,
+        description="sha256 of the agent's zipapp (what apply installs for the node check); None: "
+        "the agent runs from a source tree",
     )
     host: HostInfo
     driver: DriverInfo

@@ -261,6 +261,8 @@ VERB_ARGS["slurm-smoke"] = {
     **VERB_ARGS["smoke"],
     "action": choice("prepare", "run", "collect", required=True),
     "nodes": with_default(texts(), []),  # `run`: the group's Slurm node names, for srun -w
+    # `run`: what the step asks Slurm for (GPUs, CPUs, partition, ...)
+    "srun_options": with_default(texts(), []),
 }
 
 
@@ -368,6 +370,18 @@ def gpu_list(required: bool = False) -> Arg:
     return Arg("a list of GPU indices", _is_gpu_list, required, [])
 
 
+# recover: reset these GPUs (`together`: every GPU of an NVSwitch box) once no process holds them; declared
+# here, after the GPU list it takes.
+VERB_ARGS["gpu-reset"] = {
+    "gpus": gpu_list(required=True),
+    "together": with_default(flag(), False),
+    "wait_s": with_default(number(0, 86400), 300.0),  # how long processes may still hold the GPUs
+    "state_dir": optional_text(),  # where the reset is recorded: the node check judges Xids after it
+    "lock": line(),
+    "lock_wait_s": with_default(number(), LOCK_WAIT_S),
+}
+
+
 def octal_mode() -> Arg:
     ok = lambda v: _is_text(v) and v.isdigit() and set(v) <= set("01234567") and int(v, 8) <= 0o7777  # noqa: E731
     return Arg("an octal permission like 0644", ok, False, "0644")
@@ -413,7 +427,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
             "runfile": with_default(optional_text(), None),  # runfile: the installer's path or https URL
             "sha256": with_default(optional_line(), None),
             "kernel_module_type": with_default(optional_choice("open", "proprietary"), None),
-            "repo": with_default(apt_mirror(), None),  # apt: configure this mirror and install from it
+            "repo": with_default(apt_mirror(), None),  # configure this mirror and install from it
             # apt on Ubuntu: `packages` is the server set, so Canonical's signed prebuilt modules for the
             # running kernel replace it where the archive has them (else DKMS builds the modules)
             "prebuilt": with_default(flag(), False),
@@ -657,6 +671,26 @@ def apply_request(
     """Carry out `steps` in order under the host lock `lock`, waiting up to `lock_wait_s` for it; only on a
     node that is (`simulated`) what its facts said it is."""
     return {"lock": lock, "lock_wait_s": lock_wait_s, "steps": steps, "simulated": simulated}
+
+
+def gpu_reset_request(
+    gpus: Sequence[int],
+    together: bool,
+    wait_s: float,
+    state_dir: Optional[str],
+    lock: str,
+    lock_wait_s: float,
+) -> Dict[str, Any]:
+    """Reset `gpus` (or every GPU, `together`) once no process holds them, waiting up to `wait_s`; record
+    the reset in `state_dir`; under the host lock `lock`."""
+    return {
+        "gpus": list(gpus),
+        "together": together,
+        "wait_s": wait_s,
+        "state_dir": state_dir,
+        "lock": lock,
+        "lock_wait_s": lock_wait_s,
+    }
 
 
 def reboot_request(lock: str, lock_wait_s: float, simulated: bool) -> Dict[str, Any]:

@@ -20,6 +20,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support import apt_repo, debian_root, hosts, rpm_roots, systemd_host
 
 
+@pytest.fixture(autouse=True)
+def _not_the_developers_ssh_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """No test reads the ~/.ssh/config of whoever runs the tests (its aliases, ProxyJump, Port lines would
+    change what the tests connect to); a test that wants one passes --ssh-config or a HOME of its own."""
+    from mgpu_provision.fleet import options
+
+    monkeypatch.setattr(options, "USER_SSH_CONFIG", tmp_path_factory.getbasetemp() / "no-ssh-config")
+
+
+@pytest.fixture(autouse=True)
+def _not_the_machines_state_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A twin whose request names no state folder keeps its overlay in the node's default one
+    (/var/lib/mgpu-provision); in tests that is a folder of the test session's, never this machine's."""
+    from mgpu_provision.node.nvidia import twin
+
+    monkeypatch.setattr(twin, "DEFAULT_STATE_DIR", str(tmp_path_factory.getbasetemp() / "node-state"))
+
+
 @pytest.fixture(scope="session")
 def _client_key() -> Iterator[hosts.ClientKey]:
     hosts.require_harness()

@@ -12,6 +12,7 @@ packages for get a manual step naming it, never another family's tool.
 Shipped to nodes: Python 3.8, standard library only.
 """
 
+import re
 from typing import List, NamedTuple, Optional, Tuple
 
 from ..protocol import branch_of
@@ -41,17 +42,27 @@ METHOD_SOURCES = {
     "zypper": ("cuda",),
 }
 _SUSE_NAMES = {"opensuse-leap": "openSUSE Leap"}
+_EL_PLATFORM = re.compile(r"^platform:el(\d+)$")
 
 
 def _major(version_id: Optional[str]) -> str:
     return branch_of(version_id or "")
 
 
-def family_of(os_id: Optional[str], version_id: Optional[str], os_like: List[str]) -> Family:
-    """The family of an os-release's ID, VERSION_ID and ID_LIKE (its own ID first, then what it is like)."""
+def family_of(
+    os_id: Optional[str], version_id: Optional[str], os_like: List[str], platform_id: Optional[str] = None
+) -> Family:
+    """The family of an os-release's ID, VERSION_ID and ID_LIKE (its own ID first, then what it is like).
+
+    A RHEL rebuild whose VERSION_ID is its vendor's own (TencentOS 3.1: `VERSION_ID="3.1"`, `ID_LIKE` naming
+    rhel) says which RHEL it follows in PLATFORM_ID (`platform:el8`, the key dnf itself reads): that major
+    wins for the RHEL family."""
     ids: Tuple[str, ...] = tuple(i for i in [os_id or "", *os_like] if i)
     major = _major(version_id)
+    platform = _EL_PLATFORM.match(platform_id or "")
     for candidate in ids:
+        if platform and candidate in RHEL_IDS:
+            return _enterprise_linux(platform.group(1))
         found = _by_id(candidate, os_id or candidate, major)
         if found is not None:
             return found

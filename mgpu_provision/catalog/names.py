@@ -12,7 +12,10 @@ Public sources of the table (checked 2026-12):
   and IMEX (`nvidia-imex`); below 580 they are `nvidia-fabricmanager-<b>`, `libnvidia-nscq-<b>`,
   `libnvsdm-<b>` (570 and later), `nvidia-imex-<b>` (550 and later). The RPMs below 580 call Fabric Manager
   `nvidia-fabric-manager`; from 580 `nvidia-fabricmanager`. NVLink5 boxes also take `nvlsm` and
-  `infiniband-diags` (unversioned, from 550). The Ubuntu prebuilt path installs
+  `infiniband-diags` from 570 (`nvlink5_pkgs_install` in ubuntu24.04/precompiled/nvidia-driver, `dnf install
+  -y infiniband-diags nvlsm` in rhel9/install.sh): both without a version, as they have version schemes of
+  their own (`nvlsm 2025.06.5-1`, `infiniband-diags 50.0-…`) and are never pinned at the driver's. The Ubuntu
+  prebuilt path installs
   `nvidia-headless-no-dkms-<b>-server`, `nvidia-utils-<b>-server` and
   `linux-modules-nvidia-<b>-server[-open]-<kernel>`.
 - NVIDIA's driver installation guide ("Ubuntu 590 and later packages"): the CUDA repository's driver set
@@ -32,8 +35,10 @@ UNVERSIONED_EXTRAS_FROM = 580  # FM, NSCQ, NVSDM and IMEX in NVIDIA's repositori
 UNVERSIONED_DRIVER_FROM = 590  # the driver set itself in NVIDIA's CUDA repository
 # The first branch NVIDIA's repositories carry each piece for (gpu-driver-container's install scripts).
 FIRST_BRANCH = {"fabricmanager": 0, "nscq": 0, "nvsdm": 570, "imex": 550}
-NVLINK5_PACKAGES = ("nvlsm", "infiniband-diags")  # unversioned: NVLink Subnet Manager and its tools
-NVLINK5_FROM = 550
+# NVLink Subnet Manager and its tools: versions of their own, installed by name, never pinned nor held.
+NVLINK5_PACKAGES = ("nvlsm", "infiniband-diags")
+OWN_VERSIONS = NVLINK5_PACKAGES
+NVLINK5_FROM = 570
 # Kernel-specific packages of Ubuntu's prebuilt modules: held, the next kernel could not get its module.
 # Debian's non-free compute set (no branch in the names; the kernel module package is added by flavor).
 DEBIAN_COMPUTE = ("nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp")
@@ -70,6 +75,12 @@ def fabric_set(source: str, method: str, branch: int, nvlink5: bool = False) -> 
     if nvlink5 and branch >= NVLINK5_FROM and source != "ubuntu":
         found += list(NVLINK5_PACKAGES)
     return found
+
+
+def own_version(name: str) -> bool:
+    """Whether a package of a driver set has a version scheme of its own (installed by name, at what the
+    repository offers), rather than the driver's version."""
+    return name in OWN_VERSIONS
 
 
 def driver_set(source: str, branch: int, flavor: str) -> Tuple[List[str], List[str]]:

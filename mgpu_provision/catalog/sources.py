@@ -7,6 +7,7 @@ without branch names, RHEL has dnf module streams. Plan and validate read the fl
 here; the agent reads the package names. Shipped to nodes: Python 3.8, standard library only.
 """
 
+import fnmatch
 import re
 from typing import Dict, List, Optional, Tuple
 
@@ -90,7 +91,21 @@ def apt_set(
         install = list(packages)
     if fabricmanager:
         install += fabricmanager_packages(source, branch, "apt", nvlink5)
-    return PackageSet(pinning, install, hold)
+    return PackageSet(pinning, install, hold + _held_by_name(install, hold))
+
+
+def _held_by_name(install: List[str], hold: List[str]) -> List[str]:
+    """The set's packages at the driver's version that its branch patterns miss: from 580 NVIDIA names
+    Fabric Manager, NSCQ, NVSDM and IMEX without the branch (`nvidia-fabricmanager`, `libnvidia-nscq`)
+    while the 580 driver set keeps it, so they are held by name; else facts would count them unheld and
+    every plan would show a hold that apply never makes. NVLink Subnet Manager keeps its own version."""
+    return [
+        name
+        for name in install
+        if not names.own_version(name)
+        and not any(fnmatch.fnmatchcase(name, p) for p in hold)
+        and not any(fnmatch.fnmatchcase(name, p) for p in names.NEVER_HOLD)
+    ]
 
 
 def fabricmanager_packages(source: str, branch: str, method: str = "apt", nvlink5: bool = False) -> List[str]:
@@ -99,27 +114,50 @@ def fabricmanager_packages(source: str, branch: str, method: str = "apt", nvlink
     return names.fabric_set(source, method, int(branch), nvlink5)
 
 
-def dnf_packages(branch: str, flavor: str, exact: bool, fabricmanager: bool) -> List[str]:
+def dnf_packages(
+    branch: str, flavor: str, exact: bool, fabricmanager: bool, nvlink5: bool = False
+) -> List[str]:
     """What one dnf transaction installs: with an `exact` version the driver's pieces (each pinned at it by
-    the agent), else the metapackage that follows the branch; Fabric Manager and NSCQ with them."""
+    the agent), else the metapackage that follows the branch; Fabric Manager and NSCQ with them (and NVLink5's
+    pieces on HGX B200/B300)."""
     open_modules = flavor == "open"
     if exact:
         kmod = "kmod-nvidia-open-dkms" if open_modules else "kmod-nvidia-latest-dkms"
         wanted = ["nvidia-driver", "nvidia-driver-cuda", kmod]
     else:
         wanted = ["nvidia-open" if open_modules else "cuda-drivers"]
-    return wanted + (fabricmanager_packages("rhel", branch, "dnf") if fabricmanager else [])
+    return wanted + (fabricmanager_packages("rhel", branch, "dnf", nvlink5) if fabricmanager else [])
 
 
-def zypper_set(branch: str, flavor: str, fabricmanager: bool) -> PackageSet:
-    """What zypper installs for a branch and flavor: the metapackage, the G06 pieces, Fabric Manager."""
+# SUSE's nvidia-open-driver-G07-signed builds 590 and later (its first sources are open-gpu-kernel-modules
+# 590.44.01); G06 is 580 and earlier (bmwiedemann/openSUSE packages/n/nvidia-open-driver-G0{6,7}-signed).
+G07_FROM = 590
+
+
+def suse_generation(branch: int) -> str:
+    """SUSE's driver generation of a branch: G06 up to 580, G07 from 590."""
+    return "G07" if branch >= G07_FROM else "G06"
+
+
+def zypper_set(branch: str, flavor: str, fabricmanager: bool, nvlink5: bool = False) -> PackageSet:
+    """What zypper installs for a branch and flavor: the metapackage, the compute utilities and kernel
+    modules of the branch's generation, Fabric Manager (and NVLink5's pieces on HGX B200/B300). The open
+    modules are SUSE's signed `-cuda-` KMP flavour, the one built at the CUDA repository's driver
+    versions (its graphics flavour follows SUSE's own: nvidia-open-driver-G06-signed.spec, `Name:
+    ...%{?with_cuda:-cuda}`, `Version: %{cuda_version}`). Each name is locked but those with versions of
+    their own."""
     b = int(branch)
+    gen = suse_generation(b)
     unversioned = b >= names.UNVERSIONED_DRIVER_FROM
     open_modules = flavor == "open"
     main = "nvidia-open" if open_modules else "cuda-drivers"
-    kmp = "nvidia-open-driver-G06-signed-kmp-default" if open_modules else "nvidia-driver-G06-kmp-default"
-    install = [main if unversioned else f"{main}-{b}", "nvidia-compute-utils-G06", kmp]
+    kmp = (
+        f"nvidia-open-driver-{gen}-signed-cuda-kmp-default"
+        if open_modules
+        else f"nvidia-driver-{gen}-kmp-default"
+    )
+    install = [main if unversioned else f"{main}-{b}", f"nvidia-compute-utils-{gen}", kmp]
     if fabricmanager:
-        install += fabricmanager_packages("cuda", branch, "zypper")  # RPM names, as on RHEL
+        install += fabricmanager_packages("cuda", branch, "zypper", nvlink5)  # RPM names, as on RHEL
     pinning = [f"nvidia-driver-pinning-{b}"] if unversioned else []
-    return PackageSet(pinning, install, list(pinning) + install)
+    return PackageSet(pinning, install, pinning + [n for n in install if not names.own_version(n)])

@@ -129,6 +129,14 @@ def parse_topology(text: str) -> TopoMatrix:
 
 
 def _skip_preamble(lines: Sequence[str]) -> int:
+    """Where the matrix's header row is: the first line of GPU columns with the affinity columns. What comes
+    before it is a label a capture may start with (`GPU Topology:`, an indented heading, a shell line with a
+    typo) and is skipped; without such a header the first line that is not blank nor a command is taken,
+    so that the parser says what is wrong with it."""
+    for index, line in enumerate(lines):
+        tokens = line.split()
+        if tokens and _GPU_LABEL.match(tokens[0]) and "CPU Affinity" in line:
+            return index
     index = 0
     while index < len(lines) and (not lines[index].strip() or _COMMAND_LINE.match(lines[index])):
         index += 1

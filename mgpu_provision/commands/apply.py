@@ -138,6 +138,12 @@ def run(args: argparse.Namespace) -> int:
     serial = parse_serial(args.serial) if args.serial else None
     max_fail = parse_max_fail_percent(args.max_fail_percent) if args.max_fail_percent is not None else None
     fleet = options.prepare(args)
+    no_slurm = [h.name for h in fleet.hosts if args.drain and fleet.loaded.rig_of(h).slurm is None]
+    if no_slurm:  # refused before any host is asked, as smoke --via srun is
+        raise ProvisionError(
+            f"--drain slurm needs a `slurm` section in the rig of {', '.join(no_slurm)} (the nodes run "
+            "slurmd); leave --drain out, or --limit the hosts that have one"
+        )
     settings = ApplySettings(
         steps,
         lock_wait_s=args.lock_wait,
@@ -194,7 +200,11 @@ def confirm(yes: bool, hosts: int, console: Console) -> None:
         raise NotConfirmed(
             f"apply would change {hosts} host(s) and needs confirmation: pass --yes, or run it in a terminal"
         )
-    answer = console.input(f"Apply these changes to {hosts} host(s)? Only 'yes' is accepted: ")
+    try:
+        answer = console.input(f"Apply these changes to {hosts} host(s)? Only 'yes' is accepted: ")
+    except EOFError:  # Ctrl-D (or the end of piped input): no answer is not a yes
+        console.print()
+        answer = ""
     if answer.strip().lower() != "yes":
         raise NotConfirmed("apply cancelled: nothing was changed")
 
@@ -207,6 +217,17 @@ def show_plan(console: Console, plan: FleetPlan, steps: tuple[str, ...], new_con
 def node_kind(simulated: bool | None) -> str:
     """The RECAP's `node` cell: whether a twin file stood in for the host's NVIDIA layer."""
     return {True: "simulated", False: "real", None: ""}[simulated]
+
+
+# An error cell longer than this is cut, and the whole error printed below the table: a 400-character
+# message from a node made every row of the recap as wide.
+ERROR_CELL = 60
+
+
+def short_error(error: str | None) -> str | None:
+    if error is None or len(error) <= ERROR_CELL:
+        return error
+    return error[: ERROR_CELL - 10].rstrip() + "… (below)"
 
 
 def show_recap(console: Console, result: ApplyResult, plan: FleetPlan) -> None:
@@ -228,13 +249,16 @@ def show_recap(console: Console, result: ApplyResult, plan: FleetPlan) -> None:
             "left": len([c for c in r.remaining if c.resource != "reboot"]),
             "reboot": "reboot required" if r.reboot_required else ("rebooted" if r.rebooted else ""),
             "time": f"{r.elapsed_s:.1f}s",
-            "error": r.error,
+            "error": short_error(r.error),
         }
         for r in result.recaps
         if not (result.stopped and r.status == "skipped")  # one line below says which were not touched
     }
     console.print(Text("RECAP", style="bold"))
     console.print(host_table(rows, ("node", "status", "done", "left", "reboot", "time", "error")))
+    for r in result.recaps:  # the whole of each error too long for its cell, below the table
+        if r.error is not None and short_error(r.error) != r.error and r.host in rows:
+            console.print(shown((r.host, "bold cyan"), f": {r.error}"), soft_wrap=True)
     if result.stopped:
         untouched = host_ranges([r.host for r in result.recaps if r.status == "skipped"])
         console.print(shown((result.stopped, "red"), f"; not touched: {untouched}"), soft_wrap=True)

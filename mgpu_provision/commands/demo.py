@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import socket
-import subprocess
 import sys
 from importlib import resources
 from pathlib import Path
@@ -20,6 +19,7 @@ from rich.console import Console
 from rich.rule import Rule
 
 from ..errors import ProvisionError
+from ..jobs.rehearse import has_torch
 from ..rig.models import schema_comment
 from . import paths
 from .output import shown
@@ -27,6 +27,8 @@ from .output import shown
 DEMO_TWIN = "twin-rtx3090-nvlink.yaml"
 # PyTorch's index of CPU-only wheels (pytorch.org, "Get started"): ~190 MB instead of the CUDA build's GBs.
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# The torch README and pyproject's `demo` extra pin (tests/unit/test_demo.py keeps the three equal).
+TORCH = "torch==2.13.0"
 
 RIG_TEMPLATE = """\
 {schema_line}
@@ -103,20 +105,10 @@ def write_demo(sandbox: Path, python: str | None) -> Path:
     return rig
 
 
-def has_torch(python: str) -> bool:
-    """Whether `python` can import torch (the smoke step runs a real DDP job with it)."""
-    probe = subprocess.run(
-        [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"],
-        capture_output=True,
-        check=False,
-    )
-    return probe.returncode == 0
-
-
 def smoke_hint(python: str) -> str:
     return (
         f"{python} has no torch, so the demo leaves out its smoke test (a real DDP run). To add it, install "
-        f"the CPU build (about 190 MB): {python} -m pip install torch --index-url {CPU_INDEX} "
+        f"the CPU build (about 190 MB): {python} -m pip install {TORCH} --index-url {CPU_INDEX} "
         "and run mgpu-provision demo again"
     )
 

@@ -23,6 +23,7 @@ from ..fleet.targets import DEFAULT_PYTHON, HostTarget
 from ..jobs.init import env_file_paths, rig_from_facts
 from ..rig.models import path_in_rig, schema_comment
 from . import paths
+from .output import print_json
 
 # Where a `connection: local` box is written to be: the rendezvous address of a one-box rig.
 LOCAL_ADDRESS = "127.0.0.1"
@@ -108,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
     )
     topo_path.write_text(format_topology(gpu_matrix(len(facts.gpus), facts.cell)), encoding="utf-8")
     output.write_text(text, encoding="utf-8")
+    if args.json:
+        host = {"address": target.address, "gpus": len(facts.gpus), "simulated": facts.host.simulated}
+        return print_json(0, {name: host}, rig=str(output), topology=str(topo_path))
     print(f"wrote {output} and {topo_path.name}")
     print(f"next: review the `review:` lines, then run: mgpu-provision plan {output}")
     return 0
@@ -151,6 +155,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "-o", "--output", type=paths.output_file, default="rig.yaml", help="default ./rig.yaml"
     )
     parser.add_argument("--force", action="store_true", help="overwrite the output file")
+    parser.add_argument("--json", action="store_true", help="print what was written as a JSON document")
     parser.add_argument("--name", help="the host's name in the rig file (default: its hostname)")
     parser.add_argument("--identity-file", type=paths.input_file, metavar="KEY", help="SSH private key")
     parser.add_argument("--python", default=DEFAULT_PYTHON, help="python3 on the box that runs the agent")

@@ -103,8 +103,18 @@ def fleet_options(args: argparse.Namespace) -> FleetOptions:
     )
 
 
+def one_line_per_step(record: logging.LogRecord) -> bool:
+    """Whether `-v` shows a log record: Paramiko logs a failed transport at ERROR as its traceback, one
+    record per line; `-v` keeps the first ("Exception (client): Error reading SSH protocol banner") and
+    leaves the traceback to `-vv`, as the tool's own one-line error says the rest."""
+    if not record.name.startswith("paramiko") or record.levelno < logging.ERROR:
+        return True
+    return record.getMessage().startswith("Exception")
+
+
 def verbose(level: int) -> None:
-    """`-v`: this tool's and Paramiko's log records with the time of each, to see which SSH step is slow."""
+    """`-v`: this tool's and Paramiko's log records with the time of each, one line per SSH step, to see
+    which step is slow; `-vv` every detail, Paramiko's tracebacks included."""
     if level:
         logging.basicConfig(
             level=logging.INFO if level == 1 else logging.DEBUG,
@@ -112,6 +122,9 @@ def verbose(level: int) -> None:
             datefmt="%H:%M:%S",
             stream=sys.stderr,
         )
+    if level == 1:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(one_line_per_step)
 
 
 def prepare(args: argparse.Namespace) -> FleetRun:

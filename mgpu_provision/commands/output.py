@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import sys
 import threading
@@ -59,10 +60,18 @@ def make_console(file: TextIO | None = None, width: int | None = None, soft_wrap
     lines as long as they are (NOT_A_TERMINAL_WIDTH) instead of wrapped at 80 columns."""
     from rich.console import Console
 
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # The reader left (`plan rig.yaml | head`): nothing more reaches it, the command finishes as it
+            # would and exits as the exit-code table says (rich would exit 1 here, even in mid-apply).
+            # Its descriptor goes to /dev/null so the interpreter's last flush does not fail either.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.file.fileno())
+            self.quiet = True
+
     out = file or sys.stdout
     if width is None and not out.isatty():
         width = NOT_A_TERMINAL_WIDTH
-    return Console(file=out, highlight=False, width=width, soft_wrap=soft_wrap)
+    return _Console(file=out, highlight=False, width=width, soft_wrap=soft_wrap)
 
 
 # The version of the document every `--json` prints (docs/json.md); keys are only ever added.

@@ -32,9 +32,11 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "plan",
-        help="show the drift: what differs from the rig file on each box (changes nothing)",
+        help="show the drift: what differs from the rig file on each box (writes only a health sample)",
         description=(
-            "Show the drift: what differs from the rig file on each box. Changes nothing.\n\n"
+            "Show the drift: what differs from the rig file on each box.\n\n"
+            "Changes nothing on a box but the health counter sample it keeps (health-counters.json in\n"
+            "files.state_dir), against which the next run judges NVLink, ECC and Xid counts as rates.\n"
             "Each change is marked + create, ~ update, ! failed check (apply cannot fix it) or ? manual\n"
             "step. Exit 0 no drift, 2 drift, a failed check or an unreachable host, 1 error."
         ),

@@ -26,14 +26,18 @@ if TYPE_CHECKING:
     from rich.text import Text
 
 PLAN_JSON_VERSION = 1
-SYMBOL = {"create": "+", "update": "~", "delete": "-", "verify-failed": "!", "manual": "?"}
+SYMBOL = {"create": "+", "update": "~", "delete": "-", "verify-failed": "!", "warn": "*", "manual": "?"}
 ACTION_STYLE = {
     "create": "green",
     "update": "yellow",
     "delete": "red",
     "verify-failed": "red",
+    "warn": "dark_orange",
     "manual": "magenta",
 }
+# Each change's severity in `plan --json` (judge.records.SEVERITIES for checks): a failed check fails the
+# box, a warning (and a manual step, which DCGM warns for) does not, anything apply would change is drift.
+SEVERITY = {"verify-failed": "fail", "warn": "warn", "manual": "warn"}
 DIFF_STYLE = {"+": "green", "-": "red", "@": "cyan"}
 
 
@@ -42,6 +46,8 @@ def totals_line(totals: PlanTotals) -> str:
     parts = [f"{totals.to_change} to change"]
     if totals.checks_failed:
         parts.append(plural(totals.checks_failed, "check failed", "checks failed"))
+    if totals.warnings:
+        parts.append(plural(totals.warnings, "warning", "warnings"))
     if totals.manual:
         parts.append(f"{totals.manual} manual")
     hosts = plural(totals.hosts, "host", "hosts")
@@ -54,7 +60,9 @@ def totals_line(totals: PlanTotals) -> str:
 def summary_line(plan: FleetPlan) -> str:
     if plan.converged:
         hosts = len(plan.hosts)
-        return f"No changes. {plural(hosts, 'host matches', 'hosts match')} the rig file."
+        warned = plan.totals.warnings
+        warnings = f" ({plural(warned, 'warning', 'warnings')})" if warned else ""
+        return f"No changes. {plural(hosts, 'host matches', 'hosts match')} the rig file{warnings}."
     return totals_line(plan.totals)
 
 
@@ -136,7 +144,8 @@ def host_lines(host: HostPlan, new_content: bool = False) -> list[Text]:
 
 
 def render_plan(plan: FleetPlan, console: Console, new_content: bool = False) -> None:
-    """Changes (`+` create, `~` update, `-` delete, `!` failed check, `?` manual), then the totals line: one
+    """Changes (`+` create, `~` update, `-` delete, `!` failed check, `*` warning, `?` manual), then the
+    totals line: one
     host in full, a fleet grouped (see the module's docstring)."""
     from rich.text import Text
 
@@ -147,6 +156,13 @@ def render_plan(plan: FleetPlan, console: Console, new_content: bool = False) ->
     console.print(Text(summary_line(plan), style=style), soft_wrap=True)
 
 
+# What a twin stands in for, said where the plan names the simulated hosts (ARCHITECTURE "Simulated nodes").
+SIMULATION_BOUNDARY = (
+    " (twin files stand in for the NVIDIA layer: NVML, the driver and its daemons; files, processes and "
+    "torch are real; the node check's timer is not installed: run the check by hand)"
+)
+
+
 def kind_lines(plan: FleetPlan) -> list[Text]:
     """Which hosts are simulated (a twin file stands in for their NVIDIA layer) and which are real, and a
     warning for the machine running this tool, where apply holds back a driver install and a reboot."""
@@ -154,7 +170,8 @@ def kind_lines(plan: FleetPlan) -> list[Text]:
     for kind, value, style in (("simulated", True, "yellow"), ("real", False, "bold")):
         names = [h.host for h in plan.hosts if h.simulated is value]
         if names:
-            lines.append(shown((f"{kind}: ", style), host_ranges(names)))
+            boundary = SIMULATION_BOUNDARY if value else ""
+            lines.append(shown((f"{kind}: ", style), host_ranges(names), boundary))
     for host in plan.hosts:
         held = held_on_control_machine(list(host.changes))
         if host.control_machine and held:
@@ -182,7 +199,7 @@ Variants = dict[str | None, tuple[Change, list[str]]]
 def _diffs(variants: Variants) -> list[Text]:
     """The diff lines of a shared change: the one diff, or each distinct one under the hosts it is for."""
     if len(variants) == 1:
-        (change, _), = variants.values()
+        ((change, _),) = variants.values()
         return change_lines(change, new_content=True)[1:]
     lines: list[Text] = []
     for change, hosts in variants.values():
@@ -231,7 +248,12 @@ CHANGE_KEYS = ("resource", "action", "summary", "current", "desired", "reboot", 
 
 def change_json(change: Change) -> dict[str, Any]:
     document: dict[str, Any] = {key: getattr(change, key) for key in CHANGE_KEYS}
-    document.update(tags=[change.phase], phase=change.phase, applies=change.agent_step is not None)
+    document.update(
+        severity=SEVERITY.get(change.action, "drift"),
+        tags=[change.phase],
+        phase=change.phase,
+        applies=change.agent_step is not None,
+    )
     return document
 
 
@@ -253,6 +275,7 @@ def plan_json(plan: FleetPlan) -> dict[str, Any]:
         "totals": {
             "to_change": totals.to_change,
             "checks_failed": totals.checks_failed,
+            "warnings": totals.warnings,
             "manual": totals.manual,
             "hosts_with_changes": totals.hosts_with_changes,
             "hosts": totals.hosts,

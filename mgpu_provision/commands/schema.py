@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from ..rig.models import RigFile
+from .output import print_json
 
 SCHEMA_ID = "https://mgpu-provision.dev/schemas/rig.schema.json"
 
@@ -58,9 +59,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog="examples:\n  mgpu-provision schema > rig.schema.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--json", action="store_true", help="the schema inside the --json envelope")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.json:  # the shared envelope, the schema under `schema` (plain output is the schema file itself)
+        return print_json(0, {}, schema=rig_schema())
     print(schema_text(), end="")
     return 0

@@ -192,6 +192,8 @@ def burn_in_line(group: GroupReport) -> str | None:
 
 def verdict_line(group: GroupReport) -> Text:
     floor = f", busbw floor {group.busbw_floor_gbps:g} GB/s" if group.busbw_floor_gbps is not None else ""
+    if floor and not group.floor_judged:
+        floor += " not judged (simulated nodes: Gloo on the CPU)"
     if group.backend is not None and group.backend != group.requested_backend:
         floor += f" (the rig says {group.requested_backend}: simulated nodes run Gloo)"
     return shown(

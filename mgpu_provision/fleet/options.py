@@ -8,12 +8,14 @@ even time growing with the square of the fleet).
 from __future__ import annotations
 
 import errno
+import io
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from ..errors import ConnectionFailed
 from .known_hosts import KnownHosts
 
 if TYPE_CHECKING:
@@ -43,6 +45,53 @@ class SessionOpener(Protocol):
     session.py in a circle)."""
 
     def __call__(self, target: HostTarget, options: FleetOptions, agent: AgentPayload) -> object: ...
+
+
+# ssh_config(5) keywords whose value is a number: Paramiko takes `Port abc` and fails later, deep inside.
+_NUMERIC_KEYWORDS = {
+    "port", "connecttimeout", "connectionattempts", "serveraliveinterval", "serveralivecountmax",
+}  # fmt: skip
+
+
+def ssh_config_problem(lines: list[str]) -> tuple[int, str] | None:
+    """The first line of an ssh_config Paramiko cannot use, as (line number, why), or None."""
+    import paramiko
+
+    for number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = paramiko.SSHConfig.SETTINGS_REGEX.match(line)
+        if match is None:
+            return number, f"{line.split()[0]} has no value"
+        keyword, value = match.group(1).lower(), match.group(2).strip().strip('"')
+        if keyword in _NUMERIC_KEYWORDS and not value.isdigit():
+            return number, f"{match.group(1)} {value!r} is not a whole number"
+    return None
+
+
+def parse_ssh_config(config: paramiko.SSHConfig, path: Path) -> None:
+    """Add the ssh_config file `path` to `config`; a line that cannot be used is a ConnectionFailed naming
+    the file, the line and why (Paramiko's own error names neither file nor line, and a bad number only
+    surfaces as a traceback when a connection reads it)."""
+    import paramiko
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConnectionFailed(f"cannot read the ssh_config {path}: {exc}") from None
+    problem = ssh_config_problem(text.splitlines())
+    if problem is None:
+        try:
+            config.parse(io.StringIO(text))
+            return
+        except paramiko.ssh_exception.ConfigParseError as exc:
+            problem = (0, str(exc))
+    number, why = problem
+    where = f"{path}, line {number}" if number else str(path)
+    raise ConnectionFailed(
+        f"{where}: {why}: fix or remove that line (ssh_config(5)), or pass --ssh-config FILE"
+    )
 
 
 @dataclass
@@ -89,8 +138,7 @@ class SharedSsh:
                 config = paramiko.SSHConfig()
                 for path in (p.expanduser() for p in paths):
                     if path.is_file():
-                        with path.open(encoding="utf-8") as text:
-                            config.parse(text)
+                        parse_ssh_config(config, path)
                 self.parsed_ssh_config = config
             return self.parsed_ssh_config
 
@@ -112,5 +160,3 @@ class FleetOptions:
     shared_ssh: SharedSsh | None = field(default=None, repr=False, compare=False)
     # Told each host's name as its job ends (from the worker thread): the commands' "still waiting for".
     on_host_done: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
-
-

@@ -1,4 +1,4 @@
-"""The replies of `apply`, `reboot`, `smoke`, `smoke-cleanup`, `smoke-baseline`, `slurm-node`, on arrival.
+"""The replies of `apply`, `reboot`, `smoke`, `smoke-cleanup`, `smoke-baseline`, `slurm-node`, `gpu-reset`.
 
 The agent answers plain JSON (node/verbs/apply.py, node/verbs/smoke.py); `fleet.session.read_reply`
 validates it against these models, so a reply this version cannot read is an AgentError that names the
@@ -72,3 +72,23 @@ class SlurmNodeReply(Reply):
     node: str = Field(min_length=1)
     line: dict[str, str]
     changed: bool
+
+
+class HeldGpu(Reply):
+    gpu: int = Field(ge=0)
+    pids: list[int]
+
+
+class ResetGpu(Reply):
+    index: int = Field(ge=0)
+    pci_bus_id: str
+
+
+class GpuResetReply(Reply):
+    """`gpu-reset`: whether the GPUs were reset, what the reset said when not, who still held them."""
+
+    reset: bool
+    error: str | None = None
+    held: list[HeldGpu]
+    waited_s: float = Field(ge=0)
+    gpus: list[ResetGpu]

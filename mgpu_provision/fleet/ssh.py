@@ -57,10 +57,13 @@ class _RejectUnknown(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         address, _, port = hostname.removeprefix("[").partition("]:")
+        # On a clean HOME ~/.ssh does not exist yet, and `>> ~/.ssh/known_hosts` would fail in the shell.
+        folder = self._known_hosts.parent
+        make = "" if folder.is_dir() else f"mkdir -p -m 700 {folder} && "
         raise UnknownHostKey(
             f"host key of {self._where} is not in known_hosts ({self._known_hosts}); it offered "
             f"{_key_words(key)}. Verify it and run with --accept-new-host-keys, or add it with "
-            f"`ssh-keyscan -p {port or 22} {address} >> {self._known_hosts}`"
+            f"`{make}ssh-keyscan -p {port or 22} {address} >> {self._known_hosts}`"
         )
 
 

@@ -121,7 +121,11 @@ def finish(
     """
     reboot_required = any(c.resource == "reboot" for c in changes)
     left = [
-        c for c in changes if c.resource != "reboot" and not (reboot_required and c.action == "verify-failed")
+        c
+        for c in changes
+        if c.resource != "reboot"
+        and c.action != "warn"
+        and not (reboot_required and c.action == "verify-failed")
     ]
     if error is None and left:
         error = left_words(left)
@@ -404,8 +408,47 @@ def rollout(
     `drain` the hosts a batch changes are drained in Slurm first (jobs/drain.py); a batch that does not
     drain in time is skipped, its drains lifted, and named in `drain_skipped`.
     """
-    planned = {h.host: h for h in plan.hosts}
     recaps: dict[str, HostRecap] = {}
+    under_way: list[str] = []
+    try:
+        return _rollout(
+            loaded, plan, targets, settings, options, serial, max_fail_percent, drain, progress,
+            recaps, under_way,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        raise ApplyInterrupted(interrupted_words([t.name for t in targets], recaps, under_way)) from None
+
+
+class ApplyInterrupted(KeyboardInterrupt):
+    """Ctrl-C during apply, carrying what finished, what was under way and what was not started."""
+
+
+def interrupted_words(names: list[str], recaps: dict[str, HostRecap], under_way: list[str]) -> str:
+    """`changed: a, b; under way (...): c; not started: d`, in host order, as --max-fail-percent says
+    which hosts it did not touch."""
+    by_status: dict[str, list[str]] = {}
+    for name in names:
+        status: str = "under way" if name in under_way else "not started"
+        by_status.setdefault(recaps[name].status if name in recaps else status, []).append(name)
+    words = {"under way": "under way (stopped where they were; the next apply finishes them)"}
+    return "; ".join(f"{words.get(key, key)}: {', '.join(hosts)}" for key, hosts in by_status.items())
+
+
+def _rollout(
+    loaded: LoadedRig,
+    plan: FleetPlan,
+    targets: list[HostTarget],
+    settings: ApplySettings,
+    options: FleetOptions,
+    serial: Serial | None,
+    max_fail_percent: float | None,
+    drain: DrainSettings | None,
+    progress: Progress,
+    recaps: dict[str, HostRecap],
+    under_way: list[str],
+) -> ApplyResult:
+    """The rollout itself; `recaps` and `under_way` (the batch being applied) say how far it got."""
+    planned = {h.host: h for h in plan.hosts}
     stop_reason: str | None = None
     stopped: str | None = None
     drain_skipped: list[str] = []
@@ -427,6 +470,7 @@ def rollout(
                 continue
         if busy:
             progress(f"batch {number}: applying on {', '.join(t.name for t in busy)}")
+            under_way[:] = [t.name for t in busy]
             outcomes = run_fleet(
                 busy,
                 lambda s: converge_host(
@@ -441,6 +485,7 @@ def rollout(
                 options,
             )
             recaps.update((name, _recap_of_outcome(name, o)) for name, o in outcomes.items())
+            under_way.clear()
         if held:
 
             def release(s: AgentSession, held: dict[str, Drained] = held) -> HostRecap:

@@ -50,8 +50,8 @@ def is_drained(line: dict[str, str]) -> bool:
     return "DRAIN" in flags and not flags & _BUSY
 
 
-def is_ours(line: dict[str, str]) -> bool:
-    return "DRAIN" in line.get("State", "") and line.get("Reason", "").startswith(APPLY_REASON)
+def is_ours(line: dict[str, str], reason: str = APPLY_REASON) -> bool:
+    return "DRAIN" in line.get("State", "") and line.get("Reason", "").startswith(reason)
 
 
 def not_drained_words(stuck: list[Drained], timeout_s: float) -> str:
@@ -59,27 +59,33 @@ def not_drained_words(stuck: list[Drained], timeout_s: float) -> str:
     return "; ".join(f"{d.node} still {d.state} after {timeout_s:g}s (its jobs are running)" for d in stuck)
 
 
-def _ask(session: AgentSession, action: str) -> SlurmNodeReply:
-    args = {"action": action, "reason": APPLY_REASON}
+def _ask(session: AgentSession, action: str, reason: str) -> SlurmNodeReply:
+    args = {"action": action, "reason": reason}
     reply = read_reply(session, "slurm-node", args, SlurmNodeReply, session.target.command_timeout_s)
     assert isinstance(reply, SlurmNodeReply)
     return reply
 
 
-def drain_host(session: AgentSession, settings: DrainSettings, progress: Callable[[str], None]) -> Drained:
-    """Drain the node (unless someone drained it already) and wait until it is DRAINED or the time is up."""
+def drain_host(
+    session: AgentSession,
+    settings: DrainSettings,
+    progress: Callable[[str], None],
+    reason: str = APPLY_REASON,
+) -> Drained:
+    """Drain the node (unless someone drained it already) and wait until it is DRAINED or the time is up.
+    `reason` is the run's own (recover drains with its own), so only that run lifts it."""
     started = time.monotonic()
-    reply = _ask(session, "drain")
+    reply = _ask(session, "drain", reason)
     name = session.target.name
     if reply.changed:
-        progress(f"{name}: drained in Slurm as {reply.node} ({APPLY_REASON}), waiting for its jobs to end")
+        progress(f"{name}: drained in Slurm as {reply.node} ({reason}), waiting for its jobs to end")
     while not is_drained(reply.line) and time.monotonic() - started < settings.timeout_s:
         time.sleep(settings.poll_s)
-        reply = _ask(session, "show")
+        reply = _ask(session, "show", reason)
     return Drained(
         name,
         reply.node,
-        is_ours(reply.line),
+        is_ours(reply.line, reason),
         is_drained(reply.line),
         reply.line.get("State", ""),
         reply.line.get("Reason", ""),
@@ -87,6 +93,6 @@ def drain_host(session: AgentSession, settings: DrainSettings, progress: Callabl
     )
 
 
-def resume_host(session: AgentSession) -> SlurmNodeReply:
+def resume_host(session: AgentSession, reason: str = APPLY_REASON) -> SlurmNodeReply:
     """Lift the drain if its reason is this rollout's (the node checks the reason itself)."""
-    return _ask(session, "resume")
+    return _ask(session, "resume", reason)

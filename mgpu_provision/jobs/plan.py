@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from ..rig.rig import LoadedRig
 
 HostStatus = Literal["ok", "unreachable", "failed"]
+# What keeps a host from matching its rig file: every action but a warning.
+ACTING = ("create", "update", "delete", "verify-failed", "manual")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class HostPlan:
 class PlanTotals:
     to_change: int  # create + update
     checks_failed: int
+    warnings: int
     manual: int
     hosts_with_changes: int
     hosts: int
@@ -68,8 +71,9 @@ class FleetPlan:
         return PlanTotals(
             to_change=sum(h.count("create", "update", "delete") for h in self.hosts),
             checks_failed=sum(h.count("verify-failed") for h in self.hosts),
+            warnings=sum(h.count("warn") for h in self.hosts),
             manual=sum(h.count("manual") for h in self.hosts),
-            hosts_with_changes=sum(1 for h in self.hosts if h.changes),
+            hosts_with_changes=sum(1 for h in self.hosts if h.count(*ACTING)),
             hosts=len(self.hosts),
             unreachable=sum(1 for h in self.hosts if h.status == "unreachable"),
             failed=sum(1 for h in self.hosts if h.status == "failed"),
@@ -77,7 +81,8 @@ class FleetPlan:
 
     @property
     def converged(self) -> bool:
-        return all(h.status == "ok" and not h.changes for h in self.hosts)
+        """Nothing to change and no failed check: a warning is shown, and is no drift."""
+        return all(h.status == "ok" and not h.count(*ACTING) for h in self.hosts)
 
     @property
     def exit_code(self) -> int:

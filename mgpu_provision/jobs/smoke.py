@@ -118,6 +118,7 @@ class GroupReport:
     bandwidth: list[dict[str, Any]]
     busbw_floor_gbps: float | None
     problems: list[str]
+    floor_judged: bool = True  # False on simulated nodes (Gloo on the CPU): the floor is not theirs to meet
     nodes: list[NodeReport] = field(default_factory=list)
     devices: list[dict[str, Any]] = field(default_factory=list)  # per rank: host, backend, device, GPU
     srun: dict[str, Any] | None = None  # --via srun: the step's job_id, nodes, exit_code, elapsed_s
@@ -375,7 +376,10 @@ def judge_group(
         problems += load_problems(node, parts[0].min_pcie) + network_problems(node, parts[0].network)
     rank0 = ranks.get(0, {})
     bandwidth = list(rank0.get("bandwidth") or [])
-    if floor_gbps is not None and bandwidth:
+    # Simulated nodes run Gloo on the CPU: their bandwidth says nothing of NVLink or the network, so a floor
+    # meant for the real GPUs is not judged there (the report says so).
+    floor_judged = not ranks or not all(r.get("simulated") for r in ranks.values())
+    if floor_gbps is not None and bandwidth and floor_judged:
         # The plateau: the best of the two largest sizes, so one noisy measurement does not decide.
         largest = sorted(bandwidth, key=lambda b: float(b["size_mib"]))[-2:]
         best = max(largest, key=lambda b: float(b["busbw_gbps"]))
@@ -397,6 +401,7 @@ def judge_group(
         ranks_joined=len(ranks),
         bandwidth=bandwidth,
         busbw_floor_gbps=floor_gbps,
+        floor_judged=floor_judged,
         problems=problems,
         nodes=nodes,
         devices=[rank_device(node.host, result) for node in nodes for result in node.ranks],

@@ -4,7 +4,8 @@ Slurm places the ranks and, with `--kill-on-bad-exit=1`, ends every node's part 
 the SSH way (`jobs/smoke.py`: one call per node) can only wait out. Three rounds through the agent's
 `slurm-smoke` verb (node/verbs/slurm_smoke.py): `prepare` on every node (launcher and env files checked, the
 program and config written where srun's one command line finds them), `run` on the first node of each group
-(srun with `-w` the group's hosts: their Slurm NodeNames are the rig's host names), `collect` on every node
+(srun with `-w` the group's Slurm NodeNames, as each node's slurmd registers, and the GPUs, CPUs,
+partition, account and reservation of `srun_options`), `collect` on every node
 (the ranks' result files). The verdict is `judge_group`'s, over the ranks each node read back, plus the
 step's exit code; the report names the job id and nodes.
 """
@@ -22,6 +23,7 @@ from ..fleet.replies import SmokeReply
 from ..fleet.session import AgentSession, read_facts, read_reply
 from ..fleet.targets import HostTarget
 from ..plan.host import facts_request
+from ..plan.resources.slurm import slurm_name, srun_options
 from ..rig.models import Host
 from ..rig.rig import LoadedRig
 from .smoke import (
@@ -92,13 +94,14 @@ def run_smoke_srun(
     chosen = [t for t in targets if t.name in by_host]
     every = dataclasses.replace(options, forks=len(chosen))
     args: dict[str, dict[str, Any]] = {}
+    slurm_names: dict[str, str] = {}  # host -> its Slurm NodeName, which srun -w takes
 
     def prepare(session: AgentSession) -> dict[str, Any]:
         name = session.target.name
         host = loaded.host(name)
-        args[name] = for_this_node(
-            loaded, host, by_host[name], read_facts(session, facts_request(loaded, host))
-        )
+        facts = read_facts(session, facts_request(loaded, host))
+        slurm_names[name] = slurm_name(host, facts)
+        args[name] = for_this_node(loaded, host, by_host[name], facts)
         return call(session, "prepare", ROUND_TIMEOUT_S)
 
     def call(session: AgentSession, action: str, timeout: float, **more: Any) -> dict[str, Any]:
@@ -116,11 +119,18 @@ def run_smoke_srun(
     }
     starters = [t for t in targets if any(t.name == members[0].host for members in ready.values())]
     step_timeout = loaded.spec.smoke.timeout_s + CALL_MARGIN_S
-    steps = run_fleet(
-        starters,
-        lambda s: call(s, "run", step_timeout, nodes=[p.host for p in groups[by_host[s.target.name].group]]),
-        dataclasses.replace(options, forks=max(1, len(starters))),
-    )
+
+    def run_step(session: AgentSession) -> dict[str, Any]:
+        part = by_host[session.target.name]
+        slurm = loaded.rig_of(loaded.host(part.host)).slurm
+        assert slurm is not None  # without_slurm refused the others
+        members = groups[part.group]
+        wanted = srun_options(slurm, part.rendezvous.nproc_per_node)
+        return call(
+            session, "run", step_timeout, nodes=[slurm_names[p.host] for p in members], srun_options=wanted
+        )
+
+    steps = run_fleet(starters, run_step, dataclasses.replace(options, forks=max(1, len(starters))))
     # One node at a time: test hosts (and some clusters) share /tmp, and the first collect removes it.
     read_back = [t for t in chosen if t.name in args]
     collected = run_fleet(

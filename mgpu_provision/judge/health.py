@@ -1,11 +1,11 @@
 """GPU health: what a fleet admin asks before a training run, judged as NVIDIA DCGM and the cloud health
 checks judge it, answered from the same facts call.
 
-Critical Xids since boot (and GPUs fallen off the bus without an Xid line), fatal NVSwitch SXids, the
-driver's own recovery action, ECC mode and uncorrectable errors (SRAM apart from DRAM), memory repair
-(pending, or past DCGM's limits), NVLink error rates, hardware clock slowdowns and thermal violation time
-and, on NVSwitch rigs, the GPU's fabric registration and health; and whether the NVIDIA module is built for
-the kernels a boot can pick. None of them can be fixed by apply: each finding names the GPU, the value and
+Xids since boot or the GPU's last reset (and GPUs fallen off the bus without an Xid line), fatal NVSwitch
+SXids, the driver's own recovery action, ECC mode and uncorrectable errors (SRAM apart from DRAM), memory
+repair (pending, or past DCGM's limits), NVLink error rates, hardware clock slowdowns and thermal violation
+time and, on NVSwitch rigs, the GPU's fabric registration and health; and whether the NVIDIA module is built
+for the kernels a boot can pick. None of them can be fixed by apply: each finding names the GPU, the value and
 what a person should do. A value the node could not read (None) is not judged; the facts say once which
 values were not checked. The rig's `health.skip` switches a check off.
 
@@ -13,7 +13,9 @@ Each default is taken from a gate that runs in the field, cited beside it: DCGM'
 (`modules/health/DcgmHealthWatch.cpp`, limits in `common/DcgmGPUHardwareLimits.h`), Azure's
 azurehpc-health-checks (`customTests/azure_gpu_*.nhc`), leptonai/gpud and NVIDIA's Xid catalog. Counters are
 judged as rates over the interval the node measured them in (`health.counters_interval_s`), as DCGM judges
-the change over its watch window, never as totals since boot.
+the change over its watch window, never as totals since boot. Each finding's severity (fail, warn) comes
+from the one table in `records.SEVERITIES` through its kind; what brings a GPU back (`recovery`: a reset or
+a reboot) from the Xid catalog (`xids.py`) and NVML's recovery action.
 """
 
 from __future__ import annotations
@@ -21,49 +23,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from . import xids
 from .records import Expectation, Finding
-
-# Critical Xids: (meaning, what to do). DCGM's "devastating" Xids (48, 74, 79, 95, 119, 120, 140 fail on
-# every watch), azurehpc-health-checks' azure_gpu_xid.nhc list (48 56 57 58 62 63 64 65 68 69 73 74 79 80
-# 81 92 119 120), and the NVIDIA Xid catalog (as leptonai/gpud's catalog_generated.go carries it): its
-# RESET_GPU resolutions (62, 143, 155, 158), 169 (SEC2 halt, as 62 is the PMU's), 154 (the recovery action
-# changed) and fatal NVLink5 reports (149, "NETIR ... Fatal" on GB200; gpud PR #1160).
-RESET = "reset the GPU (nvidia-smi -r -i {index}, no process on it) or reboot"
-XID_ADVICE: Dict[int, Tuple[str, str]] = {
-    48: ("double-bit ECC error", "drain the GPU and reset it or reboot; replace it if it recurs"),
-    62: ("internal micro-controller (PMU) halt", RESET + "; replace it if it recurs"),
-    63: ("ECC page retirement or row remap recorded", "reset the GPU or reboot to apply the repair"),
-    64: ("ECC page retirement or row remap failed", "the memory cannot be repaired: replace the GPU"),
-    74: ("NVLink error", "reset the GPU; reseat or replace the bridge or cable if it recurs"),
-    79: (
-        "GPU has fallen off the bus",
-        "reboot, then check its power cables and PCIe seating; replace it if it recurs",
-    ),
-    92: ("high single-bit ECC error rate", "reset the GPU; replace it if the rate stays high"),
-    94: ("contained ECC error", "reset the GPU or reboot (the application that hit it was stopped)"),
-    95: ("uncontained ECC error", "reset the GPU or reboot: every application on it was affected"),
-    119: (
-        "GSP RPC timeout",
-        RESET + "; if it recurs, update the driver (R525 before 525.105.17 had this bug) or report it",
-    ),
-    120: ("GSP error", RESET + "; if it recurs, update the driver or report it to NVIDIA"),
-    140: ("ECC unrecovered error", RESET + "; replace the GPU if it recurs"),
-    143: ("GPU initialization error", RESET + "; replace the GPU if it does not come back"),
-    149: (
-        "fatal NVLink network (NETIR) error",
-        "reset the GPU or reboot the tray; check the NVLink cables and the switch tray it names",
-    ),
-    154: ("the driver changed the GPU's recovery action", "do what the recovery-action check says"),
-    155: ("NVLink software-defined error", RESET),
-    158: ("GPU fatal timeout", RESET + "; replace the GPU if it recurs"),
-    169: ("internal micro-controller (SEC2) halt", RESET + "; replace it if it recurs"),
-}
-# The rig file's default `health.critical_xids` (rig/models.py) is this list.
-CRITICAL_XIDS = tuple(sorted(XID_ADVICE))
-# Raised by applications, not by the GPU: the catalog's RESTART_APP/IGNORE (13 graphics exception, 31 page
-# fault, 43 channel stopped, 45 preemptive cleanup after another error). Reported in facts, never a failure.
-APP_XIDS = (13, 31, 43, 45)
-GENERIC_XID = ("see NVIDIA's Xid catalog", "reset the GPU or reboot; look up the Xid in NVIDIA's catalog")
 
 # nvmlDeviceGpuRecoveryAction_t (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): DCGM's health watch fails
 # gpu_reset, node_reboot and drain_and_reset and warns on drain_p2p.
@@ -76,13 +37,22 @@ RECOVERY_ADVICE = {
     "recover_imex_domain": "recover the IMEX domain (restart nvidia-imex on its nodes)",
 }
 RECOVERY_MANUAL = ("drain_p2p",)  # DCGM: WARN; peer-to-peer traffic must stop before the GPU recovers
+# What `recover` does for each action: a GPU reset, or a reboot where the GPU cannot be reset alone.
+RECOVERY_BY_ACTION = {
+    "gpu_reset": "reset",
+    "drain_and_reset": "reset",
+    "node_reboot": "reboot",
+    "system_reboot": "reboot",
+    "bus_reset": "reboot",
+}
 
 # DcgmGPUHardwareLimits.h: the retirement table is full at 63 pages; 512 uncorrectable row remaps mark a
 # GPU in a bad state (azurehpc's azure_gpu_ecc.nhc fails above 512 too).
 RETIRED_PAGES_LIMIT = 63
 ROW_REMAP_UNCORRECTABLE_LIMIT = 512
-# DCGM_LIMIT_MAX_NVLINK_ERROR (replay or recovery errors in a minute: fail) and _CRC_ERROR ("CRC errors
-# only matter at rates of 100+ per second"); NVLink5 (Blackwell) counters fail on any rise in the minute.
+# DCGM_LIMIT_MAX_NVLINK_ERROR (replay or recovery errors in a minute: fail; MonitorNVLink4Fields fails any
+# increase within its window) and _CRC_ERROR ("CRC errors only matter at rates of 100+ per second");
+# NVLink5 (Blackwell) counters fail on any rise in the window, a failed recovery on any total.
 NVLINK_PER_MINUTE_LIMIT = 1.0
 NVLINK_CRC_PER_SECOND_LIMIT = 100.0
 NVLINK_PER_MINUTE_COUNTERS = ("replay", "recovery", "recovery_events", "recovery_failed", "symbol")
@@ -137,20 +107,26 @@ def health(facts: Facts, expect: Expectation) -> List[Finding]:
 
 
 def xid(events: Any, critical: Set[int]) -> List[Finding]:
-    """One finding per (GPU, critical Xid), counted; app Xids and the rest are no failure."""
+    """One finding per (GPU, Xid), counted: a critical Xid fails, one the catalog calls harmless to the GPU
+    (`xids.NOTED`) warns, app Xids and the rest are none. An Xid the node marked `cleared` (logged before
+    the GPU's last successful reset this boot) is not judged again."""
     seen: Dict[Tuple[Optional[int], str, int], int] = {}
     for event in events:
-        if event["code"] in critical:
+        if not event.get("cleared") and (event["code"] in critical or event["code"] in xids.NOTED):
             key = (event.get("gpu"), event["pci_bus_id"], event["code"])
             seen[key] = seen.get(key, 0) + 1
     findings = []
     for (gpu, address, code), times in seen.items():
-        meaning, advice = XID_ADVICE.get(code, GENERIC_XID)
+        known = xids.entry(code)
         who = f"GPU {gpu}" if gpu is not None else f"the GPU at {address} (no longer listed by NVML)"
         count = "" if times == 1 else f" ({times} times)"
-        message = f"{who} logged Xid {code} since boot{count} ({meaning})"
-        advice = advice.format(index=gpu if gpu is not None else "N")
-        findings.append(Finding("xid", message, f"Xid {code}", "no critical Xid", gpu, advice=advice))
+        message = f"{who} logged Xid {code} since boot{count} ({known.meaning})"
+        advice = known.advice.format(index=gpu if gpu is not None else "N")
+        kind, recovery = (known.resolution, xids.recovery(code)) if code in critical else ("noted", None)
+        desired = "no critical Xid"
+        findings.append(
+            Finding("xid", message, f"Xid {code}", desired, gpu, kind, advice=advice, recovery=recovery)
+        )
     return findings
 
 
@@ -185,7 +161,17 @@ def _recovery_action(expect: Expectation, gpu: GpuHealth, window: Window) -> Lis
         return [Finding("recovery-action", message, action, "none", index, kind="manual")]
     advice = RECOVERY_ADVICE.get(action, "see NVIDIA's documentation of the recovery action")
     message = f"the driver says GPU {index} needs recovery ({action})"
-    return [Finding("recovery-action", message, action, "none", index, advice=advice.format(index=index))]
+    return [
+        Finding(
+            "recovery-action",
+            message,
+            action,
+            "none",
+            index,
+            advice=advice.format(index=index),
+            recovery=RECOVERY_BY_ACTION.get(action),
+        )
+    ]
 
 
 def _ecc(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:
@@ -201,7 +187,7 @@ def _ecc(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:
     if errors:
         message = f"GPU {index} has {errors} uncorrectable ECC error(s) since the driver loaded"
         advice = "drain it and reset it or reboot; replace it if they come back"
-        findings.append(Finding("ecc", message, str(errors), "0", index, advice=advice))
+        findings.append(Finding("ecc", message, str(errors), "0", index, advice=advice, recovery="reset"))
     # azurehpc's azure_gpu_ecc.nhc fails on any uncorrectable SRAM error, volatile or aggregate: SRAM is
     # on-chip and row remapping (which repairs DRAM) cannot fix it. The driver's threshold verdict too.
     sram_keys = ("ecc_sram_volatile_uncorrectable", "ecc_sram_aggregate_uncorrectable")
@@ -220,6 +206,9 @@ def _memory_repair(expect: Expectation, gpu: GpuHealth, window: Window) -> List[
     index = gpu["index"]
     reset = f"reset required: reset GPU {index} (nvidia-smi -r -i {index}) or reboot"
     replace = "replace the GPU"
+    if gpu.get("memory_unrepairable"):  # DCGM MonitorMemUnrepairableFlag: FAIL
+        message = f"GPU {index} has memory it cannot repair (NVML's unrepairable-memory flag)"
+        return [Finding("memory-repair", message, "unrepairable", "repairable", index, advice=replace)]
     if gpu.get("remapped_rows_failure"):
         message, advice = (
             f"row remapping failed on GPU {index}",
@@ -238,21 +227,54 @@ def _memory_repair(expect: Expectation, gpu: GpuHealth, window: Window) -> List[
             f"({ROW_REMAP_UNCORRECTABLE_LIMIT} or more: a GPU in a bad state)"
         )
         desired = f"< {ROW_REMAP_UNCORRECTABLE_LIMIT}"
-        return [Finding("memory-repair", message, f"{rows} rows", desired, index, advice=replace)]
+        return [
+            Finding("memory-repair", message, f"{rows} rows", desired, index, "rows-limit", advice=replace)
+        ]
     for key, what in (("remapped_rows_pending", "remapped rows"), ("retired_pages_pending", "retired pages")):
         if gpu.get(key):
             message = f"GPU {index} has {what} pending"
-            return [Finding("memory-repair", message, "pending", "none", index, advice=reset)]
+            return [
+                Finding(
+                    "memory-repair",
+                    message,
+                    "pending",
+                    "none",
+                    index,
+                    "pending",
+                    advice=reset,
+                    recovery="reset",
+                )
+            ]
     return []
 
 
 def _nvlink_errors(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:
-    """Each link's counters as rates over the interval (replay, recovery and the NVLink5 counters per
-    minute, CRC per second); from an agent that reports no changes, the totals against nvlink_error_max."""
-    index, (_, interval) = gpu["index"], window
+    """Each link's counters over the interval the node measured: over a sampled window, as DCGM judges
+    its one-minute window, any rise of replay, recovery or the NVLink5 counters fails (CRC: 100 per second);
+    since boot (no earlier sample) the same as rates (1 per minute). A failed link recovery
+    (`recovery_failed`) is lasting, as DCGM's NVLINK_RECOVERY_FAILED_TOTAL > 0 fails: its total is judged,
+    whatever the window. From an agent that reports no changes, the totals against nvlink_error_max."""
+    index, (since, interval) = gpu["index"], window
     findings = []
     for link in gpu.get("nvlink_errors") or ():
         where = f"GPU {index} link {link['link']}"
+        failed = link.get("recovery_failed")
+        if failed:
+            message = f"{where}: {failed} failed link recover{'y' if failed == 1 else 'ies'} this boot"
+            advice = "the link stays down until the GPU is reset; " + REPLACE_LINK
+            current = f"{failed} failed"
+            findings.append(
+                Finding(
+                    "nvlink-errors",
+                    message,
+                    current,
+                    "0",
+                    index,
+                    "recovery-failed",
+                    advice=advice,
+                    recovery="reset",
+                )
+            )
         change = link.get("change")
         if change is None or not interval:
             limit = expect.nvlink_error_max
@@ -267,10 +289,13 @@ def _nvlink_errors(expect: Expectation, gpu: GpuHealth, window: Window) -> List[
                 )
             continue
         minutes = interval / 60.0
+        windowed = since == "sample"
         over = [
-            f"{name} {change[name] / minutes:.1f}/min"
+            f"{name} +{change[name]}" if windowed else f"{name} {change[name] / minutes:.1f}/min"
             for name in NVLINK_PER_MINUTE_COUNTERS
-            if change.get(name) and change[name] / minutes >= NVLINK_PER_MINUTE_LIMIT
+            if name != "recovery_failed"
+            and change.get(name)
+            and (windowed or change[name] / minutes >= NVLINK_PER_MINUTE_LIMIT)
         ]
         crc = change.get("crc") or 0
         if crc / interval >= NVLINK_CRC_PER_SECOND_LIMIT:
@@ -278,9 +303,10 @@ def _nvlink_errors(expect: Expectation, gpu: GpuHealth, window: Window) -> List[
         if over:
             message = f"{where}: {', '.join(over)} over the last {_duration(interval)}"
             desired = (
-                f"< {NVLINK_PER_MINUTE_LIMIT:g} replay/recovery per minute, "
-                f"< {NVLINK_CRC_PER_SECOND_LIMIT:g} CRC per second"
-            )
+                "no replay/recovery error in the window"
+                if windowed
+                else f"< {NVLINK_PER_MINUTE_LIMIT:g} replay/recovery per minute"
+            ) + f", < {NVLINK_CRC_PER_SECOND_LIMIT:g} CRC per second"
             findings.append(
                 Finding("nvlink-errors", message, ", ".join(over), desired, index, advice=REPLACE_LINK)
             )
@@ -297,7 +323,9 @@ def _throttle(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Findi
         )
         message = f"GPU {index} is in {', '.join(active)}"
         desired = "no hardware slowdown"
-        findings.append(Finding("throttle", message, ", ".join(active), desired, index, advice=advice))
+        findings.append(
+            Finding("throttle", message, ", ".join(active), desired, index, "slowdown", advice=advice)
+        )
     since, interval = window
     change = gpu.get("change") or {}
     if since == "sample" and interval:  # a real window, as DCGM's; never the time since boot
@@ -307,7 +335,7 @@ def _throttle(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Findi
             held = ", ".join(grew)
             message = f"GPU {index} had its clocks held down ({held}) over the last {_duration(interval)}"
             desired, advice = "no thermal violation time", "check its cooling and airflow"
-            findings.append(Finding("throttle", message, held, desired, index, advice=advice))
+            findings.append(Finding("throttle", message, held, desired, index, "violation", advice=advice))
     return findings
 
 
@@ -379,7 +407,8 @@ def kernel(facts: Facts, expect: Expectation) -> List[Finding]:
     built = set(found.get("nvidia_module_for") or ())
     if running not in built:
         message = f"the NVIDIA module is not built for the running kernel {running}"
-        findings.append(Finding("kernel", message, "not built", "built", advice=REBUILD.format(k=running)))
+        advice = REBUILD.format(k=running)
+        findings.append(Finding("kernel", message, "not built", "built", kind="running", advice=advice))
     newest = max(installed, key=kernel_key) if installed else None
     following = found.get("next_boot") or newest  # the bootloader's default, else GRUB's first: the newest
     if following is not None and following != running and following not in built:
@@ -390,11 +419,11 @@ def kernel(facts: Facts, expect: Expectation) -> List[Finding]:
             f"{REBUILD.format(k=following)}, or hold the kernel"
         )
         current, desired = f"{following}: not built", f"{following}: built"
-        findings.append(Finding("kernel", message, current, desired, advice=advice))
+        findings.append(Finding("kernel", message, current, desired, kind="next-boot", advice=advice))
     refused = _secure_boot_refusal(found) if found.get("secure_boot") else None
     if refused is not None:
         message, advice, current, desired = refused
-        findings.append(Finding("kernel", message, current, desired, advice=advice))
+        findings.append(Finding("kernel", message, current, desired, kind="secure-boot", advice=advice))
     return findings
 
 

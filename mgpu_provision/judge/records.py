@@ -11,11 +11,43 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 EXPECTATION_VERSION = 1
 
+FAIL, WARN, DRIFT = "fail", "warn", "drift"
+SEVERITY_NAMES = (FAIL, WARN, DRIFT)
+# The one table of severities: (check, kind) -> severity, (check, "*") a check's default; everything else
+# fails. A failure takes the box out of service (the node check exits 2 and the Slurm health script drains
+# it); a warning is said (a WARN line, a metric) and the box keeps working; drift is a managed file that is
+# not what apply wrote. Where DCGM judges the same signal its verdict is the one here, from
+# NVIDIA/DCGM 4.6 `modules/health/DcgmHealthWatch.cpp`:
+SEVERITIES: Dict[Tuple[str, str], str] = {
+    # BuildXidMappings: 94 WARN, 63 WARN (memory watch); the Xid catalog's IGNORE / RESTART_APP /
+    # informational resolutions (judge/xids.py NOTED) are no failure either.
+    ("xid", "noted"): WARN,
+    # MonitorGpuRecoveryAction: NVML_GPU_RECOVERY_ACTION_DRAIN_P2P is WARN, the others FAIL.
+    ("recovery-action", "manual"): WARN,
+    # MonitorMemRetiredPending: WARN; MonitorMemRowRemapUncorrectable (>= 512 rows): WARN;
+    # MonitorMemRowRemapFailures, MonitorMemSbeDbeRetiredPages (a full table): FAIL.
+    ("memory-repair", "pending"): WARN,
+    ("memory-repair", "rows-limit"): WARN,
+    # MonitorThermal: any thermal violation time in its window is WARN; a hardware slowdown is only logged
+    # by Azure/azurehpc-health-checks `customTests/azure_gpu_clock_throttling.nhc`, and MonitorPower WARNs.
+    ("throttle", "*"): WARN,
+    # A box that works now and would come up without a driver at its next boot: a risk, not a failure.
+    ("kernel", "next-boot"): WARN,
+    ("file", "*"): DRIFT,  # judge/files.py: "file:<path>"
+}
+
+
+def severity_of(check: str, kind: str) -> str:
+    family = check.split(":", 1)[0]
+    return SEVERITIES.get((family, kind)) or SEVERITIES.get((family, "*")) or FAIL
+
 
 class Finding(NamedTuple):
-    """One judgement that failed. `check` names it (the plan's resource: "gpus", "topology", "xid", ...);
-    `kind` says which of a check's findings it is where a caller acts on the difference (the driver's
-    "not-installed" or "not-loaded"); otherwise it is "failed"."""
+    """One judgement that did not pass. `check` names it (the plan's resource: "gpus", "topology", "xid",
+    ...); `kind` says which of a check's findings it is where a caller acts on the difference (the driver's
+    "not-installed" or "not-loaded", an Xid's resolution) and, with `check`, gives its severity
+    (`SEVERITIES`); otherwise it is "failed". `recovery` is what brings the GPU back, where the finding says
+    ("reset": a GPU reset, "reboot"): what `recover` does."""
 
     check: str
     message: str  # what is wrong (short enough for a drain reason)
@@ -25,11 +57,21 @@ class Finding(NamedTuple):
     kind: str = "failed"
     uuid: Optional[str] = None  # filled in by verdict.judge_node from the facts' GPU list
     advice: Optional[str] = None  # what a person should do; None where the message says all there is
+    recovery: Optional[str] = None  # "reset" or "reboot" where that is what brings the GPU back
 
     @property
     def summary(self) -> str:
         """The message and its advice, as plan prints them."""
         return f"{self.message}: {self.advice}" if self.advice else self.message
+
+    @property
+    def severity(self) -> str:
+        return severity_of(self.check, self.kind)
+
+    @property
+    def reason(self) -> str:
+        """A short, stable word for the finding (a metric label): its check, and its kind unless plain."""
+        return self.check if self.kind == "failed" else f"{self.check}:{self.kind}"
 
 
 class Expectation(NamedTuple):

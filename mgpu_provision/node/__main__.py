@@ -22,7 +22,7 @@ from .. import __version__
 from ..protocol import ERROR_KINDS, BadRequest, check_request
 from .core.errors import AgentFailure
 from .nvidia.backend import Backend
-from .nvidia.select import select_backend, simulation_target
+from .nvidia.select import select_backend, simulation_target, state_folder
 
 BackendFactory = Callable[[], Backend]
 VerbOutcome = Tuple[Any, Optional[Callable[[], None]]]
@@ -77,6 +77,12 @@ def _slurm_node(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
     return run(args), None
 
 
+def _gpu_reset(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
+    from .verbs.gpu_reset import run
+
+    return run(args, backend()), None
+
+
 def _slurm_smoke(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
     from .verbs.slurm_smoke import run
 
@@ -93,6 +99,7 @@ VERBS: Dict[str, Callable[[Dict[str, Any], BackendFactory], VerbOutcome]] = {
     "smoke-baseline": _smoke_baseline,
     "slurm-node": _slurm_node,
     "slurm-smoke": _slurm_smoke,
+    "gpu-reset": _gpu_reset,
 }
 
 
@@ -114,7 +121,8 @@ def handle(
         except BadRequest as exc:
             raise AgentFailure("bad-request", str(exc)) from None
         twin = simulation_target(request.get("simulate"), login_simulate)
-        result, after = VERBS[verb](request.get("args") or {}, lambda: select_backend(twin))
+        state = state_folder(request)
+        result, after = VERBS[verb](request.get("args") or {}, lambda: select_backend(twin, state))
         return {"ok": True, "agent_version": __version__, "result": result}, after
     except AgentFailure as exc:
         return _error(exc.kind, exc.message), None

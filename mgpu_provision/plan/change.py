@@ -9,14 +9,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..catalog.topology import TopoMatrix
 from ..facts import Facts
-from ..judge.records import Expectation, Finding
+from ..judge.records import WARN, Expectation, Finding
 from ..rig.models import Host, Rig
 from .expectation import for_rig
 
 if TYPE_CHECKING:
     from ..rig import LoadedRig
 
-Action = Literal["create", "update", "delete", "verify-failed", "manual"]
+# "warn": a check that found something to say but nothing that fails the box (judge.records.SEVERITIES).
+Action = Literal["create", "update", "delete", "verify-failed", "warn", "manual"]
 # The playbook step a Change belongs to (`--tags`, `--skip-tags`): what kind of work carrying it out is.
 Phase = Literal["checks", "env", "sli", "persistence", "driver", "containers", "reboot"]
 # containers after the driver: a CDI spec names the driver's libraries and nodes.
@@ -46,11 +47,13 @@ def check_failed(
 
 
 def failed_checks(findings: Iterable[Finding]) -> list[Change]:
-    """The judge's findings as failed checks, in its order; those of kind "manual" (a person acts, e.g. the
-    driver's drain-P2P recovery action) as manual steps."""
+    """The judge's findings as failed checks, in its order; a warning as a warning; those of kind "manual"
+    (a person acts, e.g. the driver's drain-P2P recovery action) as manual steps."""
     return [
         Change(f.check, "manual", f.summary, f.current, f.desired)
         if f.kind == "manual"
+        else Change(f.check, "warn", f.summary, f.current, f.desired)
+        if f.severity == WARN
         else check_failed(f.check, f.summary, f.current, f.desired)
         for f in findings
     ]

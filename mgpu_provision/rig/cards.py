@@ -13,11 +13,12 @@ Base Mosaic, which spans the displays without SLI rendering (NVIDIA X driver REA
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Literal, NamedTuple, TypeVar
 
 from ..catalog import sources
 
 CardClass = Literal["geforce", "professional", "unknown"]
+T = TypeVar("T")
 
 _GEFORCE = re.compile(r"\b(GeForce|TITAN)\b", re.IGNORECASE)
 _PROFESSIONAL = re.compile(r"\b(Quadro|RTX A\d{4}|RTX PRO|Ada Generation)\b", re.IGNORECASE)
@@ -140,6 +141,38 @@ def nvlink5_hgx(model: str) -> bool:
     return open_modules_only(model) == "Blackwell" and bool(re.search(r"\bB[123]00\b", model))
 
 
+class BranchRange(NamedTuple):
+    """The driver branches that drive one GPU generation (None: no bound on that side)."""
+
+    generation: str
+    first: int | None
+    last: int | None
+
+
+# Which driver branches drive which GPU generation: the one table. NVIDIA's Unix graphics feature
+# deprecation schedule (forums.developer.nvidia.com, "Unix graphics feature deprecation schedule"): 470 is
+# the last branch for Kepler, 580 the last for Maxwell, Pascal and Volta. NVIDIA's data center driver
+# release notes: HGX B200 and GB200 are supported from 570, B300 and GB300 from 580. A model the table does
+# not know is never refused for it.
+_BRANCHES: tuple[tuple[re.Pattern[str], BranchRange], ...] = (
+    (re.compile(r"\bG?B300\b", re.IGNORECASE), BranchRange("Blackwell Ultra", 580, None)),
+    (re.compile(r"\bG?B200\b", re.IGNORECASE), BranchRange("Blackwell", 570, None)),
+    (re.compile(r"\bK(10|20|40|80)\b|Tesla K\d+", re.IGNORECASE), BranchRange("Kepler", None, 470)),
+    (
+        re.compile(
+            r"\b([MPV]100|P40|P4|P6|M60|M40|M10|M4|GV100|GP100|TITAN (V|Xp?))\b|GTX (9\d0|10\d0)",
+            re.IGNORECASE,
+        ),
+        BranchRange("Maxwell, Pascal or Volta", None, 580),
+    ),
+)
+
+
+def branch_range(model: str) -> BranchRange | None:
+    """The branches that drive `model`'s generation, None for a model the table does not know."""
+    return _family(_BRANCHES, model)
+
+
 def module_type(flavor: str | None, model: str, branch: str) -> str:
     """open or proprietary: what a flavor installs, and for no flavor NVIDIA's default for the branch on
     this GPU (open from 560 on Turing and later)."""
@@ -148,5 +181,5 @@ def module_type(flavor: str | None, model: str, branch: str) -> str:
     return "open" if flavor.endswith("open") else "proprietary"
 
 
-def _family(table: tuple[tuple[re.Pattern[str], str], ...], model: str) -> str | None:
+def _family(table: tuple[tuple[re.Pattern[str], T], ...], model: str) -> T | None:
     return next((family for pattern, family in table if pattern.search(model)), None)

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from pydantic import Strict as StrictMode
 
-from ..judge.health import CRITICAL_XIDS
+from ..judge.xids import CRITICAL as CRITICAL_XIDS
 from .cards import placeholder
 
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
@@ -174,12 +174,12 @@ class Bridge(Strict):
 
 
 class DriverRepo(Strict):
-    """An internal apt mirror of the driver's packages (air-gapped or regulated sites)."""
+    """An internal mirror of the driver's packages (air-gapped or regulated sites): apt, dnf, yum, zypper."""
 
     url: str = Field(pattern="^https?://[^\\s'\"`$;]+$", description="the mirror's URL (http or https)")
     key: str = Field(
         description="file with the mirror's public signing key (ASCII-armored), relative to the rig file; "
-        "apt trusts it for this mirror only"
+        "apt trusts it for this mirror only, rpm imports it once (dnf, yum, zypper)"
     )
     suite: str = Field("./", pattern=r"^[A-Za-z0-9./_-]+$", description='"./" for a flat repository')
     components: str | None = Field(None, pattern=r"^[A-Za-z0-9_ -]+$", description='e.g. "main contrib"')
@@ -230,7 +230,9 @@ class Driver(Strict):
     runfile_url: str | None = Field(None, pattern="^(https://|/)[^\\s'\"`$;]+$", description="runfile source")
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     repo: DriverRepo | None = Field(
-        None, description="apt only: install from this mirror, checked in plan to hold the whole set"
+        None,
+        description="install from this mirror (apt: checked in plan to hold the whole set; dnf, yum, zypper: "
+        "its signature checked before it is written)",
     )
 
 
@@ -259,8 +261,8 @@ class Health(Strict):
     )
     critical_xids: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
         default_factory=lambda: list(CRITICAL_XIDS),
-        description="Xid codes that fail the xid check; the default: DCGM's and the cloud checks' critical "
-        "Xids (the README's table)",
+        description="Xid codes that fail the xid check; the default: every Xid that NVIDIA's catalog "
+        "resolves with a GPU reset or a reboot (the README's table); other known Xids warn",
     )
     ecc: bool | None = Field(None, description="expected ECC mode; null: the mode is not judged (errors are)")
     nvlink_error_max: int = Field(
@@ -380,6 +382,21 @@ def nvml_gres_type(model: str) -> str:
     return "_".join(model.lower().split())
 
 
+SLURM_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class Srun(Strict):
+    """What a step started by this tool (smoke --via srun, README's training command) asks Slurm for."""
+
+    partition: str | None = Field(None, pattern=SLURM_NAME, description="srun --partition; null: the default")
+    account: str | None = Field(None, pattern=SLURM_NAME, description="srun --account (accounting clusters)")
+    reservation: str | None = Field(None, pattern=SLURM_NAME, description="srun --reservation")
+    exclusive: bool = Field(True, description="srun --exclusive: no other job on the step's nodes")
+    cpus_per_rank: int = Field(
+        1, ge=1, le=1024, description="CPUs per rank: --cpus-per-task is this times nproc_per_node"
+    )
+
+
 class Slurm(Strict):
     """How the box presents its GPUs to Slurm: gres.conf generated from facts, checked against the
     controller's node line."""
@@ -392,6 +409,31 @@ class Slurm(Strict):
     )
     gres_conf: PathStr = Field("/etc/slurm/gres.conf", description="the gres.conf apply writes")
     cores: bool = Field(True, description="write Cores= (Slurm's logical core indices near each GPU)")
+    socket_layout: Literal["auto", "exact", "sockets", "numa", "l3cache"] = Field(
+        "auto",
+        description="how Cores= meets Slurm's socket rule (gres.c _check_core_range_matches_sock, 24.11+: "
+        "Cores= must cover whole Slurm sockets). exact: the GPU's own cores (Slurm before 24.11); sockets: "
+        "the whole sockets they are on; numa: one Slurm socket per NUMA node (slurm.conf: "
+        "SlurmdParameters=numa_node_as_socket, Sockets= the NUMA node count); l3cache: one per L3 cache "
+        "(SlurmdParameters=l3cache_as_socket, gres.shtml's recommendation for AMD); auto: exact before "
+        "24.11, sockets from 24.11 (or when slurmd's version is unknown)",
+    )
+    memory_headroom_percent: float = Field(
+        3.0,
+        ge=0,
+        le=50,
+        description="RealMemory is MemTotal less this share: a later drop below RealMemory (a kernel "
+        "reserving more, crashkernel, an offlined DIMM) makes the node INVAL (Low RealMemory)",
+    )
+    mem_spec_limit_mib: int | None = Field(
+        None, ge=1, description="MemSpecLimit= on the node line (memory kept from jobs); null: none"
+    )
+    autodetect: Literal["off", "nvidia"] = Field(
+        "off",
+        description="gres.conf AutoDetect: off (the lines say it all) or nvidia (Slurm 24.11+ reads the "
+        "GPUs itself, no NVML library needed; the lines then sanity-check it)",
+    )
+    srun: Srun = Field(default_factory=Srun, description="what steps this tool starts ask Slurm for")
     links: bool = Field(True, description="write Links= (NVLinks to each other GPU, from the facts)")
     health_check: PathStr | None = Field(
         None,

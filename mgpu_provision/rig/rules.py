@@ -25,11 +25,13 @@ from ..catalog.topology import TopoMatrix
 from ..judge.containers import CDI_SINCE, version_tuple
 from ..protocol import branch_of
 from .cards import (
+    branch_range,
     card_class,
     fabric_manager_elsewhere,
     missing_connector,
     missing_nvlink,
     module_type,
+    nvlink5_hgx,
     nvml_name_for,
     open_modules_only,
 )
@@ -564,19 +566,57 @@ def kernel_modules_fit_architecture(inp: RuleInput) -> Iterator[Finding]:
             )
 
 
+def branch_drives_gpu(inp: RuleInput) -> Iterator[Finding]:
+    """A branch that does not drive the rig's GPU generation (cards.branch_range: Volta on 590, a B200 on
+    550) installs a driver under which the GPU never comes up: refused here, naming the branches that do."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        known = branch_range(rig.gpus.model)
+        branch = str((driver.branch or branch_of(driver.version or "")) if driver else "")
+        if driver is None or known is None or not branch.isdigit():
+            continue
+        b = int(branch)
+        field = "branch" if driver.branch is not None else "version"
+        if known.last is not None and b > known.last:
+            yield Finding(
+                (*loc, "driver", field),
+                f"{rig.gpus.model} ({known.generation}) is driven by branch {known.last} and older; "
+                f'branch {b} does not support it: set driver.branch to "{known.last}"',
+            )
+        elif known.first is not None and b < known.first:
+            yield Finding(
+                (*loc, "driver", field),
+                f"{rig.gpus.model} ({known.generation}) needs branch {known.first} or newer; branch {b} does "
+                f'not support it: set driver.branch to "{known.first}" or later',
+            )
+
+
+def nvlink5_needs_nvidia_repository(inp: RuleInput) -> Iterator[Finding]:
+    """Canonical's archive builds Fabric Manager and NSCQ per branch and nothing of NVLink5's set (NVLink
+    Subnet Manager, NVSDM): Fabric Manager on an HGX B200/B300 from it could never start."""
+    for loc, rig in inp.rigs():
+        driver = rig.driver
+        if driver and driver.fabricmanager and driver.source == "ubuntu" and nvlink5_hgx(rig.gpus.model):
+            yield Finding(
+                (*loc, "driver", "source"),
+                f"{rig.gpus.model} needs NVLink Subnet Manager (nvlsm) and NVSDM beside Fabric Manager, "
+                "which Ubuntu's archive does not carry: set driver.source: cuda (NVIDIA's repository)",
+            )
+
+
 PGP_ARMOR = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
 
 
 def driver_repo_usable(inp: RuleInput) -> Iterator[Finding]:
-    """A mirror is apt's here (a deb822 source); its key file must be there and be a public key."""
+    """A mirror is a package repository (apt's deb822 source, or a .repo file for dnf, yum and zypper); its
+    key file must be there and be a public key."""
     for loc, rig in inp.rigs():
         driver = rig.driver
         if driver is None or driver.repo is None:
             continue
         at = (*loc, "driver", "repo")
-        if driver.method in ("dnf", "runfile") or driver.source == "rhel":
-            method = driver.method or "dnf"
-            yield Finding(at, f"driver.repo is an apt mirror; this rig installs with {method}")
+        if driver.method == "runfile":
+            yield Finding(at, "driver.repo is a package repository; method runfile installs no packages")
         path = resolve_path(inp.base_dir, driver.repo.key)
         try:
             text = path.read_text(errors="replace")
@@ -817,6 +857,69 @@ def identity_files_exist(inp: RuleInput) -> Iterator[Finding]:
         if not path.is_file():
             what = "is a folder" if path.is_dir() else "does not exist"
             yield Finding((*loc, "identity_file"), f"the SSH key {path} {what}")
+        elif (problem := key_file_problem(path)) is not None:
+            yield Finding((*loc, "identity_file"), f"the SSH key {path} {problem}")
+
+
+# The first words of a public key line (ssh-keygen's .pub, authorized_keys): ssh-ed25519, ecdsa-sha2-...
+_PUBLIC_KEY = re.compile(rb"^\s*(ssh-|ecdsa-|sk-ssh-|sk-ecdsa-)[a-z0-9@.-]+ [A-Za-z0-9+/=]{20,}")
+
+
+def key_file_problem(path: Path) -> str | None:
+    """Why a private key file cannot log in, read as OpenSSH would (without loading Paramiko): a public key
+    named instead, a file that is no key, or a passphrase with no SSH agent to hold it; None when usable or
+    unreadable here (the login says why)."""
+    import base64
+    import os
+
+    try:
+        head = path.read_bytes()[:65536]
+    except OSError:
+        return None
+    if _PUBLIC_KEY.match(head):
+        return "is a public key: name the private key (the same file without .pub)"
+    if b"PRIVATE KEY-----" not in head:
+        return "is not a private key (no '-----BEGIN ... PRIVATE KEY-----' line)"
+    if os.environ.get("SSH_AUTH_SOCK"):
+        return None  # an agent may hold the key already
+    encrypted = b"Proc-Type: 4,ENCRYPTED" in head or b"BEGIN ENCRYPTED PRIVATE KEY" in head
+    if b"BEGIN OPENSSH PRIVATE KEY" in head:  # PROTOCOL.key: "openssh-key-v1\0", then the cipher's name
+        body = b"".join(line for line in head.splitlines() if line and not line.startswith(b"-----"))
+        with contextlib.suppress(ValueError):
+            raw = base64.b64decode(body[:200] + b"=" * (-len(body[:200]) % 4))
+            magic = b"openssh-key-v1\0"
+            if raw.startswith(magic):
+                size = int.from_bytes(raw[len(magic) : len(magic) + 4], "big")
+                encrypted = raw[len(magic) + 4 : len(magic) + 4 + size] != b"none"
+    if encrypted:
+        return "is protected by a passphrase and no SSH agent runs (SSH_AUTH_SOCK): load it with ssh-add"
+    return None
+
+
+def addresses_are_addresses(inp: RuleInput) -> Iterator[Finding]:
+    """`10.0.0.300` passes the address pattern (a DNS name may hold digits and dots) but is no address:
+    every login would fail at name resolution."""
+    for loc, host in inp.written_hosts():
+        address = host.address
+        if address is not None and re.fullmatch(r"[0-9.]+", address):
+            try:
+                ipaddress.IPv4Address(address)
+            except ValueError:
+                yield Finding(
+                    (*loc, "address"), f"'{address}' is not an IPv4 address (four numbers 0 to 255)"
+                )
+
+
+def local_twins_exist(inp: RuleInput) -> Iterator[Finding]:
+    """A `connection: local` host's twin is a file of this machine: one that is missing or a folder fails
+    every call with a twin error. (An SSH host's twin is a file of the node, which validate cannot see.)"""
+    for loc, host in inp.written_hosts():
+        if host.connection != "local" or host.simulate is None:
+            continue
+        path = resolve_path(inp.base_dir, host.simulate)
+        if not path.is_file():
+            what = "is a folder" if path.is_dir() else "does not exist"
+            yield Finding((*loc, "simulate"), f"the twin file {path} {what}")
 
 
 def local_hosts_apart(inp: RuleInput) -> Iterator[Finding]:
@@ -837,8 +940,8 @@ def local_hosts_apart(inp: RuleInput) -> Iterator[Finding]:
         yield Finding(
             (*loc, "connection"),
             f"'{host.name}' and '{first[1].name}' are simulated on this machine (connection: local) and "
-            "would write the same managed files (files:) over each other; rehearse several nodes with one "
-            "rig file per local host, or with SSH hosts (README, \"Rehearsing a fleet\")",
+            "would write the same managed files (files:) over each other; rehearse several nodes with "
+            '`mgpu-provision rehearse up --hosts N` (SSH hosts on loopback, README "Rehearsing a fleet")',
         )
 
 
@@ -849,6 +952,16 @@ def slurm_health_check_has_node_check(inp: RuleInput) -> Iterator[Finding]:
                 (*loc, "slurm", "health_check"),
                 "health_check runs the node check, which apply installs only with a `node_check` section "
                 "(interval: null leaves the scheduling to Slurm)",
+            )
+
+
+def slurm_socket_layout_needs_cores(inp: RuleInput) -> Iterator[Finding]:
+    for loc, rig in inp.rigs():
+        if rig.slurm is not None and not rig.slurm.cores and rig.slurm.socket_layout not in ("auto", "exact"):
+            yield Finding(
+                (*loc, "slurm", "socket_layout"),
+                f"socket_layout {rig.slurm.socket_layout} shapes gres.conf's Cores=, which cores: false "
+                "leaves out; set cores: true or drop socket_layout",
             )
 
 
@@ -897,6 +1010,8 @@ RULES: tuple[Rule, ...] = (
     runfile_complete,
     driver_source_fits,
     kernel_modules_fit_architecture,
+    branch_drives_gpu,
+    nvlink5_needs_nvidia_repository,
     driver_repo_usable,
     reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,
@@ -908,9 +1023,12 @@ RULES: tuple[Rule, ...] = (
     ssh_files_absolute,
     files_without_dot_dot,
     identity_files_exist,
+    addresses_are_addresses,
+    local_twins_exist,
     local_hosts_apart,
     node_check_timer_has_systemd,
     slurm_type_matches_nvml,
+    slurm_socket_layout_needs_cores,
     slurm_health_check_has_node_check,
     containers_fit,
 )

@@ -96,7 +96,7 @@ def test_debian_packages_install_hold_upgrade_downgrade_and_refuse_unknown_versi
     host.run_in_root("apt-mark unhold nvidia-smi")  # by hand: unattended upgrades could now move it
     code, plan = cli_json(capsys, "plan", *common)
     summaries = [c["summary"] for c in plan["hosts"][host.name]["changes"]]
-    assert f"hold driver {OLD} (1 package not held: nvidia-smi) (debian packages)" in summaries
+    assert f"hold driver {OLD} (1 package not held: nvidia-smi) (debian packages with apt)" in summaries
     code, result = cli_json(capsys, "apply", *common, "--yes")
     assert set(PINNED) <= held(host) and installed(host)["nvidia-smi"] == DEB[OLD]
 

@@ -31,7 +31,7 @@ MANAGERS: dict[str, tuple[str, str, list[str], str, str, str]] = {
         ["nvidia-driver", "nvidia-driver-cuda", "kmod-nvidia-latest-dkms"],
         "dnf -q versionlock list",
         "dnf -y upgrade",
-        "rhel packages",
+        "rhel packages with dnf",
     ),
     "zypper": (
         "/etc/zypp/repos.d/cuda-sles15.repo",
@@ -39,7 +39,7 @@ MANAGERS: dict[str, tuple[str, str, list[str], str, str, str]] = {
         ["cuda-drivers-550", "nvidia-compute-utils-G06", "nvidia-driver-G06-kmp-default"],
         "zypper --non-interactive locks",
         "zypper --non-interactive --no-gpg-checks update",
-        "cuda packages",
+        "cuda packages with zypper",
     ),
 }
 

@@ -85,6 +85,6 @@ def test_become_through_real_sudo_keeps_a_simulated_node_simulated(
     assert main(["apply", str(path), "--yes", *common]) == 0, capsys.readouterr()
     capsys.readouterr()
     assert main(["plan", str(path), *common]) == 0, capsys.readouterr().out
-    state = json.loads(Path(f"{host.twin_path}.state.json").read_text())
+    state = json.loads(host.twin_state_path.read_text())
     # Persistence went through the (simulated) nvidia-persistenced: the twin changed, not the machine.
     assert state["services"]["nvidia-persistenced"] == {"enabled": True, "running": True}, state

@@ -69,12 +69,15 @@ def test_apply_installs_the_check_and_it_agrees_with_plan_on_every_box(
     code, applied = cli_json(capsys, "apply", *common, "--yes")
     assert code == 0, applied
     for host in hosts:
-        listing = host.run_in_ns(f"ls {AGENT} {EXPECTATIONS} {COMMAND} {' '.join(UNITS)}", check=False)
+        listing = host.run_in_ns(f"ls {AGENT} {EXPECTATIONS} {COMMAND}", check=False)
         assert listing.returncode == 0, listing.stderr
         assert host.run_in_ns(f"test -x {COMMAND}", check=False).returncode == 0
-    assert json.loads(hosts[0].twin_path.with_name("twin.yaml.state.json").read_text())["services"][
-        "mgpu-provision-check.timer"
-    ] == {"enabled": True, "running": True}
+        # A simulated box gets no timer (issue 40 item 2): the twin is not systemd, and the timer's check
+        # would judge the real GPUs; the command is run by hand or by Slurm (real-systemd e2e: the timer).
+        for unit in UNITS:
+            assert host.run_in_ns(f"test -e {unit}", check=False).returncode == 1, unit
+    state = hosts[0].twin_state_path  # no timer in the twin's state either (none there, or none at all)
+    assert not state.exists() or "mgpu-provision-check.timer" not in json.loads(state.read_text())["services"]
 
     off_bus, lost, drifted, stalled = hosts[1:]
     twin = rtx3090_twin()
@@ -96,11 +99,12 @@ def test_apply_installs_the_check_and_it_agrees_with_plan_on_every_box(
         want = plan_findings(planned["hosts"][host.name]["changes"])
         assert (want == ([], set())) == (host is hosts[0]), (host.name, want)  # only the healthy box is
         assert node_findings(report) == want, host.name
-        assert result.returncode == (2 if want != ([], set()) else 0), host.name
+        # Exit 2 only on a failure: a drifted env file is said (DRIFT) and the box stays in service.
+        assert result.returncode == (2 if want[0] else 0), host.name
         assert report["exit_code"] == result.returncode
     assert run_check(hosts[0]).stdout.startswith("OK: healthy")
     assert run_check(off_bus).stdout.startswith("FAIL gpus: GPU 1 (00000000:21:00.0) is lost")
-    assert f"FAIL file:{ENVIRONMENT}: {ENVIRONMENT} is not what apply wrote" in run_check(drifted).stdout
+    assert f"DRIFT file:{ENVIRONMENT}: {ENVIRONMENT} is not what apply wrote" in run_check(drifted).stdout
 
     began = time.monotonic()
     result = run_check(stalled)
@@ -115,6 +119,4 @@ def test_apply_installs_the_check_and_it_agrees_with_plan_on_every_box(
     assert code == 0, removed
     for path in (AGENT, EXPECTATIONS, COMMAND, *UNITS):
         assert hosts[0].run_in_ns(f"test -e {path}", check=False).returncode == 1, path
-    state = json.loads(hosts[0].twin_path.with_name("twin.yaml.state.json").read_text())
-    assert state["services"]["mgpu-provision-check.timer"] == {"enabled": False, "running": False}
     assert cli.main(["plan", *common]) == 0

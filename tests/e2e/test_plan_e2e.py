@@ -116,6 +116,7 @@ def test_each_drifted_host_reports_exactly_its_fault(
     assert doc["totals"] == {
         "to_change": 2,
         "checks_failed": 2,
+        "warnings": 0,
         "manual": 1,
         "hosts_with_changes": 4,
         "hosts": 5,

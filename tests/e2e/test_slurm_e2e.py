@@ -8,7 +8,11 @@ script runs the installed node check, drains a sick node with an `mgpu:` reason,
 leaves an admin's. `apply --drain slurm` waits for a running `srun` job before changing its node, resumes
 the nodes it drained, skips a batch whose job outlasts `--drain-timeout`, and leaves an admin's drain. The
 installed launcher runs a 2 x 2 Gloo DDP job as one srun step, its ranks placed by Slurm, and a failing rank
-ends the step on both nodes within seconds (`--kill-on-bad-exit=1`).
+ends the step on both nodes within seconds (`--kill-on-bad-exit=1`); smoke's step asks for the GPUs and CPUs.
+Issue 39: a box of 4 NUMA nodes on 2 sockets registers IDLE with NUMA nodes as Slurm sockets; a configless
+slurmd (`--conf-server`) is detected and gets its gres.conf lines at the controller, and the health script
+drains with no PATH, no local slurm.conf and scontrol only in /opt/slurm/bin, logging a hanging or failing
+scontrol to syslog while the node stays as it was; the node check runs as an acceptance step through srun.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +57,9 @@ def twin(gpus: int) -> dict[str, Any]:
 
 
 RESTART = "/usr/local/bin/restart-slurmd"
+# The script is slurmd's HealthCheckProgram; the tests run it themselves (interval 0: slurmd never does,
+# since it would run it without the twin's MGPU_PROVISION_SIMULATE).
+HEALTH_CONF = "HealthCheckProgram=/usr/local/bin/mgpu-provision-slurm-health\nHealthCheckInterval=0\n"
 LAUNCHER = "/usr/local/bin/mgpu-torchrun"
 
 
@@ -122,7 +130,8 @@ def test_apply_writes_gres_conf_and_the_nodes_register_idle_with_logical_cores(
     assert "GresTypes=gpu" in lines
     for host in hosts:
         want = (
-            f"NodeName={host.name} Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=1000 "
+            # RealMemory: the twin's 1000 MiB less 3% headroom
+            f"NodeName={host.name} Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=970 "
             f"Gres=gpu:{GRES_TYPE}:2"
         )
         assert want in lines, printed
@@ -155,9 +164,64 @@ def test_apply_writes_gres_conf_and_the_nodes_register_idle_with_logical_cores(
     assert cluster.node_state("nb")["State"].startswith("IDLE")
 
 
-def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_only_its_own_drain(
+# 2 sockets x 4 cores x 2 threads, two NUMA nodes per socket (NPS2 / SNC): GPU 0 near NUMA node 0 (cores 0-1
+# of socket 0 and their siblings), GPU 1 near NUMA node 3 (cores 2-3 of socket 1).
+NUMA_TOPOLOGY = """\
+\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity
+GPU0\t X \tNV4\t0-1,8-9\t0
+GPU1\tNV4\t X \t6-7,14-15\t3
+"""
+
+
+def test_a_box_of_4_numa_nodes_on_2_sockets_registers_idle_with_numa_nodes_as_sockets(
     test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
 ) -> None:
+    numa = dict(twin(2), topology=NUMA_TOPOLOGY)
+    numa["machine"] = dict(numa["machine"], numa_per_socket=2)
+    host = test_hosts.start("na", numa, rig="pair")
+    cluster.add_node(host, "", gpus=2)
+    restart_script(host, cluster)
+    rig = test_hosts.write_rig(
+        tmp_path / "rig.yaml",
+        [host],
+        rigs={
+            "pair": {
+                "gpus": {"model": MODEL, "count": 2},
+                "slurm": {"restart_command": [RESTART], "socket_layout": "numa"},
+            }
+        },
+    )
+    known = ["--known-hosts", str(test_hosts.known_hosts)]
+    code, printed = cli_out("slurm-conf", str(rig), *known)
+    assert code == 0, printed
+    assert "# na: sockets are NUMA nodes: slurm.conf needs SlurmdParameters=numa_node_as_socket" in printed
+    (line,) = [x for x in printed.splitlines() if x.startswith("NodeName=na ")]
+    assert "Sockets=4 CoresPerSocket=2 ThreadsPerCore=2 " in line, printed
+    cluster.node_lines["na"] = line.split(" ", 1)[1]
+    cluster.slurmd_parameters = "config_overrides,numa_node_as_socket"
+    cluster.start(slurmd=False)
+    code, report = cli_out("apply", str(rig), *known, "--yes", "--json")
+    assert code == 0, report
+    gres = (host.dir / "etc-slurm" / "gres.conf").read_text()
+    # Each GPU's NUMA node is one whole Slurm socket: Cores= that 24.11+'s socket rule accepts too.
+    assert f"NodeName=na AutoDetect=off Name=gpu Type={GRES_TYPE} File=/dev/nvidia0 Cores=0-1 " in gres, gres
+    assert f"NodeName=na AutoDetect=off Name=gpu Type={GRES_TYPE} File=/dev/nvidia1 Cores=6-7 " in gres, gres
+    state = cluster.wait_state("na", ["IDLE"])
+    assert state["Sockets"] == "4" and state["CoresPerSocket"] == "2", state
+    assert cluster.sinfo_gres() == {"na": f"gpu:{GRES_TYPE}:2(S:0,3)"}
+    code, plan = cli_out("plan", str(rig), *known, "--json")
+    assert code == 0, plan  # converged: no layout, parameter or affinity complaint
+
+
+HEALTH_ENV = "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURMD_NODENAME=na"
+
+
+def health_checked_node(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> tuple[TestHost, Callable[[str], subprocess.CompletedProcess[str]]]:
+    """Node na of a running cluster, applied with the node check as slurmd's HealthCheckProgram; and how to
+    run an installed program on it as slurmd runs that one: root, only PATH and SLURMD_NODENAME (no
+    SLURM_CONF), plus the twin that stands for this box's NVIDIA layer."""
     (host,) = slurm_hosts(test_hosts, cluster, ("na",))
     rig = test_hosts.write_rig(
         tmp_path / "rig.yaml",
@@ -173,6 +237,7 @@ def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_on
         },
         node_check={"interval": None, "deadline_s": 20},  # Slurm runs it: the node check apply installs
     )
+    cluster.extra_conf = HEALTH_CONF
     cluster.node_lines["na"] = (
         f"Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=1000 Gres=gpu:{GRES_TYPE}:2"
     )
@@ -181,12 +246,41 @@ def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_on
     assert code == 0, report
     cluster.wait_state("na", ["IDLE"])
 
+    def as_slurmd(program: str) -> subprocess.CompletedProcess[str]:
+        env = f"{HEALTH_ENV} MGPU_PROVISION_SIMULATE={host.twin_path}"
+        return host.run_in_ns(f"{env} {program}", check=False)
+
+    return host, as_slurmd
+
+
+def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_only_its_own_drain(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    host, as_slurmd = health_checked_node(test_hosts, cluster, tmp_path)
+
+    def accept() -> subprocess.CompletedProcess[str]:
+        # Acceptance inside an allocation: the node check as one task of a step that holds the node's GPUs.
+        return cluster.client(
+            "srun", "-w", "na", "-N1", "--gres=gpu:2", "--exclusive", "--immediate=10", "--time=2",
+            "env", f"MGPU_PROVISION_SIMULATE={host.twin_path}", "/usr/local/bin/mgpu-provision-check",
+            check=False, timeout=90,
+        )  # fmt: skip
+
+    done = accept()
+    assert done.returncode == 0, done.stdout + done.stderr
+    broken = twin(2)
+    broken["gpus"][0]["health"] = {"xid": [79]}
+    host.set_twin(broken)
+    done = accept()
+    assert done.returncode == 2 and "FAIL xid: GPU 0 logged Xid 79" in done.stdout, done.stdout + done.stderr
+    host.set_twin(twin(2))
+    deadline = time.monotonic() + 30
+    while cluster.node_state("na")["State"] != "IDLE":  # the steps' COMPLETING ends
+        assert time.monotonic() < deadline, cluster.node_state("na")
+        time.sleep(0.2)
+
     def health_check() -> None:
-        # As slurmd runs HealthCheckProgram: root, only PATH and SLURMD_NODENAME (no SLURM_CONF), plus the
-        # twin that stands for this box's NVIDIA layer.
-        env = "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURMD_NODENAME=na"
-        env += f" MGPU_PROVISION_SIMULATE={host.twin_path}"
-        host.run_in_ns(f"{env} /usr/local/bin/mgpu-provision-slurm-health")
+        assert as_slurmd("/usr/local/bin/mgpu-provision-slurm-health").returncode == 0
 
     sick = twin(2)
     sick["gpus"][1]["health"] = {"xid": [79]}  # fallen off the bus
@@ -211,12 +305,221 @@ def test_the_health_script_drains_a_sick_node_with_an_mgpu_reason_and_resumes_on
     state = cluster.node_state("na")
     assert "DRAIN" in state["State"] and state["Reason"].startswith("disk swap"), state
 
-    # A rolling apply's drain is that apply's to lift: a passing check leaves it.
+    for command in ("apply", "recover"):  # a rolling apply's or recover's drain is that command's to lift
+        cluster.scontrol("update", "nodename=na", "state=resume")
+        cluster.scontrol("update", "nodename=na", "state=drain", f"reason=mgpu: {command}")
+        health_check()
+        state = cluster.node_state("na")
+        assert "DRAIN" in state["State"] and state["Reason"].startswith(f"mgpu: {command}"), state
+
+    # A slurm.conf scontrol cannot read: the script says so (exit 1, slurmd logs it), changes nothing, and
+    # plan names scontrol's words.
     cluster.scontrol("update", "nodename=na", "state=resume")
-    cluster.scontrol("update", "nodename=na", "state=drain", "reason=mgpu: apply")
-    health_check()
+    (cluster.nodes[0].etc / "slurm.conf").write_text("NodeName=\x00 garbage=(\n")
+    host.set_twin(sick)
+    env = f"env -i SLURMD_NODENAME=na MGPU_PROVISION_SIMULATE={host.twin_path}"
+    done = host.run_in_ns(f"{env} /usr/local/bin/mgpu-provision-slurm-health", check=False)
+    assert done.returncode == 1 and "scontrol show node na failed" in done.stderr, done.stderr
+    assert "DRAIN" not in cluster.node_state("na")["State"]
+    rig = tmp_path / "rig.yaml"  # health_checked_node wrote it
+    code, plan = cli_out("plan", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--json")
+    node = [c for c in json.loads(plan)["hosts"]["na"]["changes"] if c["resource"] == "slurm:node"]
+    assert code == 2 and node and "scontrol show node na" in node[0]["summary"], plan
+
+
+@contextlib.contextmanager
+def syslog_of(host: TestHost) -> Iterator[Path]:
+    """A /dev/log in the host's private /dev, each datagram `logger` sends a line of the file yielded."""
+    assert host.process is not None
+    out = host.dir / "syslog"
+    out.touch()
+    code = (
+        "import socket, sys\ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\ns.bind('/dev/log')\n"
+        "f = open(sys.argv[1], 'ab', 0)\nwhile True:\n    f.write(s.recv(65536) + b'\\n')\n"
+    )
+    catcher = subprocess.Popen(
+        ["nsenter", "-t", str(host.process.pid), "-m", "-u", "--", "python3", "-c", code, str(out)],
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while host.run_in_ns("test -S /dev/log", check=False).returncode != 0:
+            assert time.monotonic() < deadline and catcher.poll() is None, "no /dev/log"
+            time.sleep(0.05)
+        yield out
+    finally:
+        catcher.terminate()
+        catcher.wait(timeout=10)
+        host.run_in_ns("rm -f /dev/log", check=False)
+
+
+def logged(syslog: Path, word: str, timeout_s: float = 5.0) -> str:
+    """The catcher's file once it holds `word` (it writes each datagram as it arrives)."""
+    deadline = time.monotonic() + timeout_s
+    while word not in syslog.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return syslog.read_text()
+
+
+def test_a_configless_node_is_detected_and_its_health_script_needs_no_path_slurm_conf_or_usr_bin_scontrol(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    host = test_hosts.start("na", twin(2), rig="pair")
+    node = cluster.add_node(host, GRES_LINE, gpus=2, configless=True)
+    restart_script(host, cluster)
+    # Slurm's clients only in /opt/slurm/bin (AWS ParallelCluster, most source builds): Debian's hidden here.
+    host.run_in_ns(
+        "mount -t tmpfs tmpfs /opt && mkdir -p /opt/slurm/bin && cp /usr/bin/scontrol /opt/slurm/bin/"
+        " && mount --bind /dev/null /usr/bin/scontrol"
+    )
+    rig = test_hosts.write_rig(
+        tmp_path / "rig.yaml",
+        [host],
+        rigs={
+            "pair": {
+                "gpus": {"model": MODEL, "count": 2},
+                "slurm": {
+                    "restart_command": [RESTART],
+                    "health_check": "/usr/local/bin/mgpu-provision-check",
+                },
+            }
+        },
+        node_check={"interval": None, "deadline_s": 45},
+    )
+    known = ["--known-hosts", str(test_hosts.known_hosts)]
+    cluster.extra_conf = HEALTH_CONF
+    cluster.start()  # slurmd --conf-server: its files come from slurmctld, none is on the node
+    assert not (node.etc / "slurm.conf").exists()
+    deadline = time.monotonic() + 30
+    while "INVAL" not in cluster.node_state("na").get("State", ""):  # no gres.conf at the controller yet
+        assert time.monotonic() < deadline, cluster.node_state("na")
+        time.sleep(0.2)
+
+    code, plan = cli_out("plan", str(rig), *known, "--json")
+    changes = {c["resource"]: c for c in json.loads(plan)["hosts"]["na"]["changes"]}
+    assert code == 2 and "file:/etc/slurm/gres.conf" not in changes and "slurmd" not in changes, plan
+    step = changes["slurm:configless"]
+    assert step["action"] == "manual" and f"--conf-server {cluster.address}:" in step["summary"], step
+    # What the step says to put on the controller is what makes the node register its GPUs.
+    (cluster.dir / "gres.conf").write_text(step["desired"] + "\n")
+    cluster.scontrol("reconfigure")
+    cluster.stop_slurmd(node)
+    cluster.start_slurmd(node)
+    cluster.wait_state("na", ["IDLE"])
+    # slurmctld's own drain of the invalid registration is an admin's to lift (and the script leaves it).
+    cluster.scontrol("update", "nodename=na", "state=resume")
+    assert "DRAIN" not in cluster.wait_state("na", ["IDLE"])["State"]
+    assert cluster.sinfo_gres() == {"na": f"gpu:{GRES_TYPE}:2(S:0-1)"}
+
+    code, report = cli_out("apply", str(rig), *known, "--yes", "--json")
+    left = [c["resource"] for c in json.loads(report)["hosts"]["na"]["remaining"]]
+    assert left == ["slurm:configless"], report
+    bin_dir = host.dir / "managed" / str(MANAGED_DIRS.index("/usr/local/bin"))
+    assert (bin_dir / "mgpu-provision-slurm-health").exists()
+
+    def health_check() -> subprocess.CompletedProcess[str]:
+        # As slurmd runs HealthCheckProgram: SLURMD_NODENAME and nothing else, not even PATH
+        # (slurmd.c run_script_health_check), plus the twin that stands for this box's NVIDIA layer.
+        env = f"env -i SLURMD_NODENAME=na MGPU_PROVISION_SIMULATE={host.twin_path}"
+        return host.run_in_ns(f"{env} /usr/local/bin/mgpu-provision-slurm-health", check=False)
+
+    sick = twin(2)
+    sick["gpus"][1]["health"] = {"xid": [79]}
+    host.set_twin(sick)
+    done = health_check()
+    assert done.returncode == 0, done.stdout + done.stderr
     state = cluster.node_state("na")
-    assert "DRAIN" in state["State"] and state["Reason"].startswith("mgpu: apply"), state
+    assert "DRAIN" in state["State"] and state["Reason"].startswith("mgpu: xid: GPU 1"), state
+
+    # scontrol hangs: ended within the script's bound, logged, the node left as it was.
+    host.run_in_ns("cp /opt/slurm/bin/scontrol /opt/slurm/bin/.scontrol")
+    host.run_in_ns("printf '#!/bin/sh\\nexec sleep 300\\n' > /opt/slurm/bin/scontrol")
+    host.set_twin(twin(2))
+    with syslog_of(host) as syslog:
+        started = time.monotonic()
+        done = health_check()
+        took = time.monotonic() - started
+        assert done.returncode == 1 and "no answer within 6 s" in done.stderr, done.stderr
+        assert took < 60, took
+        said = logged(syslog, "failed")
+        assert "mgpu-provision-slurm-health: node na: scontrol show node na failed" in said
+        assert cluster.node_state("na")["State"] == state["State"]
+        # scontrol fails at once: logged the same way.
+        host.run_in_ns("printf '#!/bin/sh\\necho refused >&2; exit 1\\n' > /opt/slurm/bin/scontrol")
+        assert health_check().returncode == 1
+        assert "(exit 1: refused)" in logged(syslog, "refused")
+    host.run_in_ns("cp /opt/slurm/bin/.scontrol /opt/slurm/bin/scontrol")
+    done = health_check()
+    assert done.returncode == 0, done.stderr
+    state = cluster.wait_state("na", ["IDLE"])
+    assert "DRAIN" not in state["State"], (state, done.stdout, done.stderr)  # healthy: its own drain lifted
+
+
+def test_a_thermal_violation_or_a_next_boot_kernel_warns_and_never_drains_the_node(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # Issue 38: DCGM's MonitorThermal only warns on thermal violation time, and a next boot's kernel without
+    # the module is a risk on a box that works now. The node check exits 0 with WARN lines; the real health
+    # script on the real slurmd then runs no `scontrol update`: the node stays IDLE, no drain, no reason.
+    host, as_slurmd = health_checked_node(test_hosts, cluster, tmp_path)
+    hot = twin(2)
+    hot["gpus"][1]["health"] = {"violation_ms": {"thermal": 1000}}
+    host.set_twin(hot)
+    assert as_slurmd("/usr/local/bin/mgpu-provision-check").returncode == 0  # the first sample: a window
+    hot["gpus"][1]["health"] = {"violation_ms": {"thermal": 4000}}
+    host.set_twin(hot)
+    kernel = twin(2)
+    kernel["kernel"] = {
+        "running": "6.8.0-45-generic",
+        "installed": ["6.8.0-45-generic", "6.8.0-47-generic"],
+        "nvidia_module_for": ["6.8.0-45-generic"],
+    }
+    before = cluster.node_state("na")
+    for box, check in ((hot, "throttle"), (kernel, "kernel")):
+        host.set_twin(box)
+        said = as_slurmd("/usr/local/bin/mgpu-provision-check")
+        assert said.returncode == 0 and said.stdout.startswith(f"WARN {check}: "), said.stdout + said.stderr
+        # The script's own run judges the same window (the sample a minute is kept: health_rates.py).
+        assert as_slurmd("/usr/local/bin/mgpu-provision-slurm-health").returncode == 0
+        state = cluster.node_state("na")
+        assert state["State"] == before["State"] and "DRAIN" not in state["State"], state
+        assert state.get("Reason", "") == before.get("Reason", ""), state
+
+
+def test_recover_drains_resets_checks_and_resumes_its_own_drain_and_leaves_an_admins(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    (host,) = slurm_hosts(test_hosts, cluster, ("na",), GRES_LINE)
+    pair = {"gpus": {"model": MODEL, "count": 2}, "slurm": {"restart_command": [RESTART]}}
+    rig = str(test_hosts.write_rig(tmp_path / "rig.yaml", [host], rigs={"pair": pair}))
+    known = ["--known-hosts", str(test_hosts.known_hosts)]
+    cluster.start(slurmd=False)  # apply writes gres.conf and starts slurmd
+    code, report = cli_out("apply", rig, *known, "--yes", "--json")
+    assert code == 0, report
+    cluster.wait_state("na", ["IDLE"])
+    sick = twin(2)
+    sick["gpus"][1]["health"] = {"xid": [119]}  # GSP RPC timeout: the catalog's RESET_GPU
+    host.set_twin(sick)
+
+    code, report = cli_out("recover", rig, *known, "--yes", "--json")
+    assert code == 0, report
+    na = json.loads(report)["hosts"]["na"]
+    assert [s["step"] for s in na["steps"]] == ["judge", "drain", "reset", "check", "resume"], na
+    assert "this run's" in na["steps"][1]["words"], na
+    state = cluster.wait_state("na", ["IDLE"])
+    assert "DRAIN" not in state["State"], state  # resumed: the drain was its own
+
+    # An admin's drain stays, reason and all: recover resets under it and lifts nothing.
+    sick["gpus"][1]["health"] = {"xid": [119, 119]}  # a new Xid after the recorded reset
+    host.set_twin(sick)
+    cluster.scontrol("update", "nodename=na", "state=drain", "reason=disk swap")
+    code, report = cli_out("recover", rig, *known, "--yes", "--json")
+    assert code == 0, report
+    na = json.loads(report)["hosts"]["na"]
+    assert [s["step"] for s in na["steps"]] == ["judge", "drain", "reset", "check"], na
+    assert "already drained: disk swap" in na["steps"][1]["words"], na
+    state = cluster.node_state("na")
+    assert "DRAIN" in state["State"] and state["Reason"].startswith("disk swap"), state
 
 
 def _profile_script(host: TestHost) -> Path:
@@ -243,7 +546,7 @@ def test_apply_drain_slurm_waits_for_the_running_job_then_changes_the_node_and_r
     # A job on na outlasts a 1 s drain timeout: the batch is skipped, nothing on na changes, and the drain
     # this run set is lifted again (the job keeps running, the node takes work again).
     job = subprocess.Popen(
-        ["srun", "-w", "na", "-N1", "sleep", "8"], env=cluster.env(), stdout=subprocess.PIPE,
+        ["srun", "-w", "na", "-N1", "sleep", "15"], env=cluster.env(), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     cluster.wait_state("na", ["ALLOCATED", "MIXED"])
@@ -409,6 +712,8 @@ def test_smoke_via_srun_passes_2x2_names_the_job_and_a_failing_rank_ends_it_with
     # The job the report names is the controller's, on both nodes (finished jobs stay for MinJobAge).
     job = cluster.scontrol("show", "job", "-o", srun["job_id"]).stdout
     assert "NodeList=na,nb" in job, job
+    # It asked Slurm for each node's GPUs, a CPU per rank, and the nodes to itself (slurm.srun's defaults).
+    assert "TresPerNode=gres:gpu:2" in job and "CPUs/Task=2" in job and "OverSubscribe=NO" in job, job
     hosts_of = {node["host"]: sorted(r["rank"] for r in node["ranks"]) for node in group["nodes"]}
     assert hosts_of == {"na": [0, 1], "nb": [2, 3]}, hosts_of
 

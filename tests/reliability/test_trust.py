@@ -115,11 +115,15 @@ def test_passphrase_and_sudo_password_never_printed(
     authorized.write_text(authorized.read_text() + key.with_suffix(".pub").read_text())
     outputs: list[str] = []
 
-    locked = plan(rig_without_key(test_hosts, tmp_path / "locked.yaml", host, key), test_hosts.known_hosts)
+    # With no agent running, validate names the key and what to do (issue 40 item 13) before any login.
+    no_agent = {k: v for k, v in cli_env().items() if k != "SSH_AUTH_SOCK"}
+    rig = rig_without_key(test_hosts, tmp_path / "locked.yaml", host, key)
+    locked = plan(rig, test_hosts.known_hosts, env=no_agent)
     outputs += [locked.out, locked.err]
-    assert locked.code == 2
-    assert locked.host("gpu-a")["status"] == "unreachable"
-    assert "authentication failed on gpu-a" in locked.host("gpu-a")["error"]
+    assert locked.code == 1
+    assert "is protected by a passphrase and no SSH agent runs (SSH_AUTH_SOCK): load it with ssh-add" in (
+        locked.out + locked.err
+    )
 
     agent, env = agent_with_key(tmp_path, key)
     try:

@@ -15,7 +15,7 @@ from mgpu_provision.node.__main__ import handle
 from mgpu_provision.plan.change import Change
 from mgpu_provision.plan.host import plan_host
 from mgpu_provision.rig import load_rig
-from tests.support.factories import facts_from_twin
+from tests.support.factories import facts_from_twin, twin_state_dir
 
 
 def changes_of(rig: Path, host: str, twin: Path, resources: tuple[str, ...]) -> list[Change]:
@@ -28,7 +28,9 @@ def changes_of(rig: Path, host: str, twin: Path, resources: tuple[str, ...]) -> 
 def apply_steps(twin: Path, lock: Path, changes: list[Change]) -> list[dict[str, Any]]:
     """The changes' steps through the agent's `apply` verb on the twin; each step's result."""
     args = {"lock": str(lock), "lock_wait_s": 2, "steps": [change.agent_step for change in changes]}
-    reply, _ = handle("apply", json.dumps({"args": args, "simulate": str(twin)}))
+    # The node's state folder where facts_from_twin reads the overlay back (not the lock's folder here).
+    request = {"args": args, "simulate": str(twin), "state_dir": twin_state_dir(twin)}
+    reply, _ = handle("apply", json.dumps(request))
     assert reply["ok"], reply
     results: list[dict[str, Any]] = reply["result"]["results"]
     return results

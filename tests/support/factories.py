@@ -176,10 +176,17 @@ def case_facts(case: dict[str, Any]) -> Facts:
     return Facts.model_validate(facts)
 
 
+def twin_state_dir(twin: Path | str) -> str:
+    """The state folder the unit tests give a twin's node: `lock/` beside the twin, where their applies
+    take the host lock (a simulated node keeps its overlay in its state folder)."""
+    return str(Path(twin).parent / "lock")
+
+
 def facts_from_twin(twin: Path | str | None, **args: Any) -> Facts:
     """The agent's own `facts` verb run in this process on a twin (None: this machine's real NVIDIA layer),
     passed through JSON and the contract as the control side receives it."""
-    raw = collect(protocol.check_args("facts", args), select_backend(str(twin) if twin else None))
+    twin_backend = select_backend(str(twin), twin_state_dir(twin)) if twin else select_backend(None)
+    raw = collect(protocol.check_args("facts", args), twin_backend)
     return Facts.model_validate(json.loads(json.dumps(raw)))
 
 

@@ -39,6 +39,7 @@ from typing import Any, Literal, NoReturn
 import pytest
 import yaml
 
+from mgpu_provision.node.nvidia.twin import DEFAULT_STATE_DIR, state_file
 from tests.support import debian_root
 
 SSHD = "/usr/sbin/sshd"
@@ -60,6 +61,15 @@ MANAGED_DIRS = (
 )
 REPO = Path(__file__).resolve().parents[2]
 TWINS_DIR = REPO / "examples" / "twins"
+
+
+def record_pid(pid: int) -> None:
+    """Note a test host's pid (its process group) in $MGPU_TEST_HOST_PIDS, where .ci/run ends what a killed
+    pytest could not tear down: a stopped CI run leaves no test sshd behind."""
+    listing = os.environ.get("MGPU_TEST_HOST_PIDS")
+    if listing:
+        with open(listing, "a", encoding="utf-8") as out:
+            out.write(f"{pid}\n")
 
 
 def harness_unavailable() -> str | None:
@@ -162,6 +172,13 @@ class TestHost:
         return self.dir / "twin.yaml"
 
     @property
+    def twin_state_path(self) -> Path:
+        """The agent's overlay of this host's twin, as this machine sees it: in the host's private state
+        folder (files.state_dir's default), where a simulated node keeps it."""
+        inside = Path(state_file(str(self.twin_path), DEFAULT_STATE_DIR)).relative_to(DEFAULT_STATE_DIR)
+        return self.dir / "managed" / str(MANAGED_DIRS.index(DEFAULT_STATE_DIR)) / inside
+
+    @property
     def known_hosts_line(self) -> str:
         key_type, key = self.host_key_pub.split()[:2]
         return f"[{self.address}]:{self.port} {key_type} {key}"
@@ -171,7 +188,8 @@ class TestHost:
         # A dict is written as JSON: valid YAML that the agent's small YAML reader takes without surprises.
         text = twin if isinstance(twin, str) else json.dumps(twin, indent=2)
         self.twin_path.write_text(text)
-        self.twin_path.with_name(self.twin_path.name + ".state.json").unlink(missing_ok=True)
+        if (self.dir / "managed").exists():
+            self.twin_state_path.unlink(missing_ok=True)
 
     def twin(self) -> dict[str, Any]:
         loaded: dict[str, Any] = yaml.safe_load(self.twin_path.read_text())
@@ -328,6 +346,7 @@ class HostFactory:
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group, so teardown can end sshd and its children
         )
+        record_pid(host.process.pid)
         self.hosts.append(host)
         _wait_listening(host)
         self._write_known_hosts()
@@ -375,6 +394,7 @@ class HostFactory:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        record_pid(host.process.pid)
         self.hosts.append(host)
         _wait_listening(host)
         self._write_known_hosts()

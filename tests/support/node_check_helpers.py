@@ -53,10 +53,11 @@ class Node:
         return self.textfile / check.PROM_FILE
 
     def run(
-        self, *args: str, textfile: bool = True, wrap: tuple[str, ...] = ()
+        self, *args: str, textfile: bool = True, wrap: tuple[str, ...] = (), simulated: bool = True
     ) -> subprocess.CompletedProcess[str]:
         command = [NODE_PYTHON, "-S", "-I", "-c", ENTRY, str(REPO)]
         command += ["--expectations", str(self.expectations), "--lock", str(self.lock)]
         command += ["--textfile-dir", str(self.textfile)] if textfile else []
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "MGPU_PROVISION_SIMULATE": str(self.twin_path)}
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        env.update({"MGPU_PROVISION_SIMULATE": str(self.twin_path)} if simulated else {})
         return subprocess.run([*wrap, *command, *args], capture_output=True, text=True, env=env, timeout=120)

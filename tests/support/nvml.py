@@ -115,6 +115,7 @@ class ScriptedNvml:
 
     nvmlDeviceGetGpuFabricInfoV = nvmlDeviceGetGpuFabricInfo = _function_not_found
     nvmlDeviceGetCurrentClocksEventReasons = _function_not_found  # before R535: the throttle call answers
+    nvmlDeviceGetUnrepairableMemoryFlag_v1 = _function_not_found  # before NVML 13
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:
         slowdown = pynvml.nvmlClocksThrottleReasonHwSlowdown | pynvml.nvmlClocksThrottleReasonSwPowerCap

@@ -50,6 +50,31 @@ STAND_INS = {
     "nvidia-driver-G06-kmp-default": "",
     "nvidia-open-driver-G06-signed-kmp-default": "",
 }
+# HGX B200 at 580: NVIDIA's names and version strings (gpu-driver-container rhel9/install.sh and
+# ubuntu24.04/precompiled/nvidia-driver: FM, NSCQ, NVSDM at the driver's version, nvlsm and infiniband-diags
+# at their own), SUSE's signed `-cuda-` KMP with the kernel after `_k` (nvidia-open-driver-G06-signed.spec),
+# and RHEL 10's open set. name -> (version, release, extra spec lines).
+NVLINK5_VERSION = "580.95.05"
+SUSE_KMP = "nvidia-open-driver-G06-signed-cuda-kmp-default"
+UNIT_FILE = (
+    "%install\nmkdir -p %{buildroot}/usr/lib/systemd/system\n"
+    "printf '[Service]\\nExecStart=/bin/true\\n[Install]\\nWantedBy=multi-user.target\\n' "
+    "> %{buildroot}/usr/lib/systemd/system/nvidia-fabricmanager.service\n"
+)
+NVLINK5_STAND_INS: dict[str, tuple[str, str, str]] = {
+    "nvidia-open-580": (NVLINK5_VERSION, "1", "Requires: nvidia-compute-utils-G06 = %{version}\n"),
+    "nvidia-compute-utils-G06": (NVLINK5_VERSION, "1", "Provides: libnvidia-ml.so.1()(64bit)\n"),
+    SUSE_KMP: (f"{NVLINK5_VERSION}_k6.4.0_150600.23.73", "1.1", ""),
+    "nvidia-driver": (NVLINK5_VERSION, "1", "Provides: libnvidia-ml.so.1()(64bit)\n"),
+    "nvidia-driver-cuda": (NVLINK5_VERSION, "1", ""),
+    "kmod-nvidia-open-dkms": (NVLINK5_VERSION, "1", ""),
+    "nvidia-fabricmanager": (NVLINK5_VERSION, "1", ""),
+    "libnvidia-nscq": (NVLINK5_VERSION, "1", ""),
+    "libnvsdm": (NVLINK5_VERSION, "1", ""),
+    "nvlsm": ("2025.06.5", "1", ""),
+    "infiniband-diags": ("50.0", "1.el10", ""),
+    "python3-dnf-plugin-versionlock": ("4.3.0", "1", ""),
+}
 REPOSITORY_PORT = 8080
 HOST_TOOLS = {"rpmbuild": "rpm", "createrepo_c": "createrepo-c"}
 
@@ -197,3 +222,52 @@ def _run(argv: list[str], what: str) -> None:
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
         raise RootUnavailable(f"{what} failed (exit {result.returncode}): " + " | ".join(tail))
+
+
+def build_signed_repository(
+    folder: Path, gnupg_home: Path, unsigned: tuple[str, ...] = ()
+) -> tuple[Path, str]:
+    """The HGX B200 stand-ins as an rpm-md repository whose packages (less `unsigned`) and metadata
+    (`repomd.xml.asc`, with the key as `repomd.xml.key`, where zypper looks) are signed with a new key made
+    in `gnupg_home`, as NVIDIA signs its repositories; (the folder, the armored public key)."""
+    from tests.support import apt_repo
+
+    missing = missing_tools()
+    if missing or shutil.which("rpmsign") is None:
+        raise RootUnavailable("a signed stand-in repository needs rpmbuild, rpmsign and createrepo_c")
+    repo, top = folder / "repo", folder / "rpmbuild"
+    repo.mkdir(parents=True)
+    fingerprint = apt_repo.make_key(gnupg_home, f"mgpu stand-in {folder.name}")
+    for name, (version, release, extra) in NVLINK5_STAND_INS.items():
+        spec = top / "SPECS" / f"{name}.spec"
+        spec.parent.mkdir(parents=True, exist_ok=True)
+        files = (
+            "/usr/lib/systemd/system/nvidia-fabricmanager.service\n" if name == "nvidia-fabricmanager" else ""
+        )
+        spec.write_text(
+            f"Name: {name}\nVersion: {version}\nRelease: {release}\nSummary: stand-in for NVIDIA's {name}\n"
+            f"License: none\nBuildArch: noarch\n{extra}\n%description\nA test stand-in.\n\n"
+            f"{UNIT_FILE if files else ''}\n%files\n{files}"
+        )
+        _run(["rpmbuild", "--quiet", "--define", f"_topdir {top}", "-bb", str(spec)], f"rpmbuild {name}")
+    sign = [
+        "rpmsign",
+        "--addsign",
+        "--define",
+        f"_gpg_name {fingerprint}",
+        "--define",
+        f"_gpg_path {gnupg_home}",
+    ]
+    sign += ["--define", f"__gpg {shutil.which('gpg')}"]  # Debian's rpm looks for gpg2
+    for rpm in sorted((top / "RPMS" / "noarch").glob("*.rpm")):
+        if rpm.name.rsplit("-", 2)[0] not in unsigned:
+            _run([*sign, str(rpm)], f"rpmsign {rpm.name}")
+        shutil.copy(rpm, repo / rpm.name)
+    _run(["createrepo_c", "--quiet", str(repo)], "createrepo_c")
+    repomd = repo / "repodata" / "repomd.xml"
+    gpg = ["gpg", "--batch", "--quiet", "--homedir", str(gnupg_home), "--pinentry-mode", "loopback"]
+    _run([*gpg, "--local-user", fingerprint, "--armor", "--detach-sign", str(repomd)], "signing repomd.xml")
+    armored = subprocess.run([*gpg, "--armor", "--export", fingerprint], capture_output=True, text=True)
+    (repo / "repodata" / "repomd.xml.key").write_text(armored.stdout)
+    subprocess.run(["gpgconf", "--homedir", str(gnupg_home), "--kill", "gpg-agent"], capture_output=True)
+    return repo, armored.stdout

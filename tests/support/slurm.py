@@ -61,6 +61,9 @@ class SlurmNode:
     host: TestHost
     port: int
     etc: Path  # the host's private /etc/slurm, seen from outside
+    # configless (configless_slurm.shtml): no local slurm.conf, slurmd started with --conf-server keeps the
+    # controller's files in a private /run/slurm/conf
+    configless: bool = False
 
     @property
     def name(self) -> str:
@@ -76,14 +79,16 @@ class SlurmCluster:
     nodes: list[SlurmNode] = field(default_factory=list)
     node_lines: dict[str, str] = field(default_factory=dict)
     extra_conf: str = ""
+    slurmd_parameters: str = "config_overrides"  # slurmd registers slurm.conf's layout, not this machine's
     _munged: subprocess.Popen[bytes] | None = None
     _ctld: subprocess.Popen[bytes] | None = None
     _ctld_port: int = 0
 
     # --- setup ---
-    def add_node(self, host: TestHost, node_line: str, gpus: int = 0) -> SlurmNode:
+    def add_node(self, host: TestHost, node_line: str, gpus: int = 0, configless: bool = False) -> SlurmNode:
         """Give `host` a private /etc/slurm and /dev with `gpus` fake /dev/nvidiaN; `node_line` is its
-        slurm.conf line after `NodeName=<name> NodeAddr=<address> Port=<port>`."""
+        slurm.conf line after `NodeName=<name> NodeAddr=<address> Port=<port>`. A `configless` node gets
+        a private /run/slurm (slurmd makes /run/slurm/conf there) and no local slurm.conf."""
         etc = host.dir / "etc-slurm"
         etc.mkdir()
         dev = host.dir / "dev"
@@ -92,12 +97,16 @@ class SlurmCluster:
         )
         fake_gpus = "".join(f" && mknod -m 666 /dev/nvidia{n} c {NVIDIA_MAJOR} {n}" for n in range(gpus))
         dev.mkdir()
+        run = ""
+        if configless:
+            Path("/run/slurm").mkdir(exist_ok=True)  # the mount point must exist on the real box
+            run = " && mount -t tmpfs -o mode=755 tmpfs /run/slurm"
         host.run_in_ns(
             f"mount --bind {etc} /etc/slurm && mount -t tmpfs -o mode=755 tmpfs /dev && {nodes}{fake_gpus}"
             " && mkdir /dev/pts /dev/shm && mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts"
-            " && ln -s pts/ptmx /dev/ptmx && mount -t tmpfs tmpfs /dev/shm"
+            f" && ln -s pts/ptmx /dev/ptmx && mount -t tmpfs tmpfs /dev/shm{run}"
         )
-        node = SlurmNode(host, _free_port(host.address), etc)
+        node = SlurmNode(host, _free_port(host.address), etc, configless)
         self.nodes.append(node)
         self.node_lines[host.name] = node_line
         return node
@@ -119,7 +128,8 @@ class SlurmCluster:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "ReturnToService=2",
-            "SlurmdParameters=config_overrides",
+            f"SlurmdParameters={self.slurmd_parameters}",
+            *(["SlurmctldParameters=enable_configless"] if any(n.configless for n in self.nodes) else []),
             f"SrunPortRange={self._srun_ports()}",
             "GresTypes=gpu",
             "MpiDefault=none",
@@ -155,7 +165,8 @@ class SlurmCluster:
         text = self.conf()
         self.conf_path.write_text(text)
         for node in self.nodes:
-            (node.etc / "slurm.conf").write_text(text)
+            if not node.configless:
+                (node.etc / "slurm.conf").write_text(text)
 
     # --- daemons ---
     def start(self, slurmd: bool = True) -> None:
@@ -201,7 +212,19 @@ class SlurmCluster:
     def start_slurmd(self, node: SlurmNode) -> None:
         """slurmd (daemonised: its pid file is how it is found and stopped) inside the host's namespaces,
         without SLURM_CONF (an inherited one makes it look for gres.conf beside that file instead)."""
-        node.host.run_in_ns("env -u SLURM_CONF /usr/sbin/slurmd")
+        if node.configless:  # -N: %n in SlurmdSpoolDir and SlurmdPidFile (configless_slurm.shtml)
+            # Before it has slurm.conf (and its AuthInfo) slurmd asks munge at the default socket.
+            Path("/run/munge").mkdir(exist_ok=True)  # the mount point must exist on the real box
+            server = f"{self.address}:{self._ctld_port}"
+            done = node.host.run_in_ns(
+                f"(mountpoint -q /run/munge || mount --bind {self.dir / 'munge'} /run/munge)"
+                f" && env -u SLURM_CONF /usr/sbin/slurmd --conf-server {server} -N {node.name}",
+                check=False,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"configless slurmd: {done.stdout}{done.stderr}{self.logs(node.name)}")
+        else:
+            node.host.run_in_ns("env -u SLURM_CONF /usr/sbin/slurmd")
 
     def slurmd_pid(self, node: SlurmNode) -> int | None:
         path = self.dir / f"slurmd-{node.name}.pid"

@@ -16,18 +16,22 @@ import yaml
 from mgpu_provision import protocol
 from mgpu_provision.node.__main__ import handle
 from mgpu_provision.node.core.errors import AgentFailure
+from mgpu_provision.node.nvidia.twin import state_file
 from mgpu_provision.node.packages.driver import install, version_key
 from mgpu_provision.node.packages.runfile import fetch as fetch_runfile
 from mgpu_provision.node.verbs.apply import BACKUP_SUFFIX, write_file
 from mgpu_provision.protocol import GPU_SETTINGS_UNIT as UNIT
-from tests.support.factories import facts_from_twin
+from tests.support.factories import facts_from_twin, twin_state_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "examples" / "twins"
 
 
 def call(verb: str, args: dict[str, Any], twin: Path | None = None) -> dict[str, Any]:
-    reply, _after = handle(verb, json.dumps({"args": args, "simulate": str(twin) if twin else None}))
+    request = {"args": args, "simulate": str(twin) if twin else None}
+    if twin:  # the node's state folder, for the verbs whose arguments name none (reboot without a lock)
+        request["state_dir"] = twin_state_dir(twin)
+    reply, _after = handle(verb, json.dumps(request))
     return reply
 
 
@@ -44,7 +48,7 @@ def apply_steps(
 
 @pytest.fixture
 def twin(tmp_path: Path) -> Path:
-    """A private copy of an example twin (its overlay lands beside it)."""
+    """A private copy of an example twin (its overlay lands in the state folder `lock/` beside it)."""
     path = tmp_path / "twin.yaml"
     shutil.copy(TWINS / "h100-hgx.yaml", path)
     return path
@@ -229,7 +233,7 @@ def test_simulated_driver_install_mismatch_reboot_converged(tmp_path: Path, twin
     (again,) = apply_steps(tmp_path, [step], twin)
     assert again["changed"] is False and again["message"] == "driver 550.90.07 already installed"
     assert twin.read_text() == original  # the twin is never written; the overlay holds the state
-    state = json.loads(Path(str(twin) + ".state.json").read_text())
+    state = json.loads(Path(state_file(str(twin), twin_state_dir(twin))).read_text())
     assert state["driver_version"] == "550.90.07" and state["loaded"] == "550.90.07"
 
 
@@ -271,7 +275,9 @@ def test_simulated_persistence_daemon_survives_reboots_and_the_legacy_setting_do
     assert not any(g.persistence_mode for g in facts_from_twin(twin).gpus)
     daemon = protocol.persistenced_step(enabled=True, start=True)
     (result,) = apply_steps(tmp_path, [daemon], twin)
-    assert result["changed"] and result["message"] == "nvidia-persistenced enabled and started"
+    assert result["changed"] and result["message"] == (
+        "nvidia-persistenced enabled and started (simulated: in the twin's state, not systemd)"
+    )
     call("reboot", {}, twin)
     after = facts_from_twin(twin)
     assert after.persistenced is not None and (after.persistenced.service, after.persistenced.enabled) == (

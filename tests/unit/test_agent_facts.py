@@ -524,6 +524,8 @@ gpus:
                cluster_uuid: "9b0c6f0e-3d5a-4c1e-8f2b-6a7d1e4c9b20"}
       lost: false
       p2p_ok_with: [1]
+      reset: succeeds
+      memory_unrepairable: false
   - name: "NVIDIA A100-SXM4-80GB"
     memory_mib: 81920
 kernel: {running: "6.8.0-45-generic", installed: ["6.8.0-45-generic", "6.8.0-47-generic"],

@@ -354,3 +354,27 @@ def test_health_of_pre_ampere_gpus_reads_retired_pages(monkeypatch: pytest.Monke
     assert {g.remapped_rows_pending for g in health.gpus} == {None}
     assert health.gpus[0].nvlink_errors == []
     assert "nvlink errors: not supported on GPU 0, 1" in health.not_checked  # GPU 2 has no NVLink
+
+
+class Cuda14Nvml(DatacenterNvml):
+    """A libnvidia-ml of CUDA 14: nvmlDeviceGetViolationStatus is gone (deprecated in 13's nvml.h), the
+    NVML_FI_DEV_PERF_POLICY_* field values (74 power, 75 thermal, 77 board limit, 79 reliability) answer."""
+
+    nvmlDeviceGetViolationStatus = None  # gone from the library
+
+    def field_value(self, handle: int, field: int, scope: int) -> int | None:
+        if field == pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL:
+            return 7_000_000_000 if handle == 1 else 0
+        if field in (74, 77, 79):
+            return 0
+        return super().field_value(handle, field, scope)
+
+
+def test_violation_time_comes_from_field_values_where_the_old_call_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    health = HostHealth.model_validate(real_facts(monkeypatch, Cuda14Nvml())["health"])
+    assert [g.violation_ms for g in health.gpus][:2] == [
+        {"power": 0, "thermal": 0, "board_limit": 0, "reliability": 0},
+        {"power": 0, "thermal": 7000, "board_limit": 0, "reliability": 0},
+    ]

@@ -213,9 +213,7 @@ def by_host(result: apply.ApplyResult) -> dict[str, HostRecap]:
     return {r.host: r for r in result.recaps}
 
 
-def test_drifted_boxes_converge_with_one_apply_call_and_one_reboot(
-    tmp_path: Path, boxes: Boxes
-) -> None:
+def test_drifted_boxes_converge_with_one_apply_call_and_one_reboot(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box(persistence=False)})
     result = run(boxes, load(tmp_path))
     recaps = by_host(result)
@@ -342,9 +340,7 @@ def test_env_playbook_writes_only_env_files(tmp_path: Path, boxes: Boxes) -> Non
     assert (recaps["gpu-a"].status, recaps["gpu-a"].reboot_required) == ("changed", False)
 
 
-def test_a_box_that_changed_since_the_confirmed_plan_is_not_touched(
-    tmp_path: Path, boxes: Boxes
-) -> None:
+def test_a_box_that_changed_since_the_confirmed_plan_is_not_touched(tmp_path: Path, boxes: Boxes) -> None:
     loaded = load(tmp_path)
     boxes["gpu-a"] = Box(persistence=False)
     session = factories.FakeSession(targets_for(loaded, [loaded.host("gpu-a")])[0], boxes["gpu-a"].answer)
@@ -580,3 +576,50 @@ def test_a_rollout_that_reboots_goes_one_host_at_a_time_by_default(
     boxes.update({"gpu-a": Box(persistence=False), "gpu-b": Box(persistence=False)})
     assert cli.main(["apply", str(tmp_path / "rig.yaml"), "--yes"]) == 0
     assert "batch 1: applying on gpu-a, gpu-b" in capsys.readouterr().err
+
+
+def test_an_interrupted_apply_says_what_finished_what_was_under_way_and_what_was_not_started(
+    tmp_path: Path, boxes: Boxes
+) -> None:
+    """Issue 40 item 8: Ctrl-C said only `interrupted`; say it as --max-fail-percent does."""
+    boxes.update(
+        {"gpu-a": Box(persistence=False), "gpu-b": Box(persistence=False), "gpu-c": Box(persistence=False)}
+    )
+
+    def ctrl_c(_args: dict[str, Any]) -> dict[str, Any]:
+        raise KeyboardInterrupt
+
+    boxes["gpu-b"].apply = ctrl_c  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        run(boxes, load(tmp_path), serial=Serial(1, False))
+    assert str(stopped.value) == (
+        "changed: gpu-a; under way (stopped where they were; the next apply finishes them): gpu-b; "
+        "not started: gpu-c"
+    )
+    assert boxes["gpu-c"].writes == 0
+
+
+def test_a_long_error_is_cut_in_its_recap_cell_and_printed_whole_below(
+    tmp_path: Path, cli_boxes: Boxes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 40 item 10: a recap cell never carries a 400-character error; the error goes below the table."""
+    boxes = cli_boxes
+    boxes.update({"gpu-a": Box(persistence=False), "gpu-b": Box(), "gpu-c": Box()})
+    boxes["gpu-a"].fail_kind = "persistence"
+    long = "nvidia-persistenced: " + "the daemon said something long " * 12
+    original = boxes["gpu-a"].apply
+
+    def failing(args: dict[str, Any]) -> dict[str, Any]:
+        reply = original(args)
+        for entry in reply["results"]:
+            if entry["error"]:
+                entry["error"] = long
+        return reply
+
+    boxes["gpu-a"].apply = failing  # type: ignore[method-assign]
+    load(tmp_path)
+    assert cli.main(["apply", str(tmp_path / "rig.yaml"), "--yes"]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if "│" in line]
+    assert all(len(row.rstrip()) < 130 for row in rows), rows
+    assert f"gpu-a: step 4 (persistence) failed: {long}".rstrip() in [line.rstrip() for line in lines]

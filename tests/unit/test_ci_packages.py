@@ -53,3 +53,37 @@ def test_nothing_runs_when_every_package_is_there(tmp_path: Path) -> None:
 def test_ci_run_installs_system_packages_through_the_script() -> None:
     text = (REPO / ".ci" / "run").read_text()
     assert ".ci/system-packages" in text and "apt-get" not in text
+
+
+def test_units_the_install_enabled_at_boot_are_disabled_and_each_package_is_named(tmp_path: Path) -> None:
+    """Issue 40 item 15: installing openssh-server, prometheus-node-exporter and munge left their units
+    enabled in multi-user.target.wants; a reboot of the developer's machine started them. apt-get and
+    deb-systemd-helper are stand-ins here: the install adds the links a package's postinst adds."""
+    bin_dir, units = tmp_path / "bin", tmp_path / "units"
+    wants = units / "multi-user.target.wants"
+    wants.mkdir(parents=True)
+    (wants / "cron.service").symlink_to("/lib/systemd/system/cron.service")  # the machine's own: kept
+    bin_dir.mkdir()
+    fakes = {
+        "dpkg-query": FAKE_DPKG_QUERY,
+        "apt-get": f'#!/bin/sh\n[ "$1" != install ] || ln -s /lib/systemd/system/munge.service {wants}/\n',
+        "deb-systemd-helper": f'#!/bin/sh\necho "$@" >> {tmp_path}/helper.log\nrm -f {wants}/"$2"\n',
+    }
+    for name, text in fakes.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "MGPU_CI_UNIT_DIR": str(units),
+        "MGPU_CI_POLICY_RC_D": str(tmp_path / "policy-rc.d"),
+    }
+    done = subprocess.run(
+        ["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=30, check=True
+    )
+    assert (
+        "installing the missing test packages (nothing installed is upgraded): sudo mmdebstrap" in done.stderr
+    )
+    assert (tmp_path / "helper.log").read_text() == "disable munge.service\n"
+    assert sorted(p.name for p in wants.iterdir()) == ["cron.service"]
+    assert not (tmp_path / "policy-rc.d").exists()  # the install's own policy, removed again

@@ -103,7 +103,7 @@ def test_demo_without_torch_runs_validate_plan_apply_and_says_how_to_add_smoke(t
     assert "smoke: a real DDP run" not in done.stdout
     hint = (
         f"smoke skipped: {bare} has no torch, so the demo leaves out its smoke test (a real DDP run). To add "
-        f"it, install the CPU build (about 190 MB): {bare} -m pip install torch --index-url "
+        f"it, install the CPU build (about 190 MB): {bare} -m pip install torch==2.13.0 --index-url "
         "https://download.pytorch.org/whl/cpu"
     )
     assert hint in done.stdout
@@ -114,3 +114,30 @@ def test_the_readmes_first_command_needs_no_torch() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     first = readme.split("```sh\n", 1)[1].split("\n", 1)[0]
     assert first == "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/mgpu-provision demo"
+
+
+def test_a_rehearsal_against_an_example_twin_writes_nothing_into_the_checkout(tmp_path: Path) -> None:
+    """Issue 37 item 11: the twin's overlay goes to the node's state folder, not `<twin>.state.json` beside
+    a twin of the checkout (examples/twins/), where it was an untracked file after every apply."""
+    twins = Path(__file__).resolve().parents[2] / "examples" / "twins"
+    before = sorted(twins.iterdir())
+    rig = write_demo(tmp_path / "demo", None)
+    text = rig.read_text()
+    demo_twin = f"{tmp_path / 'demo'}/twin-rtx3090-nvlink.yaml"
+    rig.write_text(text.replace(demo_twin, str(twins / "rtx3090-nvlink.yaml")))
+    env = {**os.environ, "HOME": str(tmp_path)}
+    for argv, code in ((["apply", "--yes"], 0), (["plan"], 0)):
+        done = subprocess.run([*CLI, argv[0], str(rig), *argv[1:]], capture_output=True, text=True, env=env)
+        assert done.returncode == code, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(twins.iterdir()) == before
+    (state,) = (tmp_path / "demo" / "root" / "var" / "lib" / "mgpu-provision" / "twin-state").iterdir()
+    assert state.name.startswith("rtx3090-nvlink-") and "nvidia-persistenced" in state.read_text()
+
+
+def test_the_demos_torch_hint_pins_the_version_readme_and_pyproject_pin() -> None:
+    """Issue 40 item 16: the hint said `pip install torch`, README `torch==2.13.0`."""
+    from mgpu_provision.commands.demo import TORCH
+
+    root = Path(__file__).resolve().parents[2]
+    assert f"pip install {TORCH} --index-url" in (root / "README.md").read_text()
+    assert f'demo = ["{TORCH}"]' in (root / "pyproject.toml").read_text()

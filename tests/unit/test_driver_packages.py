@@ -442,3 +442,19 @@ def test_nvlink5_fabric_manager_brings_the_subnet_manager_and_loads_ib_umad(
     assert ["modprobe", "ib_umad"] in ran
     (install,) = [argv for argv in ran if argv[:2] == ["apt-get", "install"]]
     assert {"nvlsm", "infiniband-diags", "libnvsdm"} <= set(install)
+
+
+@pytest.mark.parametrize(
+    ("answer", "module"),
+    [((0, "Dual MIT/GPL\n"), "open"), ((0, "NVIDIA\n"), "proprietary"), ((1, ""), None)],
+)
+def test_the_installed_module_type_is_read_from_its_license(
+    monkeypatch: pytest.MonkeyPatch, answer: tuple[int, str], module: str | None
+) -> None:
+    """Issue 37 item 7: what the next boot loads, so plan can tell "installed, reboot left" from "install".
+    The licenses are the driver's own: kernel-open/nvidia/nv.c `Dual MIT/GPL`, kernel/nvidia/nv.c `NVIDIA`."""
+    code, out = answer
+    monkeypatch.setattr(
+        system, "run", lambda argv, timeout=0, env=None: subprocess.CompletedProcess(argv, code, out, "")
+    )
+    assert driver.installed_module() == module

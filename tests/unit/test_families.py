@@ -33,6 +33,7 @@ EXPECTED = {
     "opensuse-leap-16.0": (None, False, None),
     "opensuse-tumbleweed": (None, False, None),
     "arch": (None, False, None),
+    "tencentos-3.1": ("dnf", True, "rhel"),  # issue 37 item 12: PLATFORM_ID platform:el8, not "RHEL 3"
 }
 MANUAL_NAMES = {
     "sles-12.5": "SUSE Linux Enterprise 12",
@@ -48,6 +49,7 @@ def family_of_file(name: str) -> families.Family:
         release["os_id"],  # type: ignore[arg-type]
         release["os_version_id"],  # type: ignore[arg-type]
         release["os_like"],  # type: ignore[arg-type]
+        release["os_platform_id"],  # type: ignore[arg-type]
     )
 
 
@@ -96,3 +98,10 @@ def test_a_derivative_is_read_by_what_it_is_like() -> None:
 def test_method_problem(name: str, method: str, source: str, problem: str | None) -> None:
     found = families.method_problem(family_of_file(name), method, source)
     assert found == problem if problem is None else (found is not None and problem in found)
+
+
+def test_a_rebuild_with_its_own_version_id_is_read_by_its_platform_id() -> None:
+    """Issue 37 item 12: TencentOS 3.1 (VERSION_ID 3.1, ID_LIKE rhel) was "RHEL 3 family", refused."""
+    family = family_of_file("tencentos-3.1")
+    assert family.name == "RHEL 8 family" and family.problem is None
+    assert families.family_of("tencentos", "3.1", ["rhel", "fedora", "centos"]).name == "RHEL 3 family"

@@ -135,7 +135,8 @@ rigs:
 def test_targets_merge_defaults_and_resolve_paths(tmp_path: Path) -> None:
     (tmp_path / "rig.yaml").write_text(RIG)
     (tmp_path / "keys").mkdir()
-    (tmp_path / "keys" / "id").write_text("a key\n")  # validate checks that a named key exists
+    # validate checks that a named key exists and looks like a private key (it is not read as one here)
+    (tmp_path / "keys" / "id").write_text("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
     loaded = load_rig(tmp_path / "rig.yaml")
     a, b, me = targets_for(loaded, list(loaded.spec.hosts))
     assert (a.address, a.port, a.user, a.become, a.python) == ("10.0.0.11", 2200, "ubuntu", True, "python3")

@@ -13,7 +13,7 @@ import pynvml
 import pytest
 
 from mgpu_provision.facts import HostHealth
-from mgpu_provision.judge import health
+from mgpu_provision.judge import health, xids
 from mgpu_provision.judge.records import Expectation
 from mgpu_provision.node.nvidia import kernel
 from mgpu_provision.node.nvidia.nvml_real import RealBackend
@@ -49,7 +49,7 @@ def judged(monkeypatch: pytest.MonkeyPatch, log: str, nvml: ScriptedNvml) -> lis
     monkeypatch.setattr(RealBackend, "loaded_version", lambda self: "550.54.15")
     raw = json.loads(json.dumps(nvidia_facts(RealBackend())))  # as the control side receives it
     HostHealth.model_validate(raw["health"])
-    pair = Expectation("NVIDIA GeForce RTX 3090", 2, critical_xids=health.CRITICAL_XIDS)
+    pair = Expectation("NVIDIA GeForce RTX 3090", 2, critical_xids=xids.CRITICAL)
     return [finding.summary for finding in health.health(raw, pair)]
 
 
@@ -98,7 +98,7 @@ def test_a_fatal_sxid_names_its_switch_and_the_xid_79_its_gpu(
 
 
 def test_application_xids_are_never_failures_by_default() -> None:
-    assert not set(health.APP_XIDS) & set(health.CRITICAL_XIDS)
-    events = [{"gpu": 0, "pci_bus_id": "0000:01:00", "code": code} for code in health.APP_XIDS]
-    pair = Expectation("NVIDIA GeForce RTX 3090", 2, critical_xids=health.CRITICAL_XIDS)
+    assert not set(xids.APP) & set(xids.CRITICAL)
+    events = [{"gpu": 0, "pci_bus_id": "0000:01:00", "code": code} for code in xids.APP]
+    pair = Expectation("NVIDIA GeForce RTX 3090", 2, critical_xids=xids.CRITICAL)
     assert health.health({"health": {"xid": events}}, pair) == []

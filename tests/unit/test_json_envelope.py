@@ -53,7 +53,7 @@ def test_every_command_prints_the_envelope(tmp_path: Path, capsys: pytest.Captur
         assert OWN_KEYS[command] <= set(doc), (command, sorted(doc))
 
 
-@pytest.mark.parametrize("command", ["facts", "plan", "apply", "smoke", "reclaim"])
+@pytest.mark.parametrize("command", ["facts", "plan", "apply", "smoke", "reclaim", "recover"])
 def test_an_error_prints_an_error_document(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:

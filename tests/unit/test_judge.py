@@ -13,7 +13,7 @@ import yaml
 
 from mgpu_provision.catalog.topology import parse_topology
 from mgpu_provision.fleet.bundle import build_agent
-from mgpu_provision.judge import driver, files, health, inventory, topology
+from mgpu_provision.judge import driver, files, health, inventory, topology, xids
 from mgpu_provision.judge.records import Expectation, Finding, expectation_from_json, expectation_to_json
 from mgpu_provision.judge.verdict import judge_node
 from mgpu_provision.plan import expectation
@@ -24,7 +24,7 @@ from tests.support.agent import NODE_PYTHON, TWINS, run_agent
 from tests.support.factories import TOPOLOGIES, bus_id, case_facts, facts, gpu
 from tests.support.plan_cases import CASES, load_case
 
-PAIR = Expectation(gpu_model="NVIDIA GeForce RTX 3090", gpu_count=2, critical_xids=health.CRITICAL_XIDS)
+PAIR = Expectation(gpu_model="NVIDIA GeForce RTX 3090", gpu_count=2, critical_xids=xids.CRITICAL)
 OK = {"nvml": "ok", "version": "550.54.15", "installed": "550.54.15", "loaded": "550.54.15"}
 
 
@@ -50,7 +50,7 @@ def test_xids_are_grouped_by_gpu_and_code_and_only_critical_ones_count() -> None
     found = health.health(box(health={"xid": events}), PAIR)
     assert [(f.gpu, f.current) for f in found] == [(0, "Xid 79"), (None, "Xid 48")]
     assert found[0].message == "GPU 0 logged Xid 79 since boot (2 times) (GPU has fallen off the bus)"
-    assert found[0].summary == f"{found[0].message}: {health.XID_ADVICE[79][1]}"
+    assert found[0].summary == f"{found[0].message}: {xids.CATALOG[79].advice}"
     assert found[1].summary.startswith("the GPU at 0000:41:00 (no longer listed by NVML)")
     assert health.health(box(health={"xid": events}), PAIR._replace(health_skip=("xid",))) == []
 
@@ -181,8 +181,8 @@ def test_findings_carry_the_gpus_uuid() -> None:
 
 
 def test_rig_default_critical_xids_are_the_judges_and_each_has_advice() -> None:
-    assert Health().critical_xids == list(health.CRITICAL_XIDS)
-    assert set(health.CRITICAL_XIDS) <= set(health.XID_ADVICE)
+    assert Health().critical_xids == list(xids.CRITICAL)
+    assert set(xids.CRITICAL) <= set(xids.CATALOG)
 
 
 def rig_expectation(loaded: LoadedRig, host: Host, files: dict[str, str] | None = None) -> Expectation:
@@ -274,7 +274,7 @@ def test_plan_and_the_judge_agree_on_every_plan_case(path: Path, tmp_path: Path)
     plan_said = [
         (c.resource, c.summary, c.current, c.desired)
         for c in plan_host(loaded, host, box_facts)
-        if c.action == "verify-failed" and c.resource in JUDGED
+        if c.action in ("verify-failed", "warn") and c.resource in JUDGED
     ]
     # What a node has: the facts as JSON text and the expectation as a JSON file.
     want = expectation_from_json(json.loads(json.dumps(expectation_to_json(rig_expectation(loaded, host)))))
@@ -342,7 +342,7 @@ def test_the_judge_runs_from_the_zipapp_on_a_stdlib_only_python(tmp_path: Path) 
     plan_said = [
         (c.resource, c.summary)
         for c in plan_host(loaded, host, facts(**{k: v for k, v in raw.items() if k != "agent_version"}))
-        if c.action == "verify-failed" and c.resource in JUDGED
+        if c.action in ("verify-failed", "warn") and c.resource in JUDGED
     ]
     assert {check for check, _ in on_node} >= {"gpus", "topology", "pcie", "fabricmanager"}
     assert on_node == plan_said

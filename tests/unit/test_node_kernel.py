@@ -194,11 +194,27 @@ def test_secure_boot_trusts_a_module_only_when_its_key_is_enrolled(
     assert kernel.module_key_enrolled(str(module)) is False
     answers["sig_key"] = "\n"  # unsigned
     assert kernel.module_key_enrolled(str(module)) is False
+
+
+def test_a_serial_is_never_compared_with_a_subject_key_id_and_a_loaded_module_is_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 38: a Canonical-signed module's sig_key is its signer's serial (kmod libkmod-signature.c);
+    # /proc/keys names Canonical's key by its subject key id (x509_public_key.c). Compared with each other
+    # a loaded, working module read "not enrolled" and failed the box.
+    module = tmp_path / "nvidia.ko"
+    module.write_bytes(b"\x7fELF")
     proc_keys = (
-        "1a2b3c4d I------     1 perm 1f010000     0     0 asymmetri "
-        "DKMS module signing key: deadbeef00112233445566778899aabb X509.rsa 30f5 []\n"
+        "0a1b2c3d I------     1 perm 1f010000     0     0 asymmetri "
+        "Canonical Ltd Secure Boot Signing: 61482aa2830d0ab2ad5af10b7250da9033ddcef0 X509.rsa 61482aa2 []\n"
     )
+    answers: dict[str, str | None] = {"sig_key": "01\n", "mokutil": None, "grubby": None}
+    answers["signer"] = "Canonical Ltd Secure Boot Signing\n"
+    monkeypatch.setattr(kernel, "_run", lambda argv: answers[argv[2] if argv[0] == "modinfo" else argv[0]])
     monkeypatch.setattr(kernel, "_read", lambda path: proc_keys)
-    answers["sig_key"] = "DE:AD:BE:EF:00:11:22:33:44:55:66:77:88:99:AA:BB\n"
-    answers["mokutil"] = None  # type: ignore[assignment]
-    assert kernel.module_key_enrolled(str(module)) is True
+    assert kernel.module_key_enrolled(str(module)) is None  # no serial to compare with: not judged
+    modules, boot = lay_out(tmp_path, {os.uname().release: "kernel/nvidia-550srv/nvidia.ko"})
+    monkeypatch.setattr(kernel, "secure_boot", lambda: True)
+    monkeypatch.setattr(kernel, "module_loaded", lambda: True)
+    ready = kernel.readiness(modules, boot)
+    assert ready is not None and ready["module_key_enrolled"] is True  # the kernel accepted it

@@ -53,11 +53,23 @@ json.dump(results, sys.stdout)
 """
 
 
+def commands() -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """(the words naming it, its parser) for every command, `rehearse up` and `rehearse down` included."""
+
+    def walk(words: str, parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+        nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not nested:
+            yield words, parser
+        for sub in nested:
+            for name, subparser in sub.choices.items():
+                yield from walk(f"{words} {name}".strip(), subparser)
+
+    yield from walk("", build_parser())
+
+
 def path_options() -> Iterator[tuple[str, argparse.Action]]:
     """(command, action) for every option or argument that names a path on this machine."""
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for command, subparser in sub.choices.items():
+    for command, subparser in commands():
         for action in subparser._actions:
             if action.type in paths.PATH_TYPES or action.dest in ("rig", "playbook"):
                 yield command, action
@@ -95,9 +107,61 @@ def argv_for(command: str, action: argparse.Action, value: Path, folder: Path) -
     if command == "init":
         output = [] if action.dest == "output" else ["-o", str(folder / "new.yaml")]
         return [command, "--connection", "local", *output, *option]
-    if command == "demo":
-        return [command, *option]
+    if command in ("demo", "rehearse up", "rehearse down"):
+        return [*command.split(), *option]
     return [command, *option] if action.dest == "rig" else [command, rig, *option]
+
+
+def run_in_child(argvs: list[list[str]], folder: Path, prefix: list[str]) -> list[dict[str, object]]:
+    """Each command line's result from one child process (CHILD), run in `folder` with HOME there."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(folder)}
+    child = subprocess.run(
+        [*prefix, sys.executable, "-c", CHILD],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr
+    results: list[dict[str, object]] = json.loads(child.stdout)
+    return results
+
+
+def flag_mistakes(folder: Path) -> Iterator[list[str]]:
+    """For every command: an unknown flag, each option without its value, and each typed option (not a
+    path) with a value of the wrong kind (`--forks abc`, `--serial abc`, `rehearse up --hosts 0`)."""
+    rig = str(folder / "rig.yaml")
+    for command, parser in commands():
+        words = command.split()
+        needs_rig = any(a.dest == "rig" for a in parser._actions)
+        head = [*words, rig] if needs_rig else words
+        yield [*head, "--no-such-flag"]
+        for action in parser._actions:
+            if not action.option_strings or action.nargs == 0 or action.dest == "help":
+                continue
+            option = action.option_strings[-1]
+            yield [*head, option]  # the value is missing
+            if action.type not in (None, str, *paths.PATH_TYPES) and not action.choices:
+                yield [*head, option, "0" if action.dest in ("hosts", "port") else "a b!"]
+            if action.choices:
+                yield [*head, option, "no-such-choice"]
+
+
+def test_flag_mistakes_are_one_message_and_exit_1_never_a_traceback(tmp_path: Path) -> None:
+    """The sweep over flags beside the one over paths (issue 40, "a sweep over every path and flag mistake
+    ends in zero tracebacks"): every command's usage error is exit 1 with a message."""
+    (tmp_path / "rig.yaml").write_text(GOOD_RIG)
+    cases = list(flag_mistakes(tmp_path))
+    assert any(c[:2] == ["rehearse", "up"] for c in cases) and any("--serial" in c for c in cases)
+    bad = [
+        f"{' '.join(argv)} -> {result['code']}: {result['crash'] or result['said']}"
+        for argv, result in zip(cases, run_in_child(cases, tmp_path, []), strict=True)
+        if result["crash"] or result["code"] != 1 or "Traceback" in str(result["said"]) or not result["said"]
+    ]
+    assert bad == [], "\n".join(bad)
 
 
 def test_path_mistakes_are_refused_with_a_message_never_a_traceback(tmp_path: Path) -> None:
@@ -112,28 +176,28 @@ def test_path_mistakes_are_refused_with_a_message_never_a_traceback(tmp_path: Pa
     for command, action in path_options():
         for kind, value in values(action.type, folder).items():
             cases.append((kind, value, argv_for(command, action, value, folder)))
-    commands = {argv[0] for _, _, argv in cases}
-    assert {"validate", "facts", "plan", "apply", "smoke", "reclaim", "init", "demo"} <= commands
+    covered = {" ".join(argv[:2]) if argv[0] == "rehearse" else argv[0] for _, _, argv in cases}
+    assert {
+        "validate",
+        "facts",
+        "plan",
+        "apply",
+        "smoke",
+        "reclaim",
+        "init",
+        "demo",
+        "rehearse up",
+    } <= covered
 
     prefix: list[str] = []
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
             skip_or_fail("setpriv (util-linux) is needed to read as a user without root's file access")
         prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(folder)}
-    child = subprocess.run(
-        [*prefix, sys.executable, "-c", CHILD],
-        input=json.dumps([argv for _, _, argv in cases]),
-        capture_output=True,
-        text=True,
-        cwd=folder,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr
     bad = []
-    for (kind, value, argv), result in zip(cases, json.loads(child.stdout), strict=True):
+    for (kind, value, argv), result in zip(
+        cases, run_in_child([a for _, _, a in cases], folder, prefix), strict=True
+    ):
         said = result["said"]
         named = str(value) in said or value.name in said
         if result["crash"] or result["code"] != 1 or "Traceback" in said or not named:

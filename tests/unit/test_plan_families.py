@@ -24,22 +24,22 @@ VERSION = "550.90.07"
 
 # file -> (method, module streams, source label) for an install; a str: the manual step's reason.
 EXPECTED: dict[str, tuple[str, bool, str] | str] = {
-    "ubuntu-22.04": ("apt", False, "ubuntu packages"),
-    "ubuntu-24.04": ("apt", False, "ubuntu packages"),
-    "debian-12": ("apt", False, "debian packages"),
-    "rhel-8.10": ("dnf", True, "rhel packages"),
-    "rhel-9.6": ("dnf", True, "rhel packages"),
-    "rhel-10.0": ("dnf", False, "rhel packages"),
-    "rocky-9.5": ("dnf", True, "rhel packages"),
-    "rocky-10.0": ("dnf", False, "rhel packages"),
-    "almalinux-8.10": ("dnf", True, "rhel packages"),
-    "almalinux-9.6": ("dnf", True, "rhel packages"),
-    "amzn-2": ("yum", False, "rhel packages"),
-    "amzn-2023": ("dnf", True, "rhel packages"),
-    "centos-7": ("yum", False, "rhel packages"),
-    "ol-7.9": ("yum", False, "rhel packages"),
-    "sles-15.6": ("zypper", False, "cuda packages"),
-    "opensuse-leap-15.6": ("zypper", False, "cuda packages"),
+    "ubuntu-22.04": ("apt", False, "ubuntu packages with apt"),
+    "ubuntu-24.04": ("apt", False, "ubuntu packages with apt"),
+    "debian-12": ("apt", False, "debian packages with apt"),
+    "rhel-8.10": ("dnf", True, "rhel packages with dnf"),
+    "rhel-9.6": ("dnf", True, "rhel packages with dnf"),
+    "rhel-10.0": ("dnf", False, "rhel packages with dnf"),
+    "rocky-9.5": ("dnf", True, "rhel packages with dnf"),
+    "rocky-10.0": ("dnf", False, "rhel packages with dnf"),
+    "almalinux-8.10": ("dnf", True, "rhel packages with dnf"),
+    "almalinux-9.6": ("dnf", True, "rhel packages with dnf"),
+    "amzn-2": ("yum", False, "rhel packages with yum"),
+    "amzn-2023": ("dnf", True, "rhel packages with dnf"),
+    "centos-7": ("yum", False, "rhel packages with yum"),
+    "ol-7.9": ("yum", False, "rhel packages with yum"),
+    "sles-15.6": ("zypper", False, "cuda packages with zypper"),
+    "opensuse-leap-15.6": ("zypper", False, "cuda packages with zypper"),
     "sles-12.5": "SUSE Linux Enterprise 12: NVIDIA's repositories serve SUSE Linux Enterprise Server 15 and "
     "openSUSE Leap 15 only",
     "opensuse-leap-16.0": "openSUSE Leap 16: NVIDIA's repositories serve SUSE Linux Enterprise Server 15 and "
@@ -84,7 +84,7 @@ def test_plan_and_apply_per_family(tmp_path: Path, name: str) -> None:
     assert change.summary == f"driver 550.54.15 → {VERSION} ({label})"
     step = change.agent_step
     assert step is not None and (step["method"], step["modules"]) == (method, modules)
-    changed, message = select_backend(str(twin)).install_driver(step)
+    changed, message = select_backend(str(twin), str(tmp_path / "state")).install_driver(step)
     assert changed and message.startswith(f"installed driver {VERSION} with {method}")
 
 

@@ -163,6 +163,7 @@ def test_json_schema_keys_are_stable() -> None:
     assert doc["totals"] == {
         "to_change": 2,
         "checks_failed": 1,
+        "warnings": 0,
         "manual": 1,
         "hosts_with_changes": 2,
         "hosts": 8,
@@ -186,6 +187,7 @@ def test_json_schema_keys_are_stable() -> None:
         "desired": "550.54.15",
         "reboot": True,
         "diff": None,
+        "severity": "drift",
         "tags": ["driver"],
         "phase": "driver",
         "applies": True,

@@ -7,6 +7,7 @@ itself rather than counted by hand.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,8 @@ CASES = {
     ),
     "hosts-are-distinct-boxes-by-ip": (
         HEAD.replace("{name: gpu-b, rig: pair}", "{name: gpu-b, address: '0::1', rig: pair}")
-        + "  - {name: gpu-c, address: '0:0::1', port: 22, rig: pair}  # <-\nrigs:\n  pair:\n" + GPUS,
+        + "  - {name: gpu-c, address: '0:0::1', port: 22, rig: pair}  # <-\nrigs:\n  pair:\n"
+        + GPUS,
         "hosts[2].address",
         "hosts 'gpu-b' and 'gpu-c' are the same box (::1 port 22)",
     ),
@@ -200,14 +202,39 @@ CASES = {
         "rigs.pair.driver.repo.key",
         "cannot read the mirror's key",
     ),
-    "driver-repo-is-apt": (
+    "driver-repo-is-a-package-repository": (
         rig(
             GPUS.strip(),
-            'driver: {version: "550.54.15", source: rhel, method: dnf,',
+            'driver: {version: "550.54.15", method: runfile, runfile_url: /srv/NVIDIA.run,',
+            "         runfile_sha256: " + "0" * 64 + ",",
             "         repo: {url: http://mirror.lab/nvidia/, key: absent.asc}}  # <-",
         ),
         "rigs.pair.driver.repo",
-        "driver.repo is an apt mirror; this rig installs with dnf",
+        "driver.repo is a package repository; method runfile installs no packages",
+    ),
+    # Issue 37 item 9: NVIDIA's deprecation schedule (580 is the last branch for Volta) and the data
+    # center release notes (B200 from 570); the cards.branch_range table.
+    "volta-past-580": (
+        rig('gpus: {model: "Tesla V100-SXM2-32GB", count: 2}', 'driver: {branch: "590"}  # <-'),
+        "rigs.pair.driver.branch",
+        "Tesla V100-SXM2-32GB (Maxwell, Pascal or Volta) is driven by branch 580 and older; branch 590 does "
+        'not support it: set driver.branch to "580"',
+    ),
+    "b200-before-570": (
+        rig('gpus: {model: "NVIDIA B200", count: 8}', 'driver: {version: "550.163.01", flavor: open}  # <-'),
+        "rigs.pair.driver.version",
+        "NVIDIA B200 (Blackwell) needs branch 570 or newer; branch 550 does not support it: set "
+        'driver.branch to "570" or later',
+    ),
+    # Issue 37 item 2: Canonical's archive has FM and NSCQ per branch and none of NVLink5's pieces.
+    "nvlink5-from-ubuntus-archive": (
+        rig(
+            'gpus: {model: "NVIDIA B200", count: 8}',
+            "bridge: {kind: nvswitch, links: 18}",
+            'driver: {branch: "580", source: ubuntu, fabricmanager: true}  # <-',
+        ),
+        "rigs.pair.driver.source",
+        "which Ubuntu's archive does not carry: set driver.source: cuda",
     ),
     "no-fabric-manager-on-a-gb200-tray": (
         rig(
@@ -527,6 +554,18 @@ CASES = {
         "hosts[0].identity_file",
         "keys/id_gone does not exist",
     ),
+    "addresses-are-addresses": (
+        "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, address: 10.0.0.300}  # <-\nrigs:\n  pair:\n"
+        + GPUS,
+        "hosts[0].address",
+        "'10.0.0.300' is not an IPv4 address (four numbers 0 to 255)",
+    ),
+    "local-twins-exist": (
+        "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, connection: local, simulate: twin.yaml}  # <-\n"
+        "rigs:\n  pair:\n" + GPUS,
+        "hosts[0].simulate",
+        "twin.yaml does not exist",
+    ),
     "local-hosts-apart": (
         "version: 1\nhosts:\n  - {name: gpu-a, rig: pair, connection: local, simulate: a.yaml}\n"
         "  - {name: gpu-b, rig: pair, connection: local, simulate: b.yaml}  # <-\nrigs:\n  pair:\n" + GPUS,
@@ -663,3 +702,38 @@ def test_a_topology_file_stands_in_for_links(tmp_path: Path, kind: str) -> None:
     bridge = f"bridge: {{kind: {kind}, topology_file: topo.txt}}"
     (tmp_path / "rig.yaml").write_text(rig(GPUS.strip(), bridge))
     assert load_rig(tmp_path / "rig.yaml").spec.rigs["pair"].bridge.links is None
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("public", "is a public key: name the private key (the same file without .pub)"),
+        ("text", "is not a private key (no '-----BEGIN ... PRIVATE KEY-----' line)"),
+        (
+            "encrypted",
+            "is protected by a passphrase and no SSH agent runs (SSH_AUTH_SOCK): load it with ssh-add",
+        ),
+    ],
+)
+def test_a_key_that_cannot_log_in_is_named_at_validate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, message: str
+) -> None:
+    """Issue 40 item 13: a .pub or a text file as identity_file, or an encrypted key with no agent, failed
+    only at the first login, in Paramiko's words."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    secret = tmp_path / "id_ed25519"
+    passphrase = "s3cret" if key == "encrypted" else ""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(secret)], check=True)
+    named = {"public": "id_ed25519.pub", "text": "notes.txt", "encrypted": "id_ed25519"}[key]
+    (tmp_path / "notes.txt").write_text("my keys are in the safe\n")
+    text = (
+        f"version: 1\nhosts:\n  - {{name: gpu-a, rig: pair, identity_file: {named}}}  # <-\nrigs:\n  pair:\n"
+    )
+    problems = problems_of(tmp_path, text + GPUS)
+    assert [(p.field, p.line) for p in problems if message in p.message] == [("hosts[0].identity_file", 3)]
+    # A key without a passphrase, with no agent: no problem.
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "id_plain")], check=True
+    )
+    (tmp_path / "rig.yaml").write_text(text.replace(named, "id_plain") + GPUS)
+    load_rig(tmp_path / "rig.yaml")  # valid

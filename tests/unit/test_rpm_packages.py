@@ -30,19 +30,55 @@ def test_the_set_of_a_branch_with_fabric_manager_by_name() -> None:
     assert found.hold == found.install
 
 
-def test_open_modules_and_the_unversioned_names_of_590() -> None:
+def test_open_modules_are_suses_cuda_kmp_of_the_branchs_generation() -> None:
+    """Issue 37 item 4: the open KMP is SUSE's `-cuda-` flavour (built at the CUDA repository's driver
+    versions; the graphics flavour has SUSE's own), and 590 and later are G07 (SUSE's
+    nvidia-open-driver-G07-signed builds 590.44.01 onwards), not G06."""
     found = sources.zypper_set("590", "open", fabricmanager=False)
     assert found.pinning == ["nvidia-driver-pinning-590"]
-    kmp = "nvidia-open-driver-G06-signed-kmp-default"
-    assert found.install == ["nvidia-open", "nvidia-compute-utils-G06", kmp]
+    kmp = "nvidia-open-driver-G07-signed-cuda-kmp-default"
+    assert found.install == ["nvidia-open", "nvidia-compute-utils-G07", kmp]
     assert found.hold[0] == "nvidia-driver-pinning-590"
+    older = sources.zypper_set("580", "open", fabricmanager=False)
+    assert older.install == [
+        "nvidia-open-580",
+        "nvidia-compute-utils-G06",
+        "nvidia-open-driver-G06-signed-cuda-kmp-default",
+    ]
 
 
-def test_search_table_gives_every_version_offered() -> None:
-    text = (RECORDED / "search-cuda-drivers-550.txt").read_text()
+def test_nvlink5_packages_are_installed_by_name_and_never_locked() -> None:
+    """Issue 37 item 1: nvlsm and infiniband-diags have versions of their own."""
+    found = sources.zypper_set("580", "open", fabricmanager=True, nvlink5=True)
+    assert found.install[3:] == [
+        "nvidia-fabricmanager",
+        "libnvidia-nscq",
+        "libnvsdm",
+        "nvlsm",
+        "infiniband-diags",
+    ]
+    assert "nvlsm" not in found.hold and "infiniband-diags" not in found.hold
+    assert zypper.editions(
+        ["nvidia-fabricmanager"], {"nvidia-fabricmanager": ["580.95.05-1", "580.82.07-1"]}, "580.95.05"
+    ) == ["nvidia-fabricmanager=580.95.05-1"]
+
+
+def test_search_gives_every_version_offered_and_a_kmps_kernel_is_not_its_version() -> None:
+    text = (RECORDED / "xmlout-search-cuda-drivers-550.xml").read_text()
     assert zypper.search_versions(text, "cuda-drivers-550") == ["550.90.07-1", "550.54.15-1"]
     assert zypper.search_versions(text, "cuda-drivers-535") == []
-    assert zypper.search_versions("No matching items found.\n", "cuda-drivers-550") == []
+    none = (RECORDED / "xmlout-search-none.xml").read_text()
+    assert zypper.search_versions(none, "cuda-drivers-550") == []
+    kmp = "nvidia-open-driver-G06-signed-cuda-kmp-default"
+    offered = zypper.search_versions((RECORDED / "xmlout-search-kmp-cuda.xml").read_text(), kmp)
+    assert offered == ["580.95.05_k6.4.0_150600.23.73-1.1"]
+    assert [upstream(v) for v in offered] == ["580.95.05"]  # item 4: `name=<driver version>` never matched
+    assert zypper.editions([kmp], {kmp: offered}, "580.95.05") == [f"{kmp}=580.95.05_k6.4.0_150600.23.73-1.1"]
+
+
+def test_zypper_never_skips_signature_checks() -> None:
+    """Issue 37 item 5: `--no-gpg-checks` installed kernel modules without checking who signed them."""
+    assert "--no-gpg-checks" not in zypper.ZYPPER
 
 
 def test_locks_table_gives_the_locked_names() -> None:

@@ -94,8 +94,12 @@ def test_cores_and_links_can_be_left_out(tmp_path: Path) -> None:
 def test_node_line_for_slurm_conf(loaded: LoadedRig, tmp_path: Path) -> None:
     host = loaded.host("gpu-a")
     line = slurm.node_line(host, loaded.rig_of(host), smt_facts(tmp_path))
-    assert line is not None and line.endswith(
-        "Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=128000 Gres=gpu:nvidia_geforce_rtx_3090:2"
+    assert (
+        line is not None
+        and line.endswith(
+            # RealMemory: 128000 MiB less 3% headroom
+            "Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=124160 Gres=gpu:nvidia_geforce_rtx_3090:2"
+        )
     )
 
 
@@ -134,7 +138,7 @@ def test_the_health_script_is_managed_only_with_a_health_check(loaded: LoadedRig
     files = {f.path: f for f in slurm.desired(HostContext(checked, checked.host("gpu-a"), facts))}
     script = files["/usr/local/bin/mgpu-provision-slurm-health"]
     assert script.mode == "0755"
-    assert "SLURM_CONF=/etc/slurm/slurm.conf\n" in script.content
+    assert "    SLURM_CONF=/etc/slurm/slurm.conf\n" in script.content
     assert "out=$(/usr/local/bin/c 2>&1)\n" in script.content
 
 
@@ -149,7 +153,7 @@ def test_a_box_with_a_gpu_missing_is_reported_before_slurmd_makes_the_node_inval
     facts = _with_controller(facts_from_twin(twin), State="IDLE", Gres="gpu:nvidia_geforce_rtx_3090:2(S:0-1)")
     rig = loaded.rig_of(loaded.host("gpu-a"))
     assert rig.slurm is not None
-    found = slurm.checks(rig, rig.slurm, facts, gres_conf_current=False)
+    found = slurm.checks(loaded.host("gpu-a"), rig, rig.slurm, facts, gres_conf_current=False)
     gres = [c for c in found if c.resource == "slurm:gres"]
     assert gres and "INVAL" in gres[0].summary and gres[0].action == "verify-failed"
     assert (
@@ -174,7 +178,9 @@ def test_node_state_of_ours_is_a_failed_check_an_admins_drain_is_not(
     )
     rig = loaded.rig_of(loaded.host("gpu-a"))
     assert rig.slurm is not None
-    found = [c.resource for c in slurm.checks(rig, rig.slurm, facts, gres_conf_current=True)]
+    found = [
+        c.resource for c in slurm.checks(loaded.host("gpu-a"), rig, rig.slurm, facts, gres_conf_current=True)
+    ]
     assert ("slurm:state" in found) is ours
 
 
@@ -188,7 +194,10 @@ def test_lost_affinity_and_a_layout_mismatch_are_named(loaded: LoadedRig, tmp_pa
     )
     rig = loaded.rig_of(loaded.host("gpu-a"))
     assert rig.slurm is not None
-    found = {c.resource: c.summary for c in slurm.checks(rig, rig.slurm, facts, gres_conf_current=True)}
+    found = {
+        c.resource: c.summary
+        for c in slurm.checks(loaded.host("gpu-a"), rig, rig.slurm, facts, gres_conf_current=True)
+    }
     assert "without (S:...)" in found["slurm:affinity"]
     assert "ThreadsPerCore=1 (box: 2)" in found["slurm:layout"]
 

@@ -21,7 +21,7 @@ ARGS = {
 
 def test_srun_bounds_the_wait_for_nodes_and_ends_the_step_when_a_rank_fails() -> None:
     req = smoke.Request(protocol.check_args("smoke", ARGS))
-    command = slurm_smoke.srun_command("/usr/bin/srun", req, ["na", "nb"])
+    command = slurm_smoke.srun_command("/usr/bin/srun", req, ["na", "nb"], ["--gres=gpu:2"])
     folder = slurm_smoke.workdir("mgpu-smoke-abc")
     assert command[:8] == [
         "/usr/bin/srun", "-v", "--immediate=10", "--kill-on-bad-exit=1", "-N2", "--ntasks-per-node=1",
@@ -29,7 +29,7 @@ def test_srun_bounds_the_wait_for_nodes_and_ends_the_step_when_a_rank_fails() ->
     ]  # fmt: skip
     # Slurm's own time limit past smoke's 60 s, then the installed launcher, then the program and config at
     # one path on every node.
-    assert command[9:11] == ["--time=2", "/usr/local/bin/mgpu-torchrun"]
+    assert command[9:12] == ["--time=2", "--gres=gpu:2", "/usr/local/bin/mgpu-torchrun"]
     assert command[-2:] == [f"{folder}/mgpu_smoke_program.py", f"{folder}/config.json"]
 
 

@@ -149,6 +149,16 @@ def test_group_passes_when_every_rank_joined(tmp_path: Path) -> None:
     assert group.endpoint == "10.0.0.11:29555" and [n.host for n in group.nodes] == ["gpu-a", "gpu-b"]
 
 
+def test_the_floor_is_not_judged_on_simulated_nodes_and_the_report_says_so(tmp_path: Path) -> None:
+    """Issue 40 item 3: README's rig (busbw_floor_gbps: 20) on CPU twins failed "0.35 GB/s is below the
+    floor of 20": Gloo on a simulated node's CPU says nothing of its NVLink."""
+    twins = {name: ok_outcome(n, ranks=[dict(r, simulated=True) for r in ranks_of(n)]) for n, name in
+             enumerate(("gpu-a", "gpu-b"))}  # fmt: skip
+    group = judge(tmp_path, twins, floor=10.0)
+    assert group.ok and group.problems == [] and group.floor_judged is False
+    assert judge(tmp_path, {"gpu-a": ok_outcome(0), "gpu-b": ok_outcome(1)}, floor=10.0).floor_judged
+
+
 def test_busbw_of_the_largest_sizes_below_the_floor_fails(tmp_path: Path) -> None:
     assert judge(tmp_path, {"gpu-a": ok_outcome(0), "gpu-b": ok_outcome(1)}, floor=5.0).ok  # 9 GB/s at 1 MiB
     group = judge(tmp_path, {"gpu-a": ok_outcome(0), "gpu-b": ok_outcome(1)}, floor=10.0)

@@ -121,6 +121,16 @@ def test_every_kind_of_prompt_before_the_command(prompt: str) -> None:
     assert parse_topology(f"{prompt}\n{OLD_DRIVER_MLX}").nvlinks(0, 1) == 2
 
 
+@pytest.mark.parametrize(
+    "label",
+    ["GPU Topology:", "   Topology matrix of gpu-07", "$ nvidia-smi tpo -m", "GPU Topology:\n\n  (node 3)"],
+)
+def test_a_label_line_before_a_whole_matrix_is_skipped(label: str) -> None:
+    """Issue 37 item 12: a capture that starts with a label (`GPU Topology:`, an indented heading, a shell
+    line with a typo) was refused at line 1 although the matrix below it is whole."""
+    assert parse_topology(f"{label}\n{OLD_DRIVER_MLX}").nvlinks(0, 1) == 2
+
+
 def test_a_note_and_a_prompt_after_the_rows_end_the_matrix() -> None:
     matrix = parse_topology((REFERENCE / "2x-rtx5090-prompt-and-note.txt").read_text())
     assert matrix.devices == ("GPU0", "GPU1")

@@ -56,7 +56,8 @@ def os_pretty_name(text: Optional[str]) -> str:
 
 
 def os_release(text: Optional[str]) -> Dict[str, object]:
-    """ID, VERSION_ID and ID_LIKE of /etc/os-release text: which distribution's packages the node takes."""
+    """ID, VERSION_ID, ID_LIKE and PLATFORM_ID of /etc/os-release text: which distribution's packages the
+    node takes."""
     fields = {}
     for line in (text or "").splitlines():
         key, _, value = line.partition("=")
@@ -65,6 +66,8 @@ def os_release(text: Optional[str]) -> Dict[str, object]:
         "os_id": fields.get("ID") or None,
         "os_version_id": fields.get("VERSION_ID") or None,
         "os_like": fields.get("ID_LIKE", "").split(),
+        # The platform a rebuild follows (`platform:el8` on TencentOS 3.1, whose VERSION_ID is its own).
+        "os_platform_id": fields.get("PLATFORM_ID") or None,
     }
 
 

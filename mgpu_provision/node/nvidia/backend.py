@@ -73,6 +73,9 @@ NVLINK_FIELDS = (
 )
 # nvmlPerfPolicyType_t of nvmlDeviceGetViolationStatus: the clock-limit time DCGM's health watch reads.
 VIOLATION_POLICIES = ((0, "power"), (1, "thermal"), (3, "board_limit"), (5, "reliability"))
+# The field values that replace nvmlDeviceGetViolationStatus (deprecated in CUDA 13's nvml.h, removed in
+# 14): NVML_FI_DEV_PERF_POLICY_POWER 74, _THERMAL 75, _BOARD_LIMIT 77, _RELIABILITY 79, in ns (nvml.h).
+VIOLATION_FIELDS = {0: 74, 1: 75, 3: 77, 5: 79}
 MEMORY_LOCATION_DRAM, MEMORY_LOCATION_SRAM = 2, 7
 XidEvent = Tuple[str, int]  # (PCI domain:bus:device as the kernel log prints it, Xid code)
 SXidEvent = Tuple[str, str, int, bool]  # (nvidia-nvswitchN, its PCI address, SXid code, fatal)
@@ -145,6 +148,11 @@ class Backend(abc.ABC):
     def unheld_driver_packages(self, version: str) -> List[str]:
         """Packages of the installed driver set that the package manager does not hold; none by default."""
         return []
+
+    def installed_module(self) -> Optional[str]:
+        """open or proprietary: which kernel modules are installed (the next boot loads them); None when
+        unknown (a simulated node: its twin switches the running type at the next boot)."""
+        return None
 
     @abc.abstractmethod
     def kernel_module(self) -> Optional[str]:
@@ -295,6 +303,12 @@ class Backend(abc.ABC):
     def holds_gpu(self, pid: int) -> Optional[bool]:
         """Whether the process has the GPU open right now; None when the agent may not look."""
 
+    @abc.abstractmethod
+    def reset_gpus(self, gpus: List[int], together: bool) -> Optional[str]:
+        """Reset these GPUs, or with `together` every GPU of the box at once (an NVSwitch box of the A100
+        generation resets them together); None when it succeeded, else what the reset said. Called with
+        NVML closed."""
+
     # --- health: None wherever the GPU or driver cannot say (NotSupported, a call the driver lacks) ---
     @abc.abstractmethod
     def kernel_events(self) -> Tuple[Optional[str], List[XidEvent], List[SXidEvent]]:
@@ -332,6 +346,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def sram_threshold_exceeded(self, gpu: int) -> Optional[bool]:
         """The driver's own verdict that SRAM uncorrectable errors passed its threshold (R550+)."""
+
+    @abc.abstractmethod
+    def memory_unrepairable(self, gpu: int) -> Optional[bool]:
+        """nvmlDeviceGetUnrepairableMemoryFlag_v1: the GPU has memory it cannot repair (DCGM 4.6
+        MonitorMemUnrepairableFlag: FAIL)."""
 
     @abc.abstractmethod
     def nvlink_error_counter(self, gpu: int, link: int, counter: int) -> Optional[int]: ...

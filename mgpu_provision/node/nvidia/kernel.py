@@ -141,6 +141,8 @@ def readiness(
     secure = secure_boot()
     module = module_path(os.path.join(modules_root, running))
     checked = module is not None and bool(secure)
+    # A loaded module is one the kernel accepted under Secure Boot: its key is trusted, whatever can be read.
+    enrolled = (True if module_loaded() else module_key_enrolled(module)) if checked and module else None
     return {
         "running": running,
         "installed": sorted(installed, key=kernel_key),
@@ -148,7 +150,7 @@ def readiness(
         "next_boot": next_boot(installed, boot, grub_default),
         "secure_boot": secure,
         "module_signed": module_signed(module) if checked and module else None,
-        "module_key_enrolled": module_key_enrolled(module) if checked and module else None,
+        "module_key_enrolled": enrolled,
     }
 
 
@@ -269,35 +271,40 @@ def module_signed(path: str) -> Optional[bool]:
     return None if signer is None else bool(signer.strip())
 
 
+def module_loaded() -> bool:
+    return os.path.isdir("/sys/module/nvidia")
+
+
 def module_key_enrolled(path: str) -> Optional[bool]:
-    """Whether the key the module is signed with is one the firmware or MOK list trusts: a DKMS module
-    signed with a MOK that was never enrolled carries a signer and is still refused at load. None when the
-    module's key or the enrolled keys cannot be read."""
+    """Whether the key the module is signed with is one MOK lists: a DKMS module signed with a MOK that was
+    never enrolled carries a signer and is still refused at load. `sig_key` is the signer's serial number
+    (kmod `libkmod/libkmod-signature.c`), compared with the enrolled certificates' serials only: the
+    kernel's keyrings (/proc/keys) name a key by its subject key id (Linux
+    `crypto/asymmetric_keys/x509_public_key.c`), which no serial matches. None when the module's key or
+    the enrolled serials cannot be read: not judged."""
     key = _run(["modinfo", "-F", "sig_key", path])
     if key is None:
         return None
     wanted = _hex(key)
     if not wanted:
         return False  # unsigned
-    enrolled = enrolled_key_ids(_run(["mokutil", "--list-enrolled"]), _read("/proc/keys"))
+    enrolled = enrolled_serials(_run(["mokutil", "--list-enrolled"]))
     if not enrolled:
         return None
     return any(k.endswith(wanted) or wanted.endswith(k) for k in enrolled)
 
 
-def enrolled_key_ids(mokutil: Optional[str], proc_keys: str) -> List[str]:
-    """Serial numbers and subject key ids of the keys the kernel trusts for modules: mokutil's enrolled
-    certificates and the kernel's keyrings (/proc/keys descriptions end in the key's id)."""
+def enrolled_serials(mokutil: Optional[str]) -> List[str]:
+    """The serial numbers of mokutil's enrolled certificates ("Serial Number: 12345 (0x3039)", or the hex
+    on the next line)."""
     found: List[str] = []
     lines = (mokutil or "").splitlines()
     for index, line in enumerate(lines):
         label = line.strip()
-        if label.startswith("Serial Number:") or label.startswith("X509v3 Subject Key Identifier:"):
+        if label.startswith("Serial Number:"):
             value = label.split(":", 1)[1].strip() or (lines[index + 1] if index + 1 < len(lines) else "")
-            short = re.search(r"\(0x([0-9a-fA-F]+)\)", value)  # "Serial Number: 12345 (0x3039)"
+            short = re.search(r"\(0x([0-9a-fA-F]+)\)", value)
             found.append(_hex(short.group(1) if short else value))
-    # "... asymmetri Canonical Ltd Secure Boot Signing: 61482aa2830d0ab2ad5af10b7250da9033ddcef0 X509.rsa ..."
-    found += [m.group(1).lower() for m in re.finditer(r"asymmetri .*?: ([0-9a-fA-F]{16,}) ", proc_keys)]
     return [k for k in found if k]
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..core import system
 from . import kernel
-from .backend import FI_GPU_RECOVERY_ACTION, NVLINK_FIELDS, SXidEvent, XidEvent
+from .backend import FI_GPU_RECOVERY_ACTION, NVLINK_FIELDS, VIOLATION_FIELDS, SXidEvent, XidEvent
 
 
 class RealHealth:
@@ -48,6 +48,18 @@ class RealHealth:
     def kernel_events(self) -> Tuple[Optional[str], List[XidEvent], List[SXidEvent]]:
         return kernel.read_events()
 
+    def reset_gpus(self, gpus: List[int], together: bool) -> Optional[str]:
+        """`nvidia-smi -r -i N` per GPU, or with `together` one `nvidia-smi -r` for every GPU and NVSwitch of
+        the box: on NVSwitch systems of the A100 generation they must be reset together (nvidia-smi(1),
+        -r; the Fabric Manager user guide, "GPU Reset")."""
+        targets: List[List[str]] = [[]] if together else [["-i", str(gpu)] for gpu in gpus]
+        for target in targets:
+            done = system.run(["nvidia-smi", "-r", *target], timeout=120)
+            if done.returncode != 0:
+                said = (done.stdout + done.stderr).strip().splitlines()
+                return "nvidia-smi -r {}: {}".format(" ".join(target), said[-1] if said else done.returncode)
+        return None
+
     def uptime_s(self) -> Optional[float]:
         text = system.read_text("/proc/uptime")
         return float(text.split()[0]) if text else None
@@ -70,7 +82,13 @@ class RealHealth:
         return {name: found[position] for position, (_, name) in enumerate(NVLINK_FIELDS)}
 
     def violation_ns(self, gpu: int, policy: int) -> Optional[int]:
-        found = self._optional(lambda: self._nvml.nvmlDeviceGetViolationStatus(self._handle(gpu), policy))
+        """The policy's field value (NVML_FI_DEV_PERF_POLICY_*), else the deprecated
+        nvmlDeviceGetViolationStatus where the driver answers only that (CUDA 14's libnvidia-ml lacks it)."""
+        field = self._fields(gpu, [(VIOLATION_FIELDS[policy], 0)])[0]
+        if field is not None:
+            return field
+        call = getattr(self._nvml, "nvmlDeviceGetViolationStatus", None)
+        found = None if call is None else self._optional(lambda: call(self._handle(gpu), policy))
         return None if found is None else int(found.violationTime)
 
     def enforced_power_limit_mw(self, gpu: int) -> Optional[int]:
@@ -92,6 +110,12 @@ class RealHealth:
         if self._first(gpu, ("nvmlDeviceGetSramEccErrorStatus",), ctypes.byref(status)) is None:
             return None
         return bool(status.bThresholdExceeded)
+
+    def memory_unrepairable(self, gpu: int) -> Optional[bool]:
+        if not hasattr(self._nvml, "nvmlDeviceGetUnrepairableMemoryFlag_v1"):
+            return None  # a bundled pynvml older than the call
+        found = self._first(gpu, ("nvmlDeviceGetUnrepairableMemoryFlag_v1",))
+        return None if found is None else bool(found)
 
     def kernel_readiness(self) -> Optional[Dict[str, Any]]:
         # A module of another driver version does not count as built (it fails to load).

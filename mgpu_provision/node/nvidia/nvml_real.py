@@ -91,6 +91,9 @@ class RealBackend(RealHealth, Backend):
     def unheld_driver_packages(self, version: str) -> List[str]:
         return driver.unheld_packages(version)
 
+    def installed_module(self) -> Optional[str]:
+        return driver.installed_module()
+
     def kernel_module(self) -> Optional[str]:
         return system.parse_module_type(system.read_text("/proc/driver/nvidia/version"))
 
@@ -119,7 +122,7 @@ class RealBackend(RealHealth, Backend):
         return system.boot_id()
 
     def install_driver(self, step: Dict[str, Any]) -> Tuple[bool, str]:
-        return driver.install(step, self.installed_version())
+        return services.install_driver(step, self.installed_version())
 
     def container_toolkit(self) -> Optional[str]:
         return toolkit.installed_version()

@@ -31,8 +31,8 @@ class SimulatedBackend(SimulatedHealth, Backend):
     # The twin's pids are processes as the agent sees them (schemas/twin.schema.json).
     reports_host_pids = False
 
-    def __init__(self, twin_path: str) -> None:
-        self.twin = Twin(twin_path)
+    def __init__(self, twin_path: str, state_dir: Optional[str] = None) -> None:
+        self.twin = Twin(twin_path, state_dir)
         self._links = link_plan(self.twin)
 
     # --- outside NVML ---
@@ -122,9 +122,10 @@ class SimulatedBackend(SimulatedHealth, Backend):
             return False, f"{unit} already {'enabled' if enable else 'disabled'}"
         self.twin.set_service(unit, **after)
         self.twin.save_state()
+        # Said as what it is: the twin's state changed; systemctl on the node still says what it said.
         return True, f"{unit} {'enabled' if enable else 'disabled'}" + (
             " and started" if start and enable else ""
-        )
+        ) + " (simulated: in the twin's state, not systemd)"
 
     def blacklist_nouveau(self) -> Tuple[bool, str]:
         if self.twin.state.get("nouveau_blacklisted"):
@@ -249,6 +250,7 @@ class SimulatedBackend(SimulatedHealth, Backend):
         # else the unit ran at boot and set again what apply had set: the overlay keeps those values
         if self.twin.state.get("nouveau_blacklisted"):
             self.twin.state["nouveau_blacklisted_at_boot"] = True
+        self.reboot_health()
         import uuid  # only a simulated reboot needs it (and it loads `platform`)
 
         self.twin.state["boot_id"] = str(uuid.uuid4())

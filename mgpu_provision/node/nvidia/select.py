@@ -7,7 +7,7 @@ only when chosen, and a real node never loads the twin reader (nor a simulated o
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from ...protocol import SIMULATE_ENV
 from .backend import Backend
@@ -19,12 +19,23 @@ def simulation_target(request_simulate: Optional[str], login_simulate: Optional[
     return request_simulate or login_simulate or os.environ.get(SIMULATE_ENV) or None
 
 
-def select_backend(twin_path: Optional[str]) -> Backend:
-    """The simulated backend for a twin path, else the real one; each imported only when chosen."""
+def state_folder(request: Dict[str, Any]) -> Optional[str]:
+    """The node's state folder a request names, where a simulated node keeps its overlay: the facts'
+    `state_dir`, the folder of apply's and reboot's `lock`, or the request's own `state_dir` (the node
+    check's facts, which must not move the health sample); None for the verbs that name none."""
+    args = request.get("args") or {}
+    lock = args.get("lock")
+    found = request.get("state_dir") or args.get("state_dir") or (os.path.dirname(lock) if lock else None)
+    return found if isinstance(found, str) and found else None
+
+
+def select_backend(twin_path: Optional[str], state_dir: Optional[str] = None) -> Backend:
+    """The simulated backend for a twin path (its overlay in `state_dir`), else the real one; each imported
+    only when chosen."""
     if twin_path:
         from .nvml_sim import SimulatedBackend
 
-        return SimulatedBackend(twin_path)
+        return SimulatedBackend(twin_path, state_dir)
     from .nvml_real import RealBackend
 
     return RealBackend()

@@ -2,7 +2,7 @@
 
 A value the twin leaves out reads as NVML's NotSupported would (None: not checked), except where a real GPU
 always has an answer: compute mode `default`, no clock event, no Xid. Compute mode and power limit, which
-apply sets, go to the twin's overlay (`<twin>.state.json`) like every other simulated change.
+apply sets, go to the twin's overlay (in the node's state folder) like every other simulated change.
 
 Shipped to nodes: standard library only, Python 3.8.
 """
@@ -68,7 +68,45 @@ class SimulatedHealth:
         return 0
 
     def kernel_events(self) -> Tuple[Optional[str], List[XidEvent], List[SXidEvent]]:
-        return "twin", twin_xids(self.twin.gpus), list(self.twin.sxids)
+        """The twin's Xids, less those a simulated reboot left in the previous boot's log."""
+        earlier = [tuple(x) for x in self.twin.state.get("xids_before_boot", [])]
+        events = []
+        for event in twin_xids(self.twin.gpus):
+            if event in earlier:
+                earlier.remove(event)
+            else:
+                events.append(event)
+        return "twin", events, list(self.twin.sxids)
+
+    def reset_gpus(self, gpus: List[int], together: bool) -> Optional[str]:
+        """A reset fails where the twin says so (`health.reset: fails`) or the GPU is lost; a success clears
+        the GPU's recovery action and volatile ECC count as the twin has them now."""
+        chosen = range(len(self.twin.gpus)) if together else gpus
+        for gpu in chosen:
+            health = self._health(gpu)
+            if health.get("lost") or health.get("reset") == "fails":
+                return f"GPU {gpu}: Unable to reset this GPU (simulated: the twin's health.reset is fails)"
+        for gpu in chosen:
+            self._mark_recovered(gpu)
+        self.twin.save_state()
+        return None
+
+    def reboot_health(self) -> None:
+        """What a simulated reboot does to health: a new kernel log, every GPU reset."""
+        self.twin.state["xids_before_boot"] = [list(event) for event in twin_xids(self.twin.gpus)]
+        for gpu in range(len(self.twin.gpus)):
+            self._mark_recovered(gpu)
+
+    def _mark_recovered(self, gpu: int) -> None:
+        health = self._health(gpu)
+        volatile = (health.get("ecc") or {}).get("volatile_uncorrectable")
+        seen = {"recovery_action": health.get("recovery_action"), "volatile_uncorrectable": volatile}
+        self.twin.state.setdefault("recovered", {})[str(self.twin.gpus[gpu]["uuid"])] = seen
+
+    def _recovered(self, gpu: int, key: str, value: Any) -> bool:
+        """Whether a reset since cleared this value (the twin still says what it said at the reset)."""
+        seen = self.twin.state.get("recovered", {}).get(str(self.twin.gpus[gpu]["uuid"]))
+        return seen is not None and value is not None and seen.get(key) == value
 
     def uptime_s(self) -> Optional[float]:
         if self.twin.uptime_s is not None:
@@ -88,7 +126,9 @@ class SimulatedHealth:
     def ecc_uncorrectable(self, gpu: int, counter: int) -> Optional[int]:
         ecc = self._health(gpu).get("ecc")
         key = "aggregate_uncorrectable" if counter == AGGREGATE_ECC else "volatile_uncorrectable"
-        return None if ecc is None else int(ecc.get(key, 0))
+        if ecc is None:
+            return None
+        return 0 if self._recovered(gpu, key, ecc.get(key)) else int(ecc.get(key, 0))
 
     def memory_uncorrectable(self, gpu: int, counter: int, location: int) -> Optional[int]:
         ecc = self._health(gpu).get("ecc") or {}
@@ -99,6 +139,10 @@ class SimulatedHealth:
 
     def sram_threshold_exceeded(self, gpu: int) -> Optional[bool]:
         found = (self._health(gpu).get("ecc") or {}).get("sram_threshold_exceeded")
+        return None if found is None else bool(found)
+
+    def memory_unrepairable(self, gpu: int) -> Optional[bool]:
+        found = self._health(gpu).get("memory_unrepairable")
         return None if found is None else bool(found)
 
     def retired_pages(self, gpu: int) -> Optional[Tuple[bool, int]]:
@@ -132,6 +176,8 @@ class SimulatedHealth:
 
     def recovery_action(self, gpu: int) -> Optional[int]:
         name = self._health(gpu).get("recovery_action")
+        if self._recovered(gpu, "recovery_action", name):
+            name = "none"
         return None if name is None else _RECOVERY_CODES[name]
 
     def violation_ns(self, gpu: int, policy: int) -> Optional[int]:

@@ -2,8 +2,10 @@
 
 The twin (docs/ARCHITECTURE.md "Simulated nodes", `schemas/twin.schema.json`) is a public contract written by
 people, so it is read leniently (YAML or JSON, optional fields filled with stable defaults) and checked with
-messages that name the field. The twin itself is never written: driver installs and reboots land in the
-overlay `<twin>.state.json` beside it, written atomically like every other file the agent writes.
+messages that name the field. The twin itself is never written: driver installs and reboots land in an
+overlay in the node's state folder (`state_file`), written atomically like every other file the agent writes.
+The overlay lives with the node, not beside the twin: a twin is often a file of a checkout (examples/twins/),
+shared by several simulated nodes, and each of them has a state of its own.
 """
 
 from __future__ import annotations
@@ -26,12 +28,23 @@ DEFAULT_OS_RELEASE = {
     "pretty_name": "Ubuntu 22.04 LTS",
 }
 DEFAULT_PCIE = {"gen": 4, "width": 16, "max_gen": 4, "max_width": 16}
+# files.state_dir's default: where a verb whose request names no state folder (smoke, reclaim) looks.
+DEFAULT_STATE_DIR = "/var/lib/mgpu-provision"
+
+
+def state_file(twin_path: str, state_dir: Optional[str] = None) -> str:
+    """Where the overlay of the twin `twin_path` lives in the state folder `state_dir`: one file per twin
+    (a folder may hold the state of several rehearsed twins), named after the twin and its absolute path."""
+    path = os.path.abspath(twin_path)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    digest = hashlib.sha256(path.encode("utf-8")).hexdigest()[:12]
+    return os.path.join(state_dir or DEFAULT_STATE_DIR, "twin-state", f"{stem}-{digest}.json")
 
 
 class Twin:
     """A twin file read, checked and completed with defaults; `state` is its overlay (mutable)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, state_dir: Optional[str] = None) -> None:
         self.path = os.path.abspath(path)
         data = _read_document(self.path)
         self.driver: Dict[str, Any] = _mapping(data.get("driver") or {}, "driver")
@@ -78,7 +91,7 @@ class Twin:
         self.toolkit: Optional[str] = None if toolkit is None else str(toolkit)
         root = containers.get("driver_root")
         self.driver_root: Optional[str] = None if root is None else str(root)
-        self.state_path = self.path + ".state.json"
+        self.state_path = state_file(self.path, state_dir)
         self.state: Dict[str, Any] = _read_state(self.state_path)
 
     def _topology(self, data: Dict[str, Any]) -> Optional[TopoMatrix]:
@@ -192,13 +205,17 @@ def _complete_gpu(path: str, index: int, raw: Any) -> Dict[str, Any]:
 
 
 def _machine(path: str, raw: Any) -> Optional[Dict[str, Any]]:
-    """The twin's `machine` (sockets, cores_per_socket, threads_per_core, memory_mib); None: the real's."""
+    """The twin's `machine` (sockets, cores_per_socket, threads_per_core, memory_mib, optional
+    numa_per_socket); None: the real's."""
     if raw is None:
         return None
     given = _mapping(raw, "machine")
     sizes = [_int(given, key, "machine") for key in _MACHINE_KEYS]
+    if "numa_per_socket" in given:
+        sizes.append(_int(given, "numa_per_socket", "machine"))
     if any(size < 1 for size in sizes):
-        raise _bad(path, "machine: " + ", ".join(_MACHINE_KEYS) + " must each be 1 or more")
+        keys = ", ".join(_MACHINE_KEYS)
+        raise _bad(path, "machine: " + keys + " (and numa_per_socket) must each be 1 or more")
     return simulated_machine(*sizes)
 
 

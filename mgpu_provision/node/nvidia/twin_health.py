@@ -124,6 +124,8 @@ HEALTH: Dict[str, Rule] = {
     "fabric": _mapping_of(FABRIC),
     "lost": FLAG,
     "p2p_ok_with": _list_of(COUNT),
+    "reset": _choice(("succeeds", "fails")),  # what nvidia-smi -r does to this GPU
+    "memory_unrepairable": FLAG,  # nvmlDeviceGetUnrepairableMemoryFlag_v1 (absent: NotSupported)
 }
 KERNEL: Dict[str, Rule] = {
     "running": TEXT,

@@ -22,7 +22,15 @@ from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
 from . import mirror
-from .common import Command, installed_debs, installed_version, resolve_version, run_all, upstream
+from .common import (
+    Command,
+    at_driver_version,
+    installed_debs,
+    installed_version,
+    resolve_version,
+    run_all,
+    upstream,
+)
 
 PREFERENCES = "/etc/apt/preferences.d/mgpu-provision-nvidia"
 INSTALL = ["apt-get", "install", "-y", "--no-install-recommends", "--allow-downgrades"]
@@ -75,10 +83,13 @@ def moved_branch(show: str, branch: str) -> Optional[str]:
     return None
 
 
-def ubuntu_prebuilt_available(madison: str, branch: int, flavor: str, kernel: str) -> bool:
+def ubuntu_prebuilt_available(
+    madison: str, branch: int, flavor: str, kernel: str, flavour: Optional[str] = None
+) -> bool:
     """Whether Ubuntu's archive has signed prebuilt modules for the running kernel: the flavour's
-    metapackage and the package for this kernel's ABI (ubuntu-drivers asks for both)."""
-    flavour = names.kernel_flavour(kernel)
+    metapackage (`flavour`: the installed kernel metapackage's, else the one `uname -r` ends in) and the
+    package for this kernel's ABI (ubuntu-drivers asks for both)."""
+    flavour = flavour or names.kernel_flavour(kernel)
     if flavour is None:
         return False
     server = "server-open" if flavor.endswith("open") else "server"
@@ -111,11 +122,14 @@ def install(step: Dict[str, Any], what: str) -> Tuple[bool, str]:
     run_all([Command(["apt-get", "update", "-q"])])  # stale lists say "not available"
     packages, modules = ubuntu_modules(step) if what == "driver" else (step["packages"], "")
     pkgset = PackageSet(step["pinning"], packages, step["hold_patterns"])
-    versioned = holdable(pkgset.install)  # the kernel's module packages carry the kernel's version
-    target = resolve_version(versioned, _offered, step["version"], branch, "the apt sources")
+    # The kernel's module packages carry the kernel's version, NVLink Subnet Manager its own.
+    versioned, own = at_driver_version(holdable(pkgset.install))
+    nvidia = "apt" if source == "cuda" and not step.get("repo") else None
+    target = resolve_version(versioned, _offered, step["version"], branch, "the apt sources", nvidia)
     refuse_transitional(pkgset.install[0], target, branch)
+    missing_own(own)
     pin = preferences(versioned, target)
-    before = installed_debs(sources.APT_PIN_NAMES)
+    before = installed_debs(tuple(sources.APT_PIN_NAMES) + tuple(own))
     if _in_place(before, pkgset, target, hold) and system.read_text(PREFERENCES) == (pin if hold else None):
         return False, f"{what} {upstream(target)} already installed ({target})"
     atomic_write(PREFERENCES, pin.encode("utf-8"), 0o644)
@@ -158,15 +172,46 @@ def ubuntu_modules(step: Dict[str, Any]) -> Tuple[List[str], str]:
         return packages, ""
     branch, flavor = int(step["branch"]), step["flavor"]
     kernel = running_kernel()
-    flavour = names.kernel_flavour(kernel)
+    listing = system.run(["dpkg-query", "-W", "-f", KERNEL_QUERY, "linux-image-*"], timeout=60).stdout
+    flavour = kernel_metapackage_flavour(listing, kernel) or names.kernel_flavour(kernel)
     if flavour is None:
         return packages, f" (DKMS: {kernel} is not an Ubuntu kernel)"
     prebuilt = names.ubuntu_prebuilt(branch, flavor, flavour)
-    abi = prebuilt[-1][: -len(flavour)] + kernel
+    abi = names.ubuntu_prebuilt(branch, flavor, kernel)[-1]
     madison = system.run(["apt-cache", "madison", prebuilt[-1], abi], timeout=120).stdout
-    if not ubuntu_prebuilt_available(madison, branch, flavor, kernel):
+    if not ubuntu_prebuilt_available(madison, branch, flavor, kernel, flavour):
         return packages, f" (DKMS: no prebuilt modules for {kernel})"
-    return prebuilt, f" (signed prebuilt modules for {kernel})"
+    return prebuilt, f" (signed prebuilt modules for {kernel}, following linux-image-{flavour})"
+
+
+KERNEL_QUERY = "${Package}\t${db:Status-Abbrev}\t${Depends}\n"
+
+
+def kernel_metapackage_flavour(listing: str, kernel: str) -> Optional[str]:
+    """The flavour of the installed kernel metapackage that pulls in the running kernel (`generic-hwe-24.04`
+    of `linux-image-generic-hwe-24.04`, which depends on `linux-image-6.11.0-29-generic`), from
+    `dpkg-query -W -f '${Package}\t${db:Status-Abbrev}\t${Depends}'` output; None when none does.
+
+    ubuntu-drivers (canonical/ubuntu-drivers-common, UbuntuDrivers/detect.py get_linux_modules_metapackage,
+    through kerneldetection's get_linux_metapackage) names the modules metapackage after this one, so that
+    the modules follow the kernel GRUB boots next: `uname -r`'s `-generic` on an HWE kernel would pull the
+    GA kernel's modules and leave the HWE kernel without a driver."""
+    images = ("linux-image-" + kernel, "linux-image-unsigned-" + kernel)
+    for line in listing.splitlines():
+        name, _, rest = line.partition("\t")
+        status, _, depends = rest.partition("\t")
+        flavour = name[len("linux-image-") :]
+        if (
+            not name.startswith("linux-image-")
+            or status[1:2] != "i"
+            or kernel in name
+            or flavour[:1].isdigit()
+        ):
+            continue
+        wanted = {dep.strip().split(" ")[0] for alt in depends.split(",") for dep in alt.split("|")}
+        if wanted & set(images):
+            return flavour
+    return None
 
 
 def refuse_transitional(package: str, target: str, branch: str) -> None:
@@ -178,7 +223,7 @@ def refuse_transitional(package: str, target: str, branch: str) -> None:
         raise AgentFailure(
             "driver",
             f"{package} {target} is a transitional package: the archive moved branch {branch} to {moved} "
-            f"(it depends on the {moved} set); set driver.branch to \"{moved}\"; nothing was changed",
+            f'(it depends on the {moved} set); set driver.branch to "{moved}"; nothing was changed',
         )
 
 
@@ -193,11 +238,21 @@ def check_installed_branch(branch: str) -> None:
         )
 
 
-def _in_place(
-    installed: Dict[str, Tuple[str, bool]], pkgset: PackageSet, target: str, hold: bool
-) -> bool:
+def missing_own(own: List[str]) -> None:
+    """Packages installed at their own version (NVLink Subnet Manager and its tools) must be on offer at
+    all: one the sources lack fails before anything changes."""
+    absent = [name for name in own if not _offered(name)]
+    if absent:
+        raise AgentFailure(
+            "driver",
+            f"{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} not available from the apt sources "
+            "(NVIDIA's CUDA repository has them); nothing was changed",
+        )
+
+
+def _in_place(installed: Dict[str, Tuple[str, bool]], pkgset: PackageSet, target: str, hold: bool) -> bool:
     present = all(p in installed for p in pkgset.install)
-    versioned = holdable(pkgset.install)  # the kernel's module packages carry the kernel's version
+    versioned, _ = at_driver_version(holdable(pkgset.install))
     at_version = present and all(upstream(installed[p][0]) == upstream(target) for p in versioned)
     unheld = [n for n in holdable(matching(list(installed), pkgset.hold)) if not installed[n][1]]
     return at_version and not (hold and unheld)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
+from ...catalog import names
 from ...protocol import branch_of
 from ..core import system
 from ..core.errors import AgentFailure
 
 NONINTERACTIVE = {"DEBIAN_FRONTEND": "noninteractive"}
+TIMEOUT_S = 1800  # one package-manager command; a driver's DKMS build takes minutes, never half an hour
 
 
 class Command(NamedTuple):
@@ -25,13 +27,20 @@ def run_all(commands: List[Command], what: str = "driver") -> None:
     """Run the commands in order; the first failing checked one raises AgentFailure with apt's `E:` line."""
     env = dict(os.environ, **NONINTERACTIVE)
     for command in commands:
-        result = system.run(command.argv, timeout=1800, env=env)
+        result = system.run(command.argv, timeout=TIMEOUT_S, env=env)
         if result.returncode != 0 and command.check:
             text = result.stderr + "\n" + result.stdout
             lines = [line.strip() for line in text.splitlines() if line.strip()]
             errors = [line for line in lines if line.startswith(("E:", "Error:"))] or lines[-1:]
             errors = errors or ["no output"]
             argv = " ".join(command.argv)
+            if result.returncode == 124:  # system.run's answer for a command past its timeout
+                raise AgentFailure(
+                    what,
+                    f"`{argv}` did not finish in {TIMEOUT_S // 60} minutes and was stopped: another apt, dnf "
+                    "or zypper holding the package lock, or a repository that does not answer; nothing after "
+                    "it was run, and the next apply starts this step again",
+                )
             raise AgentFailure(what, f"`{argv}` failed (exit {result.returncode}): {errors[0]}")
 
 
@@ -41,8 +50,17 @@ def version_key(version: str) -> List[int]:
 
 
 def upstream(version: str) -> str:
-    """`535.216.03` of `535.216.03-2~bpo12+1` or of `3:575.51-1.el9`: the version NVIDIA gave it."""
-    return version.split(":", 1)[-1].rsplit("-", 1)[0]
+    """`535.216.03` of `535.216.03-2~bpo12+1`, of `3:575.51-1.el9` or of a SUSE kernel module package's
+    `580.95.05_k6.4.0_150600.23.73-1.1` (SUSE's KMPs carry the kernel they were built for after `_k`): the
+    version NVIDIA gave it."""
+    return version.split(":", 1)[-1].rsplit("-", 1)[0].split("_k", 1)[0]
+
+
+def at_driver_version(packages: List[str]) -> Tuple[List[str], List[str]]:
+    """(the packages installed at the driver's version, those installed by name at their own: NVLink Subnet
+    Manager and its tools)."""
+    own = [name for name in packages if names.own_version(name)]
+    return [name for name in packages if name not in own], own
 
 
 def pick_version(available: List[str], version: Optional[str], branch: str) -> Optional[str]:
@@ -54,21 +72,28 @@ def pick_version(available: List[str], version: Optional[str], branch: str) -> O
 
 
 def resolve_version(
-    names: List[str], offered: Callable[[str], List[str]], version: Optional[str], branch: str, where: str
+    names: List[str],
+    offered: Callable[[str], List[str]],
+    version: Optional[str],
+    branch: str,
+    where: str,
+    nvidia: Optional[str] = None,
 ) -> str:
     """The full version (as the sources write the first package's) at which every package of the set is
     offered: exactly `version`, else the newest of `branch`. One the sources lack fails here, naming the
-    versions they have, before anything changes."""
+    versions they have, before anything changes; where none is offered at all and the packages are NVIDIA's
+    (`nvidia`: the method), the message names the repository step of NVIDIA's installation guide."""
     target: Optional[str] = None
     for name in names:
         available = offered(name)
         found = pick_version(available, upstream(target) if target else version, branch)
         if found is None:
             have = ", ".join(sorted({upstream(v) for v in available}, key=version_key)) or "none"
+            step = "; " + repository_step(nvidia) if nvidia and not available and target is None else ""
             raise AgentFailure(
                 "driver",
                 f"{name} {version or 'of branch ' + branch} is not available from {where} "
-                f"(they offer: {have}); nothing was changed",
+                f"(they offer: {have}){step}; nothing was changed",
             )
         target = target or found
     if target is None:
@@ -132,3 +157,34 @@ def installed_version() -> Optional[str]:
         return max((upstream(version) for version, _ in debs.values()), key=version_key)
     found = rpm_provider(NVML_RPM_CAPABILITY)
     return found[1] if found else None
+
+
+CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos/"
+
+
+def repository_step(method: str) -> str:
+    """What NVIDIA's driver installation guide does first on this box, before any install command: the
+    keyring package (apt), the `.repo` file (dnf, yum), `zypper addrepo` with its key (zypper), with the
+    repository's name for this distribution and architecture (`ubuntu2404/x86_64`, `rhel9/sbsa`)."""
+    release = system.os_release(system.read_text("/etc/os-release"))
+    os_id = str(release["os_id"] or "")
+    version = str(release["os_version_id"] or "")
+    platform = str(release["os_platform_id"] or "")
+    if method == "apt":
+        distro = os_id + version.replace(".", "") if os_id == "ubuntu" else os_id + branch_of(version)
+    elif method == "zypper":
+        distro = "opensuse15" if os_id.startswith("opensuse") else "sles15"
+    else:
+        el = platform[len("platform:el") :] if platform.startswith("platform:el") else branch_of(version)
+        distro = ("amzn" if os_id == "amzn" else "rhel") + el
+    arch = {"x86_64": "x86_64", "aarch64": "sbsa"}.get(os.uname().machine, os.uname().machine)
+    base = f"{CUDA_REPOS}{distro}/{arch}/"
+    commands = {
+        "apt": f"download and dpkg -i {base}cuda-keyring_1.1-1_all.deb, then apt-get update",
+        "zypper": f"zypper addrepo {base}cuda-{distro}.repo, then zypper --gpg-auto-import-keys refresh",
+    }
+    add = commands.get(method, f"{method} config-manager --add-repo {base}cuda-{distro}.repo")
+    return (
+        f"NVIDIA's CUDA repository is not configured on this box: {add} (NVIDIA's driver installation "
+        "guide), or set driver.repo to a mirror of it"
+    )

@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from ..core import system
-from .common import Command, listed_versions, resolve_version, version_key
+from ..core.errors import AgentFailure
+from .common import Command, at_driver_version, listed_versions, resolve_version, version_key
 
 VERSIONLOCK_PLUGIN = {"dnf": "python3-dnf-plugin-versionlock", "yum": "yum-plugin-versionlock"}
 
@@ -35,9 +36,21 @@ def check_available(step: Dict[str, Any]) -> None:
         argv = [tool, "-q", "--disableplugin=versionlock", "list", "--showduplicates", name]
         return listed_versions(system.run(argv, timeout=600).stdout, name)
 
+    versioned, own = at_driver_version(step["packages"])
+    where = f"the {tool} repositories"
     if step["version"]:
-        where = f"the {tool} repositories"
-        resolve_version(step["packages"], offered, step["version"], step["branch"], where)
+        nvidia = None if step.get("repo") else tool
+        resolve_version(versioned, offered, step["version"], step["branch"], where, nvidia)
+    absent = [name for name in own if not offered(name)]
+    if absent:
+        raise AgentFailure("driver", f"{', '.join(absent)} not available from {where}; nothing was changed")
+
+
+def at_version(packages: List[str], version: str) -> List[str]:
+    """`name-version` for the packages at the driver's version, the name alone for those with versions of
+    their own (NVLink Subnet Manager, infiniband-diags: NVIDIA's rhel9/install.sh installs them so)."""
+    versioned, own = at_driver_version(packages)
+    return [f"{n}-{version}" for n in versioned] + own
 
 
 def commands(step: Dict[str, Any], current: Optional[str] = None) -> List[Command]:
@@ -58,7 +71,7 @@ def commands(step: Dict[str, Any], current: Optional[str] = None) -> List[Comman
     if version:
         if tool == "yum" and current and version_key(version) < version_key(current):
             install = ["yum", "-y", "downgrade"]
-        result.append(Command([*install, *[f"{n}-{version}" for n in names]]))
+        result.append(Command([*install, *at_version(names, version)]))
     else:
         if not modules:  # no stream to follow: the lock is what keeps dnf on the branch
             result.append(Command([tool, "-y", "versionlock", "add", f"*nvidia*{branch}*"]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...catalog import sources
+from ..core import system
 from ..core.errors import AgentFailure
 from .common import installed_debs, installed_version, run_all, upstream, version_key
 
@@ -30,11 +31,13 @@ def check_source(step: Dict[str, Any]) -> None:
 
 def install(step: Dict[str, Any], current: Optional[str]) -> Tuple[bool, str]:
     """Install the step's driver unless the exact version is already there; return (changed, message)."""
-    from . import apt, dnf, runfile, zypper  # only an install needs them: facts reads versions through here
+    from . import apt, dnf, rpmrepo, runfile, zypper  # only an install needs them: facts reads through here
 
     method, branch, version = step["method"], step["branch"], step["version"]
     if method != "runfile":
         check_source(step)
+    if method in ("dnf", "yum") and step["repo"]:
+        rpmrepo.configure(method, step["repo"])  # read once before any package moves; taken back if not
     if method == "apt":
         return apt.install(step, "driver")
     if method == "zypper":
@@ -47,6 +50,17 @@ def install(step: Dict[str, Any], current: Optional[str]) -> Tuple[bool, str]:
     else:
         runfile.install(step)
     return True, f"installed driver {version or 'branch ' + branch} with {method}; reboot to load it"
+
+
+def installed_module() -> Optional[str]:
+    """open or proprietary: the nvidia module installed for the running kernel, by its license (the open
+    modules are `Dual MIT/GPL`, NVIDIA's proprietary ones `NVIDIA`: kernel-open/nvidia/nv.c and
+    kernel/nvidia/nv.c of the driver's sources); None without one or without modinfo."""
+    found = system.run(["modinfo", "-F", "license", "nvidia"], timeout=30)
+    if found.returncode != 0:
+        return None
+    license_ = found.stdout.strip()
+    return "open" if "GPL" in license_ else ("proprietary" if license_ else None)
 
 
 def unheld_packages(version: str) -> List[str]:

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
+from ...catalog import families
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
@@ -86,7 +87,16 @@ def untrusted_key(update: str) -> Optional[str]:
 
 def check(repo: Dict[str, str], install: List[str]) -> List[str]:
     """Resolve `install` (`name` or `name=version`) from the mirror alone, in private folders; the packages
-    it lacks (empty: the set resolves). A mirror apt cannot reach or trust fails, naming why."""
+    it lacks (empty: the set resolves). A mirror apt cannot reach or trust fails, naming why. A box that
+    installs with dnf, yum or zypper is not asked here: apply reads its mirror right after writing it and
+    takes it back when it cannot be read (node/packages/rpmrepo.py)."""
+    release = system.os_release(system.read_text("/etc/os-release"))
+    os_like = release["os_like"] if isinstance(release["os_like"], list) else []
+    if (
+        families.family_of(str(release["os_id"] or ""), str(release["os_version_id"] or ""), os_like).method
+        != "apt"
+    ):
+        return []
     scratch = tempfile.mkdtemp(prefix="mgpu-mirror-")
     try:
         keyring = os.path.join(scratch, "mirror.asc")

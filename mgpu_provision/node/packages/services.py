@@ -16,7 +16,15 @@ from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
 from . import apt, dnf, driver, persistenced, zypper
-from .common import Command, installed_debs, rpm_provider, run_all, upstream
+from .common import (
+    Command,
+    at_driver_version,
+    installed_debs,
+    installed_rpms,
+    rpm_provider,
+    run_all,
+    upstream,
+)
 
 
 def state(unit: str) -> Dict[str, Any]:
@@ -49,11 +57,24 @@ def switch(unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
     if not commands:
         return False, f"{unit} already {'enabled' if enable else 'disabled'}"
     # A unit file apply has just written or changed is read again first: without it a changed timer would
-    # keep its old interval until the next boot.
-    run_all([Command(["systemctl", "daemon-reload"]), *commands], "service")
+    # keep its old interval until the next boot. Where no systemd runs yet (an image being built, a box
+    # between install and boot) there is nothing to reload, and enabling works on the unit files alone.
+    run_all([Command(["systemctl", "daemon-reload"], check=False), *commands], "service")
     done = {"enable": "enabled", "restart": "started", "disable": "disabled", "stop": "stopped"}
     verbs = " and ".join(done[c.argv[1]] for c in commands)
     return True, f"{unit} {verbs}"
+
+
+def install_driver(step: Dict[str, Any], current: Optional[str]) -> Tuple[bool, str]:
+    """A driver step; one that brings Fabric Manager with it (`fabricmanager`) also enables its unit, which
+    NVIDIA's packages leave disabled, to start at the boot that loads the new driver (and the module NVLink
+    Subnet Manager needs), so the apply that installs it leaves nothing for the next one."""
+    changed, message = driver.install(step, current)
+    if not step["fabricmanager"] or step["method"] == "runfile" or not changed:
+        return changed, message
+    if "nvlsm" in step["packages"]:
+        _load_at_boot("ib_umad", False)
+    return changed, f"{message}; {switch(FABRICMANAGER_UNIT, True, False)[1]}"
 
 
 def install_fabric_manager(step: Dict[str, Any]) -> Tuple[bool, str]:
@@ -66,11 +87,13 @@ def install_fabric_manager(step: Dict[str, Any]) -> Tuple[bool, str]:
         _load_at_boot("ib_umad", bool(step["start"]))
     if tool in ("dnf", "yum"):
         installed = rpm_provider(unit)  # nvidia-fabric-manager Provides nvidia-fabricmanager
-        changed = installed is None or installed[1] != version
+        own = at_driver_version(names)[1]
+        changed = installed is None or installed[1] != version or len(installed_rpms(own)) < len(own)
         if changed:
+            dnf.check_available(dict(step, version=version))
             run_all(
                 [
-                    Command([*dnf.install_argv(tool), *[f"{n}-{version}" for n in names]]),
+                    Command([*dnf.install_argv(tool), *dnf.at_version(names, version)]),
                     Command([tool, "-y", "versionlock", "add", f"*nvidia*{version}*"]),
                 ],
                 "fabricmanager",

@@ -6,8 +6,12 @@ JSON), gathers the node's facts with the agent's own `facts` verb and judges the
 (`judge.verdict`), the same functions `plan` runs on the control side, so both report the same findings.
 
 Its contract (docs: README "Monitoring and scheduled checks"):
-- exit 0: healthy and as the rig says; 2: something failed or drifted, one line per finding; 1: it could
-  not check (why, on stderr). `--json` prints one object with the same findings.
+- exit 2 only on a failure (a `FAIL` line per failing finding: what takes the box out of service); 0 when
+  every finding is a warning or drift (a `WARN` or `DRIFT` line each, the box keeps working) or there is
+  none; 1: it could not check (why, on stderr). Each finding's severity is the judge's
+  (`judge.records.SEVERITIES`). `--json` prints one object with every finding and its severity.
+- It recommends `mgpu-provision recover` where a finding's recovery is a GPU reset or a reboot (a line and
+  a metric); it never resets or reboots anything itself.
 - It ends within its deadline even when NVML hangs on a GPU that fell off the bus: the facts are gathered
   in a child process that is killed when its share of the deadline is spent, and that timeout is itself a
   finding. Slurm kills the program after 60 s, so the default deadline is well under that.
@@ -30,7 +34,7 @@ import time
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from ... import __version__, protocol
-from ...judge.records import Expectation, Finding, expectation_from_json
+from ...judge.records import FAIL, SEVERITY_NAMES, Expectation, Finding, expectation_from_json
 from ...judge.verdict import judge_each
 from ..core.archive import agent_root
 from ..core.atomic import HostLock, atomic_write
@@ -72,8 +76,9 @@ class _Parser(argparse.ArgumentParser):
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = _Parser(
         prog="mgpu-provision-check",
-        description="Judge this node against the expectations apply wrote. Exit 0: healthy; 2: a failed "
-        "check or drift (one line each); 1: it could not check.",
+        description="Judge this node against the expectations apply wrote. Exit 2: a failed check (a "
+        "FAIL line each); 0: healthy, or only warnings and drift (a WARN or DRIFT line each); 1: it could "
+        "not check.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     parser.add_argument(
@@ -107,11 +112,15 @@ def load_expectation(path: str) -> Expectation:
         raise CheckError(f"{path}: {exc}: run `mgpu-provision apply` for this host") from None
 
 
-def gather_facts(expect: Expectation, budget_s: float) -> Tuple[Optional[Dict[str, Any]], List[Finding]]:
+def gather_facts(
+    expect: Expectation, budget_s: float, state_dir: Optional[str] = None
+) -> Tuple[Optional[Dict[str, Any]], List[Finding]]:
     """(the facts, []) from the agent's facts verb in a child, or (None, [the timeout]) when the child did
-    not answer within `budget_s`; a child that answers with an error is a CheckError."""
+    not answer within `budget_s`; a child that answers with an error is a CheckError. `state_dir` is the
+    node's state folder: the previous counter sample (rates over a window) and the GPU reset record (Xids
+    judged once) live there."""
     runtimes = list(expect.runtimes) if expect.containers else None  # the containers judge needs them
-    args = protocol.facts_request(files=sorted(expect.files), containers=runtimes)
+    args = protocol.facts_request(files=sorted(expect.files), containers=runtimes, state_dir=state_dir)
     request = {"args": args, "simulate": None}
     child = subprocess.Popen(
         [sys.executable, "-S", "-I", "-c", _CHILD, agent_root()],
@@ -190,7 +199,7 @@ class Run:
     def exit_code(self) -> int:
         if self.error is not None:
             return EXIT_ERROR
-        return EXIT_FAILED if self.findings else EXIT_HEALTHY
+        return EXIT_FAILED if any(f.severity == FAIL for f in self.findings) else EXIT_HEALTHY
 
     def elapsed(self) -> float:
         return time.monotonic() - self.clock
@@ -198,7 +207,8 @@ class Run:
 
 def judge(options: argparse.Namespace, run: Run) -> None:
     """Fill `run` with the verdict; a CheckError says why there is none."""
-    if os.geteuid() != 0:
+    # A simulated node's GPUs are its twin's (the command apply writes names it): no root needed to read them.
+    if os.geteuid() != 0 and not os.environ.get(protocol.SIMULATE_ENV):
         raise CheckError("must run as root (it reads every GPU and the managed files)")
     if not options.deadline >= MIN_DEADLINE_S:
         raise CheckError(f"--deadline {options.deadline:g} is too short: at least {MIN_DEADLINE_S:g} s")
@@ -212,24 +222,45 @@ def judge(options: argparse.Namespace, run: Run) -> None:
         raise CheckError(exc.message) from None
     try:
         budget = options.deadline - run.elapsed() - RESERVE_S
-        run.facts, run.extra = gather_facts(expect, budget)
+        # The lock lives in the node's state folder (plan/resources/node_check.py puts it there).
+        run.facts, run.extra = gather_facts(expect, budget, os.path.dirname(os.path.abspath(options.lock)))
         run.judged = [] if run.facts is None else judge_each(run.facts, expect)
     finally:
         lock.__exit__(None, None, None)
 
 
 def finding_json(finding: Finding) -> Dict[str, Any]:
-    return dict(finding._asdict(), summary=finding.summary)
+    return dict(finding._asdict(), summary=finding.summary, severity=finding.severity)
+
+
+def finding_lines(findings: List[Finding]) -> List[str]:
+    """`FAIL xid: ...`, then `WARN ...`, then `DRIFT ...` (the health script drains on the first FAIL line's
+    words), and one line recommending `recover` where a finding's recovery is a reset or a reboot."""
+    lines = [
+        f"{severity.upper()} {f.check}: {f.summary}\n"
+        for severity in SEVERITY_NAMES
+        for f in findings
+        if f.severity == severity
+    ]
+    resets = sorted({str(f.gpu) for f in findings if f.recovery == "reset" and f.gpu is not None})
+    reboot = any(f.recovery == "reboot" or (f.recovery == "reset" and f.gpu is None) for f in findings)
+    if resets or reboot:
+        what = "reboot the node" if reboot else f"reset GPU {', '.join(resets)}"
+        lines.append(f"RECOVER: `mgpu-provision recover` from the control machine would {what}\n")
+    return lines
 
 
 def report_json(run: Run) -> Dict[str, Any]:
     status = {EXIT_HEALTHY: "healthy", EXIT_FAILED: "failed", EXIT_ERROR: "error"}[run.exit_code]
+    if status == "healthy" and run.findings:
+        status = "warning"
     return {
         "host": socket.gethostname(),
         "status": status,
         "exit_code": run.exit_code,
         "error": run.error,
         "findings": [finding_json(f) for f in run.findings],
+        "recovery": sorted({f.recovery for f in run.findings if f.recovery}),
         "checked_at": run.started_s,
         "duration_s": round(run.elapsed(), 3),
         "version": __version__,
@@ -263,7 +294,7 @@ def main(argv: Sequence[str], out: Any = None, err: Any = None) -> int:
     elif run.error is not None:
         err.write(f"mgpu-provision-check: cannot check: {run.error}\n")
     elif run.findings:
-        out.writelines(f"FAIL {f.check}: {f.summary}\n" for f in run.findings)
+        out.writelines(finding_lines(run.findings))
     else:
         out.write(f"OK: {socket.gethostname()} is healthy and as the rig says\n")
     return run.exit_code

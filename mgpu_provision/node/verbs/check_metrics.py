@@ -9,9 +9,9 @@ check that passed is a 1, not a missing series), so an alert on `== 0` never mis
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from ...judge.records import Finding
+from ...judge.records import FAIL, SEVERITY_NAMES, Finding
 
 PREFIX = "mgpu_provision_check_"
 Labels = Sequence[Tuple[str, str]]
@@ -67,6 +67,22 @@ def gpu_labels(facts: Optional[Dict[str, Any]]) -> List[Tuple[int, Labels]]:
     return sorted(found.items())
 
 
+def job_labels(facts: Optional[Dict[str, Any]]) -> Dict[int, Labels]:
+    """GPU index -> the Slurm jobs of the processes on it and their users (`slurm_job`, `slurm_user`, each
+    a sorted comma list), so a dashboard joins a failed GPU to the job it hurt; GPUs without one: none."""
+    jobs: Dict[int, Dict[str, Set[str]]] = {}
+    for process in (facts or {}).get("processes") or ():
+        if process.get("slurm_job"):
+            held = jobs.setdefault(process["gpu"], {"slurm_job": set(), "slurm_user": set()})
+            held["slurm_job"].add(str(process["slurm_job"]))
+            if process.get("owner"):
+                held["slurm_user"].add(str(process["owner"]))
+    return {
+        gpu: tuple((key, ",".join(sorted(values))) for key, values in held.items() if values)
+        for gpu, held in jobs.items()
+    }
+
+
 def render(
     version: str,
     exit_code: int,
@@ -107,23 +123,60 @@ def render(
         )
         m.add(
             PREFIX + "passed",
-            "1 when the check found nothing wrong, 0 otherwise",
-            [((("check", name),), 0 if found else 1) for name, found in judged]
+            "1 when the check found no failure (a warning passes), 0 otherwise",
+            [((("check", name),), 0 if _fails(found) else 1) for name, found in judged]
             + [((("check", f.check),), 0) for f in extra],
         )
-        gpus = gpu_labels(facts)
-        failed = {(name, f.gpu) for name, found in judged for f in found if f.gpu is not None}
+        jobs = job_labels(facts)
+        gpus = [(index, (*labels, *jobs.get(index, ()))) for index, labels in gpu_labels(facts)]
+        failed = {
+            (name, f.gpu) for name, found in judged for f in found if f.gpu is not None and f.severity == FAIL
+        }
         m.add(
             PREFIX + "gpu_passed",
-            "1 when the check found nothing wrong with this GPU, 0 otherwise",
+            "1 when the check found no failure on this GPU (a warning passes), 0 otherwise",
             [
                 ((("check", name), *labels), 0 if (name, index) in failed else 1)
                 for name in GPU_JUDGES
                 for index, labels in gpus
             ],
         )
+        _severities(m, findings, dict(gpus))
     _versions(m, facts)
     return m.text()
+
+
+def _fails(found: List[Finding]) -> bool:
+    return any(f.severity == FAIL for f in found)
+
+
+def _severities(m: Metrics, findings: List[Finding], gpus: Dict[int, Labels]) -> None:
+    """The findings by check, severity, reason and GPU (severity and reason as labels), the count per
+    severity as a state set (every severity written, 0 included, so `> 0` never reads a gap as health), and
+    what `recover` would do."""
+    # Two findings alike (two links of one GPU) are one series, counted: node_exporter refuses a textfile
+    # that repeats a series.
+    alike: Dict[Labels, int] = {}
+    for f in findings:
+        where = tuple(gpus.get(f.gpu, (("gpu", str(f.gpu)),))) if f.gpu is not None else ()
+        key = (("check", f.check), ("severity", f.severity), ("reason", f.reason), *where)
+        alike[key] = alike.get(key, 0) + 1
+    m.add(
+        PREFIX + "finding",
+        "findings of the last run by check, severity (fail, warn, drift), reason and GPU",
+        list(alike.items()),
+    )
+    m.add(
+        PREFIX + "findings_by_severity",
+        "findings of the last run per severity: fail drains the node, warn and drift do not",
+        [((("severity", name),), sum(1 for f in findings if f.severity == name)) for name in SEVERITY_NAMES],
+    )
+    wanted = {f.recovery for f in findings if f.recovery}
+    m.add(
+        PREFIX + "recovery_recommended",
+        "1 when a finding asks for this recovery (`mgpu-provision recover` from the control machine)",
+        [((("action", action),), 1 if action in wanted else 0) for action in ("reset", "reboot")],
+    )
 
 
 def _versions(m: Metrics, facts: Optional[Dict[str, Any]]) -> None:

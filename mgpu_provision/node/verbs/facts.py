@@ -88,6 +88,7 @@ def nvidia_facts(backend: Backend, state_dir: Optional[str] = None) -> Dict[str,
         # Nothing loaded counts too: nouveau bound, or no reboot since the install.
         "reboot_required": bool(installed and installed != loaded),
         "kernel_module": backend.kernel_module(),
+        "installed_module": backend.installed_module() if installed else None,
         "nouveau": backend.nouveau_loaded(),
     }
     try:
@@ -136,6 +137,7 @@ def processes(holders: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         else:
             why = reclaim.classify(info, lookup)
             described.append(reclaim.describe(holder, info, why, btime, hz, mps_server))
+            described[-1]["slurm_job"] = machine.slurm_job_of(info.pid)
     return described
 
 

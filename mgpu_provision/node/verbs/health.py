@@ -1,7 +1,7 @@
 """The `health` part of facts: ECC (DRAM and SRAM), memory repair, NVLink errors, the driver's recovery
 action, clock events and violation time, power (management and enforced limit), compute and MIG modes and
-fabric state and health per GPU, the Xids and NVSwitch SXids logged since boot, and the kernel module's
-readiness.
+fabric state and health per GPU, the Xids and NVSwitch SXids logged since boot (those before a GPU's
+recorded reset marked `cleared`: resets.py), and the kernel module's readiness.
 
 Counters are judged as rates, not totals: each one's change since the node's previous sample this boot
 (kept in the state folder, health_rates.py) comes with it, and with the interval it covers.
@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ...catalog.pci import same_slot
 from ..nvidia import backend as nv  # NVML's codes and names, read by each health reader
 from ..nvidia.backend import Backend
-from . import health_rates
+from . import health_rates, resets
 
 Gpu = Dict[str, Any]
 
@@ -60,11 +60,16 @@ def health_facts(
     if kernel is None:
         skipped.host.append("kernel: not read (no /lib/modules, or a twin without `kernel`)")
     known = [(g["index"], g["pci_bus_id"]) for g in gpus + lost if g.get("pci_bus_id")]
-    found = {
+    xids: List[Dict[str, Any]] = [
+        {"gpu": _gpu_at(address, known), "pci_bus_id": address, "code": code} for address, code in events
+    ]
+    cleared, note = resets.read(state_dir, backend.boot_id())
+    resets.mark_cleared(xids, cleared)
+    if note:
+        skipped.host.append(note)
+    found: Dict[str, Any] = {
         "gpus": [gpu_health(backend, gpu, skipped) for gpu in gpus],
-        "xid": [
-            {"gpu": _gpu_at(address, known), "pci_bus_id": address, "code": code} for address, code in events
-        ],
+        "xid": xids,
         "sxid": [
             {"switch": switch, "pci_bus_id": address, "code": code, "fatal": fatal}
             for switch, address, code, fatal in switch_events
@@ -113,6 +118,7 @@ def gpu_health(backend: Backend, gpu: Gpu, skipped: NotChecked) -> Dict[str, Any
         "remapped_rows_uncorrectable": None if rows is None else rows[0],
         "remapped_rows_pending": None if rows is None else rows[1],
         "remapped_rows_failure": None if rows is None else rows[2],
+        "memory_unrepairable": backend.memory_unrepairable(index),
         "nvlink_errors": nvlink_errors(backend, gpu, skipped),
         "throttle": None if reasons is None else [name for bit, name in nv.CLOCK_EVENTS if reasons & bit],
         "power_limit_w": None if power is None else round(power[0] / 1000),
@@ -157,10 +163,16 @@ def fabric_problems(mask: int) -> List[str]:
 def nvlink_errors(backend: Backend, gpu: Gpu, skipped: NotChecked) -> List[Dict[str, Any]]:
     """Error counters of the GPU's active links: the counter call, or where it answers NotSupported
     (Blackwell, as nvml.h says) the link's field values; a link neither can read is left out (and the GPU
-    named once in `not_checked`)."""
+    named once in `not_checked`). An inactive link is listed only with its failed recoveries."""
     found = []
     for link in gpu["nvlinks"]:
         if not link["active"]:
+            # The link a failed recovery took down is inactive: its field values (NVLink5) still say so.
+            fields = backend.nvlink_error_fields(gpu["index"], link["link"])
+            if fields.get("recovery_failed"):
+                found.append(
+                    {"link": link["link"], "recovery_failed": fields["recovery_failed"], "source": "fields"}
+                )
             continue
         read = [
             backend.nvlink_error_counter(gpu["index"], link["link"], counter)

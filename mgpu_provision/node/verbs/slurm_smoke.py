@@ -3,7 +3,8 @@
 `prepare` (on every node of the DDP group) checks the installed launcher and env files as `smoke` does and
 writes the smoke program and its config to a folder named after the run, the same path on every node, since
 one srun command line serves them all. `run` (on one node of the group) starts that step:
-`srun --immediate --kill-on-bad-exit=1 -N<nnodes> --ntasks-per-node=1 -w <nodes> <launcher> <program>`, the
+`srun --immediate --kill-on-bad-exit=1 -N<nnodes> --ntasks-per-node=1 -w <nodes> --gres=gpu:<nproc>
+--cpus-per-task=... [--exclusive, partition, account, reservation] <launcher> <program>`, the
 launcher taking node rank, count and master from Slurm's environment; `--immediate` ends the wait for nodes
 that Slurm cannot give, and `--kill-on-bad-exit=1` ends every node's part once one rank fails. `collect` (on
 every node) reads back the ranks' result files there and removes the folder. The node runs srun: it has
@@ -59,12 +60,14 @@ def prepare(req: smoke.Request) -> Dict[str, Any]:
     return {"ok": True, "kind": None, "diagnosis": None}
 
 
-def srun_command(srun: str, req: smoke.Request, nodes: List[str]) -> List[str]:
+def srun_command(srun: str, req: smoke.Request, nodes: List[str], options: List[str]) -> List[str]:
+    """The step's command line; `options` ask Slurm for the GPUs, CPUs, partition... (the control side's
+    `plan.resources.slurm.srun_options`), so a cluster with ConstrainDevices=yes lets the ranks see GPUs."""
     folder = workdir(req.run_id)
     return [
         srun, "-v", "--immediate=%d" % IMMEDIATE_S, "--kill-on-bad-exit=1", "-N%d" % req.nnodes,
         "--ntasks-per-node=1", "-w", ",".join(nodes), "--job-name=" + req.run_id,
-        "--time=%d" % time_limit_min(req.timeout_s),
+        "--time=%d" % time_limit_min(req.timeout_s), *options,
         *smoke.torchrun_command(
             req, os.path.join(folder, "mgpu_smoke_program.py"), os.path.join(folder, "config.json")
         ),
@@ -83,7 +86,7 @@ def job_id(output: str) -> Optional[str]:
     return (match.group(1) or match.group(2)) if match else None
 
 
-def run_step(req: smoke.Request, nodes: List[str]) -> Dict[str, Any]:
+def run_step(req: smoke.Request, nodes: List[str], options: List[str]) -> Dict[str, Any]:
     srun = find_tool("srun")
     if srun is None:
         raise AgentFailure("slurm", "srun is not installed on this node (Debian: slurm-client)")
@@ -91,7 +94,7 @@ def run_step(req: smoke.Request, nodes: List[str]) -> Dict[str, Any]:
     env.pop("SLURM_JOB_ID", None)  # a step of its own allocation, never of the agent's caller's job
     started = time.monotonic()
     process = subprocess.Popen(
-        srun_command(srun, req, nodes), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        srun_command(srun, req, nodes, options), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     code: Optional[int] = None
@@ -138,9 +141,11 @@ def collect(req: smoke.Request) -> Dict[str, Any]:
 def run(args: Dict[str, Any], simulated: bool = False) -> Dict[str, Any]:
     """`prepare`, `run` (with `nodes`: the group's Slurm node names) or `collect`, as the module says."""
     action = args["action"]
-    req = smoke.Request({k: v for k, v in args.items() if k not in ("action", "nodes")}, simulated)
+    req = smoke.Request(
+        {k: v for k, v in args.items() if k not in ("action", "nodes", "srun_options")}, simulated
+    )
     if action == "prepare":
         return prepare(req)
     if action == "run":
-        return run_step(req, [str(n) for n in args["nodes"]])
+        return run_step(req, [str(n) for n in args["nodes"]], [str(o) for o in args["srun_options"]])
     return collect(req)

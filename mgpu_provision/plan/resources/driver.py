@@ -31,7 +31,7 @@ class Source:
 
     @property
     def label(self) -> str:
-        return f"{self.name} packages" if self.name else "runfile"
+        return f"{self.name} packages with {self.method}" if self.name else "runfile"
 
 
 def resolve(want: Driver, host: HostInfo, model: str) -> Source:
@@ -45,20 +45,26 @@ def resolve(want: Driver, host: HostInfo, model: str) -> Source:
     if name is None:
         return Source(None, method, want.flavor, family.problem)
     flavor = want.flavor or sources.default_flavor(name, model, branch_of_rig(want))
-    problem = families.method_problem(family, method, name) or _source_problem(want, name, flavor)
+    problem = families.method_problem(family, method, name) or _source_problem(want, name, flavor, model)
     return Source(name, method, flavor, problem)
 
 
 def family_of(host: HostInfo) -> families.Family:
     """The node's family; facts without os-release (older agents) read as Ubuntu, the first one supported."""
-    return families.family_of(host.os_id or "ubuntu", host.os_version_id, host.os_like)
+    return families.family_of(host.os_id or "ubuntu", host.os_version_id, host.os_like, host.os_platform_id)
 
 
-def _source_problem(want: Driver, name: str, flavor: str) -> str | None:
+def _source_problem(want: Driver, name: str, flavor: str, model: str) -> str | None:
     if flavor not in sources.FLAVORS[name]:
         return f"the {name} source has no {flavor} flavor (it has {', '.join(sources.FLAVORS[name])})"
     if want.fabricmanager and not sources.HAS_FABRICMANAGER[name]:
         return f"the {name} source has no Fabric Manager package: set driver.source: cuda"
+    if want.fabricmanager and name == "ubuntu" and nvlink5_hgx(model):
+        # Validate refuses `source: ubuntu` written in the rig; this is the source an Ubuntu box suggests.
+        return (
+            "Ubuntu's archive has no NVLink Subnet Manager (nvlsm) nor NVSDM, without which Fabric Manager "
+            f"never starts on {model}: set driver.source: cuda (NVIDIA's repository)"
+        )
     return None
 
 
@@ -87,7 +93,11 @@ def diff(ctx: HostContext) -> list[Change]:
         return [install, _reboot(want, str(installed), loaded=info.loaded, installed=installed)]
     running = _flavor_mismatch(ctx, want)
     if running is not None:
-        install = _install(ctx, want, installed, str(installed), f"{running} kernel modules running")
+        wanted = "open" if running == "proprietary" else "proprietary"
+        if info.installed_module == wanted:  # installed, the other type still loaded: only the boot is left
+            return [_reboot(want, str(installed), info.loaded, why=f"{wanted} kernel modules installed")]
+        why = f"installs the {wanted} kernel modules; the {running} ones are running"
+        install = _install(ctx, want, installed, str(installed), why)
         return (
             [install] if install.action == "manual" else [install, _reboot(want, str(installed), info.loaded)]
         )
@@ -178,7 +188,7 @@ def _install(
         step = protocol.driver_step(
             source.method, source.name, source.flavor, branch, want.version, want.hold, want.fabricmanager,
             packages=packages, modules=family_of(ctx.facts.host).modules,
-            repo=ctx.driver_repo if source.method == "apt" else None,
+            repo=ctx.driver_repo,
             prebuilt=ubuntu_server_set(source, branch, packages),
         )  # fmt: skip
     return Change("driver", action, summary, installed, desired, reboot=True, agent_step=step, phase="driver")
@@ -187,15 +197,17 @@ def _install(
 def _package_set(ctx: HostContext, want: Driver, source: Source, branch: str) -> protocol.PackageSet:
     """The packages the source's method installs for the rig's driver on this host."""
     assert source.name is not None and source.flavor is not None  # resolve() says a problem otherwise
+    nvlink5 = nvlink5_hgx(ctx.rig.gpus.model)
     if source.method == "apt":
         return sources.apt_set(
             source.name, branch, source.flavor, want.fabricmanager, want.packages,
-            debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5_hgx(ctx.rig.gpus.model),
+            debian_family=debian_family(ctx.facts.host), nvlink5=nvlink5,
         )  # fmt: skip
     if source.method == "zypper":  # every name at the version in one transaction, each locked
-        return sources.zypper_set(branch, source.flavor, want.fabricmanager)
+        return sources.zypper_set(branch, source.flavor, want.fabricmanager, nvlink5)
     # dnf, yum: one transaction, nothing to pin first or hold by pattern (versionlock does)
-    rpms = sources.dnf_packages(branch, source.flavor, want.version is not None, want.fabricmanager)
+    exact = want.version is not None
+    rpms = sources.dnf_packages(branch, source.flavor, exact, want.fabricmanager, nvlink5)
     return protocol.PackageSet([], rpms, [])
 
 
@@ -215,7 +227,12 @@ def debian_family(host: HostInfo) -> bool:
     return family_of(host).source == "debian"
 
 
-def _reboot(want: Driver, version: str, loaded: str | None, installed: str | None = None) -> Change:
+def _reboot(
+    want: Driver, version: str, loaded: str | None, installed: str | None = None, why: str = ""
+) -> Change:
+    if why and want.reboot == "never":
+        summary = f"{why}, the running ones are the other type: reboot required to load them (policy: never)"
+        return Change("reboot", "manual", summary, loaded, version, reboot=True, phase="reboot")
     if want.reboot == "never":
         if installed == version and loaded is None:
             summary = f"installed {version}, no kernel module loaded: reboot required (policy: never)"
@@ -233,7 +250,9 @@ def _reboot(want: Driver, version: str, loaded: str | None, installed: str | Non
     return Change(
         "reboot",
         "update",
-        f"reboot to load driver {version} (running: {loaded or 'none'})",
+        f"reboot to load driver {version} ({why}; running: {loaded or 'none'})"
+        if why
+        else f"reboot to load driver {version} (running: {loaded or 'none'})",
         loaded,
         version,
         reboot=True,

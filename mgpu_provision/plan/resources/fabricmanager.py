@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ... import protocol
 from ...catalog import sources
+from ...catalog.names import own_version
 from ...judge import driver as judge
 from ...rig.cards import nvlink5_hgx
 from ...rig.models import Driver
@@ -73,5 +74,6 @@ def package_set(
     branch = protocol.branch_of(version)
     names = sources.fabricmanager_packages(source, branch, method, nvlink5)
     if method != "apt":
-        return protocol.PackageSet([], names, names if method == "zypper" else [])
+        locked = [name for name in names if not own_version(name)] if method == "zypper" else []
+        return protocol.PackageSet([], names, locked)
     return sources.apt_set(source, branch, "default", False, names, debian_family=debian)

@@ -41,8 +41,8 @@ def packages_of(loaded: LoadedRig, host: Host) -> list[str]:
         return []
     if driver.packages:
         return list(driver.packages)
-    if driver.source is None or driver.source == "rhel":
-        return []
+    if driver.source is None or driver.source == "rhel" or driver.method in ("dnf", "yum", "zypper"):
+        return []  # an RPM mirror is read by apply right after it is written (node/packages/rpmrepo.py)
     branch = branch_of_rig(driver)
     flavor = driver.flavor or sources.default_flavor(driver.source, rig.gpus.model, branch)
     return sources.apt_set(driver.source, branch, flavor, driver.fabricmanager).install

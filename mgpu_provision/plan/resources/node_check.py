@@ -105,6 +105,7 @@ def _command(loaded: LoadedRig, host: Host) -> DesiredFile:
         deadline_s=f"{section.deadline_s:g}",
         lock=where(posixpath.join(loaded.spec.files.state_dir, LOCK_FILE)),
         textfile_dir=section.textfile_dir and where(section.textfile_dir),
+        simulate=host.simulate and where(host.simulate),
     )
     return DesiredFile(where(section.command), content, "0755", PHASE)
 
@@ -145,7 +146,9 @@ def diff(ctx: HostContext) -> list[Change]:
     timer = ctx.facts.units.get(TIMER)
     if not wanted(ctx.loaded, ctx.host):
         return _removed(ctx, timer)
-    systemd = timer is None or timer.service != "unknown"  # no systemd on the box: no units are managed
+    # No systemd on the box, or a simulated one (its twin stands in for the NVIDIA layer, not for systemd,
+    # and a timer would judge the real GPUs): no units are managed, the command is run by hand or by Slurm.
+    systemd = (timer is None or timer.service != "unknown") and not ctx.facts.host.simulated
     unit_files = _unit_paths(ctx.loaded, ctx.host) or ()
     want = [w for w in desired(ctx) if systemd or w.path not in unit_files]
     files = diff_files(want, ctx.facts)
