@@ -14,6 +14,8 @@ zypper; one signed with another key is refused and taken back before any package
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,11 +72,13 @@ def signed_mirror(tmp_path: Path) -> Iterator[Any]:
     """Builds and serves signed stand-in repositories on this session's loopback range."""
     served: list[Any] = []
 
+    # gpg-agent's socket lives in the home folder and a socket path has ~107 characters at most: under
+    # xdist a parametrized test's tmp_path is longer than that, so the keys live in a short folder.
+    homes = Path(tempfile.mkdtemp(prefix="mgpu-gpg-"))
+
     def make(name: str, unsigned: tuple[str, ...] = ()) -> tuple[str, str]:
         try:
-            folder, key = rpm_roots.build_signed_repository(
-                tmp_path / name, tmp_path / f"gnupg-{name}", unsigned
-            )
+            folder, key = rpm_roots.build_signed_repository(tmp_path / name, homes / name, unsigned)
         except rpm_roots.RootUnavailable as exc:
             hosts.skip_or_fail(str(exc))
         address = hosts.loopback_address(rpm_roots.REPOSITORY_PORT)
@@ -82,9 +86,12 @@ def signed_mirror(tmp_path: Path) -> Iterator[Any]:
         served.append(context)
         return context.__enter__(), key
 
-    yield make
-    for context in served:
-        context.__exit__(None, None, None)
+    try:
+        yield make
+    finally:
+        for context in served:
+            context.__exit__(None, None, None)
+        shutil.rmtree(homes, ignore_errors=True)
 
 
 def start(manager: str, factory: HostFactory) -> TestHost:

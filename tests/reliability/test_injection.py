@@ -109,6 +109,13 @@ FIELDS: dict[str, tuple[Any, ...]] = {
     "rigs{}.slurm.health_check": ("rigs", "pair", "slurm", "health_check"),
     "rigs{}.slurm.health_script": ("rigs", "pair", "slurm", "health_script"),
     "rigs{}.slurm.restart_command[]": ("rigs", "pair", "slurm", "restart_command", 0),
+    "rigs{}.slurm.srun.partition": ("rigs", "pair", "slurm", "srun", "partition"),
+    "rigs{}.slurm.srun.account": ("rigs", "pair", "slurm", "srun", "account"),
+    "rigs{}.slurm.srun.reservation": ("rigs", "pair", "slurm", "srun", "reservation"),
+    "rigs{}.containers.toolkit": ("rigs", "pair", "containers", "toolkit"),
+    "rigs{}.containers.cdi.output": ("rigs", "pair", "containers", "cdi", "output"),
+    "rigs{}.containers.cdi.driver_root": ("rigs", "pair", "containers", "cdi", "driver_root"),
+    "rigs{}.containers.cdi.hook_path": ("rigs", "pair", "containers", "cdi", "hook_path"),
 }
 # A slurm section a trial adds restarts slurmd when gres.conf changes: never the machine's own (a test host
 # shares its /run), so the trials' sections restart with `true` unless the command itself is the field tried.
