@@ -158,7 +158,8 @@ def test_a_new_file_with_another_content_on_some_hosts_shows_each_content_once_u
         diff = f"--- /dev/null\n+++ {path}\n+# Rig r, host {host}.\n+A={value}\n"
         return Change(f"file:{path}", "create", "new file, 2 lines", None, None, diff=diff, phase="env")
 
-    hosts = [HostPlan(f"gpu-{n:02d}", "ok", (new_env(f"gpu-{n:02d}", "2" if n > 6 else "1"),)) for n in range(1, 9)]
+    names = [f"gpu-{n:02d}" for n in range(1, 9)]
+    hosts = [HostPlan(name, "ok", (new_env(name, "2" if name > "gpu-06" else "1"),)) for name in names]
     out = io.StringIO()
     render_plan(fleet(*hosts), make_console(file=out), new_content=True)
     lines = out.getvalue().splitlines()
