@@ -145,16 +145,20 @@ def plain_table(title: str | Text | None = None) -> Table:
 
 def host_table(rows: Mapping[str, Mapping[str, object]], columns: Sequence[str]) -> Table:
     """A recap table, one row per host: `columns` read from each host's mapping ('' when absent); a column
-    named `status` is coloured (ok green, changed yellow, failed/unreachable red, skipped dim). Every cell is
-    `shown`: an error column quotes what a node said."""
+    named `status` is coloured (ok green, changed yellow, failed/unreachable red, skipped dim); a column of
+    figures (counts, times) is aligned right, words left. Every cell is `shown`: an error column quotes what
+    a node said."""
     table = plain_table()
     table.add_column("host", style="cyan")
+    values = {c: ["" if row.get(c) is None else str(row.get(c)) for row in rows.values()] for c in columns}
     for column in columns:
-        table.add_column(column, justify="left" if column in ("status", "error") else "right")
-    for name, row in rows.items():
+        figures = [value for value in values[column] if value]
+        numeric = bool(figures) and all(value[:1].isdigit() for value in figures)
+        table.add_column(column, justify="right" if numeric else "left")
+    for index, name in enumerate(rows):
         cells: list[Text] = [shown(name)]
         for column in columns:
-            value = "" if row.get(column) is None else str(row.get(column))
+            value = values[column][index]
             style = STATUS_STYLE.get(value, "") if column == "status" else ""
             cells.append(shown(value, style=style))
         table.add_row(*cells)
