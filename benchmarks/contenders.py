@@ -328,10 +328,11 @@ class Tool:
     expect_exit: int = 0
     extra: tuple[str, ...] = ()
     at_once: int | None = None
+    label: str | None = None  # the contender's name where it is not the verb's
 
     @property
     def name(self) -> str:
-        return self.verb
+        return self.label or self.verb
 
     def spawns(self, fleet: Fleet) -> list[Spawn]:
         argv = (
@@ -373,6 +374,8 @@ CONTENDERS: dict[str, Contender] = {
     "apply": Tool("apply", extra=("--yes",)),
     "ansible": AnsibleAdHoc("ansible", "shell"),
     "ansible-raw": AnsibleAdHoc("ansible-raw", "raw"),
+    # plan through ClusterShell's flat fan-out over OpenSSH (issue 41): the same plan, no Paramiko.
+    "clush": Tool("plan", extra=("--via", "clush"), label="clush"),
     "fabric": PlainFabric(),
     "pyinfra": PyinfraExec(),
 }

@@ -397,7 +397,7 @@ def test_script_refuses_bad_arguments_with_a_message() -> None:
     assert done.returncode == 1
     assert done.stderr.strip() == (
         "error: unknown contender(s) x; choose from ssh, ssh-64, facts, plan, apply, ansible, ansible-raw, "
-        "fabric, pyinfra"
+        "clush, fabric, pyinfra"
     )
 
 

@@ -161,6 +161,17 @@ def text_lists_mapping() -> Arg:
     return Arg("a mapping of names to lists of strings", ok)
 
 
+def _is_baseline_record(value: Any) -> bool:
+    entry = value.get("entry") if isinstance(value, dict) else None
+    return isinstance(entry, dict) and _is_text(value.get("key")) and isinstance(value.get("node", {}), dict)
+
+
+def baseline_record(required: bool = False) -> Arg:
+    """One group's smoke baseline: its key, its entry (an object) and this node's entry (an object)."""
+    words = "an object with the string `key` and the objects `entry` and `node`"
+    return Arg(words, _is_baseline_record, required)
+
+
 def user_name() -> Arg:
     ok = lambda v: v is None or (_is_text(v) and v != "" and not any(c.isspace() or c in ":/" for c in v))  # noqa: E731
     return Arg("a user name or null", ok)
@@ -237,8 +248,11 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "launcher": optional_text(),  # the installed mgpu-torchrun; null: smoke runs torchrun itself
         "files": with_default(installed_files(), []),  # checked before any rank starts
         "interconnect": choice("nvlink", "nvswitch", "pcie"),  # what joins the GPUs: sizes, NCCL transport
+        "state_dir": optional_text(),  # where the box keeps its smoke baseline, sent back in the answer
     },
     "smoke-cleanup": {"run_id": line(required=True), "node_rank": integer(0, required=True)},
+    # a passing group's figures, into each node's baseline (node/verbs/smoke_baseline.py)
+    "smoke-baseline": {"state_dir": line(required=True), "record": baseline_record(required=True)},
     # apply --drain slurm: the node's line at the controller; drain it, or resume a drain of this reason
     "slurm-node": {"action": choice("show", "drain", "resume", required=True), "reason": line()},
 }
@@ -769,6 +783,12 @@ def torchrun_options(rdzv_backend: str) -> List[Tuple[str, str]]:
     else:  # elastic: torchrun assigns the node ranks
         options += [("--rdzv-backend", "{rdzv_backend}"), ("--rdzv-endpoint", "{master_addr}:{master_port}")]
     return [*options, ("--rdzv-id", "{rdzv_id}")]
+
+
+def smoke_baseline_request(
+    state_dir: str, key: str, entry: Dict[str, Any], node: Dict[str, Any]
+) -> Dict[str, Any]:
+    return {"state_dir": state_dir, "record": {"key": key, "entry": entry, "node": node}}
 
 
 def smoke_cleanup_request(run_id: str, node_rank: int) -> Dict[str, Any]:

@@ -22,9 +22,10 @@ from ..jobs.drain import DRAIN_KINDS, DrainSettings
 from ..jobs.plan import FleetPlan
 from ..jobs.playbooks import load_playbook, select_steps
 from ..jobs.rollout import Serial, parse_max_fail_percent, parse_serial
+from ..rig.nodesets import fold
 from . import options
 from .output import host_table, make_console, print_json, shown
-from .plan_view import add_diff_option, change_json, change_lines, host_ranges, render_plan
+from .plan_view import add_diff_option, change_json, change_lines, render_plan
 
 MAX_WAIT_S = 3600
 MAX_DRAIN_WAIT_S = 7 * 24 * 3600  # a training job may run for days; the batch waits for it or is skipped
@@ -260,7 +261,7 @@ def show_recap(console: Console, result: ApplyResult, plan: FleetPlan) -> None:
         if r.error is not None and short_error(r.error) != r.error and r.host in rows:
             console.print(shown((r.host, "bold cyan"), f": {r.error}"), soft_wrap=True)
     if result.stopped:
-        untouched = host_ranges([r.host for r in result.recaps if r.status == "skipped"])
+        untouched = fold([r.host for r in result.recaps if r.status == "skipped"])
         console.print(shown((result.stopped, "red"), f"; not touched: {untouched}"), soft_wrap=True)
     for line in result.drain_skipped:
         console.print(shown((line, "yellow")), soft_wrap=True)

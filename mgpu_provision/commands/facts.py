@@ -17,7 +17,8 @@ from ..catalog.topology import format_topology, gpu_matrix
 from ..facts import Facts, Gpu, PcieLink
 from ..fleet.pool import HostOutcome
 from ..jobs.plan import gather_facts
-from . import options
+from . import options, paths
+from .box_picture import box_svg, wanted_of, write_pictures
 from .output import make_console, print_json, shown, waiting_for
 
 if TYPE_CHECKING:
@@ -160,6 +161,12 @@ def run(args: argparse.Namespace) -> int:
         run = dataclasses.replace(fleet.options, on_host_done=host_done)
         outcomes = gather_facts(fleet.loaded, fleet.targets, run)
     code = 0 if all(o.status == "ok" for o in outcomes.values()) else 2
+    if args.svg is not None:
+        loaded = fleet.loaded
+        write_pictures(args.svg, {
+            name: box_svg(name, o.value, wanted_of(loaded, loaded.host(name)), error=o.error)
+            for name, o in outcomes.items()
+        })
     if args.json:
         return print_json(code, **as_json(outcomes))
     render(outcomes, make_console())
@@ -180,4 +187,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     options.add_fleet_arguments(parser)
+    options.add_via_argument(parser)
+    parser.add_argument(
+        "--svg",
+        type=paths.output_file,
+        metavar="FILE",
+        help="also draw each box (GPUs, links as the rig says and as they are) as SVG: FILE for one host, "
+        "FILE-HOST.svg beside it for several",
+    )
     parser.set_defaults(func=run)

@@ -13,10 +13,12 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from ..errors import ProvisionError
 from ..fleet.options import MAX_FORKS, FleetOptions
 from ..fleet.targets import HostTarget, targets_for
-from ..rig import LoadedRig, select_hosts
+from ..rig import LoadedRig, nodesets, select_hosts
 from ..rig.cache import load_rig
 from ..rig.models import Host
 from . import paths
@@ -57,7 +59,8 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--limit",
         metavar="PATTERN",
-        help='hosts to act on: "gpu-a,rtx*,!gpu-c" (host names, groups, inventory groups, rig types)',
+        help='hosts to act on: "gpu-a,rtx*,!gpu-c,gpu-[001-064]" (host names, groups, inventory groups, '
+        "rig types, globs, node sets; @source:group with the clush extra)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON (stable keys) instead of tables")
     parser.add_argument(
@@ -96,6 +99,17 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_via_argument(parser: argparse.ArgumentParser) -> None:
+    """`--via clush` (facts and plan): the hosts through ClusterShell and OpenSSH, not Fabric."""
+    parser.add_argument(
+        "--via",
+        choices=("fabric", "clush"),
+        default="fabric",
+        help="fan-out engine: fabric (default, built in) or clush (ClusterShell over OpenSSH: large fleets; "
+        "the clush extra)",
+    )
+
+
 @dataclass(frozen=True)
 class FleetRun:
     """Everything a host-facing command needs before it runs: the rig, its chosen hosts, how to reach them."""
@@ -110,8 +124,16 @@ class FleetRun:
 
 
 def fleet_options(args: argparse.Namespace) -> FleetOptions:
+    via: Literal["fabric", "clush"] = getattr(args, "via", "fabric")  # only facts and plan take --via
+    if via == "clush" and not nodesets.clustershell():
+        raise ProvisionError(
+            f"--via clush needs ClusterShell, which is not installed: {nodesets.INSTALL_HINT}"
+        )
+    if via == "clush" and (old := nodesets.too_old()):
+        raise ProvisionError(old)
     return FleetOptions(
         forks=args.forks,
+        via=via,
         accept_new_host_keys=args.accept_new_host_keys,
         known_hosts=args.known_hosts,
         ssh_config=args.ssh_config,

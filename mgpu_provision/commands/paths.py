@@ -63,13 +63,20 @@ def kept_file(text: str) -> Path:
 
 
 def output_file(text: str) -> Path:
-    """A file the command writes: not a folder, and its folder must exist."""
+    """A file the command writes: not a folder, its folder must exist, and one already there must be
+    writable (opened for appending nothing: its content and times stay as they are)."""
     path = Path(text).expanduser()
     mode = _kind(path)
     if mode is not None and stat.S_ISDIR(mode):
         raise argparse.ArgumentTypeError(f"{path}: is a folder; name the file to write")
     if not path.absolute().parent.is_dir():
         raise argparse.ArgumentTypeError(f"{path}: the folder {path.absolute().parent} does not exist")
+    if mode is not None:
+        try:
+            with path.open("ab"):
+                pass
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"{path}: cannot write it ({exc.strerror})") from exc
     return path
 
 

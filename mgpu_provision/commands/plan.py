@@ -12,16 +12,19 @@ import dataclasses
 import json
 
 from ..jobs.plan import plan_fleet
-from . import options
+from . import options, paths
+from .fleet_report import read_smoke, write_plan_pictures
 from .output import make_console, waiting_for
 from .plan_view import add_diff_option, plan_json, render_plan
 
 
 def run(args: argparse.Namespace) -> int:
     fleet = options.prepare(args)
+    bandwidth = read_smoke(args.smoke, args.report) if args.smoke is not None else None
     with waiting_for("reading the hosts", [t.name for t in fleet.targets]) as host_done:
         run = dataclasses.replace(fleet.options, on_host_done=host_done)
         plan = plan_fleet(fleet.loaded, fleet.targets, run)
+    write_plan_pictures(fleet.loaded, plan, svg=args.svg, report=args.report, bandwidth=bandwidth)
     if args.json:
         print(json.dumps(plan_json(plan), indent=2))
     else:
@@ -46,5 +49,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     options.add_fleet_arguments(parser)
+    options.add_via_argument(parser)
     add_diff_option(parser)
+    parser.add_argument("--svg", type=paths.output_file, metavar="FILE",
+                        help="also draw each box with its findings as SVG: FILE for one host, FILE-HOST.svg "
+                        "beside it for several")
+    parser.add_argument("--report", type=paths.output_file, metavar="FILE.html",
+                        help="also write the fleet at a glance: checks x hosts folded per rig group, each "
+                        "odd box drawn (one HTML file, no JavaScript)")
+    parser.add_argument("--smoke", type=paths.input_file, metavar="FILE",
+                        help="with --report: a `smoke --json` report, its bus bandwidth beside each row")
     parser.set_defaults(func=run)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..jobs.plan import FleetPlan, HostPlan, PlanTotals, held_names, held_on_control_machine
 from ..plan.change import Change
+from ..rig.nodesets import fold
 from .output import plural, shown
 
 if TYPE_CHECKING:
@@ -74,44 +74,6 @@ def add_diff_option(parser: argparse.ArgumentParser) -> None:
         help="show file diffs: on one host, new files' content too (changed files always show their diff); "
         "on a fleet, every distinct diff once",
     )
-
-
-_NUMBERED = re.compile(r"^(.*?)(\d+)$")
-
-
-def host_ranges(names: Sequence[str]) -> str:
-    """`gpu-[001-062,064], login-1`: numbered names with one prefix as ranges, in first-seen order."""
-    groups: dict[tuple[str, int], list[int]] = {}
-    words: list[str | tuple[str, int]] = []
-    for name in names:
-        match = _NUMBERED.match(name)
-        if match is None:
-            words.append(name)
-            continue
-        key = (match.group(1), len(match.group(2)))
-        if key not in groups:
-            groups[key] = []
-            words.append(key)
-        groups[key].append(int(match.group(2)))
-    shown = []
-    for word in words:
-        if isinstance(word, str):
-            shown.append(word)
-            continue
-        prefix, width = word
-        numbers = sorted(set(groups[word]))
-        if len(numbers) == 1:
-            shown.append(f"{prefix}{numbers[0]:0{width}d}")
-            continue
-        runs: list[list[int]] = []
-        for number in numbers:
-            if runs and number == runs[-1][-1] + 1:
-                runs[-1].append(number)
-            else:
-                runs.append([number])
-        spans = [f"{r[0]:0{width}d}" + (f"-{r[-1]:0{width}d}" if len(r) > 1 else "") for r in runs]
-        shown.append(f"{prefix}[{','.join(spans)}]")
-    return ", ".join(shown)
 
 
 def change_lines(change: Change, new_content: bool = False) -> list[Text]:
@@ -172,7 +134,7 @@ def kind_lines(plan: FleetPlan) -> list[Text]:
         names = [h.host for h in plan.hosts if h.simulated is value]
         if names:
             boundary = SIMULATION_BOUNDARY if value else ""
-            lines.append(shown((f"{kind}: ", style), host_ranges(names), boundary))
+            lines.append(shown((f"{kind}: ", style), fold(names), boundary))
     for host in plan.hosts:
         held = held_on_control_machine(list(host.changes))
         if host.control_machine and held:
@@ -215,7 +177,7 @@ def _diffs(variants: Variants) -> list[Text]:
         return change_lines(change, new_content=True)[1:]
     lines: list[Text] = []
     for change, hosts in variants.values():
-        lines.append(shown((f"    on {host_ranges(hosts)}:", "dim")))
+        lines.append(shown((f"    on {fold(hosts)}:", "dim")))
         lines += change_lines(change, new_content=True)[1:]
     return lines
 
@@ -241,7 +203,7 @@ def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:
         if len(hosts) < 2:
             continue
         head = change_lines(change, new_content=True)[0]
-        head.append(f"  on {plural(len(hosts), 'host', 'hosts')}: {host_ranges(hosts)}", style="dim")
+        head.append(f"  on {plural(len(hosts), 'host', 'hosts')}: {fold(hosts)}", style="dim")
         lines += [head, *(_diffs(variants) if diffs else [])]
     idle = []
     for host in plan.hosts:
@@ -257,7 +219,7 @@ def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:
             idle.append(host.host)
     if idle:
         count = plural(len(idle), "host", "hosts")
-        lines.append(shown((f"no changes on {count}: ", "dim"), host_ranges(idle)))
+        lines.append(shown((f"no changes on {count}: ", "dim"), fold(idle)))
     return lines
 
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from ..errors import ConnectionFailed
 from .known_hosts import KnownHosts
@@ -152,6 +152,8 @@ class FleetOptions:
     """
 
     forks: int | None = None
+    # The batch seam's engine (pool.call_many): Fabric's worker pool, or ClusterShell over OpenSSH.
+    via: Literal["fabric", "clush"] = "fabric"
     accept_new_host_keys: bool = False
     known_hosts: Path | None = None
     ssh_config: Path | None = None

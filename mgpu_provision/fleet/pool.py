@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from ..errors import ConnectionFailed, ProvisionError
 from . import session
@@ -94,3 +94,31 @@ def run_fleet(
         raise
     pool.shutdown()
     return outcomes
+
+
+def call_many(
+    targets: list[HostTarget],
+    verb: str,
+    requests: dict[str, dict[str, Any]],
+    options: FleetOptions,
+    timeout: float | None = None,
+) -> dict[str, HostOutcome[dict[str, Any]]]:
+    """The batch seam: `verb` with each host's own arguments (`requests[name]`), every host's result or
+    error, in target order. `options.via` picks the engine: today's pool (one Fabric session a host), or
+    ClusterShell (fleet/clush.py), which takes the SSH hosts; local hosts and injected sessions stay on
+    the pool."""
+
+    def one(opened: AgentSession) -> dict[str, Any]:
+        return opened.call(verb, requests[opened.target.name], timeout)
+
+    if options.via != "clush" or options.sessions is not None:
+        return run_fleet(targets, one, options)
+    from .clush import call_many_clush  # the optional extra: imported only under --via clush
+
+    ssh = [t for t in targets if t.connection == "ssh"]
+    outcomes = run_fleet([t for t in targets if t.connection != "ssh"], one, options)
+    if ssh:
+        agent = options.agent or _default_agent()
+        for name, got in call_many_clush(ssh, verb, requests, options, agent, timeout).items():
+            outcomes[name] = HostOutcome(*got)
+    return {t.name: outcomes[t.name] for t in targets}

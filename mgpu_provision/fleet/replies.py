@@ -1,4 +1,4 @@
-"""The replies of `apply`, `reboot`, `smoke`, `smoke-cleanup`, `slurm-node` and `gpu-reset`, read on arrival.
+"""The replies of `apply`, `reboot`, `smoke`, `smoke-cleanup`, `smoke-baseline`, `slurm-node`, `gpu-reset`.
 
 The agent answers plain JSON (node/verbs/apply.py, node/verbs/smoke.py); `fleet.session.read_reply`
 validates it against these models, so a reply this version cannot read is an AgentError that names the
@@ -43,6 +43,13 @@ class CleanupReply(Reply):
     leftover_pids: list[int]
 
 
+class BaselineReply(Reply):
+    """`smoke-baseline`: where the baseline was written, and whether it replaced a corrupt one."""
+
+    path: str
+    replaced_corrupt: bool
+
+
 class SmokeReply(Reply):
     """One node's part of the smoke run (node/verbs/smoke.py `run`): the fields the judgement reads."""
 
@@ -56,6 +63,7 @@ class SmokeReply(Reply):
     data_parallel: dict[str, Any] | None = None
     transport: dict[str, Any] | None = None  # what NCCL's log says joined the ranks (smoke_watch.transport)
     under_load: list[dict[str, Any]] = Field(default_factory=list)  # per GPU while the ranks ran
+    baseline: dict[str, Any] | None = None  # the box's smoke baseline: record, problem (a corrupt file)
 
 
 class SlurmNodeReply(Reply):

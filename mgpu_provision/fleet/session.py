@@ -57,6 +57,21 @@ def agent_command(agent_name: str, python: str, verb: str, sudo: bool) -> str:
     )
 
 
+def partial_name(folder: str, agent_name: str) -> str:
+    """Where an upload writes before its rename, so that a concurrent run never executes half a zipapp."""
+    return f"{folder}/.{agent_name}.{uuid.uuid4().hex}.partial"
+
+
+def upload_command(folder: str, partial: str, final: str) -> str:
+    """The shell command that stores the agent's bytes from its stdin as `final` by way of `partial`, as
+    Ansible's piped transfer does (no SFTP needed)."""
+    quoted = {name: shlex.quote(path) for name, path in (("f", folder), ("p", partial), ("t", final))}
+    return (
+        f"umask 077 && mkdir -p {quoted['f']} && chmod 700 {quoted['f']} && cat > {quoted['p']} "
+        f"&& mv -f {quoted['p']} {quoted['t']}"
+    )
+
+
 def cache_folder(stdout: str) -> str:
     """Where the command looks for the agent, from its last line (a login's startup files may print first);
     the login home's relative folder, where SFTP starts, when it printed no absolute path."""
@@ -178,7 +193,7 @@ class SshAgentSession(AgentSession):
 
         # Upload under a temporary name and rename, so a concurrent run never executes half a zipapp.
         final = f"{folder}/{self.agent.name}"
-        partial = f"{folder}/.{self.agent.name}.{uuid.uuid4().hex}.partial"
+        partial = partial_name(folder, self.agent.name)
         try:
             sftp = self.conn.sftp()
         except (paramiko.SSHException, EOFError):  # the server offers no SFTP (hardened images disable it)
@@ -202,11 +217,7 @@ class SshAgentSession(AgentSession):
         """The agent's bytes on the command's stdin, as Ansible's piped transfer does without SFTP."""
         import paramiko  # SSH only: a local-only run never loads it
 
-        quoted = {name: shlex.quote(path) for name, path in (("f", folder), ("p", partial), ("t", final))}
-        command = (
-            f"umask 077 && mkdir -p {quoted['f']} && chmod 700 {quoted['f']} && cat > {quoted['p']} "
-            f"&& mv -f {quoted['p']} {quoted['t']}"
-        )
+        command = upload_command(folder, partial, final)
         self.commands += 1
         try:
             code, _, err = exec_channel(self.conn.client.get_transport(), command, self.agent.data, 120.0)
@@ -266,7 +277,13 @@ def read_reply(
 ) -> Reply:
     """One verb's result, validated against its contract at the seam (a drift is an AgentError naming the
     fields, never a traceback from the job that reads it)."""
-    answer = session.call(verb, args, timeout)
+    return validated(session.call(verb, args, timeout), model, verb, session.where, what)
+
+
+def validated(
+    answer: dict[str, Any], model: type[Reply], verb: str, where: str, what: str = "a reply"
+) -> Reply:
+    """`answer` as `model`, or an AgentError naming the fields that drifted from the contract."""
     try:
         return model.model_validate(answer)
     except ValidationError as exc:
@@ -275,7 +292,7 @@ def read_reply(
             for error in exc.errors()[:5]
         )
         raise AgentError(
-            f"agent {verb} on {session.where} answered {what} this version cannot read: {problems}"
+            f"agent {verb} on {where} answered {what} this version cannot read: {problems}"
         ) from exc
 
 
@@ -341,5 +358,3 @@ def open_session(target: HostTarget, options: FleetOptions, agent: AgentPayload)
     from .ssh import open_connection  # Fabric and Paramiko load with the first SSH connection, not before
 
     return SshAgentSession(target, agent, open_connection(target, options))
-
-

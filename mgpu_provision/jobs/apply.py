@@ -242,9 +242,10 @@ def _run_steps(
     return done, f"step {failed.index + 1} ({what}) failed: {failed.error}"
 
 
-def _reboot_and_wait(
+def reboot_and_wait(
     node: ReopenableSession, lock: str, settings: ApplySettings, progress: Progress, simulated: bool
 ) -> None:
+    """Reboot the host through its agent and wait until it answers with a new boot id (apply and recover)."""
     name = node.target.name
     # Under the host lock: a reboot must not land in the middle of another apply's steps.
     timeout = node.target.command_timeout_s + settings.lock_wait_s
@@ -322,7 +323,7 @@ def converge_host(
                     changes = _planned(loaded, host, node.facts(request), settings.steps)
                     return end(error)
                 if any(c.agent_step is not None and c.phase == "reboot" for c in todo):
-                    _reboot_and_wait(node, lock, settings, progress, facts.host.simulated)
+                    reboot_and_wait(node, lock, settings, progress, facts.host.simulated)
                     rebooted = True
                 facts = node.facts(request)
                 changes = _planned(loaded, host, facts, settings.steps)

@@ -8,17 +8,17 @@ hides the others.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from .. import protocol
-from ..errors import ProvisionError
+from ..errors import AgentError, ProvisionError
 from ..facts import Facts
 from ..fleet.here import Here, address_is_here, control_machine
 from ..fleet.options import FleetOptions
-from ..fleet.pool import HostOutcome, run_fleet
-from ..fleet.session import AgentSession, read_facts
-from ..fleet.targets import HostTarget
+from ..fleet.pool import HostOutcome, call_many
+from ..fleet.session import validated
+from ..fleet.targets import HostTarget, describe
 from ..plan.change import Change
 from ..plan.host import facts_request, plan_host
 
@@ -45,6 +45,7 @@ class HostPlan:
     elapsed_s: float = 0.0
     simulated: bool | None = None
     control_machine: str | None = None
+    facts: Facts | None = field(default=None, compare=False, repr=False)  # what it was planned from
 
     def count(self, *actions: str) -> int:
         return sum(1 for c in self.changes if c.action in actions)
@@ -108,12 +109,23 @@ def held_names(held: list[Change]) -> str:
 def gather_facts(
     loaded: LoadedRig, targets: list[HostTarget], options: FleetOptions
 ) -> dict[str, HostOutcome[Facts]]:
-    """Facts of every target at once; the request per host is the one its plan needs."""
-
-    def one(session: AgentSession) -> Facts:
-        return read_facts(session, facts_request(loaded, loaded.host(session.target.name)))
-
-    return run_fleet(targets, one, options)
+    """Facts of every target at once, through the batch seam; the request per host is the one its plan
+    needs (hosts of one rig type send the same one: one ClusterShell worker under --via clush)."""
+    requests = {t.name: facts_request(loaded, loaded.host(t.name)) for t in targets}
+    outcomes: dict[str, HostOutcome[Facts]] = {}
+    replies = call_many(targets, "facts", requests, options)
+    for target in targets:
+        got = replies[target.name]
+        if got.status != "ok" or got.value is None:
+            outcomes[target.name] = HostOutcome(got.status, None, got.error, got.elapsed_s)
+            continue
+        try:
+            facts = validated(got.value, Facts, "facts", describe(target), "facts")
+        except AgentError as exc:
+            outcomes[target.name] = HostOutcome("failed", None, str(exc), got.elapsed_s)
+            continue
+        outcomes[target.name] = HostOutcome("ok", facts, None, got.elapsed_s)
+    return outcomes
 
 
 def plan_fleet(
@@ -138,7 +150,7 @@ def plan_fleet(
         try:
             changes = arrange(plan_host(loaded, loaded.host(name), facts))
         except ProvisionError as exc:  # e.g. a visible-device UUID no GPU of this box has: this host only
-            hosts.append(HostPlan(name, "failed", (), str(exc), outcome.elapsed_s, simulated, mine))
+            hosts.append(HostPlan(name, "failed", (), str(exc), outcome.elapsed_s, simulated, mine, facts))
             continue
-        hosts.append(HostPlan(name, "ok", tuple(changes), None, outcome.elapsed_s, simulated, mine))
+        hosts.append(HostPlan(name, "ok", tuple(changes), None, outcome.elapsed_s, simulated, mine, facts))
     return FleetPlan(tuple(hosts))

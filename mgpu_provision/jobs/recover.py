@@ -31,7 +31,7 @@ from ..plan.files import node_path
 from ..plan.host import facts_request
 from ..rig.models import Host
 from ..rig.rig import LoadedRig
-from .apply import LOCK_FILE, ApplySettings, ReopenableSession, _reboot_and_wait
+from .apply import LOCK_FILE, ApplySettings, ReopenableSession, reboot_and_wait
 from .drain import DrainSettings, drain_host, resume_host
 
 RECOVER_REASON = "mgpu: recover"
@@ -125,72 +125,105 @@ def recover_host(
             return done
         done.say("judge", True, "; ".join(decision.why))
         policy = rig.driver.reboot if rig.driver is not None else "never"
-        here = control_machine(node.target, facts, Here.read(), address_is_here)
-        slurm = rig.slurm is not None
         if settings.dry_run:
-            _would(done, decision, slurm, policy, settings)
+            _would(done, decision, rig.slurm is not None, policy, settings)
             done.status = "would-recover"
             return done
         ours = False
-        if slurm:
-            drained = drain_host(
-                node.session,
-                DrainSettings(settings.drain_timeout_s, settings.poll_s),
-                progress,
-                reason=RECOVER_REASON,
-            )
-            ours = drained.ours
-            if not drained.ready:
-                done.say(
-                    "drain", False, f"{drained.node} still {drained.state} after {drained.waited_s:.0f}s"
-                )
-                return _end(done, node.session, ours, "failed")
-            whose = "this run's" if ours else f"already drained: {drained.reason or drained.state}"
-            done.say("drain", True, f"{drained.node} DRAINED in Slurm ({whose})")
+        if rig.slurm is not None:
+            drained = _drain(node, settings, progress, done)
+            if drained is None:
+                return _end(done, node.session, False, "failed")
+            ours = drained
         reboot = decision.reboot
         if decision.resets and not reboot:
-            args = protocol.gpu_reset_request(
-                decision.resets, decision.together, settings.wait_s, state_dir, lock, settings.lock_wait_s
-            )
-            timeout = node.target.command_timeout_s + settings.wait_s + settings.lock_wait_s + 120
-            reply = node.read("gpu-reset", args, GpuResetReply, timeout)
-            assert isinstance(reply, GpuResetReply)
-            what = _gpus(decision.resets, decision.together)
-            if reply.held:
-                held = "; ".join(f"GPU {h.gpu} by pid {', '.join(map(str, h.pids))}" for h in reply.held)
-                done.say("reset", False, f"still held after {reply.waited_s:g}s ({held}): nothing reset")
+            outcome = _reset(node, decision, settings, state_dir, lock, done)
+            if outcome == "held":
                 return _end(done, node.session, ours, "failed")
-            if reply.reset:
-                done.say("reset", True, f"{what} reset")
-                left = _failing(judge())
-                if left:
-                    done.say("check", False, "; ".join(f"{f.check}: {f.message}" for f in left))
-                    return _end(done, node.session, False, "failed")  # still sick: the drain stays
-                done.say("check", True, "no failure left")
-                return _end(done, node.session, ours, "recovered")
-            done.say("reset", False, f"{what}: {reply.error}")
-            reboot = True
+            if outcome == "reset":
+                return _checked(done, node.session, judge, ours)
+            reboot = True  # the reset failed: a reboot is what is left
         if reboot:
-            if policy != "allowed" or here:
-                why = (
-                    f"policy: {policy}" if not here else f"it is the machine running mgpu-provision ({here})"
-                )
-                done.say(
-                    "reboot", False, f"a reboot is needed and not done ({why}): reboot it, then check again"
-                )
+            here = control_machine(node.target, facts, Here.read(), address_is_here)
+            if not _reboot(node, done, policy, here, lock, settings, progress, facts.host.simulated):
                 return _end(done, node.session, False, "failed")
-            reboot_settings = ApplySettings(
-                (), settings.lock_wait_s, settings.reboot_timeout_s, settings.poll_s
-            )
-            _reboot_and_wait(node, lock, reboot_settings, progress, facts.host.simulated)
-            done.say("reboot", True, "rebooted, back with a new boot id")
-            left = _failing(judge())
-            if left:
-                done.say("check", False, "; ".join(f"{f.check}: {f.message}" for f in left))
-                return _end(done, node.session, False, "failed")
-            done.say("check", True, "no failure left")
-            return _end(done, node.session, ours, "recovered")
+            return _checked(done, node.session, judge, ours)
     return done
+
+
+def _drain(
+    node: ReopenableSession, settings: RecoverSettings, progress: Progress, done: HostRecovery
+) -> bool | None:
+    """Drain the node in Slurm and wait for its jobs: whether the drain is this run's, None if it never got
+    DRAINED within the timeout."""
+    wait = DrainSettings(settings.drain_timeout_s, settings.poll_s)
+    drained = drain_host(node.session, wait, progress, reason=RECOVER_REASON)
+    if not drained.ready:
+        done.say("drain", False, f"{drained.node} still {drained.state} after {drained.waited_s:.0f}s")
+        return None
+    whose = "this run's" if drained.ours else f"already drained: {drained.reason or drained.state}"
+    done.say("drain", True, f"{drained.node} DRAINED in Slurm ({whose})")
+    return drained.ours
+
+
+def _reset(
+    node: ReopenableSession,
+    decision: Decision,
+    settings: RecoverSettings,
+    state_dir: str,
+    lock: str,
+    done: HostRecovery,
+) -> Literal["reset", "held", "failed"]:
+    """The GPUs reset once no process holds them: `reset`, `held` (nothing reset) or `failed` (a reboot is
+    the next step)."""
+    args = protocol.gpu_reset_request(
+        decision.resets, decision.together, settings.wait_s, state_dir, lock, settings.lock_wait_s
+    )
+    timeout = node.target.command_timeout_s + settings.wait_s + settings.lock_wait_s + 120
+    reply = node.read("gpu-reset", args, GpuResetReply, timeout)
+    what = _gpus(decision.resets, decision.together)
+    if reply.held:
+        held = "; ".join(f"GPU {h.gpu} by pid {', '.join(map(str, h.pids))}" for h in reply.held)
+        done.say("reset", False, f"still held after {reply.waited_s:g}s ({held}): nothing reset")
+        return "held"
+    if reply.reset:
+        done.say("reset", True, f"{what} reset")
+        return "reset"
+    done.say("reset", False, f"{what}: {reply.error}")
+    return "failed"
+
+
+def _reboot(
+    node: ReopenableSession,
+    done: HostRecovery,
+    policy: str,
+    here: str | None,
+    lock: str,
+    settings: RecoverSettings,
+    progress: Progress,
+    simulated: bool,
+) -> bool:
+    """Reboot the host when the rig's policy allows it and it is not the control machine: whether it did."""
+    if policy != "allowed" or here:
+        why = f"policy: {policy}" if not here else f"it is the machine running mgpu-provision ({here})"
+        done.say("reboot", False, f"a reboot is needed and not done ({why}): reboot it, then check again")
+        return False
+    reboot_settings = ApplySettings((), settings.lock_wait_s, settings.reboot_timeout_s, settings.poll_s)
+    reboot_and_wait(node, lock, reboot_settings, progress, simulated)
+    done.say("reboot", True, "rebooted, back with a new boot id")
+    return True
+
+
+def _checked(
+    done: HostRecovery, session: AgentSession, judge: Callable[[], list[Finding]], ours: bool
+) -> HostRecovery:
+    """After a reset or a reboot: judged again; a failure left keeps the drain (the host is still sick)."""
+    left = _failing(judge())
+    if left:
+        done.say("check", False, "; ".join(f"{f.check}: {f.message}" for f in left))
+        return _end(done, session, False, "failed")
+    done.say("check", True, "no failure left")
+    return _end(done, session, ours, "recovered")
 
 
 def _would(

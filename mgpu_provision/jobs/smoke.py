@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,26 +28,37 @@ from ..fleet.session import AgentSession, read_facts, read_reply
 from ..fleet.targets import HostTarget
 from ..judge.health import FAILING_THROTTLE
 from ..plan.change import HostContext
+from ..plan.files import node_path
 from ..plan.host import facts_request
 from ..plan.resources.envfiles import desired, environment, launcher_path, path_prepends
 from ..protocol import DATA_PARALLEL_TIMEOUT_S, smoke_cleanup_request, smoke_request
 from ..rig.models import Host
 from ..rig.rig import LoadedRig, Rendezvous
+from .smoke_baseline import entry_of, group_key, spread
+from .smoke_baseline import judge as judge_baseline
+from .smoke_baseline import record as write_baseline
+from .smoke_isolate import DEFAULT_BUDGET_S, Isolation, RunRound, Trial, bisect, pairwise
 
 # Beyond the node's own deadline: the torch probe, the SIGTERM/SIGKILL grace, the SSH round trip, and the
 # DataParallel process that a CUDA node runs after its ranks.
 CALL_MARGIN_S = 90.0 + DATA_PARALLEL_TIMEOUT_S
 CLEANUP_TIMEOUT_S = 30.0
-# Default all_reduce busbw floors where a public figure exists, for one node of 8 GPUs on its switch/mesh
-# (GPU model as NVML names it, rig bridge kind): Azure's health checks (azurehpc-health-checks, conf/
-# nd96isr_h100_v5.conf, nd96isr_h200_v5.conf, nd96asr_v4.conf, nd40rs_v2.conf: check_nccl_allreduce)
-# pass H100 at 460, H200 at 431, A100 at 228 and V100 at 110 GB/s, measured at 8 to 16 GiB; smoke stops at
-# 4 GiB, below the plateau, so the floors keep a margin under those figures.
+# Default all_reduce busbw floors where a public figure exists, for one node on its switch/mesh (GPU model
+# as NVML names it, rig bridge kind, GPUs per node): Azure's health checks (azurehpc-health-checks, conf/
+# nd96isr_h100_v5.conf, nd96isr_h200_v5.conf, nd96asr_v4.conf, nd40rs_v2.conf, nd128isr_ndr_gb200_v6.conf:
+# check_nccl_allreduce) pass 8x H100 at 460, 8x H200 at 431, 8x A100 at 228, 8x V100 at 110 and 4x GB200 at
+# 432 GB/s, measured at 8 to 16 GiB; smoke stops at 4 GiB, below the plateau, so the floors keep a margin
+# under those figures. B200 has none: no public all_reduce pass mark was found for an HGX B200 node.
 DEFAULT_FLOORS_GBPS = (
-    ("H100 80GB HBM3", "nvswitch", 400.0),
-    ("H200", "nvswitch", 380.0),
-    ("A100-SXM4", "nvswitch", 200.0),
-    ("V100-SXM2", "nvlink", 95.0),
+    ("H100 80GB HBM3", "nvswitch", 8, 400.0),
+    ("H200", "nvswitch", 8, 380.0),
+    ("A100-SXM4", "nvswitch", 8, 200.0),
+    ("V100-SXM2", "nvlink", 8, 95.0),
+    ("GB200", "nvswitch", 4, 380.0),
+)
+# What a node's answer says when it failed before any of its ranks ran: it names itself, with its reason.
+PRE_RUN_KINDS = frozenset(
+    {"unreachable", "failed", "error", "not-applied", "torch-missing", "python-broken", "no-cuda"}
 )
 
 
@@ -63,6 +75,7 @@ class NodePart:
     args: dict[str, Any]
     floor_gbps: float | None = None  # the rig's busbw floor, else the default for its GPUs (None: none)
     min_pcie: tuple[int | None, int | None] = (None, None)  # the rig's (gen, width), judged under load
+    network: tuple[str | None, bool] = (None, False)  # the rig's ddp.fabric and ddp.gpudirect_rdma
 
     @property
     def group(self) -> str:
@@ -86,6 +99,7 @@ class NodeReport:
     data_parallel: dict[str, Any] | None = None  # the node's DataParallel row, run after its ranks (CUDA)
     transport: dict[str, Any] | None = None  # what NCCL's log says joined the ranks (node side)
     under_load: list[dict[str, Any]] = field(default_factory=list)  # per GPU while the ranks ran
+    baseline: dict[str, Any] | None = None  # the box's smoke baseline as it answered: record, problem
 
 
 @dataclass(frozen=True)
@@ -108,6 +122,9 @@ class GroupReport:
     nodes: list[NodeReport] = field(default_factory=list)
     devices: list[dict[str, Any]] = field(default_factory=list)  # per rank: host, backend, device, GPU
     srun: dict[str, Any] | None = None  # --via srun: the step's job_id, nodes, exit_code, elapsed_s
+    baseline: dict[str, Any] | None = None  # the box's own figure it was judged against (smoke_baseline)
+    isolation: dict[str, Any] | None = None  # the search for the bad node (smoke_isolate.Isolation)
+    burn_in: dict[str, Any] | None = None  # --burn-in: the spread of the plateau busbw over the runs
 
     @property
     def ok(self) -> bool:
@@ -188,9 +205,17 @@ def node_part(loaded: LoadedRig, host: Host, run_id: str) -> NodePart:
         **rendezvous.settings(),
     )
     floor = smoke.busbw_floor_gbps
-    if floor is None and rendezvous.nnodes == 1 and rendezvous.nproc_per_node == 8:
-        floor = default_floor(rig.gpus.model, rig.bridge.kind)
-    return NodePart(host.name, rendezvous, args, floor, (rig.gpus.min_pcie_gen, rig.gpus.min_pcie_width))
+    if floor is None and rendezvous.nnodes == 1:
+        floor = default_floor(rig.gpus.model, rig.bridge.kind, rendezvous.nproc_per_node)
+    ddp = rig.ddp
+    return NodePart(
+        host.name,
+        rendezvous,
+        args,
+        floor,
+        (rig.gpus.min_pcie_gen, rig.gpus.min_pcie_width),
+        (ddp.fabric, ddp.gpudirect_rdma) if ddp is not None else (None, False),
+    )
 
 
 def interconnect(bridge_kind: str, gpu_count: int) -> str:
@@ -203,8 +228,15 @@ def interconnect(bridge_kind: str, gpu_count: int) -> str:
     return "pcie"
 
 
-def default_floor(model: str, bridge_kind: str) -> float | None:
-    return next((f for name, kind, f in DEFAULT_FLOORS_GBPS if name in model and kind == bridge_kind), None)
+def default_floor(model: str, bridge_kind: str, gpus: int = 8) -> float | None:
+    return next(
+        (
+            f
+            for name, kind, n, f in DEFAULT_FLOORS_GBPS
+            if name in model and kind == bridge_kind and n == gpus
+        ),
+        None,
+    )
 
 
 def for_this_node(loaded: LoadedRig, host: Host, part: NodePart, facts: Facts) -> dict[str, Any]:
@@ -215,6 +247,7 @@ def for_this_node(loaded: LoadedRig, host: Host, part: NodePart, facts: Facts) -
         "env": dict(environment(loaded, loaded.rig_of(host), facts)),
         "path_prepend": dict(path_prepends(loaded, loaded.rig_of(host))),
         "files": installed_files(loaded, host, part.args["launcher"], facts),
+        "state_dir": node_path(loaded, host, loaded.spec.files.state_dir),
     }
 
 
@@ -260,6 +293,7 @@ def node_report(part: NodePart, outcome: HostOutcome[dict[str, Any]]) -> NodeRep
         value.get("data_parallel"),
         value.get("transport"),
         list(value.get("under_load") or []),
+        value.get("baseline"),
     )
 
 
@@ -292,6 +326,34 @@ def load_problems(node: NodeReport, min_pcie: tuple[int | None, int | None]) -> 
     return problems
 
 
+def network_problems(node: NodeReport, network: tuple[str | None, bool]) -> list[str]:
+    """What NCCL's own channel lines to other nodes say against the rig's network: an InfiniBand or RoCE
+    fabric that NCCL left for sockets (`NET/Socket`, src/transport/net.cc), or no `/GDRDMA` where the rig
+    expects GPUDirect RDMA. The line is quoted."""
+    fabric, gdr = network
+    lines = (node.transport or {}).get("inter_lines") or {}
+    problems = []
+    sockets = [line for via, line in sorted(lines.items()) if via.startswith("NET/Socket")]
+    if fabric in ("infiniband", "roce") and sockets:
+        problems.append(
+            f"{node.host}: the rig's fabric is {fabric}, but NCCL fell back to sockets between nodes "
+            f"(no usable HCA, or NCCL_IB_DISABLE / NCCL_NET set?): {sockets[0]}"
+        )
+    plain = [line for via, line in sorted(lines.items()) if via.startswith("NET/") and "/GDRDMA" not in via]
+    if gdr and plain:
+        problems.append(
+            f"{node.host}: the rig expects GPUDirect RDMA, but NCCL's channels to other nodes do not use it "
+            f"(nvidia-peermem loaded? NIC and GPU under one PCIe switch?): {plain[0]}"
+        )
+    return problems
+
+
+def plateau_gbps(bandwidth: list[dict[str, Any]]) -> float | None:
+    """The busbw the floor is judged on: the best of the two largest sizes; None without a measurement."""
+    largest = sorted(bandwidth, key=lambda b: float(b["size_mib"]))[-2:]
+    return max((float(b["busbw_gbps"]) for b in largest), default=None)
+
+
 def judge_group(
     parts: list[NodePart], nodes: list[NodeReport], floor_gbps: float | None = None
 ) -> GroupReport:
@@ -311,7 +373,7 @@ def judge_group(
     if wrong:
         problems.append(f"ranks {wrong} saw a world size other than {expected}")
     for node in nodes:
-        problems += load_problems(node, parts[0].min_pcie)
+        problems += load_problems(node, parts[0].min_pcie) + network_problems(node, parts[0].network)
     rank0 = ranks.get(0, {})
     bandwidth = list(rank0.get("bandwidth") or [])
     # Simulated nodes run Gloo on the CPU: their bandwidth says nothing of NVLink or the network, so a floor
@@ -385,68 +447,268 @@ def new_run_id() -> str:
     return f"mgpu-smoke-{uuid.uuid4().hex[:12]}"
 
 
+@dataclass(frozen=True)
+class SmokeOptions:
+    """What a smoke run does beyond one run of every group."""
+
+    pairs: bool = False  # every group pairwise too, pass or fail: acceptance of new nodes
+    isolate: bool = True  # a failing group is bisected down to its bad node
+    budget_s: float = DEFAULT_BUDGET_S  # the searches start no round past this many seconds
+    burn_in_s: float | None = None  # repeat the whole run this long; the spread goes into the baseline
+
+
+class SmokeRun:
+    """One `smoke` command's runs over the fleet: the full run, then the smaller ones that name a bad node.
+    Every run starts all its nodes at once; hosts whose call failed get a cleanup call after."""
+
+    def __init__(
+        self,
+        loaded: LoadedRig,
+        parts: list[NodePart],
+        targets: list[HostTarget],
+        options: FleetOptions,
+        on_node_done: Callable[[str, bool], None] | None,
+    ) -> None:
+        self.loaded, self.options, self.on_node_done = loaded, options, on_node_done
+        self.by_host = {p.host: p for p in parts}
+        self.targets = [t for t in targets if t.name in self.by_host]
+        self.timeout = loaded.spec.smoke.timeout_s + CALL_MARGIN_S
+        self.sent: dict[str, dict[str, Any]] = {}  # the full run's arguments per node, for the smaller runs
+        self.trials = 0
+        self.round_s = 0.0  # how long the last run took: what the next round is expected to take
+
+    def full(self, run_id: str) -> tuple[SmokeReport, Mapping[str, HostOutcome[dict[str, Any]]]]:
+        parts = {
+            name: dataclasses.replace(p, args={**p.args, "run_id": run_id})
+            for name, p in self.by_host.items()
+        }
+        stopping = threading.Event()  # set on Ctrl-C: a node still reading its facts starts no run after
+
+        def args_of(session: AgentSession) -> dict[str, Any]:
+            name = session.target.name
+            host = self.loaded.host(name)
+            facts = read_facts(session, facts_request(self.loaded, host))
+            self.sent[name] = for_this_node(self.loaded, host, parts[name], facts)
+            if stopping.is_set():
+                raise ProvisionError("interrupted before the run started")
+            return self.sent[name]
+
+        outcomes = self.run(parts, args_of, stopping, report=True)
+        return build_report(run_id, list(parts.values()), outcomes, None), outcomes  # each part: its floor
+
+    def run(
+        self,
+        parts: Mapping[str, NodePart],
+        args_of: Callable[[AgentSession], dict[str, Any]],
+        stopping: threading.Event | None = None,
+        report: bool = False,
+    ) -> Mapping[str, HostOutcome[dict[str, Any]]]:
+        chosen = [t for t in self.targets if t.name in parts]
+        started = time.monotonic()
+
+        def call(session: AgentSession) -> dict[str, Any]:
+            name = session.target.name
+            try:
+                result = read_reply(session, "smoke", args_of(session), SmokeReply, self.timeout).model_dump()
+            except Exception:
+                if report and self.on_node_done is not None:
+                    self.on_node_done(name, False)
+                raise
+            if report and self.on_node_done is not None:
+                self.on_node_done(name, bool(result.get("ok")))
+            return result
+
+        try:
+            # A DDP group with a member still queued behind a fork limit can never complete: start them all.
+            outcomes = run_fleet(chosen, call, dataclasses.replace(self.options, forks=len(chosen)))
+        except KeyboardInterrupt:
+            # Ending the run's processes on every node also ends the smoke calls waiting for them.
+            if stopping is not None:
+                stopping.set()
+            run_id = next(iter(parts.values())).args["run_id"]
+            raise SmokeInterrupted(interrupted_line(run_id, self.clean_up(chosen, parts))) from None
+        failed = [t for t in chosen if outcomes[t.name].status != "ok"]
+        if failed:
+            self.clean_up(failed, parts)
+        self.round_s = time.monotonic() - started
+        return outcomes
+
+    def clean_up(
+        self, hosts: list[HostTarget], parts: Mapping[str, NodePart]
+    ) -> dict[str, HostOutcome[CleanupReply]]:
+        # The node's own deadline ends its processes anyway; this ends them now, even if that call died.
+        def call(s: AgentSession) -> CleanupReply:
+            part = parts[s.target.name]
+            request = smoke_cleanup_request(part.args["run_id"], part.node_rank)
+            return read_reply(s, "smoke-cleanup", request, CleanupReply, CLEANUP_TIMEOUT_S)
+
+        return run_fleet(hosts, call, dataclasses.replace(self.options, forks=len(hosts)))
+
+    def trial_round(self, run_id: str, groups: list[tuple[str, ...]]) -> list[Trial]:
+        """Each of `groups` as a DDP group of its own, without the installed launchers (they were written for
+        the whole group): those that share no node at once, on ports from the rig's upwards."""
+        waves: list[list[tuple[str, ...]]] = []
+        for nodes in groups:
+            wave = next((w for w in waves if not any(set(nodes) & set(other) for other in w)), None)
+            if wave is None:
+                waves.append([nodes])
+            else:
+                wave.append(nodes)
+        found: dict[tuple[str, ...], Trial] = {}
+        spent = 0.0
+        for wave in waves:
+            parts: dict[str, NodePart] = {}
+            for index, nodes in enumerate(wave):
+                self.trials += 1
+                trial_id = f"{run_id}-t{self.trials}"
+                parts.update(self.trial_parts(nodes, trial_id, index))
+            outcomes = self.run(parts, prepared(parts))
+            spent += self.round_s
+            for nodes in wave:
+                members = [parts[name] for name in nodes]
+                group = judge_group(members, [node_report(p, outcomes[p.host]) for p in members])
+                why = group.problems[0] if group.problems else None
+                found[nodes] = Trial(nodes, group.ok, plateau_gbps(group.bandwidth), why)
+        self.round_s = spent
+        return [found[nodes] for nodes in groups]
+
+    def trial_parts(self, nodes: tuple[str, ...], trial_id: str, index: int) -> dict[str, NodePart]:
+        first = self.by_host[nodes[0]]
+        rendezvous = dataclasses.replace(
+            first.rendezvous,
+            master=nodes[0],
+            members=nodes,
+            master_addr=self.loaded.host(nodes[0]).target,
+            port=first.rendezvous.port + index,
+            rdzv_id=trial_id,
+        )
+        parts = {}
+        for rank, name in enumerate(nodes):
+            own = dataclasses.replace(rendezvous, node_rank=rank)
+            args = {**self.sent[name], **own.settings(), "run_id": trial_id, "launcher": None, "files": []}
+            parts[name] = dataclasses.replace(self.by_host[name], rendezvous=own, args=args, floor_gbps=None)
+        return parts
+
+    def isolate(self, run_id: str, group: GroupReport, how: SmokeOptions) -> GroupReport:
+        """The group with the search for its bad node, when it failed (or always, with `--pairs`)."""
+        if group.ok and not how.pairs:
+            return group
+        named = {n.host: n.diagnosis or n.kind or "failed" for n in group.nodes if n.kind in PRE_RUN_KINDS}
+        named.update(
+            {n.host: "no smoke call reached it" for n in group.nodes if n.host not in self.sent | named}
+        )
+        if named:  # a node that failed before any rank ran names itself: no run without it can say more
+            isolation = Isolation("none", sorted(named), named, note="named by its own failure")
+        else:
+            started = time.monotonic()
+            estimate = self.round_s
+
+            def time_left() -> bool:
+                return time.monotonic() - started + max(estimate, self.round_s) <= how.budget_s
+
+            members = [n.host for n in group.nodes]
+            trials: RunRound = lambda groups: self.trial_round(run_id, groups)  # noqa: E731
+            if how.pairs:
+                isolation = pairwise(members, trials, time_left)
+            else:
+                isolation = bisect(members, trials, time_left, group.problems[0] if group.problems else None)
+        problems = list(group.problems)
+        if isolation.culprits:
+            problems.append(
+                f"bad node{'s' if len(isolation.culprits) > 1 else ''}: "
+                + "; ".join(isolation.evidence[n] for n in isolation.culprits)
+            )
+        elif not group.ok:
+            problems.append(f"no single bad node found ({isolation.mode}): {isolation.note}")
+        return dataclasses.replace(group, problems=problems, isolation=isolation.as_dict())
+
+
+def prepared(parts: Mapping[str, NodePart]) -> Callable[[AgentSession], dict[str, Any]]:
+    """A smaller run's arguments, made before it starts."""
+    return lambda session: parts[session.target.name].args
+
+
 def run_smoke(
     loaded: LoadedRig,
     hosts: list[Host],
     targets: list[HostTarget],
     options: FleetOptions,
     on_node_done: Callable[[str, bool], None] | None = None,
+    how: SmokeOptions = SmokeOptions(),
 ) -> SmokeReport:
-    """Run the smoke on every selected host at once; hosts whose call failed get a cleanup call after."""
+    """Run the smoke on every selected host at once (again and again for a burn-in); judge each group
+    against its floor and its own baseline; search a failing group for its bad node; record the baseline
+    of each group that passed."""
     run_id = new_run_id()
     hosts, skipped = with_ddp(loaded, hosts)
     parts = plan_smoke(loaded, hosts, run_id)
     if len(parts) > MAX_FORKS:
         raise ProvisionError(f"smoke starts every node at once; {len(parts)} hosts exceed {MAX_FORKS}")
-    by_host = {p.host: p for p in parts}
-    chosen = [t for t in targets if t.name in by_host]
-    timeout = loaded.spec.smoke.timeout_s + CALL_MARGIN_S
-
-    stopping = threading.Event()  # set on Ctrl-C: a node still reading its facts starts no run after
-
-    def call(session: AgentSession) -> dict[str, Any]:
-        name = session.target.name
-        host = loaded.host(name)
-        try:
-            facts = read_facts(session, facts_request(loaded, host))
-            args = for_this_node(loaded, host, by_host[name], facts)
-            if stopping.is_set():
-                raise ProvisionError("interrupted before the run started")
-            result = read_reply(session, "smoke", args, SmokeReply, timeout).model_dump()
-        except Exception:
-            if on_node_done is not None:
-                on_node_done(name, False)
-            raise
-        if on_node_done is not None:
-            on_node_done(name, bool(result.get("ok")))
-        return result
-
-    def clean_up(hosts: list[HostTarget]) -> dict[str, HostOutcome[CleanupReply]]:
-        # The node's own deadline ends its processes anyway; this ends them now, even if that call died.
-        return run_fleet(
-            hosts,
-            lambda s: read_reply(
-                s,
-                "smoke-cleanup",
-                smoke_cleanup_request(run_id, by_host[s.target.name].node_rank),
-                CleanupReply,
-                CLEANUP_TIMEOUT_S,
-            ),
-            dataclasses.replace(options, forks=len(hosts)),
+    smoke = SmokeRun(loaded, parts, targets, options, on_node_done)
+    report, _ = smoke.full(run_id)
+    figures: dict[str, list[float]] = {g.master: [] for g in report.groups}
+    burn_in_until = time.monotonic() + (how.burn_in_s or 0.0)
+    while True:
+        for group in report.groups:
+            figure = plateau_gbps(group.bandwidth)
+            if figure is not None:
+                figures[group.master].append(figure)
+        runs = max(len(f) for f in figures.values()) if figures else 0
+        # A burn-in repeats at least once: a spread needs two figures.
+        if not how.burn_in_s or not report.ok or (time.monotonic() >= burn_in_until and runs >= 2):
+            break
+        report, _ = smoke.full(new_run_id())
+    notices = [*skipped, *report.notices]
+    groups = []
+    drop = loaded.spec.smoke.baseline_drop
+    for group in report.groups:
+        key = baseline_key(group)
+        answers = {node.host: node.baseline for node in group.nodes}
+        problem, compared, said = judge_baseline(
+            key, plateau_gbps(group.bandwidth), answers, drop, time.time()
         )
+        notices += said
+        spread_of = spread(figures[group.master]) if how.burn_in_s and figures[group.master] else None
+        group = dataclasses.replace(
+            group, problems=[*group.problems, *([problem] if problem else [])], baseline=compared,
+            burn_in=spread_of,
+        )  # fmt: skip
+        if how.isolate or how.pairs:
+            group = smoke.isolate(report.run_id, group, how)
+        groups.append(group)
+        if group.ok:
+            notices += record_baseline(smoke, report.run_id, group, key)
+    return SmokeReport(report.run_id, groups, notices)
 
-    try:
-        # A DDP group with a member still queued behind a fork limit can never complete: start them all.
-        outcomes = run_fleet(chosen, call, dataclasses.replace(options, forks=len(chosen)))
-    except KeyboardInterrupt:
-        # Ending the run's processes on every node also ends the smoke calls waiting for them.
-        stopping.set()
-        raise SmokeInterrupted(interrupted_line(run_id, clean_up(chosen))) from None
-    failed = [t for t in chosen if outcomes[t.name].status != "ok"]
-    if failed:
-        clean_up(failed)
-    report = build_report(run_id, parts, outcomes, None)  # each part carries its floor
-    return dataclasses.replace(report, notices=[*skipped, *report.notices])
+
+def baseline_key(group: GroupReport) -> str:
+    return group_key([n.host for n in group.nodes], group.nproc_per_node, group.backend)
+
+
+def record_baseline(smoke: SmokeRun, run_id: str, group: GroupReport, key: str) -> list[str]:
+    """Write a passing group's figures to each of its nodes; a notice for each node that could not take
+    them."""
+    figure = plateau_gbps(group.bandwidth)
+    if figure is None:
+        return []
+    entry = entry_of(figure, run_id, group.burn_in)
+    pairs = {
+        name: trial["busbw_gbps"]
+        for trial in ((group.isolation or {}).get("rounds") or [[]])[0]
+        for name in trial["nodes"]
+        if trial["ok"] and trial["busbw_gbps"] is not None
+    }
+    per_node = {
+        n.host: {"group": key, "busbw_gbps": figure, "pair_busbw_gbps": pairs.get(n.host)}
+        for n in group.nodes
+    }
+    state_dirs = {name: smoke.sent[name]["state_dir"] for name in per_node if name in smoke.sent}
+    written = write_baseline(smoke.targets, state_dirs, key, entry, per_node, smoke.options)
+    return [
+        f"{name}: the smoke baseline was not recorded: {outcome.error}"
+        for name, outcome in written.items()
+        if outcome.status != "ok"
+    ]
 
 
 def interrupted_line(run_id: str, cleaned: Mapping[str, HostOutcome[Any]]) -> str:

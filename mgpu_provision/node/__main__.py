@@ -65,6 +65,12 @@ def _smoke_cleanup(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome
     return cleanup(args), None
 
 
+def _smoke_baseline(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
+    from .verbs.smoke_baseline import record
+
+    return record(args), None
+
+
 def _slurm_node(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:
     from .verbs.slurm_drain import run
 
@@ -90,6 +96,7 @@ VERBS: Dict[str, Callable[[Dict[str, Any], BackendFactory], VerbOutcome]] = {
     "reclaim": _reclaim,
     "smoke": _smoke,
     "smoke-cleanup": _smoke_cleanup,
+    "smoke-baseline": _smoke_baseline,
     "slurm-node": _slurm_node,
     "slurm-smoke": _slurm_smoke,
     "gpu-reset": _gpu_reset,

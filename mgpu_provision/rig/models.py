@@ -342,6 +342,14 @@ class Ddp(Strict):
         pattern=r"^[=^]?[A-Za-z0-9_.,:-]{1,64}$",
         description="network interface(s) for NCCL and Gloo (NCCL_SOCKET_IFNAME syntax)",
     )
+    fabric: Literal["ethernet", "infiniband", "roce"] | None = Field(
+        None,
+        description="the network between the nodes; infiniband or roce: smoke fails when NCCL's log shows it "
+        "fell back to sockets (NET/Socket) between nodes",
+    )
+    gpudirect_rdma: bool = Field(
+        False, description="smoke fails unless NCCL's channels to other nodes use GPUDirect RDMA (GDRDMA)"
+    )
 
 
 EnvValue = Annotated[str, Field(max_length=4096)]
@@ -522,6 +530,13 @@ class Smoke(Strict):
     timeout_s: float = Field(180.0, gt=0, le=7200)
     batch_size: int = Field(8, ge=1, le=65536)
     busbw_floor_gbps: float | None = Field(None, ge=0, description="fail when all_reduce busbw is below")
+    baseline_drop: float = Field(
+        0.2,
+        gt=0,
+        lt=1,
+        description="fail when busbw dropped by more than this share below the box's own baseline (the "
+        "figure its last passing smoke of the same group recorded)",
+    )
     sizes_mib: list[Annotated[float, Field(gt=0, le=16384)]] | None = Field(
         None,
         description="all_reduce sizes to time; default 1 to 256 MiB on GPUs (NCCL), 0.25 to 4 MiB with Gloo",

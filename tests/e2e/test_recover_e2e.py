@@ -30,7 +30,7 @@ def reset_record(host: TestHost) -> Path:
 
 
 def boot_id(host: TestHost) -> str | None:
-    state = host.twin_path.with_name(host.twin_path.name + ".state.json")
+    state = host.twin_state_path  # the twin's overlay, in the host's own state folder
     found: str | None = json.loads(state.read_text()).get("boot_id") if state.exists() else None
     return found
 

@@ -36,8 +36,9 @@ def run_id() -> str:
 
 
 def processes_of_run(rid: str) -> list[int]:
-    """Every process whose environment names this run, found independently of node.py's own scan."""
-    needle = f"{MARKER_ENV}={rid}/".encode()
+    """Every process whose environment names this run or one of its smaller runs (`<run id>-t<n>`, the
+    runs that name a bad node), found independently of node.py's own scan."""
+    needle = f"{MARKER_ENV}={rid}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -109,14 +110,17 @@ def smoke_rig(
     timeout_s: float,
     torch_path: str | None = None,
     backend: str = "gloo",
+    nproc_per_node: int = 2,
+    drills: dict[str, str] | None = None,
 ) -> Path:
-    """A rig whose hosts form one DDP group (master: the first) of two ranks each, on loopback."""
-    env = {"OMP_NUM_THREADS": "1", **({"PYTHONPATH": torch_path} if torch_path else {})}
+    """A rig whose hosts form one DDP group (master: the first) of two ranks each (or `nproc_per_node`), on
+    loopback; `drills`: the smoke program's drill variables, in the fleet's env."""
+    env = {"OMP_NUM_THREADS": "1", **({"PYTHONPATH": torch_path} if torch_path else {}), **(drills or {})}
     ddp = {
         "master": hosts[0].name,
         "port": free_port(),
         "backend": backend,
-        "nproc_per_node": 2,
+        "nproc_per_node": nproc_per_node,
         "ifname": "lo",
     }
     return factory.write_rig(

@@ -266,7 +266,8 @@ def local_rig(tmp_path: Path, python: str, port: int, names: tuple[str, ...] = (
     }
     document["env"] = {"OMP_NUM_THREADS": "1"}
     own = {"profile_d": "node/profile.sh", "environment_file": "node/env", "launcher": "node/mgpu-torchrun"}
-    document["files"] = own if len(names) == 1 else {"launcher": None}
+    # The state folder beside the rig file: smoke records each box's baseline there, never on this machine.
+    document["files"] = {**(own if len(names) == 1 else {"launcher": None}), "state_dir": "node/state"}
     path.write_text(yaml.safe_dump(document))
     return path
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from mgpu_provision import protocol
 from mgpu_provision.fleet.pool import HostOutcome
@@ -71,7 +72,11 @@ def test_an_nvlink_rig_whose_ranks_talk_via_shm_fails_with_the_line() -> None:
 
 def test_channels_to_other_nodes_may_use_the_network() -> None:
     found = transport((NCCL / "rank-log-two-nodes.log").read_text(), set(range(8, 16)))
-    assert found == {"intra_node": ["P2P/IPC/read"], "inter_node": ["NET/Socket/3"], "slow_line": None}
+    assert found is not None and found["slow_line"] is None
+    assert (found["intra_node"], found["inter_node"]) == (["P2P/IPC/read"], ["NET/Socket/3"])
+    assert found["inter_lines"]["NET/Socket/3"].endswith(
+        "Channel 03/0 : 15[7] -> 6[6] [send] via NET/Socket/3"
+    )
     assert transport_problem(found, "nvswitch") is None
     assert transport("no channel lines", {0}) is None
 
@@ -186,3 +191,49 @@ def test_default_floors_where_a_public_figure_exists(tmp_path: Path) -> None:
     assert control.interconnect("nvlink-bridge", 4) == "pcie"
     parts = plan(tmp_path, HOSTS[:2])  # two RTX 3090 nodes: no public figure, no floor
     assert parts[0].floor_gbps is None and parts[0].args["interconnect"] == "pcie"
+
+
+def network_verdict(tmp_path: Path, log: str, local: set[int], **ddp: Any) -> list[str]:
+    """The problems of a two-node group whose first node logged `log` (a recorded NCCL log), under a rig
+    whose ddp section adds `ddp` (fabric, gpudirect_rdma)."""
+    path = rig_file(tmp_path, HOSTS[:2])
+    document = yaml.safe_load(path.read_text())
+    document["rigs"]["pair"]["ddp"].update(ddp)
+    path.write_text(yaml.safe_dump(document))
+    loaded = load_rig(path)
+    parts = control.plan_smoke(loaded, [loaded.host("gpu-a"), loaded.host("gpu-b")], "run-1")
+    links = transport((NCCL / log).read_text(), local)
+    outcomes = {"gpu-a": ok_outcome(0, transport=links), "gpu-b": ok_outcome(1)}
+    return control.build_report("run-1", parts, outcomes, None).groups[0].problems
+
+
+def test_an_infiniband_fabric_fails_when_nccl_fell_back_to_sockets(tmp_path: Path) -> None:
+    problems = network_verdict(tmp_path, "rank-log-two-nodes.log", set(range(8, 16)), fabric="infiniband")
+    assert problems == [
+        "gpu-a: the rig's fabric is infiniband, but NCCL fell back to sockets between nodes (no usable HCA, "
+        "or NCCL_IB_DISABLE / NCCL_NET set?): <cluster_name>:926:1151 [7] NCCL INFO Channel 03/0 : 15[7] -> "
+        "6[6] [send] via NET/Socket/3"
+    ]
+    assert network_verdict(tmp_path, "rank-log-two-nodes.log", set(range(8, 16)), fabric="ethernet") == []
+    assert network_verdict(tmp_path, "rank-log-ib-no-gdrdma.log", set(range(32, 40)), fabric="roce") == []
+
+
+def test_gpudirect_rdma_is_judged_from_the_channel_lines(tmp_path: Path) -> None:
+    with_gdr = network_verdict(
+        tmp_path, "rank-log-ib-gdrdma.log", {0, 1}, fabric="infiniband", gpudirect_rdma=True
+    )
+    assert with_gdr == []
+    without = network_verdict(
+        tmp_path, "rank-log-ib-no-gdrdma.log", set(range(32, 40)), fabric="infiniband", gpudirect_rdma=True
+    )
+    assert len(without) == 1 and without[0].startswith("gpu-a: the rig expects GPUDirect RDMA, but NCCL's")
+    assert without[0].endswith(
+        ": hostname-test:984:1257 [4] NCCL INFO Channel 06/0 : 36[4] -> 20[4] [send] via NET/IBext_v8/3"
+    )
+
+
+def test_default_floors_of_gb200_only_where_the_public_figure_is(tmp_path: Path) -> None:
+    # azurehpc-health-checks conf/nd128isr_ndr_gb200_v6.conf: check_nccl_allreduce 432.0 on 4 GB200s.
+    assert control.default_floor("NVIDIA GB200", "nvswitch", 4) == 380.0
+    assert control.default_floor("NVIDIA GB200", "nvswitch", 8) is None
+    assert control.default_floor("NVIDIA B200", "nvswitch", 8) is None  # no public figure found

@@ -39,7 +39,7 @@ from ...judge.verdict import judge_each
 from ..core.archive import agent_root
 from ..core.atomic import HostLock, atomic_write
 from ..core.errors import AgentFailure
-from . import check_metrics
+from . import check_metrics, smoke_baseline
 
 EXIT_HEALTHY, EXIT_ERROR, EXIT_FAILED = 0, 1, 2
 DEFAULT_DEADLINE_S = 45.0
@@ -283,6 +283,8 @@ def main(argv: Sequence[str], out: Any = None, err: Any = None) -> int:
             __version__, run.exit_code, run.started_s, run.elapsed(), None if run.error else run.judged,
             run.extra, run.facts,
         )  # fmt: skip
+        # The box's last smoke, from the state folder the lock is in (files.state_dir).
+        text += check_metrics.smoke_baseline(*smoke_baseline.read(os.path.dirname(options.lock)), time.time())
         try:
             write_prom(run.prom_dir, text)
         except CheckError as exc:

@@ -204,3 +204,26 @@ def _versions(m: Metrics, facts: Optional[Dict[str, Any]]) -> None:
             "Fabric Manager: its version and its service's state",
             [((("version", fm.get("version") or ""), ("service", fm.get("service") or "")), 1)],
         )
+
+
+def smoke_baseline(record: Optional[Dict[str, Any]], problem: Optional[str], now_s: float) -> str:
+    """The box's last passing smoke (`smoke_baseline.py`'s record): each group's busbw and age, and whether
+    the record can be trusted (0: the file is corrupt, the figures are left out)."""
+    m = Metrics()
+    m.add(
+        PREFIX + "smoke_baseline_trusted",
+        "0 when the smoke baseline file is corrupt and not used, 1 otherwise (none yet counts as 1)",
+        [((), 0 if problem else 1)],
+    )
+    groups = sorted(((record or {}).get("groups") or {}).items())
+    m.add(
+        PREFIX + "smoke_busbw_bytes_per_second",
+        "all_reduce busbw of the last passing smoke of each DDP group this box ran in",
+        [((("group", key),), entry["busbw_gbps"] * 1e9) for key, entry in groups],
+    )
+    m.add(
+        PREFIX + "smoke_age_seconds",
+        "how long ago that smoke ran",
+        [((("group", key),), round(max(0.0, now_s - entry["recorded_at"]), 1)) for key, entry in groups],
+    )
+    return m.text()

@@ -36,6 +36,7 @@ from ...catalog import envpath
 from ..core.errors import AgentFailure
 from ..host import files, procs, torch_probe
 from ..nvidia.backend import Backend
+from . import smoke_baseline
 from .smoke_program import DATA_PARALLEL_FILE, DATA_PARALLEL_FLAG, data_parallel_row
 from .smoke_watch import NCCL_LOG_ENV, LoadSampler, transport, transport_problem
 
@@ -70,8 +71,8 @@ class Request:
     run_id (default rdzv_id), node (the name used in messages, default the
     hostname), iters (timed all_reduces per size), launcher (the installed launcher's path, or null), files
     (what the launcher and env files must hold: role, path, content, mode), interconnect (nvlink, nvswitch
-    or pcie: what joins the rig's GPUs; picks the sizes and the transport NCCL must use). `simulated`: the
-    agent's twin.
+    or pcie: what joins the rig's GPUs; picks the sizes and the transport NCCL must use), state_dir (where
+    the box's smoke baseline is read from). `simulated`: the agent's twin.
     """
 
     def __init__(self, args: dict[str, Any], simulated: bool = False) -> None:
@@ -108,6 +109,7 @@ class Request:
         launcher = args["launcher"]
         self.launcher: str | None = str(launcher) if launcher else None
         self.files: list[dict[str, str]] = list(args["files"])
+        self.state_dir: str | None = args["state_dir"]
 
     @property
     def run_backend(self) -> str:
@@ -463,6 +465,7 @@ def _identity(req: Request) -> dict[str, Any]:
         "backend": req.run_backend,
         "requested_backend": req.backend,
         "simulated": req.simulated,
+        "baseline": smoke_baseline.answer(req.state_dir),
     }
 
 

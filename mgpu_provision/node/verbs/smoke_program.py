@@ -247,8 +247,11 @@ class Rank:
                 dist.all_reduce(tensor)
             self._sync()
             dist.barrier()
+            delay = drill_delay_s(os.environ.get(SLOW_HOST_ENV), self.result["hostname"])
             start = time.perf_counter()
             for _ in range(iters):
+                if delay:
+                    time.sleep(delay)
                 dist.all_reduce(tensor)
             self._sync()
             elapsed = torch.tensor(
@@ -384,9 +387,32 @@ def data_parallel_main(argv: List[str]) -> int:
     return 0
 
 
-# A drill: the rank of this number fails at once, while its peers wait for it; it proves that one rank's
-# failure ends the whole run (`smoke --via srun`: Slurm's --kill-on-bad-exit), set through the rig's `env`.
+# Drills, set through the rig's `env`. The rank of this number fails at once, while its peers wait for it:
+# it proves that one rank's failure ends the whole run (`smoke --via srun`: Slurm's --kill-on-bad-exit).
 FAIL_RANK_ENV = "MGPU_SMOKE_FAIL_RANK"
+# Every rank on the host of this name fails at once (a broken node, wherever the ranks are numbered: the
+# runs that isolate a bad node renumber them); "NAME:SECONDS" under SLOW_HOST_ENV makes that host's ranks
+# wait so long before each timed all_reduce (a slow node: every collective it joins waits for it).
+FAIL_HOST_ENV = "MGPU_SMOKE_FAIL_HOST"
+SLOW_HOST_ENV = "MGPU_SMOKE_SLOW_HOST"
+
+
+def drill_delay_s(value: Optional[str], hostname: str) -> float:
+    """The slow-node drill's delay for this host: "NAME:SECONDS" naming it, else 0."""
+    name, _, seconds = (value or "").rpartition(":")
+    try:
+        return max(0.0, float(seconds)) if name == hostname else 0.0
+    except ValueError:
+        return 0.0
+
+
+def drill_failure(environ: Dict[str, str], rank: str, hostname: str) -> Optional[str]:
+    """Why this rank fails on purpose (a drill names it or its host), else None."""
+    if environ.get(FAIL_RANK_ENV) == rank:
+        return "%s=%s: this rank fails on purpose" % (FAIL_RANK_ENV, rank)
+    if environ.get(FAIL_HOST_ENV) == hostname:
+        return "%s=%s: every rank of this host fails on purpose" % (FAIL_HOST_ENV, hostname)
+    return None
 
 
 def write_json(path: str, data: Json) -> None:
@@ -405,10 +431,9 @@ def main(argv: List[str]) -> int:
     out = os.path.join(str(config["out_dir"]), "rank-%s.json" % os.environ.get("RANK", "unknown"))
     rank: Optional[Rank] = None
     try:
-        if os.environ.get(FAIL_RANK_ENV) == os.environ.get("RANK"):
-            raise RuntimeError(
-                "%s=%s: this rank fails on purpose" % (FAIL_RANK_ENV, os.environ[FAIL_RANK_ENV])
-            )
+        failure = drill_failure(dict(os.environ), os.environ.get("RANK", ""), socket.gethostname())
+        if failure is not None:
+            raise RuntimeError(failure)
         rank = Rank(config)
         rank.run()
     except Exception as exc:  # a broken collective or setup: report it, then fail this rank

@@ -48,9 +48,14 @@ def transport(log: str, local_ranks: Set[int]) -> Optional[Dict[str, Any]]:
         return None
     inside = [c for c in found if c["from"] in local_ranks and c["to"] in local_ranks]
     slow = [c for c in inside if c["via"].split("/")[0] in SLOW_TRANSPORTS]
+    outside: Dict[str, str] = {}
+    for c in found:
+        if c not in inside:
+            outside.setdefault(c["via"], c["line"])
     return {
         "intra_node": sorted({c["via"] for c in inside}),
-        "inter_node": sorted({c["via"] for c in found if c not in inside}),
+        "inter_node": sorted(outside),
+        "inter_lines": outside,  # one line NCCL logged for each transport to other nodes, to quote
         "slow_line": slow[0]["line"] if slow else None,
     }
 

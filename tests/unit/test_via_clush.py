@@ -1,0 +1,155 @@
+"""`--via clush` on the control side: the extra missing is one line saying what to install; the ssh_config
+and options ClusterShell's OpenSSH runs with (aliases, key exchange, host-key policy)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mgpu_provision.cli import main
+from mgpu_provision.fleet import clush
+from mgpu_provision.fleet.options import FleetOptions
+from mgpu_provision.fleet.targets import HostTarget
+from mgpu_provision.rig import nodesets
+from tests.support.hosts import fake_agent
+
+RIG = """\
+hosts:
+  - {name: gpu-001, address: 10.0.0.1, rig: pair}
+rigs:
+  pair:
+    gpus: {model: "NVIDIA GeForce RTX 3090", count: 2}
+"""
+
+
+def test_via_clush_without_the_extra_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(nodesets, "clustershell", lambda: False)
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(RIG)
+    assert main(["plan", str(rig), "--via", "clush"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "--via clush needs ClusterShell" in err and "pip install 'mgpu-provision[clush]'" in err
+
+
+@pytest.mark.skipif(not nodesets.clustershell(), reason="the clush extra is not installed")
+def test_via_clush_with_debians_clustershell_says_it_is_too_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ClusterShell
+
+    monkeypatch.setattr(ClusterShell, "__version__", "1.9.1")  # Debian 12's python3-clustershell
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(RIG)
+    assert main(["facts", str(rig), "--via", "clush"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        "ClusterShell 1.9.1 is too old for --via clush (it needs 1.9.3 or later): "
+        "pip install 'mgpu-provision[clush]' (ClusterShell >= 1.9.3)"
+    ), err
+    assert len(err.splitlines()) == 1
+
+
+def test_a_node_set_that_does_not_parse_names_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(RIG)
+    assert main(["facts", str(rig), "--limit", "gpu-[001-", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert "--limit: 'gpu-[001-'" in captured.err + captured.out
+    assert "Traceback" not in captured.err
+
+
+def target(name: str, **fields: object) -> HostTarget:
+    base: dict[str, object] = {
+        "name": name, "address": "127.0.0.9", "port": 2222, "user": "root", "identity_file": "/k/id",
+        "jump": None, "become": False, "python": "python3", "connection": "ssh", "simulate": None,
+        "connect_timeout_s": 5.0, "command_timeout_s": 60.0,
+    }  # fmt: skip
+    base.update(fields)
+    return HostTarget(**base)  # type: ignore[arg-type]
+
+
+def test_ssh_config_aliases_each_rig_name() -> None:
+    text = clush.ssh_config(
+        [target("gpu-001"), target("gpu-002", port=None, user=None, jump="bastion")], None
+    )
+    assert text.split("\n\n")[0] == (
+        "Host gpu-001\n  HostName 127.0.0.9\n  Port 2222\n  User root\n  IdentityFile /k/id\n"
+        "  IdentitiesOnly yes"
+    )
+    assert "Host gpu-002\n  HostName 127.0.0.9\n  Port 22\n  IdentityFile /k/id" in text
+    assert "  ProxyJump bastion" in text
+
+
+def test_openssh_options_prefer_curve25519_and_keep_known_hosts_strict(tmp_path: Path) -> None:
+    options = clush.ssh_options(tmp_path / "cfg", FleetOptions(known_hosts=tmp_path / "kh"))
+    assert "-oKexAlgorithms=curve25519-sha256," in options
+    assert f"-oUserKnownHostsFile={tmp_path / 'kh'}" in options
+    assert "-oStrictHostKeyChecking=yes" in options
+    relaxed = clush.ssh_options(tmp_path / "cfg", FleetOptions(accept_new_host_keys=True))
+    assert "-oStrictHostKeyChecking=accept-new" in relaxed
+
+
+FAKE_SSH = """#!{python}
+import os, sys
+host, command = sys.argv[-2], sys.argv[-1]
+with open({log!r}, "a") as log:
+    log.write(host + " " + " ".join(sys.argv[1:-2]) + "\\n")
+if host == "dead":
+    sys.stderr.write("ssh: connect to host 127.0.0.9 port 22: Connection refused\\n")
+    sys.exit(255)
+home = os.path.join({homes!r}, host)
+os.makedirs(home, exist_ok=True)
+os.execve("/bin/sh", ["sh", "-c", command], dict(os.environ, HOME=home))
+"""
+
+
+@pytest.fixture
+def fake_ssh(tmp_path: Path) -> Iterator[Path]:
+    """ClusterShell's ssh replaced by a script that runs the command here, each host in a HOME of its own
+    (the real sshd case is tests/e2e/test_clush_e2e.py); the log has one line per ssh started."""
+    from ClusterShell.Task import task_self
+
+    log = tmp_path / "ssh.log"
+    script = tmp_path / "ssh"
+    script.write_text(FAKE_SSH.format(python=sys.executable, log=str(log), homes=str(tmp_path / "homes")))
+    script.chmod(0o755)
+    task_self().set_info("ssh_path", str(script))
+    yield log
+    task_self().set_info("ssh_path", None)
+
+
+needs_library = pytest.mark.skipif(not nodesets.clustershell(), reason="the clush extra is not installed")
+
+
+@needs_library
+def test_outcomes_per_host_upload_once_unreachable_and_timeout(fake_ssh: Path) -> None:
+    agent = fake_agent()
+    hosts = [target(name, python=sys.executable) for name in ("gpu-001", "gpu-002", "dead")]
+    requests = {t.name: {"n": 1} for t in hosts}
+    first = clush.call_many_clush(hosts, "facts", requests, FleetOptions(), agent)
+    assert [o.status for o in first.values()] == ["ok", "ok", "unreachable"]
+    assert first["gpu-001"].value is not None and first["gpu-001"].value["args"] == {"n": 1}
+    assert (
+        first["dead"].error
+        == "cannot reach dead (127.0.0.9:2222): ssh: connect to host 127.0.0.9 port 22: Connection refused"
+    )
+    # gpu-001: the agent command (97), its upload, the command again; dead: the one try.
+    started = [line.split()[0] for line in fake_ssh.read_text().splitlines()]
+    assert sorted(started) == ["dead", "gpu-001", "gpu-001", "gpu-001", "gpu-002", "gpu-002", "gpu-002"]
+    assert all("-oKexAlgorithms=curve25519-sha256," in line for line in fake_ssh.read_text().splitlines())
+
+    fake_ssh.write_text("")
+    again = clush.call_many_clush(
+        hosts[:2], "sleep", {t.name: {"seconds": 5} for t in hosts[:2]}, FleetOptions(), agent, timeout=0.5
+    )
+    assert [o.status for o in again.values()] == ["failed", "failed"]
+    assert again["gpu-001"].error == "agent sleep did not finish within 0.5s on gpu-001 (127.0.0.9:2222)"
+    assert len(fake_ssh.read_text().splitlines()) == 2  # cached now: one ssh each, no upload
