@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from ..errors import ProvisionError
@@ -38,24 +37,9 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-# The rig file a command reads when none is named: where `mgpu-provision init` writes it.
-DEFAULT_RIG = Path("rig.yaml")
-
-
-def add_rig_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "rig",
-        metavar="RIG",
-        type=Path,
-        nargs="?",
-        default=DEFAULT_RIG,
-        help=f"the rig file (YAML; default ./{DEFAULT_RIG}, where `init` writes it)",
-    )
-
-
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     """The rig file and the options that choose hosts and say how to reach them."""
-    add_rig_argument(parser)
+    paths.add_rig_argument(parser)
     parser.add_argument(
         "--limit",
         metavar="PATTERN",

@@ -11,8 +11,8 @@ import argparse
 
 from ..errors import SpecError
 from ..rig.cache import check_rig
-from .options import add_rig_argument
 from .output import print_json, visible
+from .paths import add_rig_argument
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
