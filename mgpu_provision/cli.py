@@ -28,7 +28,10 @@ COMMANDS = (
     "validate", "schema", "facts", "plan", "apply", "smoke", "reclaim", "recover", "init", "demo",
     "rehearse", "slurm-conf",
 )  # fmt: skip
-TOP_OPTIONS = ("--help", "-h", "--version", "-V")
+# `--no-color` anywhere on the line is NO_COLOR=1 (https://no-color.org), which rich and the commands this
+# one starts (demo, rehearse) read; it is taken out before argparse, so every command has it.
+NO_COLOR_OPTION = "--no-color"
+TOP_OPTIONS = ("--help", "-h", "--version", "-V", NO_COLOR_OPTION)
 
 
 class Parser(argparse.ArgumentParser):
@@ -57,6 +60,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         epilog="Run `mgpu-provision help COMMAND` for a command's options and examples.",
     )
     parser.add_argument("--version", "-V", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        NO_COLOR_OPTION,
+        action="store_true",
+        help="print no colours, as NO_COLOR=1 does (before or after COMMAND)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         if only is not None and name != only:
@@ -88,6 +96,9 @@ def unknown_command(word: str) -> str:
 def parse(words: list[str]) -> argparse.Namespace:
     """The parsed command line; a usage error exits 1 with the usage of the command it concerns.
     `help COMMAND` is `COMMAND --help`."""
+    if NO_COLOR_OPTION in words:
+        words = [word for word in words if word != NO_COLOR_OPTION]
+        os.environ["NO_COLOR"] = "1"
     if words[:1] == ["help"] and len(words) == 2 and words[1] in COMMANDS:
         words = [words[1], "--help"]
     parser = build_parser(words[0] if words and words[0] in COMMANDS else None)

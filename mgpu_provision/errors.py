@@ -5,6 +5,15 @@ Anything raised from here is meant for a person: its str() is the whole message,
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`; did you mean 'lab-1'?` for a close name or value (difflib, as the CLI's commands), or ''."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.75)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
 
 class ProvisionError(Exception):
     """Base of every error the CLI reports as a plain message (exit code 1)."""

@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from ..errors import ProvisionError
@@ -40,7 +39,7 @@ def _positive_seconds(text: str) -> float:
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     """The rig file and the options that choose hosts and say how to reach them."""
-    parser.add_argument("rig", metavar="RIG", type=Path, help="the rig file (YAML)")
+    paths.add_rig_argument(parser)
     parser.add_argument(
         "--limit",
         metavar="PATTERN",

@@ -19,11 +19,12 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.segment import Segment
     from rich.table import Table
     from rich.text import Text
 
@@ -53,11 +54,15 @@ def shown(*parts: str | tuple[str, str], style: str = "") -> Text:
 # Where output is not a terminal (a log, a pipe, CI), rich would lay tables out for 80 columns and fold
 # cells mid-word (`would-e` / `nd`). Tables are as wide as their content, so a wide page costs nothing.
 NOT_A_TERMINAL_WIDTH = 1000
+# The blanks rich pads a table's last column and a left-justified title with, up to the end of the line
+# (and any style codes after them): off a terminal they would only make `grep 'ok$'` and diffs of logs fail.
+TRAILING_BLANKS = re.compile(r" +(?=(?:\x1b\[[0-9;]*m)*(?:\n|$))")
 
 
 def make_console(file: TextIO | None = None, width: int | None = None, soft_wrap: bool = False) -> Console:
     """A console for command output: no guessing of highlights in host names or versions; off a terminal,
-    lines as long as they are (NOT_A_TERMINAL_WIDTH) instead of wrapped at 80 columns."""
+    lines as long as they are (NOT_A_TERMINAL_WIDTH) instead of wrapped at 80 columns, and no blanks at
+    their ends (TRAILING_BLANKS)."""
     from rich.console import Console
 
     class _Console(Console):
@@ -68,10 +73,15 @@ def make_console(file: TextIO | None = None, width: int | None = None, soft_wrap
             os.dup2(os.open(os.devnull, os.O_WRONLY), self.file.fileno())
             self.quiet = True
 
+    class _Unpadded(_Console):
+        def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+            return TRAILING_BLANKS.sub("", super()._render_buffer(buffer))
+
     out = file or sys.stdout
-    if width is None and not out.isatty():
-        width = NOT_A_TERMINAL_WIDTH
-    return _Console(file=out, highlight=False, width=width, soft_wrap=soft_wrap)
+    if out.isatty():
+        return _Console(file=out, highlight=False, width=width, soft_wrap=soft_wrap)
+    width = NOT_A_TERMINAL_WIDTH if width is None else width
+    return _Unpadded(file=out, highlight=False, width=width, soft_wrap=soft_wrap)
 
 
 # The version of the document every `--json` prints (docs/json.md); keys are only ever added.
@@ -121,24 +131,34 @@ def plural(count: int, one: str, many: str | None = None) -> str:
 
 
 def plain_table(title: str | Text | None = None) -> Table:
-    """A table without a frame, as the recaps print: a header line and one line per row."""
+    """A table without a frame, as the recaps print: a header line and one line per row. The title is one
+    line even where the table is narrower (rich would fold it to the table's width, a word a line)."""
     from rich.table import Table
+    from rich.text import Text
 
-    return Table(title=title, title_justify="left", show_edge=False, pad_edge=False, header_style="bold")
+    line = None
+    if title is not None:
+        line = title.copy() if isinstance(title, Text) else Text(title)
+        line.no_wrap, line.overflow = True, "ignore"
+    return Table(title=line, title_justify="left", show_edge=False, pad_edge=False, header_style="bold")
 
 
 def host_table(rows: Mapping[str, Mapping[str, object]], columns: Sequence[str]) -> Table:
     """A recap table, one row per host: `columns` read from each host's mapping ('' when absent); a column
-    named `status` is coloured (ok green, changed yellow, failed/unreachable red, skipped dim). Every cell is
-    `shown`: an error column quotes what a node said."""
+    named `status` is coloured (ok green, changed yellow, failed/unreachable red, skipped dim); a column of
+    figures (counts, times) is aligned right, words left. Every cell is `shown`: an error column quotes what
+    a node said."""
     table = plain_table()
     table.add_column("host", style="cyan")
+    values = {c: ["" if row.get(c) is None else str(row.get(c)) for row in rows.values()] for c in columns}
     for column in columns:
-        table.add_column(column, justify="left" if column in ("status", "error") else "right")
-    for name, row in rows.items():
+        figures = [value for value in values[column] if value]
+        numeric = bool(figures) and all(value[:1].isdigit() for value in figures)
+        table.add_column(column, justify="right" if numeric else "left")
+    for index, name in enumerate(rows):
         cells: list[Text] = [shown(name)]
         for column in columns:
-            value = "" if row.get(column) is None else str(row.get(column))
+            value = values[column][index]
             style = STATUS_STYLE.get(value, "") if column == "status" else ""
             cells.append(shown(value, style=style))
         table.add_row(*cells)

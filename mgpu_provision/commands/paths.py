@@ -109,3 +109,19 @@ def program(text: str) -> str:
 
 # Every path type, for the test that walks every command's path options.
 PATH_TYPES = (input_file, kept_file, output_file, work_folder, program)
+
+
+# The rig file a command reads when none is named: where `mgpu-provision init` writes it.
+DEFAULT_RIG = Path("rig.yaml")
+
+
+def add_rig_argument(parser: argparse.ArgumentParser) -> None:
+    """RIG, for every command that reads a rig file (here, not in options.py: validate loads no models)."""
+    parser.add_argument(
+        "rig",
+        metavar="RIG",
+        type=Path,
+        nargs="?",
+        default=DEFAULT_RIG,
+        help=f"the rig file (YAML; default ./{DEFAULT_RIG}, where `init` writes it)",
+    )

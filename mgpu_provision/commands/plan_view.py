@@ -13,6 +13,8 @@ markup. The text views import rich inside their functions, so that `--json` neve
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 from typing import TYPE_CHECKING, Any
 
 from ..jobs.plan import FleetPlan, HostPlan, PlanTotals, held_names, held_on_control_machine
@@ -156,6 +158,17 @@ def _key(change: Change) -> tuple[object, ...]:
 # The distinct diffs of one shared change: each with a change that has it and the hosts it is for.
 Variants = dict[str | None, tuple[Change, list[str]]]
 
+# What stands for a host's own name in a diff that hosts share (a new env file's header names its host).
+HOST_MARK = "<host>"
+
+
+def _without_host(diff: str | None, host: str) -> str | None:
+    """The diff with `host`'s name, where it stands as a whole name, replaced by HOST_MARK: two new files
+    that differ only in the header line naming their host are one content."""
+    if not diff:
+        return diff
+    return re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-]|\.\w)", HOST_MARK, diff)
+
 
 def _diffs(variants: Variants) -> list[Text]:
     """The diff lines of a shared change: the one diff, or each distinct one under the hosts it is for."""
@@ -169,6 +182,12 @@ def _diffs(variants: Variants) -> list[Text]:
     return lines
 
 
+def _variant(change: Change, host: str) -> Change:
+    """The change as hosts share it: its diff with the host's name as HOST_MARK."""
+    diff = _without_host(change.diff, host)
+    return change if diff == change.diff else dataclasses.replace(change, diff=diff)
+
+
 def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:
     """Each change that two or more hosts share once, with their names; then each host with what is its
     own (or why it could not be read); then the hosts with nothing to do."""
@@ -177,7 +196,8 @@ def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:
         for change in host.changes:
             _, hosts, variants = shared.setdefault(_key(change), (change, [], {}))
             hosts.append(host.host)
-            variants.setdefault(change.diff, (change, []))[1].append(host.host)
+            shared_change = _variant(change, host.host)
+            variants.setdefault(shared_change.diff, (shared_change, []))[1].append(host.host)
     lines: list[Text] = []
     for change, hosts, variants in shared.values():
         if len(hosts) < 2:

@@ -12,6 +12,7 @@ import argparse
 from ..errors import SpecError
 from ..rig.cache import check_rig
 from .output import print_json, visible
+from .paths import add_rig_argument
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("rig", metavar="RIG", help="the rig file (YAML)")
+    add_rig_argument(parser)
     parser.add_argument(
         "--json", action="store_true", help='print JSON: {"valid": bool, "problems": [...], ...}'
     )

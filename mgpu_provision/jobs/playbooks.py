@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..errors import ProvisionError
+from ..errors import ProvisionError, did_you_mean
 from ..plan.change import PHASES, Change
 
 # Every step a playbook may name: the phases resource diffs give their Changes.
@@ -112,7 +112,8 @@ def load_playbook(ref: str) -> Playbook:
     if "/" not in ref and not ref.endswith((".yaml", ".yml")):
         if ref not in packaged_playbooks():
             known = ", ".join(packaged_playbooks())
-            raise PlaybookError(f"no playbook named {ref!r} (shipped: {known}; or give a file path)")
+            hint = did_you_mean(ref, packaged_playbooks())
+            raise PlaybookError(f"no playbook named {ref!r}{hint} (shipped: {known}; or give a file path)")
         packaged = resources.files("mgpu_provision") / "playbooks" / f"{ref}.yaml"
         return parse_playbook(packaged.read_text(encoding="utf-8"), f"playbook {ref}")
     path = Path(ref)

@@ -7,6 +7,7 @@ was expected, and all of them come at once: the rules also run on the parts of a
 
 from __future__ import annotations
 
+import re
 import typing
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -190,8 +191,20 @@ def _rule_findings(
         spec, host_index, declared_hosts, declared_rigs, base_dir, topologies, hosts_known=part.readable
     )
     # A finding inside a left-out part, or about a part that lost a child, may only echo the schema error.
-    findings = [f for f in check_rules(inp) if not any(_related(f.loc, part) for part in left_out)]
+    findings = [f for f in check_rules(inp) if not any(_echoes(f, part) for part in left_out)]
     return findings, topologies
+
+
+def _echoes(finding: Finding, part: Loc) -> bool:
+    """Whether `finding` may only echo the schema error of the left-out `part`: it lies inside it or above
+    it, or beside it and names it (a misspelt `bridge.kind` reads as its default, so a rule says "`pairs`
+    needs an NVLink bridge kind; bridge.kind is none" about a value the user never wrote)."""
+    if _related(finding.loc, part):
+        return True
+    key = part[-1] if part else None
+    beside = len(finding.loc) >= len(part) and finding.loc[: len(part) - 1] == part[:-1]
+    named = isinstance(key, str) and re.search(rf"\b{re.escape(key)}\b", finding.message) is not None
+    return beside and named
 
 
 def _dedented(data: dict[str, object], findings: list[tuple[Finding, bool]]) -> list[tuple[Finding, bool]]:

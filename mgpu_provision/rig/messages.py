@@ -8,6 +8,7 @@ that the loader turns into file:line:column.
 from __future__ import annotations
 
 import difflib
+import re
 import types
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -15,6 +16,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import ErrorDetails
 
+from ..errors import did_you_mean
 from . import models
 from .models import RigFile
 from .rules import Finding, Loc
@@ -130,6 +132,8 @@ def _message(error: ErrorDetails, loc: Loc, source: SourceMap) -> str:
         hint = ""
         if kind == "string_type" and isinstance(error["input"], int | float | bool):
             hint = "; put it in quotes to mean the text (YAML reads it as a number or true/false)"
+        if kind == "literal_error" and isinstance(error["input"], str):  # `nvlink_bridge`: nvlink-bridge
+            hint = did_you_mean(error["input"], re.findall(r"'([^']*)'", str(ctx.get("expected", ""))))
         return f"expected {expected}, got {got}{hint}"
     if kind in _BOUNDS:
         key, template = _BOUNDS[kind]

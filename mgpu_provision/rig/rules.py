@@ -13,7 +13,6 @@ references against every name the file declares (`declared_hosts`, `declared_rig
 from __future__ import annotations
 
 import contextlib
-import difflib
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from ..catalog import families, names, sources
 from ..catalog.topology import TopoMatrix
+from ..errors import did_you_mean
 from ..judge.containers import CDI_SINCE, version_tuple
 from ..protocol import branch_of
 from .cards import (
@@ -206,12 +206,6 @@ def group_names_distinct_from_hosts(inp: RuleInput) -> Iterator[Finding]:
                 f"group '{group}' has the name of a host, so --limit {group} would be ambiguous",
                 at_key=True,
             )
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """`; did you mean 'lab-1'?` for a close name (difflib, as the CLI's commands), or ''."""
-    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.75)
-    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def ddp_master_in_fleet(inp: RuleInput) -> Iterator[Finding]:

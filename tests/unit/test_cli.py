@@ -71,9 +71,23 @@ def test_an_unknown_option_exits_1_with_the_subcommands_usage(capsys: pytest.Cap
 
 
 def test_a_missing_argument_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
-    err = _usage_error(["validate"], capsys)
-    assert err.startswith("usage: mgpu-provision validate ")
-    assert "the following arguments are required: RIG" in err
+    err = _usage_error(["rehearse"], capsys)
+    assert err.startswith("usage: mgpu-provision rehearse ")
+    assert "the following arguments are required: ACTION" in err
+
+
+@pytest.mark.parametrize("command", ["validate", "plan", "facts", "slurm-conf"])
+def test_without_a_rig_file_a_command_reads_the_one_init_writes(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 40 item 16: `./rig.yaml`, where `mgpu-provision init` writes it, when no RIG is named."""
+    monkeypatch.chdir(tmp_path)
+    assert main([command]) == 1
+    assert "rig.yaml: file not found" in "".join(capsys.readouterr()), command
+    (tmp_path / "rig.yaml").write_text(EXAMPLE.read_text())
+    if command == "validate":
+        assert main([command]) == 0
+        assert capsys.readouterr().out.startswith("rig.yaml: valid, ")
 
 
 def test_a_misspelled_command_is_named(capsys: pytest.CaptureFixture[str]) -> None:
@@ -119,3 +133,26 @@ def test_dash_v_and_the_help_command(capsys: pytest.CaptureFixture[str]) -> None
             main(argv)
         assert stopped.value.code == 0
         assert capsys.readouterr().out.startswith(expected), argv
+
+
+def test_no_color_anywhere_on_the_line_is_no_color_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40 item 16: `--no-color` beside NO_COLOR, even where colour is forced (FORCE_COLOR)."""
+    import io
+
+    from rich.text import Text
+
+    from mgpu_provision.cli import parse
+    from mgpu_provision.commands.output import make_console
+
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("NO_COLOR", "")  # so that the test's end takes away what parse sets
+    monkeypatch.delenv("NO_COLOR")
+
+    def coloured() -> bool:
+        out = io.StringIO()
+        make_console(out).print(Text("failed", style="red"))
+        return "\x1b[" in out.getvalue()
+
+    assert coloured()
+    args = parse(["validate", str(EXAMPLE), "--no-color"])
+    assert args.rig == EXAMPLE and not coloured()

@@ -6,6 +6,7 @@ Run as a separate process, exactly as a newcomer runs it, with a clean HOME (no 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,25 @@ def test_demo_runs_plan_apply_plan_smoke(tmp_path: Path) -> None:
     assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in profile
     assert "Traceback" not in done.stderr
     assert_readable_on_one_screen(done.stdout, done.stderr)
+    shown = {like_the_readme(line, tmp_path / "demo") for line in out.splitlines()}
+    missing = [line for line in readme_demo_sample() if like_the_readme(line) not in shown]
+    assert not missing, "README's demo sample has lines the demo does not print:\n" + "\n".join(missing)
+
+
+def readme_demo_sample() -> list[str]:
+    """The lines of README's sample of the demo's output (issue 40 item 16) but its `…` (what it omits)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    sample = readme.split("The demo runs the same commands", 1)[1].split("```", 2)[1]
+    return [line for line in sample.splitlines()[1:] if line.strip() not in ("", "…")]
+
+
+def like_the_readme(line: str, folder: Path | None = None) -> str:
+    """A line as README shows it: the demo folder as `…`, figures (times, ports, bandwidth) as `#` and the
+    blanks that align them as one, a rule by its title alone (its width is the terminal's)."""
+    if folder is not None:
+        line = line.replace(str(folder), "…")
+    line = re.sub(r"\d+(\.\d+)?", "#", line.strip("─ "))
+    return re.sub(r"━+", "━", re.sub(r" +", " ", line)).rstrip()
 
 
 # What a person sees on a terminal (stdout and stderr together) must fit a screen.

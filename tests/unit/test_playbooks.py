@@ -71,6 +71,8 @@ def test_every_problem_is_reported() -> None:
 def test_unknown_playbook_name_lists_the_shipped_ones() -> None:
     with pytest.raises(PlaybookError, match=r"no playbook named 'deploy' \(shipped: audit, env, provision; "):
         load_playbook("deploy")
+    with pytest.raises(PlaybookError, match=r"named 'provison'; did you mean 'provision'\? \(shipped"):
+        load_playbook("provison")  # issue 40 item 13
 
 
 def test_missing_playbook_file() -> None:

@@ -147,8 +147,26 @@ def test_the_first_plan_of_a_new_fleet_groups_files_whose_header_names_the_host(
     assert len(lines) == 2, lines  # the change and the totals, not a line per host
     out = io.StringIO()
     render_plan(fleet(*hosts), make_console(file=out), new_content=True)
-    text = out.getvalue()  # with --diff: each distinct content once, under the hosts it is for
-    assert "    on gpu-07:" in text and text.count("+A=1") == 18
+    diffs = out.getvalue().splitlines()  # with --diff: the content once, its host line naming no one host
+    assert diffs.count("      +A=1") == 1, diffs
+    assert "      +# managed by mgpu-provision for <host>" in diffs and "gpu-07" not in "".join(diffs[1:])
+
+
+def test_a_new_file_with_another_content_on_some_hosts_shows_each_content_once_under_its_hosts() -> None:
+    path = "/etc/mgpu-provision/environment"
+
+    def new_env(host: str, value: str) -> Change:
+        diff = f"--- /dev/null\n+++ {path}\n+# Rig r, host {host}.\n+A={value}\n"
+        return Change(f"file:{path}", "create", "new file, 2 lines", None, None, diff=diff, phase="env")
+
+    names = [f"gpu-{n:02d}" for n in range(1, 9)]
+    hosts = [HostPlan(name, "ok", (new_env(name, "2" if name > "gpu-06" else "1"),)) for name in names]
+    out = io.StringIO()
+    render_plan(fleet(*hosts), make_console(file=out), new_content=True)
+    lines = out.getvalue().splitlines()
+    assert lines.count("    on gpu-[01-06]:") == 1 and lines.count("    on gpu-[07-08]:") == 1, lines
+    assert lines.count("      +A=1") == 1 and lines.count("      +A=2") == 1
+    assert lines.count("      +# Rig r, host <host>.") == 2
 
 
 def test_long_lines_are_not_wrapped_when_piped() -> None:

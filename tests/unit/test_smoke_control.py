@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -415,3 +416,26 @@ def test_the_text_view_of_an_srun_smoke_names_the_job_and_its_nodes(tmp_path: Pa
     render_human(report, make_console(out))
     assert "srun job 17 on gpu-a,gpu-b: exit code 0 after 4.2 s" in out.getvalue(), out.getvalue()
     assert report.as_dict()["groups"][0]["srun"] == srun
+
+
+def piped(render: Any) -> list[str]:
+    """What `render(console)` writes through a real pipe, as `smoke … | tee log` would read it."""
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "w", encoding="utf-8") as out:
+        render(make_console(out))
+    with os.fdopen(read_end, encoding="utf-8") as result:
+        return result.read().splitlines()
+
+
+def test_off_a_terminal_smoke_s_titles_and_tables_are_neither_wrapped_nor_padded(tmp_path: Path) -> None:
+    why = "data_parallel: " + "cuda:1 refused a CUDA context " * 8  # wider than 80 columns
+    row = {"name": "data_parallel", "ok": True, "detail": "ok"}  # a table narrower than its title
+    outcomes = {
+        "gpu-a": ok_outcome(0, data_parallel=row, ranks=[{**r, "bandwidth": []} for r in ranks_of(0)]),
+        "gpu-b": ok_outcome(1, ok=False, kind="check-failed", diagnosis=why.strip()),
+    }
+    report = control.build_report("run-1", plan(tmp_path, HOSTS[:2]), outcomes, None)
+    lines = piped(lambda console: render_human(report, console))
+    assert [line for line in lines if line != line.rstrip()] == [], lines
+    assert "DataParallel (one process per node, after its ranks)" in lines, lines
+    assert any(line.endswith(why.strip()) and line.startswith("gpu-b") for line in lines), lines

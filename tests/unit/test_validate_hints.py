@@ -57,3 +57,17 @@ def test_an_exact_or_unknown_name_passes(tmp_path: Path) -> None:
         gpus = f'    gpus: {{model: "{model}", count: 1}}\n'
         (tmp_path / "rig.yaml").write_text("version: 1\nhosts:\n  - {name: a, rig: r}\nrigs:\n  r:\n" + gpus)
         assert load_rig(tmp_path / "rig.yaml").spec.rigs["r"].gpus.model == model
+
+
+def test_a_misspelt_value_gets_did_you_mean_and_no_follow_on_problems(tmp_path: Path) -> None:
+    """Issue 40 item 13: `nvlink_bridge` names nvlink-bridge, and the rules do not then judge `pairs` and
+    `links` against the default `none` the user never wrote."""
+    bridge = "    bridge: {kind: nvlink_bridge, pairs: [[0, 1]], links: 4}\n"
+    gpus = "    gpus: {model: NVIDIA GeForce RTX 3090, count: 2}\n"
+    rig = "version: 1\nhosts:\n  - {name: a, rig: r}\nrigs:\n  r:\n" + gpus
+    (tmp_path / "rig.yaml").write_text(rig + bridge)
+    with pytest.raises(SpecError) as info:
+        load_rig(tmp_path / "rig.yaml")
+    [problem] = info.value.problems
+    assert problem.field == "rigs.r.bridge.kind", problem
+    assert problem.message.endswith("got 'nvlink_bridge'; did you mean 'nvlink-bridge'?"), problem
