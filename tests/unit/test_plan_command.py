@@ -25,7 +25,13 @@ def test_one_hosts_unmappable_uuid_does_not_stop_the_others(
     document = {
         "hosts": [box("good"), box("odd")],
         "rigs": {"good": rig([0, 1]), "odd": rig(["GPU-00000000-1111"])},
-        "files": {"profile_d": None, "environment_file": None, "launcher": None},
+        # A local host keeps its health sample in files.state_dir: the test's, not this machine's.
+        "files": {
+            "profile_d": None,
+            "environment_file": None,
+            "launcher": None,
+            "state_dir": str(tmp_path / "state"),
+        },
     }
     path = tmp_path / "rig.yaml"
     path.write_text(yaml.safe_dump(document))
