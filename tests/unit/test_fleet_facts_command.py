@@ -117,13 +117,15 @@ hosts:
   - {{name: far, address: 10.0.0.1, rig: pair}}
 rigs:
   pair: {{gpus: {{model: "NVIDIA GeForce RTX 3090", count: 2}}}}
+files: {{state_dir: {state}}}  # the local host's health sample: the test's folder, not this machine's
 """
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Path:
     path = tmp_path / "rig.yaml"
-    path.write_text(RIG.format(python="/usr/bin/python3", twin=REPO / "examples/twins/rtx3090-nvlink.yaml"))
+    twin = REPO / "examples/twins/rtx3090-nvlink.yaml"
+    path.write_text(RIG.format(python="/usr/bin/python3", twin=twin, state=tmp_path / "state"))
     return path
 
 

@@ -134,6 +134,10 @@ def test_init_reads_this_machine_with_a_simulated_nvidia_layer(
     host = load_rig(out).host("box-1")
     assert host.connection == "local" and (out.parent / str(host.simulate)).resolve() == twin
     assert main(["validate", str(out)]) == 0
+    # plan keeps this (local) box's health sample in files.state_dir: the test's folder, not this machine's.
+    state = f"  state_dir: {tmp_path / 'state'}\n"
+    with_state = text.replace("files:\n", "files:\n" + state)
+    out.write_text(with_state if "\nfiles:\n" in text else text + "files:\n" + state)
     capsys.readouterr()
     assert main(["plan", str(out)]) == 0, capsys.readouterr().out
     assert "No changes. 1 host matches the rig file." in capsys.readouterr().out

@@ -334,6 +334,7 @@ rigs:
   pair:
     gpus: {{model: "NVIDIA GeForce RTX 3090", count: 2}}
     bridge: {{kind: nvlink-bridge, pairs: [[0, 1]], links: 4}}
+files: {{state_dir: {state}}}  # the local host's health sample: the test's folder, not this machine's
 """
 
 
@@ -341,7 +342,8 @@ def test_the_commands_write_their_pictures(tmp_path: Path, monkeypatch: pytest.M
                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))  # the agent cache of a local host lives in ~/.cache
     rig = tmp_path / "rig.yaml"
-    rig.write_text(LOCAL_RIG.format(python=sys.executable, twin=pictures.TWINS / "rtx3090-nvlink.yaml"))
+    twin = pictures.TWINS / "rtx3090-nvlink.yaml"
+    rig.write_text(LOCAL_RIG.format(python=sys.executable, twin=twin, state=tmp_path / "state"))
     assert main(["facts", str(rig), "--limit", "box", "--svg", str(tmp_path / "box.svg"), "--json"]) == 0
     root = ET.fromstring((tmp_path / "box.svg").read_text().split("\n", 1)[1])
     assert "NV4" in words(root) and "simulated" in titles(root)[0]
