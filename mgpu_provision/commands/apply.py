@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -83,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--drain-timeout",
-        type=_seconds_up_to(MAX_DRAIN_WAIT_S),
+        type=options.seconds_up_to(MAX_DRAIN_WAIT_S),
         default=3600.0,
         metavar="SECONDS",
         help="with --drain: how long a batch's running jobs may take to end; a batch not drained by then "
@@ -113,20 +112,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
-def _seconds_up_to(limit: int) -> Callable[[str], float]:
-    def seconds(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-        if not 0 <= value <= limit:
-            raise argparse.ArgumentTypeError(f"give a number of seconds from 0 to {limit}")
-        return value
-
-    return seconds
-
-
-_seconds = _seconds_up_to(MAX_WAIT_S)
+_seconds = options.seconds_up_to(MAX_WAIT_S)
 
 
 def _split(text: str | None) -> list[str] | None:

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -157,3 +158,18 @@ def prepare(args: argparse.Namespace) -> FleetRun:
     if args.timeout is not None:
         targets = [dataclasses.replace(t, connect_timeout_s=args.timeout) for t in targets]
     return FleetRun(loaded, hosts, targets, fleet_options(args))
+
+
+def seconds_up_to(limit: int) -> Callable[[str], float]:
+    """An argparse type for a wait: a number of seconds from 0 to `limit`."""
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value <= limit:
+            raise argparse.ArgumentTypeError(f"give a number of seconds from 0 to {limit}")
+        return value
+
+    return seconds

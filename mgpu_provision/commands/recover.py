@@ -93,15 +93,8 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _seconds(text: str) -> float:
-    """A wait in seconds: 0 up to a day (the node's gpu-reset takes at most that)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value <= 86400:
-        raise argparse.ArgumentTypeError("must be between 0 and 86400 seconds")
-    return value
+# A wait: 0 up to a day (the node's gpu-reset takes at most that).
+_seconds = options.seconds_up_to(86400)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
