@@ -113,7 +113,8 @@ def addresses(first: str, count: int) -> list[str]:
     return [str(start + i) for i in range(count)]
 
 
-def _free(address: str, port: int) -> bool:
+def port_free(address: str, port: int) -> bool:
+    """Whether `port` on `address` can be bound now (the rehearsal's hosts and the test harness ask)."""
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -319,7 +320,7 @@ def up(
     sshd = _tool("sshd", "openssh-server")
     _tool("unshare", "util-linux")
     hosts = [RehearsalHost(f"node-{i + 1:02d}", a, port) for i, a in enumerate(addresses(first, count))]
-    taken = [f"{h.address}:{port}" for h in hosts if not _free(h.address, port)]
+    taken = [f"{h.address}:{port}" for h in hosts if not port_free(h.address, port)]
     if taken:
         raise ProvisionError(f"{', '.join(taken)} in use: choose another --address or --port")
     user = pwd.getpwuid(os.getuid()).pw_name

@@ -39,6 +39,7 @@ from typing import Any, Literal, NoReturn
 import pytest
 import yaml
 
+from mgpu_provision.jobs.rehearse import port_free
 from mgpu_provision.node.nvidia.twin import DEFAULT_STATE_DIR, state_file
 from tests.support import debian_root
 
@@ -121,19 +122,9 @@ class _AddressPool:
             for _ in range(254):
                 address = f"{self._prefix}.{self._next}"
                 self._next = self._next % 254 + 1
-                if _port_free(address, port):
+                if port_free(address, port):
                     return address
         raise RuntimeError(f"no free loopback address in {self._prefix}.0/24")
-
-
-def _port_free(address: str, port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((address, port))
-        except OSError:
-            return False
-    return True
 
 
 def _keygen(path: Path, comment: str) -> str:
