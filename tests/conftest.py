@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support import apt_repo, debian_root, hosts, rpm_roots, systemd_host
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM (.ci/run passes one on when it is stopped) ends the run as Ctrl-C does: pytest then tears
+    every fixture down, so no test host, key or folder outlives a stopped run."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
