@@ -93,6 +93,13 @@ def add_via_argument(parser: argparse.ArgumentParser) -> None:
         help="fan-out engine: fabric (default, built in) or clush (ClusterShell over OpenSSH: large fleets; "
         "the clush extra)",
     )
+    parser.add_argument(
+        "--topology",
+        type=paths.input_file,
+        metavar="FILE",
+        help="with --via clush: reach the hosts through gateways, as ClusterShell's topology.conf FILE says "
+        "([routes] head: gw[1-2], gw1: gpu-[001-512], …)",
+    )
 
 
 @dataclass(frozen=True)
@@ -116,9 +123,13 @@ def fleet_options(args: argparse.Namespace) -> FleetOptions:
         )
     if via == "clush" and (old := nodesets.too_old()):
         raise ProvisionError(old)
+    topology = getattr(args, "topology", None)
+    if topology is not None and via != "clush":
+        raise ProvisionError("--topology names ClusterShell's gateways: add --via clush")
     return FleetOptions(
         forks=args.forks,
         via=via,
+        topology=topology,
         accept_new_host_keys=args.accept_new_host_keys,
         known_hosts=args.known_hosts,
         ssh_config=args.ssh_config,
@@ -157,7 +168,12 @@ def prepare(args: argparse.Namespace) -> FleetRun:
     targets = targets_for(loaded, hosts)
     if args.timeout is not None:
         targets = [dataclasses.replace(t, connect_timeout_s=args.timeout) for t in targets]
-    return FleetRun(loaded, hosts, targets, fleet_options(args))
+    options = fleet_options(args)
+    if options.topology is not None:  # checked against the whole rig before any host is asked
+        from ..fleet.clush_tree import read_topology
+
+        read_topology(options.topology, [h.name for h in loaded.spec.hosts])
+    return FleetRun(loaded, hosts, targets, options)
 
 
 def seconds_up_to(limit: int) -> Callable[[str], float]:

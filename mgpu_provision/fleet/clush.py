@@ -13,14 +13,27 @@ OpenSSH reads a generated ssh_config naming each host's address, port, user, key
 known_hosts file is used as is. The key exchange offered first is curve25519-sha256: OpenSSH 9.x prefers
 sntrup761x25519 (post-quantum), which costs ~150 ms of client CPU a connection here against ~15 ms.
 
+Tree mode (`--topology FILE`, ClusterShell's topology.conf): the head reaches the nodes through gateways,
+each running `python3 -m ClusterShell.Gateway` (ClusterShell's CLUSTERSHELL_GW_PYTHON_EXECUTABLE names
+another interpreter) over one OpenSSH connection from its parent; the gateways start the nodes' OpenSSH
+clients. Every hop reads the same ssh_config and known_hosts, so both are first copied, by level, to the
+same place under each gateway's home (`~/.cache/mgpu-provision/clush/<hash>/`, which ClusterShell expands on
+each side). A gateway that cannot start or dies makes the hosts behind it `unreachable` with its own words
+while the others go on; a run is bounded on the head too (a gateway that stops answering is not waited for
+past the hosts' command limit and the connect timeouts).
+
 ClusterShell is an optional extra, imported only here and only under `--via clush`.
 """
 
 from __future__ import annotations
 
 import getpass
+import hashlib
+import io
 import json
+import os
 import shlex
+import tarfile
 import tempfile
 import time
 from collections import defaultdict
@@ -29,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from ..errors import AgentError, ProvisionError
+from .clush_tree import Topology, read_topology
 from .options import AgentPayload, FleetOptions
 from .session import AGENT_MISSING, agent_command, cache_folder, parse_response, partial_name, upload_command
 from .targets import HostTarget, describe
@@ -37,6 +51,9 @@ SSH_FAILED = 255  # OpenSSH's exit status when it could not connect, log in or k
 KEX = "curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,diffie-hellman-group14-sha256"
 UPLOAD_TIMEOUT_S = 120.0
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+GATEWAY_LOST = os.EX_PROTOCOL  # ClusterShell's exit code for a host whose gateway went away (Worker/Tree.py)
+TREE_FOLDER = "~/.cache/mgpu-provision/clush"  # the run's ssh_config and known_hosts, on every hop
+GATEWAY_PYTHON = "python3"  # ClusterShell's default is the head's interpreter name (a venv's `python`)
 
 
 def ssh_config(targets: list[HostTarget], user_config: Path | None) -> str:
@@ -54,13 +71,16 @@ def ssh_config(targets: list[HostTarget], user_config: Path | None) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-def ssh_options(config: Path, options: FleetOptions) -> str:
-    known = (options.known_hosts or DEFAULT_KNOWN_HOSTS).expanduser()
+def ssh_options(config: Path | str, options: FleetOptions, also_known: str | None = None) -> str:
+    """OpenSSH's options for every connection of the run; `also_known` is a second known_hosts file (tree
+    mode: the run's copy on each gateway, where the head's own path need not exist)."""
+    known = str((options.known_hosts or DEFAULT_KNOWN_HOSTS).expanduser())
     policy = "accept-new" if options.accept_new_host_keys else "yes"
+    files = f"{known} {also_known}" if also_known else known
     return " ".join(
         shlex.quote(word)
         for word in (
-            "-F", str(config), f"-oKexAlgorithms={KEX}", f"-oUserKnownHostsFile={known}",
+            "-F", str(config), f"-oKexAlgorithms={KEX}", f"-oUserKnownHostsFile={files}",
             f"-oStrictHostKeyChecking={policy}", "-oServerAliveInterval=15",
         )
     )  # fmt: skip
@@ -83,7 +103,13 @@ class _Replies:
         self.err: dict[str, list[bytes]] = defaultdict(list)
         self.code: dict[str, int] = {}
         self.ended: dict[str, float] = {}
+        self.stalled: dict[str, tuple[str, float]] = {}  # host → the gateway it waited on, for how long
         self.on_done = on_done
+
+    def forget(self, name: str) -> None:
+        """A host's earlier step (its 97, its upload) is over: its next worker's output starts afresh."""
+        for collected in (self.out, self.err, self.code):
+            collected.pop(name, None)
 
     def handler(self) -> Any:
         from ClusterShell.Event import EventHandler
@@ -105,37 +131,150 @@ class _Replies:
         return b"\n".join(stream.get(node, [])).decode(errors="replace")
 
 
-def _run(
-    groups: Mapping[tuple[str, bytes], list[str]], timeout: float, options: FleetOptions, config: Path,
-    connect_timeout: float, replies: _Replies,
-) -> None:  # fmt: skip
-    """Run every group (command, stdin) → hosts in one ClusterShell task; one worker per group."""
+Groups = Mapping[tuple[str, bytes, float], list[str]]  # (command, stdin, timeout) → the hosts sending it
+
+
+def invoke_gateway() -> str:
+    """The command the head (or a gateway) runs on a gateway: ClusterShell's, with `python3` unless
+    CLUSTERSHELL_GW_PYTHON_EXECUTABLE names another interpreter (ClusterShell would take the head's own
+    interpreter's name, a virtualenv's `python` that a gateway may not have)."""
+    passed = ("PYTHONPATH", *(f"CLUSTERSHELL_GW_{n}" for n in ("LOG_DIR", "LOG_LEVEL", "B64_LINE_LENGTH")))
+    words = [f"{name}={shlex.quote(value)}" for name in passed if (value := os.environ.get(name))]
+    python = os.environ.get("CLUSTERSHELL_GW_PYTHON_EXECUTABLE", GATEWAY_PYTHON)
+    return " ".join([*words, shlex.quote(python), "-m", "ClusterShell.Gateway", "-Bu"])
+
+
+def _tree_worker() -> Any:
+    """ClusterShell's TreeWorker, except that the hosts of a gateway that failed before it was set up, with
+    no other gateway to take them, end with GATEWAY_LOST: ClusterShell reroutes them and, finding no route,
+    raises out of the whole run (Worker/Tree.py `_relaunch`, Propagation.py `next_hop`)."""
     from ClusterShell.NodeSet import NodeSet
+    from ClusterShell.Propagation import RouteResolvingError
+    from ClusterShell.Worker.Tree import TreeWorker
+    from ClusterShell.Worker.Worker import DistantWorker
+
+    class Worker(TreeWorker):  # type: ignore[misc]  # ClusterShell has no type hints
+        def _relaunch(self, previous_gateway: str) -> None:
+            targets = NodeSet.fromlist(self.gwtargets[previous_gateway])
+            try:
+                super()._relaunch(previous_gateway)
+            except RouteResolvingError:
+                self._target_count += len(targets)
+                for node in targets:
+                    DistantWorker._on_node_close(self, node, GATEWAY_LOST)
+                    self._close_count += 1
+                self._check_fini()
+
+    return Worker
+
+
+def _run(
+    groups: Groups, options: FleetOptions, ssh: str, connect_timeout: float, replies: _Replies,
+    topology: Topology | None = None,
+) -> None:  # fmt: skip
+    """Run every group in one ClusterShell task, one worker per group: flat, or through the topology's
+    gateways. A tree run ends by `connect_timeout` per level past its longest command limit at the latest:
+    the hosts still waiting on a gateway then are noted in `replies.stalled`."""
+    from ClusterShell.NodeSet import NodeSet
+    from ClusterShell.Task import TimeoutError as TaskTimeout
     from ClusterShell.Task import task_self
 
     task = task_self()
-    task.set_info("ssh_options", ssh_options(config, options))
+    task.set_info("ssh_options", ssh)
     task.set_info("connect_timeout", max(1, round(connect_timeout)))
     task.set_info("fanout", options.forks or 512)
     # The handler keeps each host's output; ClusterShell's own per-line trees would hold it a second time.
     task.set_default("stdout_msgtree", False)
     task.set_default("stderr_msgtree", False)
-    for (command, stdin), names in groups.items():
+    workers = []
+    if topology is not None:
+        task.topology, task.router = topology.tree, None  # one router: a gateway marked lost stays lost
+        tree_worker = _tree_worker()
+    for (command, stdin, timeout), names in groups.items():
         for name in names:
-            replies.out.pop(name, None)
-            replies.err.pop(name, None)
-            replies.code.pop(name, None)
-        worker = task.shell(
-            command,
-            nodes=NodeSet.fromlist(names),
-            handler=replies.handler(),
-            timeout=timeout,
-            stdin=True,
-            stderr=True,
-        )
+            replies.forget(name)
+        if topology is None:
+            # tree=False: a site's /etc/clustershell/topology.conf must not make a flat run a tree one.
+            worker = task.shell(
+                command, nodes=NodeSet.fromlist(names), handler=replies.handler(), timeout=timeout,
+                stdin=True, stderr=True, tree=False,
+            )  # fmt: skip
+        else:
+            nodes = NodeSet.fromlist(names)
+            handler = replies.handler()
+            worker = tree_worker(nodes, handler=handler, timeout=timeout, command=command, stderr=True)
+            worker.invoke_gateway = invoke_gateway()
+            task.schedule(worker)
         worker.write(stdin)
         worker.set_write_eof()
-    task.resume()
+        workers.append(worker)
+    if topology is None:
+        task.resume()
+        return
+    levels = max(1, len(topology.gateway_levels([n for names in groups.values() for n in names])))
+    deadline = max(timeout for _, _, timeout in groups) + connect_timeout * (levels + 1) + 5
+    try:
+        task.resume(timeout=deadline)
+    except TaskTimeout:
+        for worker in workers:
+            for gateway, targets in worker.gwtargets.items():
+                replies.stalled.update(dict.fromkeys(targets, (gateway, deadline)))
+    finally:
+        task.abort(kill=True)  # the next run gets a task of its own: no router, topology or channel left
+
+
+def _tree_files(config: str, known: Path) -> bytes:
+    """The ssh_config and known_hosts every hop of a tree run reads, as a tar for the gateways."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in (("ssh_config", config.encode()), ("known_hosts", _read(known))):
+            entry = tarfile.TarInfo(name)
+            entry.size, entry.mode = len(data), 0o600
+            archive.addfile(entry, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""  # accept-new's first run: the run's own file comes later
+
+
+def _place_tree_files(folder: str, config: str, known: Path) -> None:
+    """The head's own copy, where the gateways' go (`folder` under this home)."""
+    local = Path(folder).expanduser()
+    local.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for name, data in (("ssh_config", config.encode()), ("known_hosts", _read(known))):
+        with tempfile.NamedTemporaryFile(dir=local, delete=False, prefix=f".{name}.") as part:
+            part.write(data)
+        os.replace(part.name, local / name)
+
+
+def _tree_upload_command(folder: str) -> str:
+    remote = shlex.quote(folder.replace("~/", "", 1))
+    return (
+        f'umask 077 && cd && mkdir -p {remote} && t=$(mktemp -d {remote}/.up.XXXXXX) && tar -xf - -C "$t" '
+        f'&& mv -f "$t/ssh_config" "$t/known_hosts" {remote}/ && rmdir "$t"'
+    )
+
+
+def _gateway_words(replies: _Replies, gateways: str) -> str:
+    """Why a gateway failed, in its own words (ClusterShell reports a gateway's stderr under its name)."""
+    from ClusterShell.NodeSet import NodeSet
+
+    for gateway in NodeSet(gateways):
+        lines = [line for line in replies.text(gateway, replies.err).splitlines() if line.strip()]
+        if lines:
+            last = lines[-1].strip()
+            if "No module named" in last and "ClusterShell" in last:
+                python = os.environ.get("CLUSTERSHELL_GW_PYTHON_EXECUTABLE", GATEWAY_PYTHON)
+                return (
+                    f"gateway {gateway} has no ClusterShell for {python}: install ClusterShell >= 1.9.3 "
+                    "there, or name its interpreter in CLUSTERSHELL_GW_PYTHON_EXECUTABLE"
+                )
+            return f"gateway {gateway}: {last}"
+    return f"the connection to gateway {gateways} ended"
 
 
 def call_many_clush(
@@ -149,21 +288,24 @@ def call_many_clush(
     """Each target's `verb` result (or its error) through ClusterShell; outcomes in target order."""
     started = time.monotonic()
     by_name = {t.name: t for t in targets}
-    limit = timeout if timeout is not None else max(t.command_timeout_s for t in targets)
     connect = max(t.connect_timeout_s for t in targets)
+    topology = read_topology(options.topology, list(by_name)) if options.topology is not None else None
     replies = _Replies(options.on_host_done)
     outcomes: dict[str, Outcome] = {}
+
+    def limit_of(t: HostTarget) -> float:
+        return timeout if timeout is not None else t.command_timeout_s
 
     def command_of(t: HostTarget) -> str:
         sudo = t.become and (t.user or getpass.getuser()) != "root"
         return agent_command(agent.name, t.python, verb, sudo)
 
-    def request_groups(names: list[str]) -> dict[tuple[str, bytes], list[str]]:
-        groups: dict[tuple[str, bytes], list[str]] = defaultdict(list)
+    def request_groups(names: list[str]) -> dict[tuple[str, bytes, float], list[str]]:
+        groups: dict[tuple[str, bytes, float], list[str]] = defaultdict(list)
         for name in names:
             t = by_name[name]
             stdin = json.dumps({"args": requests[name], "simulate": t.simulate}).encode()
-            groups[(command_of(t), stdin)].append(name)
+            groups[(command_of(t), stdin, limit_of(t))].append(name)
         return groups
 
     def finish(
@@ -176,38 +318,78 @@ def call_many_clush(
         if options.on_host_done is not None:
             options.on_host_done(name)
 
-    with tempfile.TemporaryDirectory(prefix="mgpu-clush-") as folder:
-        config = Path(folder) / "ssh_config"
-        config.write_text(ssh_config(targets, options.ssh_config))
-        _run(request_groups(list(by_name)), limit, options, config, connect, replies)
-        missing = [n for n in by_name if replies.code.get(n) == AGENT_MISSING]
+    def run(groups: Groups, ssh: str) -> None:
+        if groups:
+            _run(groups, options, ssh, connect, replies, topology)
+
+    with tempfile.TemporaryDirectory(prefix="mgpu-clush-") as scratch:
+        config_text = ssh_config(targets, options.ssh_config)
+        if topology is None:
+            config = Path(scratch) / "ssh_config"
+            config.write_text(config_text)
+            ssh = ssh_options(config, options)
+            names = list(by_name)
+        else:
+            known = (options.known_hosts or DEFAULT_KNOWN_HOSTS).expanduser()
+            files = _tree_files(config_text, known)
+            folder = f"{TREE_FOLDER}/{hashlib.sha256(files).hexdigest()[:16]}"
+            _place_tree_files(folder, config_text, known)
+            ssh = ssh_options(f"{folder}/ssh_config", options, f"{folder}/known_hosts")
+            lost: dict[str, str] = {}
+            for level in topology.gateway_levels(list(by_name)):
+                reachable = [g for g in level if not _behind_lost(topology, g, lost)]
+                run({(_tree_upload_command(folder), files, UPLOAD_TIMEOUT_S): reachable}, ssh)
+                lost.update(
+                    (gateway, _gateway_words(replies, gateway))
+                    for gateway in reachable
+                    if replies.code.get(gateway) != 0
+                )
+            names = []
+            for name, t in by_name.items():
+                blocked = _behind_lost(topology, name, lost)
+                if blocked:
+                    finish(name, "unreachable", None, f"cannot reach {describe(t)} through {blocked}")
+                else:
+                    names.append(name)
+        run(request_groups(names), ssh)
+        missing = [n for n in names if replies.code.get(n) == AGENT_MISSING]
         if missing:
-            uploads: dict[tuple[str, bytes], list[str]] = defaultdict(list)
+            uploads: dict[tuple[str, bytes, float], list[str]] = defaultdict(list)
             partials: dict[str, str] = {}  # one partial name per cache folder: one worker per folder
             for name in missing:
                 cache = cache_folder(replies.text(name, replies.out))
                 partial = partials.setdefault(cache, partial_name(cache, agent.name))
-                uploads[(upload_command(cache, partial, f"{cache}/{agent.name}"), agent.data)].append(name)
-            _run(uploads, UPLOAD_TIMEOUT_S, options, config, connect, replies)
+                command = upload_command(cache, partial, f"{cache}/{agent.name}")
+                uploads[(command, agent.data, UPLOAD_TIMEOUT_S)].append(name)
+            run(uploads, ssh)
             for name in missing:
                 if replies.code.get(name) not in (0, None):
                     last = (replies.text(name, replies.err).strip().splitlines() or ["no error output"])[-1]
                     finish(
                         name, "failed", None, f"cannot send the agent to {describe(by_name[name])}: {last}"
                     )
-            again = [n for n in missing if replies.code.get(n) == 0]
-            _run(request_groups(again), limit, options, config, connect, replies)
+            run(request_groups([n for n in missing if replies.code.get(n) == 0]), ssh)
     for name, target in by_name.items():
         if name in outcomes:
             continue
         code = replies.code.get(name)
         err = replies.text(name, replies.err)
         where = describe(target)
-        if code is None:
-            finish(name, "failed", None, f"agent {verb} did not finish within {limit:g}s on {where}")
+        route = topology.route(name) if topology is not None else None
+        if name in replies.stalled:
+            gateway, waited = replies.stalled[name]
+            why = f"gateway {gateway} did not answer within {waited:g}s for {where}"
+            finish(name, "unreachable", None, why)
+        elif code is None:
+            why = f"agent {verb} did not finish within {limit_of(target):g}s on {where}"
+            finish(name, "failed", None, why)
         elif code == SSH_FAILED:
             last = (err.strip().splitlines() or ["ssh exited 255 without a word"])[-1]
-            finish(name, "unreachable", None, f"cannot reach {where}: {last}")
+            via = f" (through gateway {route})" if route else ""
+            finish(name, "unreachable", None, f"cannot reach {where}{via}: {last}")
+        elif route and code == GATEWAY_LOST and not replies.out.get(name):
+            why = f"cannot reach {where} through {_gateway_words(replies, route)}"
+            finish(name, "unreachable", None, why)
         else:
             try:
                 finish(
@@ -216,3 +398,16 @@ def call_many_clush(
             except (AgentError, ProvisionError) as exc:
                 finish(name, "failed", None, str(exc))
     return {t.name: outcomes[t.name] for t in targets}
+
+
+def _behind_lost(topology: Topology, name: str, lost: Mapping[str, str]) -> str | None:
+    """Why `name` cannot be reached (every gateway of some level on its way is lost), or None."""
+    from ClusterShell.NodeSet import NodeSet
+
+    route = topology.route(name)
+    while route is not None:
+        gateways = list(NodeSet(route))
+        if all(g in lost for g in gateways):
+            return lost[gateways[0]]
+        route = topology.route(gateways[0])
+    return None

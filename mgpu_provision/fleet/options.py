@@ -154,6 +154,8 @@ class FleetOptions:
     forks: int | None = None
     # The batch seam's engine (pool.call_many): Fabric's worker pool, or ClusterShell over OpenSSH.
     via: Literal["fabric", "clush"] = "fabric"
+    # --via clush through gateways: ClusterShell's topology file (fleet/clush_tree.py); None: flat.
+    topology: Path | None = None
     accept_new_host_keys: bool = False
     known_hosts: Path | None = None
     ssh_config: Path | None = None

@@ -293,12 +293,16 @@ class HostFactory:
         login_user: str | None = None,
         sudo: Literal["nopasswd", "password", "real"] | None = None,
         sftp: bool = True,
+        netns: Sequence[str] = (),
+        address: str | None = None,
     ) -> TestHost:
         """Start a host. `login_user` adds a non-root account (uid 1000) that only this host knows;
         `sudo` puts a stand-in `sudo` on its PATH that runs the command (nopasswd) or wants a password, or
         (real) gives the login user a NOPASSWD rule for the machine's real sudo, env_reset and all;
-        `sftp=False` leaves the SFTP subsystem out, as hardened images do."""
-        address = self.pool.take()
+        `sftp=False` leaves the SFTP subsystem out, as hardened images do. `netns` (a command prefix that
+        enters a network namespace, tests/support/netns.py) with `address` (one of that namespace's) puts
+        the host where only that namespace's links reach it."""
+        address = address or self.pool.take()
         host_dir = self.root / name
         host_dir.mkdir()
         host_key_pub = _keygen(host_dir / "ssh_host_ed25519_key", f"host-{name}")
@@ -333,13 +337,13 @@ class HostFactory:
             ]
         )
         host.process = subprocess.Popen(
-            ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script],
+            [*netns, "unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script],
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group, so teardown can end sshd and its children
         )
         record_pid(host.process.pid)
         self.hosts.append(host)
-        _wait_listening(host)
+        _wait_listening(host, by_log=bool(netns))
         self._write_known_hosts()
         return host
 
@@ -536,12 +540,19 @@ def _clean_root_home(home: Path) -> list[str]:
     return [*sorted(set(mounts)), f"mount --rbind {home} /root"]
 
 
-def _wait_listening(host: TestHost, timeout_s: float = 10.0) -> None:
+def _wait_listening(host: TestHost, timeout_s: float = 10.0, by_log: bool = False) -> None:
+    """Wait until the host's sshd listens: a connection from here, or (`by_log`: a host in another network
+    namespace, which this one cannot reach) sshd's own "Server listening" line."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert host.process is not None
         if host.process.poll() is not None:
             raise RuntimeError(f"sshd for test host {host.name} exited: {host.log()[-2000:]}")
+        if by_log:
+            if f"Server listening on {host.address}" in host.log():
+                return
+            time.sleep(0.02)
+            continue
         try:
             with socket.create_connection((host.address, host.port), timeout=0.5):
                 return

@@ -1,0 +1,175 @@
+"""`--via clush --topology`: ClusterShell's tree, head → 2 gateways → nodes, on real sshd hosts in network
+namespaces where the head has no route to any node (tests/support/netns.py).
+
+The head must make only the gateways' connections (each node's sshd log names its gateway's address and
+nothing else), the agent must reach the nodes through the gateways on first contact (exit 97), and a
+gateway that fails — no ClusterShell for its Python, killed mid-run, frozen — makes only its own hosts
+`unreachable` with the reason, within a bounded time, while the other rack answers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.hosts import HostFactory, load_twin
+from tests.support.netns import TreeLab
+
+pytest.importorskip("ClusterShell", reason="the clush extra is not installed")
+pytestmark = pytest.mark.e2e
+
+RIG = {"pair": {"gpus": {"model": "NVIDIA GeForce RTX 3090", "count": 2}, "driver": {"version": "550.54.15"}}}
+SLOW_LOGIN = 'ForceCommand sleep 4; exec sh -c "$SSH_ORIGINAL_COMMAND"\n'
+
+
+def twin(driver: str | None = None) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(load_twin("rtx3090-nvlink"))
+    if driver:
+        loaded["driver"] = {"version": driver, "loaded": driver, "cuda": "12.2"}
+    return loaded
+
+
+@pytest.fixture
+def lab(test_hosts: HostFactory) -> Iterator[TreeLab]:
+    lab = TreeLab(test_hosts, racks=2)
+    try:
+        yield lab
+    finally:
+        lab.close()
+
+
+def setup(lab: TreeLab, tmp_path: Path, slow_rack: int | None = None) -> list[str]:
+    """Two nodes per rack (gpu-003 on an older driver); the rig, topology and gateways' ssh_config; the
+    arguments every run shares."""
+    for number, (rack, driver) in enumerate([(1, None), (1, None), (2, "535.161.08"), (2, None)], start=1):
+        slow = SLOW_LOGIN if rack == slow_rack else ""
+        lab.start_node(f"gpu-{number:03d}", rack, twin(driver), rig="pair", extra_sshd_config=slow)
+    nodes = [host for _, host in lab.nodes.values()]
+    rig = lab.factory.write_rig(tmp_path / "rig.yaml", nodes, rigs=RIG, defaults={"connect_timeout_s": 3})
+    topology = lab.write_topology(tmp_path / "topology.conf")
+    config = lab.write_ssh_config(tmp_path / "gateways.ssh_config")
+    return [
+        str(rig), "--known-hosts", str(lab.factory.known_hosts), "--json", "--via", "clush",
+        "--topology", str(topology), "--ssh-config", str(config),
+    ]  # fmt: skip
+
+
+def run(lab: TreeLab, tmp_path: Path, verb: str, argv: list[str], **env: str) -> tuple[int, dict[str, Any]]:
+    done = lab.run_head([verb, *argv], tmp_path / "head-home", env=env)
+    assert done.stdout.strip(), done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def logins_from(host_log: str) -> list[str]:
+    return re.findall(r"Accepted publickey for \S+ from (\S+)", host_log)
+
+
+def test_plan_through_two_gateways_the_head_only_reaches_them(lab: TreeLab, tmp_path: Path) -> None:
+    argv = setup(lab, tmp_path)
+    head_cannot = lab.run_head(["facts", *argv[:-4]], tmp_path / "head-home")  # flat: no route to a node
+    assert head_cannot.returncode == 2
+    flat = json.loads(head_cannot.stdout)["hosts"]
+    assert all("Network is unreachable" in entry["error"] for entry in flat.values()), flat
+
+    # First contact through the tree: no agent anywhere yet, each node answers 97 and gets it.
+    code, plan = run(lab, tmp_path, "plan", argv)
+    assert code == 2, plan
+    assert {n: e["status"] for n, e in plan["hosts"].items()} == dict.fromkeys(
+        ["gpu-001", "gpu-002", "gpu-003", "gpu-004"], "ok"
+    ), plan
+    assert ("driver", "update") in [(c["resource"], c["action"]) for c in plan["hosts"]["gpu-003"]["changes"]]
+    for name, (rack, node) in lab.nodes.items():
+        assert node.run_in_ns("ls ~/.cache/mgpu-provision").stdout.strip(), name
+        # Every login a node saw came from its own gateway; none from the head.
+        assert set(logins_from(node.log())) == {lab.gateway_address(rack)}, (name, node.log()[-800:])
+    for g, gateway in enumerate(lab.gateways, start=1):
+        assert set(logins_from(gateway.log())) == {f"10.41.{g}.1"}, gateway.log()[-800:]
+        # The run's ssh_config and known_hosts came to the gateway's own (private) home first.
+        assert "Host gpu-001" in gateway.run_in_ns("cat ~/.cache/mgpu-provision/clush/*/ssh_config").stdout
+
+    # The agent is cached now: one login per node for the whole facts run (one worker per gateway).
+    before = {name: len(logins_from(node.log())) for name, (_, node) in lab.nodes.items()}
+    code, facts = run(lab, tmp_path, "facts", argv)
+    assert code == 0, facts
+    assert facts["hosts"]["gpu-003"]["facts"]["driver"]["version"] == "535.161.08"
+    assert {n: len(logins_from(h.log())) - before[n] for n, (_, h) in lab.nodes.items()} == dict.fromkeys(
+        before, 1
+    )
+
+    # A gateway whose Python has no ClusterShell: one plain line per host, naming the gateway.
+    code, facts = run(lab, tmp_path, "facts", argv, CLUSTERSHELL_GW_PYTHON_EXECUTABLE="/usr/bin/python3")
+    assert code == 2
+    for name, entry in facts["hosts"].items():
+        assert entry["status"] == "unreachable", (name, entry)
+        assert "has no ClusterShell for /usr/bin/python3" in entry["error"], entry
+        assert re.search(r"gateway gw[12] ", entry["error"]) and "\n" not in entry["error"], entry
+
+
+def test_a_gateway_killed_mid_run_loses_only_its_rack(lab: TreeLab, tmp_path: Path) -> None:
+    argv = setup(lab, tmp_path, slow_rack=1)
+    run(lab, tmp_path, "facts", argv)  # first contact: agents uploaded everywhere
+
+    def kill_gw1_once_its_nodes_run() -> None:
+        rack1 = [node for rack, node in lab.nodes.values() if rack == 1]
+        counts = [len(logins_from(n.log())) for n in rack1]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if all(len(logins_from(n.log())) > c for n, c in zip(rack1, counts, strict=True)):
+                time.sleep(0.5)  # inside their 4 s login
+                lab.gateway_ns[0].signal_all(signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_gw1_once_its_nodes_run)
+    killer.start()
+    started = time.monotonic()
+    code, facts = run(lab, tmp_path, "facts", argv)
+    elapsed = time.monotonic() - started
+    killer.join()
+    assert code == 2
+    hosts = facts["hosts"]
+    assert hosts["gpu-003"]["status"] == hosts["gpu-004"]["status"] == "ok", hosts
+    for name in ("gpu-001", "gpu-002"):
+        assert hosts[name]["status"] == "unreachable", hosts[name]
+        assert "through gateway gw1" in hosts[name]["error"], hosts[name]
+    assert elapsed < 20, elapsed  # not ssh's keep-alive (45 s), not the command limit (300 s)
+
+
+def test_a_frozen_gateway_and_a_slow_node_end_within_their_limits(lab: TreeLab, tmp_path: Path) -> None:
+    argv = setup(lab, tmp_path)
+    run(lab, tmp_path, "facts", argv)  # agents in place
+    rig = Path(argv[0])
+    document = yaml.safe_load(rig.read_text())
+    document["defaults"]["command_timeout_s"] = 5
+    rig.write_text(yaml.safe_dump(document, sort_keys=False))
+    # gpu-004 answers only after the limit: its sshd sleeps 8 s before every command.
+    slow = lab.nodes["gpu-004"][1]
+    config = (slow.dir / "sshd_config").read_text() + SLOW_LOGIN.replace("sleep 4", "sleep 8")
+    (slow.dir / "sshd_config").write_text(config)
+    slow.run_in_ns(f"kill -HUP $(cat {slow.dir / 'sshd.pid'})")
+    time.sleep(0.5)
+    lab.gateway_ns[0].signal_all(signal.SIGSTOP)  # gw1 stops answering: no FIN, no RST, nothing
+
+    started = time.monotonic()
+    code, facts = run(lab, tmp_path, "facts", argv)
+    elapsed = time.monotonic() - started
+    assert code == 2, facts
+    hosts = facts["hosts"]
+    assert hosts["gpu-003"]["status"] == "ok", hosts["gpu-003"]
+    assert hosts["gpu-004"]["status"] == "failed", hosts["gpu-004"]
+    assert "did not finish within 5s" in hosts["gpu-004"]["error"], hosts["gpu-004"]
+    for name in ("gpu-001", "gpu-002"):
+        assert hosts[name]["status"] == "unreachable", hosts[name]
+        assert "gw1" in hosts[name]["error"], hosts[name]
+    # The bound: the longest command limit (5 s) and the connect timeout (3 s) per level, then 5 s.
+    assert elapsed < 5 + 3 * 2 + 5 + 8, elapsed
