@@ -2,6 +2,12 @@
 
     .venv/bin/python benchmarks/paper_fleet.py                    # 100, 1,000 and 10,000 hosts
     .venv/bin/python benchmarks/paper_fleet.py --sizes 1000 --delay 0.25
+    .venv/bin/python benchmarks/paper_fleet.py --seam batch --sizes 1000,10000,20000   # issue 41
+
+`--seam batch` replaces the batch seam instead (`fleet.pool.call_many`, what `--via clush` implements):
+one call answers every host after the delay, as ClusterShell's tree does, and the control side's CPU and
+memory above it are what is left to measure (the tree's own head and gateway CPU per host are measured on
+real sshds by benchmarks/clush_tree.py). Its page is `results/paper-fleet-batch.md`.
 
 No sshd and no agent process: `fleet.session.open_session` is replaced by a session whose command waits a
 fixed delay (a login and the agent's facts call, as the one-host floor takes them) and answers a facts
@@ -101,12 +107,14 @@ def load_past_limits(rig: Path) -> tuple[Any, str]:
     return LoadedRig(path=rig, base_dir=rig.parent, spec=spec), f"the models (the loader refused: {limit})"
 
 
-def one_size(rig: Path, reply: str, delay_s: float, forks: int) -> dict[str, Any]:
-    """Load, plan and render `rig` over fake sessions in this process; its figures."""
+def one_size(rig: Path, reply: str, delay_s: float, forks: int, seam: str = "session") -> dict[str, Any]:
+    """Load, plan and render `rig` over fake sessions (or one fake batch call) in this process."""
     from mgpu_provision.commands.plan_view import plan_json
     from mgpu_provision.fleet import session
     from mgpu_provision.fleet.options import FleetOptions
+    from mgpu_provision.fleet.pool import HostOutcome
     from mgpu_provision.fleet.targets import targets_for
+    from mgpu_provision.jobs import plan as plan_job
     from mgpu_provision.jobs.plan import plan_fleet
 
     class RecordedSession(session.AgentSession):
@@ -123,7 +131,19 @@ def one_size(rig: Path, reply: str, delay_s: float, forks: int) -> dict[str, Any
         def _upload(self, folder: str) -> None:
             raise AssertionError("the recorded host already has the agent")
 
-    session.open_session = lambda target, options, agent: RecordedSession(target, agent)  # the seam
+    def recorded_batch(
+        targets: list[Any], verb: str, requests: dict[str, Any], options: Any, timeout: float | None = None
+    ) -> dict[str, HostOutcome[dict[str, Any]]]:
+        time.sleep(delay_s)  # every host at once, as one ClusterShell run
+        return {
+            t.name: HostOutcome("ok", session.parse_response(t.name, verb, 0, reply, ""), None, delay_s)
+            for t in targets
+        }
+
+    if seam == "batch":
+        plan_job.call_many = recorded_batch  # type: ignore[assignment]  # the batch seam
+    else:
+        session.open_session = lambda target, options, agent: RecordedSession(target, agent)  # the seam
     cpu0, wall0 = time.process_time(), time.perf_counter()
     loaded, loaded_by = load_past_limits(rig)
     targets = targets_for(loaded, list(loaded.spec.hosts))
@@ -144,7 +164,9 @@ def one_size(rig: Path, reply: str, delay_s: float, forks: int) -> dict[str, Any
         "load_s": {"cpu": cpu1 - cpu0, "wall": wall1 - wall0},
         "plan_fleet_s": {"cpu": cpu2 - cpu1, "wall": wall2 - wall1},
         "view_s": {"cpu": cpu3 - cpu2, "wall": wall3 - wall2, "bytes": len(view)},
-        "floor_wall_s": -(-hosts // forks) * delay_s,  # the pool's own bound: every worker waiting on hosts
+        # The pool's own bound (every worker waiting on hosts), or the one batch call's.
+        "floor_wall_s": delay_s if seam == "batch" else -(-hosts // forks) * delay_s,
+        "seam": seam,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "threads": forks,
         "loaded_by": loaded_by,
@@ -156,8 +178,13 @@ def per_host_ms(row: dict[str, Any], part: str) -> float:
 
 
 def markdown(rows: list[dict[str, Any]], context: dict[str, Any]) -> str:
+    title = (
+        "one fake batch call at the batch seam (fleet.pool.call_many)"
+        if rows[0].get("seam") == "batch"
+        else "fake sessions at the transport seam"
+    )
     lines = [
-        "# 10,000 hosts on paper: plan's control side over fake sessions at the transport seam",
+        f"# {rows[-1]['hosts']:,} hosts on paper: plan's control side over {title}",
         "",
         f"Measured {context['date_utc']} UTC with `{context['command']}` on {context['cpus']} CPUs, 1-minute "
         f"load average {context['load_before']:.1f} before and {context['load_after']:.1f} after; git "
@@ -193,11 +220,12 @@ def main() -> int:
     parser.add_argument("--delay", type=float, default=DEFAULT_DELAY_S, help="seconds each host takes")
     parser.add_argument("--forks", type=int, default=64, help="plan's --forks (default and most: 64)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--seam", choices=("session", "batch"), default="session", help="what is faked")
     parser.add_argument("--one", nargs=2, metavar=("RIG", "REPLY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:  # a child: one size, its figures as JSON on stdout
         rig, reply = Path(args.one[0]), Path(args.one[1]).read_text()
-        print(json.dumps(one_size(rig, reply, args.delay, args.forks)))
+        print(json.dumps(one_size(rig, reply, args.delay, args.forks, args.seam)))
         return 0
     started, load_before = time.time(), os.getloadavg()[0]
     rows = []
@@ -209,6 +237,7 @@ def main() -> int:
         reply.write_text(record_reply(rigs[sizes[0]]))
         for size in sizes:
             argv = [sys.executable, __file__, "--delay", str(args.delay), "--forks", str(args.forks)]
+            argv += ["--seam", args.seam]
             done = subprocess.run(
                 [*argv, "--one", str(rigs[size]), str(reply)], capture_output=True, text=True, check=False
             )
@@ -231,8 +260,9 @@ def main() -> int:
     }
     page = markdown(rows, context)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "paper-fleet.md").write_text(page)
-    (args.out / "paper-fleet.json").write_text(
+    stem = "paper-fleet-batch" if args.seam == "batch" else "paper-fleet"
+    (args.out / f"{stem}.md").write_text(page)
+    (args.out / f"{stem}.json").write_text(
         json.dumps({"context": context, "rows": rows}, indent=2) + "\n"
     )
     print(page)

@@ -153,3 +153,22 @@ def test_outcomes_per_host_upload_once_unreachable_and_timeout(fake_ssh: Path) -
     assert [o.status for o in again.values()] == ["failed", "failed"]
     assert again["gpu-001"].error == "agent sleep did not finish within 0.5s on gpu-001 (127.0.0.9:2222)"
     assert len(fake_ssh.read_text().splitlines()) == 2  # cached now: one ssh each, no upload
+
+
+@needs_library
+def test_a_sites_topology_conf_never_turns_a_flat_run_into_a_tree_one(
+    fake_ssh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ClusterShell goes through gateways on its own wherever /etc/clustershell/topology.conf exists (its
+    `tree=None`, "auto"); a flat `--via clush` run must still reach each host itself."""
+    from ClusterShell.Task import Task
+
+    site = tmp_path / "topology.conf"
+    site.write_text("[routes]\nadmin: gwx\ngwx: gpu-[001-002]\n")
+    monkeypatch.setattr(Task, "TOPOLOGY_CONFIGS", [str(site)])
+    monkeypatch.setattr("ClusterShell.Task._getshorthostname", lambda: "admin")
+    hosts = [target(name, python=sys.executable) for name in ("gpu-001", "gpu-002")]
+    requests: dict[str, dict[str, object]] = {t.name: {} for t in hosts}
+    outcomes = clush.call_many_clush(hosts, "facts", requests, FleetOptions(), fake_agent())
+    assert [o.status for o in outcomes.values()] == ["ok", "ok"], outcomes
+    assert "gwx" not in fake_ssh.read_text()
