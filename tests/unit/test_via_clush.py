@@ -172,3 +172,20 @@ def test_a_sites_topology_conf_never_turns_a_flat_run_into_a_tree_one(
     outcomes = clush.call_many_clush(hosts, "facts", requests, FleetOptions(), fake_agent())
     assert [o.status for o in outcomes.values()] == ["ok", "ok"], outcomes
     assert "gwx" not in fake_ssh.read_text()
+
+
+@needs_library
+def test_each_host_keeps_its_own_command_limit(fake_ssh: Path) -> None:
+    """Hosts of one request with different limits go in one worker per limit (ClusterShell's timeout is a
+    worker's): the short one fails at its own limit, the long one is not cut short by it."""
+    agent = fake_agent()
+    hosts = [
+        target("gpu-001", python=sys.executable, command_timeout_s=0.5),
+        target("gpu-002", python=sys.executable, command_timeout_s=10.0),
+    ]
+    clush.call_many_clush(hosts, "facts", {t.name: {} for t in hosts}, FleetOptions(), agent)  # uploads
+    requests = {t.name: {"seconds": 1.5} for t in hosts}
+    outcomes = clush.call_many_clush(hosts, "sleep", requests, FleetOptions(), agent)
+    assert outcomes["gpu-001"].status == "failed", outcomes
+    assert outcomes["gpu-001"].error == "agent sleep did not finish within 0.5s on gpu-001 (127.0.0.9:2222)"
+    assert outcomes["gpu-002"].status == "ok", outcomes
