@@ -183,12 +183,13 @@ def markdown(rows: list[dict[str, Any]], context: dict[str, Any]) -> str:
         if rows[0].get("seam") == "batch"
         else "fake sessions at the transport seam"
     )
+    waits = "The one batch call waits" if rows[0].get("seam") == "batch" else "Each session waits"
     lines = [
         f"# {rows[-1]['hosts']:,} hosts on paper: plan's control side over {title}",
         "",
         f"Measured {context['date_utc']} UTC with `{context['command']}` on {context['cpus']} CPUs, 1-minute "
         f"load average {context['load_before']:.1f} before and {context['load_after']:.1f} after; git "
-        f"{context['git']}. Each session waits {rows[0]['delay_s']:g} s and answers the real agent's facts "
+        f"{context['git']}. {waits} {rows[0]['delay_s']:g} s and answers the real agent's facts "
         'reply recorded at the start (benchmarks/README.md, "10,000 hosts on paper"); the rig file, the '
         "pool, facts validation, plan_host and the JSON view are the real code. CPU is this process's.",
         "",

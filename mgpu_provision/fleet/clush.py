@@ -336,14 +336,18 @@ def call_many_clush(
             _place_tree_files(folder, config_text, known)
             ssh = ssh_options(f"{folder}/ssh_config", options, f"{folder}/known_hosts")
             lost: dict[str, str] = {}
-            for level in topology.gateway_levels(list(by_name)):
+            levels = topology.gateway_levels(list(by_name))
+            for level in levels:
                 reachable = [g for g in level if not _behind_lost(topology, g, lost)]
-                run({(_tree_upload_command(folder), files, UPLOAD_TIMEOUT_S): reachable}, ssh)
+                if reachable:
+                    run({(_tree_upload_command(folder), files, UPLOAD_TIMEOUT_S): reachable}, ssh)
                 lost.update(
                     (gateway, _gateway_words(replies, gateway))
                     for gateway in reachable
                     if replies.code.get(gateway) != 0
                 )
+            for gateway in (g for level in levels for g in level):
+                replies.forget(gateway)  # what the copy printed is not what the gateway says in the run
             names = []
             for name, t in by_name.items():
                 blocked = _behind_lost(topology, name, lost)
