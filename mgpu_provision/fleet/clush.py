@@ -175,8 +175,8 @@ def _run(
     """Run every group in one ClusterShell task, one worker per group: flat, or through the topology's
     gateways. A tree run ends by `connect_timeout` per level past its longest command limit at the latest:
     the hosts still waiting on a gateway then are noted in `replies.stalled`."""
+    from ClusterShell.Event import EventHandler
     from ClusterShell.NodeSet import NodeSet
-    from ClusterShell.Task import TimeoutError as TaskTimeout
     from ClusterShell.Task import task_self
 
     task = task_self()
@@ -213,12 +213,20 @@ def _run(
         return
     levels = max(1, len(topology.gateway_levels([n for names in groups.values() for n in names])))
     deadline = max(timeout for _, _, timeout in groups) + connect_timeout * (levels + 1) + 5
+
+    class Deadline(EventHandler):  # type: ignore[misc]  # ClusterShell has no type hints
+        """Notes who still waits on which gateway, then ends the run: read here, inside the run, because
+        ending it hands those hosts to ClusterShell's gateway-lost path and forgets their gateways."""
+
+        def ev_timer(self, timer: Any) -> None:
+            for worker in workers:
+                for gateway, targets in worker.gwtargets.items():
+                    replies.stalled.update(dict.fromkeys(targets, (gateway, deadline)))
+            task.abort()
+
+    task.timer(deadline, handler=Deadline(), autoclose=True)
     try:
-        task.resume(timeout=deadline)
-    except TaskTimeout:
-        for worker in workers:
-            for gateway, targets in worker.gwtargets.items():
-                replies.stalled.update(dict.fromkeys(targets, (gateway, deadline)))
+        task.resume()
     finally:
         task.abort(kill=True)  # the next run gets a task of its own: no router, topology or channel left
 

@@ -115,23 +115,30 @@ def test_plan_through_two_gateways_the_head_only_reaches_them(lab: TreeLab, tmp_
         assert re.search(r"gateway gw[12] ", entry["error"]) and "\n" not in entry["error"], entry
 
 
-def test_a_gateway_killed_mid_run_loses_only_its_rack(lab: TreeLab, tmp_path: Path) -> None:
-    argv = setup(lab, tmp_path, slow_rack=1)
-    run(lab, tmp_path, "facts", argv)  # first contact: agents uploaded everywhere
+def signal_gw1_once_rack1_runs(lab: TreeLab, sig: signal.Signals) -> threading.Thread:
+    """A thread that sends `sig` to gateway 1's whole machine once both its nodes are inside their slow
+    login (the run's command has reached them through it)."""
+    rack1 = [node for rack, node in lab.nodes.values() if rack == 1]
+    counts = [len(logins_from(n.log())) for n in rack1]
 
-    def kill_gw1_once_its_nodes_run() -> None:
-        rack1 = [node for rack, node in lab.nodes.values() if rack == 1]
-        counts = [len(logins_from(n.log())) for n in rack1]
-        deadline = time.monotonic() + 30
+    def watch() -> None:
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if all(len(logins_from(n.log())) > c for n, c in zip(rack1, counts, strict=True)):
                 time.sleep(0.5)  # inside their 4 s login
-                lab.gateway_ns[0].signal_all(signal.SIGKILL)
+                lab.gateway_ns[0].signal_all(sig)
                 return
             time.sleep(0.05)
 
-    killer = threading.Thread(target=kill_gw1_once_its_nodes_run)
-    killer.start()
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread
+
+
+def test_a_gateway_killed_mid_run_loses_only_its_rack(lab: TreeLab, tmp_path: Path) -> None:
+    argv = setup(lab, tmp_path, slow_rack=1)
+    run(lab, tmp_path, "facts", argv)  # first contact: agents uploaded everywhere
+    killer = signal_gw1_once_rack1_runs(lab, signal.SIGKILL)
     started = time.monotonic()
     code, facts = run(lab, tmp_path, "facts", argv)
     elapsed = time.monotonic() - started
@@ -142,10 +149,34 @@ def test_a_gateway_killed_mid_run_loses_only_its_rack(lab: TreeLab, tmp_path: Pa
     for name in ("gpu-001", "gpu-002"):
         assert hosts[name]["status"] == "unreachable", hosts[name]
         assert "through gateway gw1" in hosts[name]["error"], hosts[name]
-    assert elapsed < 20, elapsed  # not ssh's keep-alive (45 s), not the command limit (300 s)
+    assert elapsed < 30, elapsed  # not ssh's keep-alive (45 s), not the command limit (300 s)
 
 
-def test_a_frozen_gateway_and_a_slow_node_end_within_their_limits(lab: TreeLab, tmp_path: Path) -> None:
+def test_a_gateway_frozen_mid_run_is_given_up_within_the_bound(lab: TreeLab, tmp_path: Path) -> None:
+    """gw1 stops mid-run (SIGSTOP: no FIN, no RST, nothing): its hosts are given up once the command limit
+    and a connect timeout per level have passed, not at ssh's keep-alive or never."""
+    argv = setup(lab, tmp_path, slow_rack=1)
+    run(lab, tmp_path, "facts", argv)
+    rig = Path(argv[0])
+    document = yaml.safe_load(rig.read_text())
+    document["defaults"]["command_timeout_s"] = 6
+    rig.write_text(yaml.safe_dump(document, sort_keys=False))
+    freezer = signal_gw1_once_rack1_runs(lab, signal.SIGSTOP)
+    started = time.monotonic()
+    code, facts = run(lab, tmp_path, "facts", argv)
+    elapsed = time.monotonic() - started
+    freezer.join()
+    assert code == 2
+    hosts = facts["hosts"]
+    assert hosts["gpu-003"]["status"] == hosts["gpu-004"]["status"] == "ok", hosts
+    bound = 6 + 3 * 2 + 5  # clush._run: the longest limit, a connect timeout per level and the head's
+    for name in ("gpu-001", "gpu-002"):
+        assert hosts[name]["status"] == "unreachable", hosts[name]
+        assert hosts[name]["error"].startswith(f"gateway gw1 did not answer within {bound}s for {name}"), name
+    assert bound < elapsed < bound + 15, elapsed
+
+
+def test_a_gateway_frozen_before_the_run_and_a_slow_node_end_in_bounds(lab: TreeLab, tmp_path: Path) -> None:
     argv = setup(lab, tmp_path)
     run(lab, tmp_path, "facts", argv)  # agents in place
     rig = Path(argv[0])
@@ -156,8 +187,13 @@ def test_a_frozen_gateway_and_a_slow_node_end_within_their_limits(lab: TreeLab, 
     slow = lab.nodes["gpu-004"][1]
     config = (slow.dir / "sshd_config").read_text() + SLOW_LOGIN.replace("sleep 4", "sleep 8")
     (slow.dir / "sshd_config").write_text(config)
-    slow.run_in_ns(f"kill -HUP $(cat {slow.dir / 'sshd.pid'})")
-    time.sleep(0.5)
+    listening = f"Server listening on {slow.address}"
+    restarts = slow.log().count(listening)
+    slow.run_in_ns(f"kill -HUP $(cat {slow.dir / 'sshd.pid'})")  # sshd reads its config again
+    deadline = time.monotonic() + 15
+    while slow.log().count(listening) == restarts:
+        assert time.monotonic() < deadline, slow.log()[-800:]
+        time.sleep(0.05)
     lab.gateway_ns[0].signal_all(signal.SIGSTOP)  # gw1 stops answering: no FIN, no RST, nothing
 
     started = time.monotonic()
