@@ -115,9 +115,18 @@ def test_plan_through_two_gateways_the_head_only_reaches_them(lab: TreeLab, tmp_
         assert re.search(r"gateway gw[12] ", entry["error"]) and "\n" not in entry["error"], entry
 
 
-def signal_gw1_once_rack1_runs(lab: TreeLab, sig: signal.Signals) -> threading.Thread:
-    """A thread that sends `sig` to gateway 1's whole machine once both its nodes are inside their slow
-    login (the run's command has reached them through it)."""
+def rack1_lost_mid_run(
+    lab: TreeLab, tmp_path: Path, sig: signal.Signals, command_timeout_s: float = 300
+) -> tuple[dict[str, Any], float]:
+    """A facts run during which gateway 1's whole machine gets `sig` once both its nodes are inside their
+    slow login (the run's command has reached them through it); the hosts' outcomes and the run's wall.
+    Rack 2 must answer whatever happens to gateway 1."""
+    argv = setup(lab, tmp_path, slow_rack=1)
+    run(lab, tmp_path, "facts", argv)  # first contact: agents uploaded everywhere
+    rig = Path(argv[0])
+    document = yaml.safe_load(rig.read_text())
+    document["defaults"]["command_timeout_s"] = command_timeout_s
+    rig.write_text(yaml.safe_dump(document, sort_keys=False))
     rack1 = [node for rack, node in lab.nodes.values() if rack == 1]
     counts = [len(logins_from(n.log())) for n in rack1]
 
@@ -130,24 +139,23 @@ def signal_gw1_once_rack1_runs(lab: TreeLab, sig: signal.Signals) -> threading.T
                 return
             time.sleep(0.05)
 
-    thread = threading.Thread(target=watch)
-    thread.start()
-    return thread
-
-
-def test_a_gateway_killed_mid_run_loses_only_its_rack(lab: TreeLab, tmp_path: Path) -> None:
-    argv = setup(lab, tmp_path, slow_rack=1)
-    run(lab, tmp_path, "facts", argv)  # first contact: agents uploaded everywhere
-    killer = signal_gw1_once_rack1_runs(lab, signal.SIGKILL)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     started = time.monotonic()
     code, facts = run(lab, tmp_path, "facts", argv)
     elapsed = time.monotonic() - started
-    killer.join()
+    watcher.join()
     assert code == 2
-    hosts = facts["hosts"]
+    hosts: dict[str, Any] = facts["hosts"]
     assert hosts["gpu-003"]["status"] == hosts["gpu-004"]["status"] == "ok", hosts
     for name in ("gpu-001", "gpu-002"):
         assert hosts[name]["status"] == "unreachable", hosts[name]
+    return hosts, elapsed
+
+
+def test_a_gateway_killed_mid_run_loses_only_its_rack(lab: TreeLab, tmp_path: Path) -> None:
+    hosts, elapsed = rack1_lost_mid_run(lab, tmp_path, signal.SIGKILL)
+    for name in ("gpu-001", "gpu-002"):
         assert "through gateway gw1" in hosts[name]["error"], hosts[name]
     assert elapsed < 30, elapsed  # not ssh's keep-alive (45 s), not the command limit (300 s)
 
@@ -155,23 +163,9 @@ def test_a_gateway_killed_mid_run_loses_only_its_rack(lab: TreeLab, tmp_path: Pa
 def test_a_gateway_frozen_mid_run_is_given_up_within_the_bound(lab: TreeLab, tmp_path: Path) -> None:
     """gw1 stops mid-run (SIGSTOP: no FIN, no RST, nothing): its hosts are given up once the command limit
     and a connect timeout per level have passed, not at ssh's keep-alive or never."""
-    argv = setup(lab, tmp_path, slow_rack=1)
-    run(lab, tmp_path, "facts", argv)
-    rig = Path(argv[0])
-    document = yaml.safe_load(rig.read_text())
-    document["defaults"]["command_timeout_s"] = 6
-    rig.write_text(yaml.safe_dump(document, sort_keys=False))
-    freezer = signal_gw1_once_rack1_runs(lab, signal.SIGSTOP)
-    started = time.monotonic()
-    code, facts = run(lab, tmp_path, "facts", argv)
-    elapsed = time.monotonic() - started
-    freezer.join()
-    assert code == 2
-    hosts = facts["hosts"]
-    assert hosts["gpu-003"]["status"] == hosts["gpu-004"]["status"] == "ok", hosts
+    hosts, elapsed = rack1_lost_mid_run(lab, tmp_path, signal.SIGSTOP, command_timeout_s=6)
     bound = 6 + 3 * 2 + 5  # clush._run: the longest limit, a connect timeout per level and the head's
     for name in ("gpu-001", "gpu-002"):
-        assert hosts[name]["status"] == "unreachable", hosts[name]
         assert hosts[name]["error"].startswith(f"gateway gw1 did not answer within {bound}s for {name}"), name
     assert bound < elapsed < bound + 15, elapsed
 
