@@ -165,6 +165,23 @@ class DriverMirror(Fact):
     error: str | None = Field(None, description="why the mirror could not be read or trusted")
 
 
+class ImexNode(Fact):
+    """One node of the IMEX domain as `nvidia-imex-ctl -N -j` lists it."""
+
+    index: int | None = None
+    host: str | None = Field(None, description="its address in nodes_config.cfg")
+    status: str | None = Field(None, description="its daemon's state: READY, WAITING_FOR_PEERS, ...")
+    unconnected: list[str] = Field(default_factory=list, description="peers it is not CONNECTED to")
+
+
+class ImexDomainState(Fact):
+    """The IMEX domain as the running daemon sees it (`nvidia-imex-ctl -N -j`)."""
+
+    status: str = Field(description="UP, DOWN, DEGRADED; NOT_CONFIGURED or UNAVAILABLE when it cannot say")
+    nodes: list[ImexNode] = Field(default_factory=list)
+    error: str | None = Field(None, description="why the status could not be read")
+
+
 class Imex(Fact):
     """nvidia-imex, the daemon of multi-node NVLink (GB200 NVL72 compute trays)."""
 
@@ -172,6 +189,7 @@ class Imex(Fact):
     service: ServiceState = "unknown"
     enabled: bool | None = None
     channels: int | None = Field(None, description="IMEX channel devices; None: not read")
+    domain: ImexDomainState | None = Field(None, description="None: the daemon is not running (or not asked)")
 
 
 class Unit(Fact):

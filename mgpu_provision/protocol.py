@@ -457,6 +457,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
         "unit": line(required=True),
         "enable": flag(required=True),
         "start": flag(required=True),
+        "restart": with_default(flag(), False),  # started again though it runs: it read a changed file
     },
     NOUVEAU: {},
     RESTART: {"command": Arg("a non-empty list of strings", lambda v: texts().ok(v) and bool(v), True)},
@@ -616,10 +617,10 @@ def fabricmanager_step(
     }
 
 
-def service_step(unit: str, enable: bool, start: bool) -> Dict[str, Any]:
+def service_step(unit: str, enable: bool, start: bool, restart: bool = False) -> Dict[str, Any]:
     """Enable (and start, when the driver's module is loaded) or disable and stop a unit (an NVIDIA service
-    or the unit apply writes)."""
-    return {"kind": SERVICE, "unit": unit, "enable": enable, "start": start}
+    or the unit apply writes); `restart` starts a running one again (nvidia-imex after nodes_config.cfg)."""
+    return {"kind": SERVICE, "unit": unit, "enable": enable, "start": start, "restart": restart}
 
 
 def persistenced_step(

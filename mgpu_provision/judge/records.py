@@ -34,6 +34,12 @@ SEVERITIES: Dict[Tuple[str, str], str] = {
     # A box that works now and would come up without a driver at its next boot: a risk, not a failure.
     ("kernel", "next-boot"): WARN,
     ("file", "*"): DRIFT,  # judge/files.py: "file:<path>"
+    # MonitorImex (DCGM 4.7, `DCGM_FR_IMEX_UNHEALTHY`): a domain DOWN or DEGRADED is DCGM_HEALTH_RESULT_FAIL
+    # (modules/health/tests/DcgmHealthWatchTests.cpp "Domain DOWN", "Domain DEGRADED"). DCGM passes a
+    # status it cannot read; a box whose rig asks for a domain fails it too: no multi-node NVLink job runs.
+    ("imex", "domain-down"): FAIL,
+    ("imex", "domain-degraded"): FAIL,
+    ("imex", "domain-unknown"): FAIL,
 }
 
 
@@ -91,6 +97,7 @@ class Expectation(NamedTuple):
     driver_version: Optional[str] = None  # the pin: an exact version, or a branch, or neither (no pin)
     driver_branch: Optional[str] = None
     fabricmanager: bool = False  # Fabric Manager must run (an NVSwitch rig, or the rig installs it)
+    imex_domain: bool = False  # a running nvidia-imex must see its domain UP (driver.imex, not per_job)
     health_skip: Tuple[str, ...] = ()
     critical_xids: Tuple[int, ...] = ()
     ecc: Optional[bool] = None

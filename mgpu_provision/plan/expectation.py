@@ -34,6 +34,9 @@ def for_rig(
         # A GB200/GB300 compute tray's NVLinks end at the rack's switch trays, which run Fabric Manager.
         fabricmanager=not fabric_manager_elsewhere(rig.gpus.model)
         and (bridge.kind == "nvswitch" or (driver is not None and driver.fabricmanager)),
+        imex_domain=driver is not None
+        and driver.imex_domain is not None
+        and driver.imex_domain.peers != "per_job",
         health_skip=tuple(health.skip),
         critical_xids=tuple(health.critical_xids),
         ecc=health.ecc,

@@ -52,6 +52,7 @@ FILES: tuple[ManagedFiles, ...] = (
     # After the NVML steps of its phase, which set the values now; not checked: the unit runs at boot only.
     ManagedFiles(boot_unit.paths, boot_unit.desired, boot_unit.diff, checked=False),
     ManagedFiles(slurm.paths, slurm.desired, slurm.diff),  # with slurmd's restart and the controller checks
+    ManagedFiles(imex.paths, imex.desired, imex.diff_config),  # nodes_config.cfg, nvidia-imex's restart
     # Last: the expectations it installs hold the digests of the files above (not its own).
     ManagedFiles(node_check.paths, node_check.desired, node_check.diff, checked=False),
 )

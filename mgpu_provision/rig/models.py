@@ -185,6 +185,23 @@ class DriverRepo(Strict):
     components: str | None = Field(None, pattern=r"^[A-Za-z0-9_ -]+$", description='e.g. "main contrib"')
 
 
+IMEX_NODES_CONFIG = "/etc/nvidia-imex/nodes_config.cfg"  # IMEX_NODE_CONFIG_FILE in its config.cfg
+ImexPeer = Annotated[str, Field(pattern=r"^[0-9A-Fa-f.:]{2,45}$", description="an IPv4 or IPv6 address")]
+
+
+class ImexDomain(Strict):
+    """Who forms the IMEX domain with this box: NVIDIA's IMEX guide ("Deployment Models") has every node's
+    nodes_config.cfg list the IP addresses of all nodes of the domain, the same list on each."""
+
+    peers: list[ImexPeer] | Literal["fleet", "per_job"] = Field(
+        "fleet",
+        description="the domain's IP addresses; fleet: the addresses of every host of this rig type, in the "
+        "rig file's order; per_job: a Slurm prolog writes the file for each job (or SwitchType="
+        "switch/nvidia_imex), so nothing is written and the domain is not judged between jobs",
+    )
+    nodes_config: PathStr = Field(IMEX_NODES_CONFIG, description="the nodes_config.cfg apply writes")
+
+
 class Driver(Strict):
     version: str | None = Field(None, pattern=DRIVER_VERSION, description='exact version, e.g. "550.54.15"')
     branch: str | None = Field(None, pattern=DRIVER_BRANCH, description='a branch, e.g. "550" (any 550.x)')
@@ -222,11 +239,19 @@ class Driver(Strict):
         "never", description='allowed: reboot to load a new driver; never: report "reboot required"'
     )
     fabricmanager: bool = Field(False, description="install Fabric Manager at exactly the driver's version")
-    imex: bool = Field(
+    imex: bool | ImexDomain = Field(
         False,
         description="multi-node NVLink (GB200/GB300 NVL72 compute trays): nvidia-imex at the driver's "
-        "version, its unit enabled and running, an IMEX channel",
+        "version, its unit enabled and running, an IMEX channel, and nodes_config.cfg listing the domain "
+        "(true: `peers: fleet`)",
     )
+
+    @property
+    def imex_domain(self) -> ImexDomain | None:
+        """The IMEX domain the rig asks for; None without IMEX (`imex: true` is `peers: fleet`)."""
+        if isinstance(self.imex, ImexDomain):
+            return self.imex
+        return ImexDomain() if self.imex else None
     runfile_url: str | None = Field(None, pattern="^(https://|/)[^\\s'\"`$;]+$", description="runfile source")
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     repo: DriverRepo | None = Field(

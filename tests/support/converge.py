@@ -13,15 +13,18 @@ from typing import Any
 
 from mgpu_provision.node.__main__ import handle
 from mgpu_provision.plan.change import Change
-from mgpu_provision.plan.host import plan_host
+from mgpu_provision.plan.host import FILES, plan_host
 from mgpu_provision.rig import load_rig
 from tests.support.factories import facts_from_twin, twin_state_dir
 
 
 def changes_of(rig: Path, host: str, twin: Path, resources: tuple[str, ...]) -> list[Change]:
-    """The plan's changes of `resources` for `host` of the rig file, on the twin's facts."""
+    """The plan's changes of `resources` for `host` of the rig file, on the twin's facts (with the managed
+    files the plan asks the node to describe)."""
     loaded = load_rig(rig)
-    found = plan_host(loaded, loaded.host(host), facts_from_twin(twin))
+    target = loaded.host(host)
+    files = [path for entry in FILES for path in entry.paths(loaded, target)]
+    found = plan_host(loaded, target, facts_from_twin(twin, files=files, include_content=True))
     return [change for change in found if change.resource in resources]
 
 

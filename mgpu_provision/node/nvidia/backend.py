@@ -195,8 +195,8 @@ class Backend(abc.ABC):
         """`{"service", "enabled"}` of any systemd unit, as `persistence_daemon` reports its own."""
 
     @abc.abstractmethod
-    def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
-        """Enable (and start) or disable (and stop) an NVIDIA service."""
+    def switch_service(self, unit: str, enable: bool, start: bool, restart: bool = False) -> Tuple[bool, str]:
+        """Enable (and start) or disable (and stop) an NVIDIA service; `restart`: a running one again."""
 
     @abc.abstractmethod
     def blacklist_nouveau(self) -> Tuple[bool, str]:

@@ -109,8 +109,8 @@ class RealBackend(RealHealth, Backend):
     def unit_state(self, unit: str) -> Dict[str, Any]:
         return services.state(unit)
 
-    def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
-        return services.switch(unit, enable, start)
+    def switch_service(self, unit: str, enable: bool, start: bool, restart: bool = False) -> Tuple[bool, str]:
+        return services.switch(unit, enable, start, restart)
 
     def blacklist_nouveau(self) -> Tuple[bool, str]:
         return runfile.blacklist_nouveau()

@@ -166,7 +166,7 @@ def repository_step(method: str) -> str:
     """What NVIDIA's driver installation guide does first on this box, before any install command: the
     keyring package (apt), the `.repo` file (dnf, yum), `zypper addrepo` with its key (zypper), with the
     repository's name for this distribution and architecture (`ubuntu2404/x86_64`, `rhel9/sbsa`)."""
-    release = system.os_release(system.read_text("/etc/os-release"))
+    release = system.os_release(system.os_release_text())
     os_id = str(release["os_id"] or "")
     version = str(release["os_version_id"] or "")
     platform = str(release["os_platform_id"] or "")

@@ -90,7 +90,7 @@ def check(repo: Dict[str, str], install: List[str]) -> List[str]:
     it lacks (empty: the set resolves). A mirror apt cannot reach or trust fails, naming why. A box that
     installs with dnf, yum or zypper is not asked here: apply reads its mirror right after writing it and
     takes it back when it cannot be read (node/packages/rpmrepo.py)."""
-    release = system.os_release(system.read_text("/etc/os-release"))
+    release = system.os_release(system.os_release_text())
     os_like = release["os_like"] if isinstance(release["os_like"], list) else []
     if (
         families.family_of(str(release["os_id"] or ""), str(release["os_version_id"] or ""), os_like).method
