@@ -465,6 +465,11 @@ class Facts(Fact):
     fabricmanager: FabricManager | None = None
     persistenced: PersistenceDaemon | None = None
     imex: Imex | None = Field(None, description="None: not installed and not looked for")
+    nvidia_repository_missing: str | None = Field(
+        None,
+        description="the repository step of NVIDIA's installation guide when the box's package manager has "
+        "none of NVIDIA's repositories; None: it has one, or it was not asked",
+    )
     driver_mirror: DriverMirror | None = Field(None, description="None: no driver.repo, or not checked")
     units: dict[str, Unit] = Field(default_factory=dict, description="the units the request named, by name")
     sli: SliConfig = SliConfig()

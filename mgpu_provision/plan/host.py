@@ -97,6 +97,7 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         units=boot_unit.units(loaded, host) + node_check.units(loaded, host),
         driver_repo=mirror.repo_of(loaded, host),
         driver_packages=mirror.packages_of(loaded, host),
+        nvidia_repository=driver.asks_nvidia_repository(rig, host),
         state_dir=node_path(loaded, host, loaded.spec.files.state_dir),
         slurm=loaded.rig_of(host).slurm is not None,
         containers=None if rig.containers is None else rig.containers.runtimes,

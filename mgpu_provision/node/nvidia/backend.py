@@ -140,6 +140,11 @@ class Backend(abc.ABC):
     def imex(self) -> Optional[Dict[str, Any]]:
         """`{"version", "service", "enabled", "channels"}` of nvidia-imex, None when it is not installed."""
 
+    @abc.abstractmethod
+    def nvidia_repository_missing(self) -> Optional[str]:
+        """The repository step of NVIDIA's installation guide when the box has no NVIDIA repository
+        configured; None when it has one (or installs with no package manager)."""
+
     def check_mirror(self, repo: Dict[str, str], packages: List[str]) -> Optional[Dict[str, Any]]:
         """`{"missing", "error"}`: whether `packages` resolve from the driver's mirror alone; None where
         there is no package manager to ask (a simulated node)."""

@@ -136,6 +136,16 @@ class SimulatedBackend(SimulatedHealth, Backend):
             " and started" if start and enable else ""
         ) + " (simulated: in the twin's state, not systemd)"
 
+    def nvidia_repository_missing(self) -> Optional[str]:
+        # The twin's `nvidia_repository: false` is a box whose package manager knows none of NVIDIA's.
+        if self.twin.nvidia_repository:
+            return None
+        from ..packages import common
+
+        release = dict(self.twin.os_release, os_platform_id=None)
+        family = common.release_family(release)
+        return None if family.method is None else common.repository_step(family.method, release)
+
     def blacklist_nouveau(self) -> Tuple[bool, str]:
         if self.twin.state.get("nouveau_blacklisted"):
             return False, "nouveau already blacklisted"

@@ -59,6 +59,7 @@ class Twin:
         # What `nvidia-imex-ctl -N -j` says while the simulated daemon runs: its JSON as NVIDIA writes it.
         domain = data.get("imex_domain") or {"status": "UP"}
         self.imex_domain: Dict[str, Any] = _mapping(domain, "imex_domain")
+        self.nvidia_repository = bool(data.get("nvidia_repository", True))
         self.boot_id: Optional[str] = data.get("boot_id")
         self.nouveau = bool(data.get("nouveau", False))
         self.services: Dict[str, Any] = _mapping(data.get("services") or {}, "services")

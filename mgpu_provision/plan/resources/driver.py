@@ -16,7 +16,7 @@ from ...catalog import families, names, sources
 from ...facts import HostInfo
 from ...judge import driver as judge
 from ...rig.cards import nvlink5_hgx, open_modules_only
-from ...rig.models import Driver
+from ...rig.models import Driver, Host, Rig
 from ..change import Action, Change, HostContext, check_failed
 
 
@@ -47,6 +47,19 @@ def resolve(want: Driver, host: HostInfo, model: str) -> Source:
     flavor = want.flavor or sources.default_flavor(name, model, branch_of_rig(want))
     problem = families.method_problem(family, method, name) or _source_problem(want, name, flavor, model)
     return Source(name, method, flavor, problem)
+
+
+# The sources served from NVIDIA's repositories (developer.download.nvidia.com/compute/cuda/repos).
+NVIDIA_SOURCES = ("cuda", "rhel")
+
+
+def asks_nvidia_repository(rig: Rig, host: Host) -> bool:
+    """Whether facts look for NVIDIA's repository on `host`: a package install that may come from it (the
+    rig's source, or the one os-release suggests) without the rig's own mirror."""
+    want = rig.driver
+    if want is None or host.os != "linux" or want.method == "runfile" or want.repo is not None:
+        return False
+    return want.source is None or want.source in NVIDIA_SOURCES
 
 
 def family_of(host: HostInfo) -> families.Family:
@@ -171,6 +184,9 @@ def _install(
         summary = f"{summary} (by hand on {ctx.host.os})"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
     source = resolve(want, ctx.facts.host, ctx.rig.gpus.model)
+    missing = ctx.facts.nvidia_repository_missing
+    if source.name in NVIDIA_SOURCES and missing and want.repo is None and not source.problem:
+        return check_failed("driver", f"{summary} ({source.label}): {missing}", installed, desired)
     if source.problem == families.NO_OS_RELEASE:  # nothing a person does by hand on the box would be right
         return check_failed("driver", f"{summary}: {source.problem}", installed, desired)
     if source.problem:
