@@ -49,14 +49,20 @@ def _tray(tmp_path: Path, imex: str) -> tuple[Path, Path, Path]:
 def test_imex_converges_on_a_gb200_tray_with_its_domain(tmp_path: Path) -> None:
     rig, twin, config = _tray(tmp_path, "{nodes_config: CONFIG}")
     resources = ("imex", "fabricmanager", f"file:{config}")
+    # Another driver first: neither nvidia-imex nor its file before it (dpkg owns the file it brings).
+    rig.write_text(rig.read_text().replace('"580.95.05"', '"580.105.08"'))
+    assert changes_of(rig, "tray1", twin, resources) == []
+    rig.write_text(rig.read_text().replace('"580.105.08"', '"580.95.05"'))
 
-    install, written = changes_of(rig, "tray1", twin, resources)
+    install, written, first_restart = changes_of(rig, "tray1", twin, resources)
     assert (install.resource, install.action, install.desired) == ("imex", "create", "580.95.05")
     assert install.agent_step["packages"] == ["nvidia-imex"] and install.agent_step["unit"] == "nvidia-imex"
     # peers: fleet (the default): every host of the rig type, one IP address a line, in the rig's order.
     assert (written.resource, written.action) == (f"file:{config}", "create")
     assert written.agent_step["content"] == "10.0.0.11\n10.0.0.12\n"
-    results = apply_steps(twin, tmp_path / "apply.lock", [install, written])
+    # The install starts the daemon with the package's file: it is started again once the list is written.
+    assert first_restart.agent_step is not None and first_restart.agent_step["restart"] is True
+    results = apply_steps(twin, tmp_path / "apply.lock", [install, written, first_restart])
     assert all(r["changed"] for r in results), results
     assert config.read_text() == "10.0.0.11\n10.0.0.12\n"
     imex = facts_from_twin(twin).imex
@@ -73,7 +79,7 @@ def test_imex_converges_on_a_gb200_tray_with_its_domain(tmp_path: Path) -> None:
     }  # fmt: skip
     apply_steps(twin, tmp_path / "apply.lock", [update, restart])
     state = json.loads(Path(twin_state_dir(twin), "twin-state").joinpath(_state_name(twin)).read_text())
-    assert state["restarts"] == {"nvidia-imex": 1}
+    assert state["restarts"] == {"nvidia-imex": 2}
     assert changes_of(rig, "tray1", twin, resources) == []
 
 

@@ -28,13 +28,20 @@ if TYPE_CHECKING:
 UNIT = "nvidia-imex"
 
 
-def diff(ctx: HostContext) -> list[Change]:
+def _driver(ctx: HostContext) -> str | None:
+    """The installed driver when it is the rig's and the rig asks for IMEX: nvidia-imex is there, or this
+    apply installs it; None while the driver comes first (IMEX follows at its version)."""
     want = ctx.rig.driver
     if want is None or not want.imex or ctx.host.os != "linux":
-        return []
+        return None
     driver = ctx.facts.driver.installed or ctx.facts.driver.version
-    if driver is None or not satisfies(driver, want):
-        return []  # the driver first; IMEX follows at its version
+    return driver if driver is not None and satisfies(driver, want) else None
+
+
+def diff(ctx: HostContext) -> list[Change]:
+    want, driver = ctx.rig.driver, _driver(ctx)
+    if want is None or driver is None:
+        return []
     imex = ctx.facts.imex
     start = ctx.facts.driver.loaded == driver
     version = imex.version if imex else None
@@ -106,7 +113,11 @@ def peers(loaded: LoadedRig, host: Host) -> list[str]:
 
 
 def desired(ctx: HostContext) -> list[DesiredFile]:
-    """nodes_config.cfg: one IP address a line, as NVIDIA's IMEX guide writes it."""
+    """nodes_config.cfg: one IP address a line, as NVIDIA's IMEX guide writes it. Written once nvidia-imex is
+    there or comes in the same apply (after its install step), over the package's own file: dpkg would
+    refuse a conffile that a package does not own yet."""
+    if _driver(ctx) is None:
+        return []
     content = "".join(f"{address}\n" for address in peers(ctx.loaded, ctx.host))
     return [DesiredFile(path, content, "0644", "driver") for path in paths(ctx.loaded, ctx.host)]
 
@@ -116,17 +127,18 @@ def _config_changes(ctx: HostContext) -> list[Change]:
 
 
 def diff_config(ctx: HostContext) -> list[Change]:
-    """nodes_config.cfg, and the daemon's restart when it changes while the daemon runs (it reads the file
-    only at start; a daemon that starts later, at the boot that loads the driver, reads the new one)."""
+    """nodes_config.cfg, and the daemon's restart when it changes while the driver it runs on is loaded (it
+    reads the file only at start, and this apply's install may have just started it with the package's
+    file); a daemon that starts later, at the boot that loads the driver, reads the new one."""
     written = _config_changes(ctx)
-    imex = ctx.facts.imex
-    if not written or imex is None or imex.service != "active":
+    if not written or ctx.facts.driver.loaded != _driver(ctx):
         return written
+    state = ctx.facts.imex.service if ctx.facts.imex is not None else "absent"
     restart = Change(
         "imex",
         "update",
         f"restart {UNIT}: it reads {written[0].resource.removeprefix('file:')} only when it starts",
-        imex.service,
+        state,
         "restarted",
         agent_step=protocol.service_step(UNIT, True, True, restart=True),
         phase="driver",
