@@ -49,7 +49,7 @@ def _tray(tmp_path: Path, imex: str) -> tuple[Path, Path, Path]:
 def test_imex_converges_on_a_gb200_tray_with_its_domain(tmp_path: Path) -> None:
     rig, twin, config = _tray(tmp_path, "{nodes_config: CONFIG}")
     resources = ("imex", "fabricmanager", f"file:{config}")
-    # Another driver first: neither nvidia-imex nor its file before it (dpkg owns the file it brings).
+    # Another driver first: neither nvidia-imex nor its file before it (its package brings the file).
     rig.write_text(rig.read_text().replace('"580.95.05"', '"580.105.08"'))
     assert changes_of(rig, "tray1", twin, resources) == []
     rig.write_text(rig.read_text().replace('"580.105.08"', '"580.95.05"'))

@@ -114,8 +114,8 @@ def peers(loaded: LoadedRig, host: Host) -> list[str]:
 
 def desired(ctx: HostContext) -> list[DesiredFile]:
     """nodes_config.cfg: one IP address a line, as NVIDIA's IMEX guide writes it. Written once nvidia-imex is
-    there or comes in the same apply (after its install step), over the package's own file: dpkg would
-    refuse a conffile that a package does not own yet."""
+    there or comes in the same apply (after its install step), over the package's own file: a conffile found
+    on disk before its package makes dpkg ask what to keep, and apt runs here without a terminal."""
     if _driver(ctx) is None:
         return []
     content = "".join(f"{address}\n" for address in peers(ctx.loaded, ctx.host))
