@@ -82,5 +82,8 @@ def test_the_node_reads_its_package_managers_repository_files(
     parsed = system.os_release(release)
     (tmp_path / "other.list").write_text("deb http://deb.debian.org/debian bookworm main\n")
     assert "not configured on this box" in (common.nvidia_repository_missing(parsed) or "")
-    shutil.copy(FIXTURES / fixture, tmp_path / fixture)
+    shutil.copy(FIXTURES / fixture, tmp_path / "mirror")  # NVIDIA's path, under another name
+    assert common.nvidia_repository_missing(parsed) is None
+    (tmp_path / "mirror").unlink()
+    (tmp_path / fixture).write_text("[cuda]\nbaseurl=http://127.0.0.1/\n")  # NVIDIA's name, another address
     assert common.nvidia_repository_missing(parsed) is None

@@ -163,8 +163,9 @@ def installed_version() -> Optional[str]:
 CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos/"
 
 
-# Where each package manager reads its repositories; NVIDIA's CUDA repository (and a mirror that keeps its
-# layout) is named by this path in them.
+# Where each package manager reads its repositories. NVIDIA's CUDA repository is a file NVIDIA names
+# `cuda-<distro>[-<arch>]` (cuda-rhel9.repo, cuda-sles15.repo, the keyring package's
+# cuda-ubuntu2404-x86_64.list), or any file naming its path (a mirror that keeps NVIDIA's layout).
 REPOSITORY_FILES = {
     "apt": ("/etc/apt/sources.list", "/etc/apt/sources.list.d/*.list", "/etc/apt/sources.list.d/*.sources"),
     "dnf": ("/etc/yum.repos.d/*.repo",),
@@ -183,7 +184,8 @@ def nvidia_repository_missing(release: Dict[str, object]) -> Optional[str]:
         return None
     for pattern in REPOSITORY_FILES[family.method]:
         for path in sorted(glob.glob(pattern)):
-            if CUDA_REPOS_PATH in (system.read_text(path) or ""):
+            named = os.path.basename(path).startswith("cuda-")
+            if named or CUDA_REPOS_PATH in (system.read_text(path) or ""):
                 return None
     return repository_step(family.method, release)
 
