@@ -33,6 +33,10 @@ SEVERITIES: Dict[Tuple[str, str], str] = {
     ("throttle", "*"): WARN,
     # A box that works now and would come up without a driver at its next boot: a risk, not a failure.
     ("kernel", "next-boot"): WARN,
+    # MonitorNVLink5Fields (2807-2943): an effective BER above 1e-12 or a symbol BER above its floor
+    # (2888-2927) FAILs, as does a rise of any of its counters within the window (2929-2940).
+    ("nvlink-errors", "effective-ber"): FAIL,
+    ("nvlink-errors", "symbol-ber"): FAIL,
     ("file", "*"): DRIFT,  # judge/files.py: "file:<path>"
 }
 
