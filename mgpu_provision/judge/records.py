@@ -38,6 +38,14 @@ SEVERITIES: Dict[Tuple[str, str], str] = {
     ("nvlink-errors", "effective-ber"): FAIL,
     ("nvlink-errors", "symbol-ber"): FAIL,
     ("file", "*"): DRIFT,  # judge/files.py: "file:<path>"
+    # DCGM's diag (judge/dcgm.py, from dcgmi's JSON): a "Fail" fails; a "Warn", or a "Fail" whose every
+    # error is of severity DCGM_ERROR_MONITOR ("can perform workload, but needs to be monitored",
+    # dcgmlib/dcgm_errors.h), warns; a diag that timed out, could not run or printed no report gave no
+    # verdict: said as a warning, the box stays in service.
+    ("dcgm-diag", "warn"): WARN,
+    ("dcgm-diag", "timeout"): WARN,
+    ("dcgm-diag", "unreadable"): WARN,
+    ("dcgm-diag", "error"): WARN,
 }
 
 
@@ -107,6 +115,9 @@ class Expectation(NamedTuple):
     cdi_spec: str = "/etc/cdi/nvidia.yaml"  # the spec apply keeps (the refresh service's, where it runs)
     cdi_kind: str = "nvidia.com/gpu"
     runtimes: Tuple[str, ...] = ()  # docker, containerd, cri-o, podman
+    # The rig's `health.dcgm_diag`: the node check runs `dcgmi diag -r LEVEL -j` within the budget.
+    dcgm_diag_level: Optional[int] = None
+    dcgm_diag_budget_s: float = 120.0
 
     def checks(self, name: str) -> bool:
         return name not in self.health_skip
