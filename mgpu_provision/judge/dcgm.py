@@ -16,7 +16,8 @@ are left out by dcgmi. Pass and Skip are no finding. dcgmi's JSON prints a WARN 
 (`Diag.h`: HelperDisplayDiagResult defaults to DDR_NO_DISPLAY_WARN; DCGM 3 printed only Pass, Skip, Fail),
 so a "Fail" whose every error is of severity DCGM_ERROR_MONITOR ("Can perform workload, but needs to be
 monitored", `dcgmlib/dcgm_errors.h`) is a warning, as a "Warn" is; any other "Fail" fails. An error of
-severity DCGM_ERROR_RESET ("Drain and reset GPU") asks for a GPU reset (`recover`). A diag that timed out,
+severity DCGM_ERROR_RESET ("Drain and reset GPU") says so in the advice; it is no `recovery` for
+`recover`, which judges the facts and never runs the diag again after its reset. A diag that timed out,
 could not run or printed something else is a warning that says so: the gate gave no verdict, and a box is
 not taken out of service for what DCGM could not say.
 """
@@ -114,8 +115,9 @@ def _finding(category: str, name: str, result: Dict[str, Any], advice: str) -> F
     kind = "failed" if status == "fail" and not monitor else "warn"
     said = "; ".join(w for w in words if w)[:QUOTED]
     message = f"{who}: DCGM diag {category} test {name}: {status}" + (f" ({said})" if said else "")
-    recovery = "reset" if DCGM_ERROR_RESET in severities else None
-    return Finding(CHECK, message, status, "pass", gpu, kind, advice=advice, recovery=recovery)
+    if DCGM_ERROR_RESET in severities:
+        advice = "DCGM says: drain and reset the GPU, then run the diag again; " + advice
+    return Finding(CHECK, message, status, "pass", gpu, kind, advice=advice)
 
 
 def _entity(result: Dict[str, Any]) -> Tuple[Optional[int], str]:

@@ -38,10 +38,14 @@ def outcome(reply: str, level: int = 2, **more: Any) -> dict[str, Any]:
             "stdout": reply, "stderr": "", **more}  # fmt: skip
 
 
-def judged(name: str) -> list[tuple[int | None, str, str, str | None]]:
+def judged(name: str) -> list[tuple[int | None, str, str, bool]]:
+    """(GPU, severity, the test, whether the advice passes on DCGM's "drain and reset") of each finding."""
     findings, notes = dcgm.judge_diag(outcome((FIXTURES / name).read_text()))
-    assert notes == []
-    return [(f.gpu, f.severity, f.message.split(":")[1].strip(), f.recovery) for f in findings]
+    assert notes == [] and all(f.recovery is None for f in findings)
+    return [
+        (f.gpu, f.severity, f.message.split(":")[1].strip(), "reset the GPU" in str(f.advice))
+        for f in findings
+    ]
 
 
 @pytest.mark.parametrize("reply", sorted(REPLIES))
@@ -60,18 +64,18 @@ def test_a_passing_level_1_diag_is_no_finding() -> None:
 
 def test_dcgm4_a_fail_fails_and_a_fail_of_monitor_severity_warns_a_skip_is_nothing() -> None:
     assert judged("dcgm4-r2-pcie-fail-thermal-monitor.json") == [
-        (0, "fail", "DCGM diag Integration test pcie", None),
-        (1, "warn", "DCGM diag Hardware test memory", None),
+        (0, "fail", "DCGM diag Integration test pcie", False),
+        (1, "warn", "DCGM diag Hardware test memory", False),
     ]
     findings, _ = dcgm.judge_diag(outcome((FIXTURES / "dcgm4-r2-pcie-fail-thermal-monitor.json").read_text()))
     assert "Detected 112 PCIe replay errors for GPU 0" in findings[0].message
     assert findings[0].reason == "dcgm-diag" and findings[1].reason == "dcgm-diag:warn"
 
 
-def test_dcgm3_deployment_and_per_gpu_results_name_their_gpu_and_reset_severity_asks_for_a_reset() -> None:
+def test_dcgm3_deployment_and_per_gpu_results_name_their_gpu_and_reset_severity_is_in_the_advice() -> None:
     assert judged("dcgm3-r2-pcie-fail-retired-page.json") == [
-        (1, "fail", "DCGM diag Deployment test Page Retirement/Row Remap", "reset"),
-        (0, "fail", "DCGM diag Integration test PCIe", None),
+        (1, "fail", "DCGM diag Deployment test Page Retirement/Row Remap", True),
+        (0, "fail", "DCGM diag Integration test PCIe", False),
     ]
 
 
