@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 
 from mgpu_provision import cli
+from tests.support.dcgm import ARGV, FIXTURES, dcgmi_on_host
 from tests.support.factories import rtx3090_twin
-from tests.support.hosts import MANAGED_DIRS, HostFactory, TestHost
+from tests.support.hosts import HostFactory, TestHost
 
-FIXTURE = (
-    Path(__file__).resolve().parents[1] / "fixtures" / "dcgm" / "dcgm4-r2-pcie-fail-thermal-monitor.json"
-)
+FIXTURE = FIXTURES / "dcgm4-r2-pcie-fail-thermal-monitor.json"
 COMMAND = "/usr/local/bin/mgpu-provision-check"
 BUDGET_S, DEADLINE_S = 10, 20
 PAIR = {
@@ -30,14 +29,6 @@ PAIR = {
     "driver": {"version": "550.54.15", "reboot": "never"},
     "health": {"dcgm_diag": {"level": 2, "budget_s": BUDGET_S}},
 }
-
-
-def put_dcgmi(host: TestHost, body: str) -> None:
-    """A stand-in `dcgmi` in the box's private /usr/local/bin (on a root login's PATH)."""
-    folder = host.dir / "managed" / str(MANAGED_DIRS.index("/usr/local/bin"))
-    script = folder / "dcgmi"
-    script.write_text(f'#!/bin/sh\necho "$@" > /usr/local/bin/dcgmi.argv\n{body}\n')
-    script.chmod(0o755)
 
 
 def over_ssh(factory: HostFactory, host: TestHost, command: str) -> subprocess.CompletedProcess[str]:
@@ -63,8 +54,8 @@ def test_the_installed_check_runs_the_boxs_dcgmi_within_its_budget(
     capsys.readouterr()
     code = cli.main(["apply", str(rig), "--known-hosts", str(test_hosts.known_hosts), "--yes", "--json"])
     assert code == 0, capsys.readouterr().out
-    put_dcgmi(failing, f"cat {FIXTURE}")
-    put_dcgmi(hanging, "exec sleep 117.5")  # a length no other process on this machine sleeps
+    folder = dcgmi_on_host(failing, f"cat {FIXTURE}")
+    dcgmi_on_host(hanging, "exec sleep 117.5")  # a length no other process on this machine sleeps
 
     result = over_ssh(test_hosts, failing, f"{COMMAND} --json")
     report = json.loads(result.stdout)
@@ -74,7 +65,7 @@ def test_the_installed_check_runs_the_boxs_dcgmi_within_its_budget(
         ("dcgm-diag", "warn", 1),
     ]
     assert "Detected 112 PCIe replay errors for GPU 0" in report["findings"][0]["message"]
-    assert failing.run_in_ns("cat /usr/local/bin/dcgmi.argv").stdout == "diag -r 2 -j\n"
+    assert (folder / ARGV).read_text() == "diag -r 2 -j\n"
     lines = over_ssh(test_hosts, failing, COMMAND).stdout.splitlines()
     assert lines[0].startswith("FAIL dcgm-diag: GPU 0: DCGM diag Integration test pcie: fail")
     assert lines[1].startswith("WARN dcgm-diag: GPU 1: DCGM diag Hardware test memory: fail")

@@ -20,10 +20,10 @@ from mgpu_provision.node.verbs.dcgm_diag import run_diag
 from mgpu_provision.plan.host import host_context
 from mgpu_provision.plan.resources import node_check
 from mgpu_provision.rig import load_rig
+from tests.support.dcgm import ARGV, FIXTURES, stand_in_dcgmi
 from tests.support.factories import facts
 from tests.support.node_check_helpers import PAIR, Node
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm"
 REPLIES = {
     "dcgm4-r1-pass.json": "dcgm4-diag-schema.json",
     "dcgm4-r2-pcie-fail-thermal-monitor.json": "dcgm4-diag-schema.json",
@@ -130,15 +130,6 @@ def test_without_dcgmi_the_diag_is_a_note_not_a_finding() -> None:
     )
 
 
-def stand_in_dcgmi(folder: Path, body: str) -> Path:
-    """A `dcgmi` on PATH, part of the simulated NVIDIA layer: it records its arguments, then runs `body`."""
-    folder.mkdir(exist_ok=True)
-    script = folder / "dcgmi"
-    script.write_text(f'#!/bin/sh\necho "$@" > {folder / "argv"}\n{body}\n')
-    script.chmod(0o755)
-    return folder
-
-
 def test_run_diag_runs_dcgmi_from_path_and_a_slow_one_is_cut_at_its_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -146,7 +137,7 @@ def test_run_diag_runs_dcgmi_from_path_and_a_slow_one_is_cut_at_its_budget(
     monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
     done = run_diag(1, 30.0)
     assert (done["installed"], done["timed_out"], done["exit_code"]) == (True, False, 0)
-    assert (folder / "argv").read_text() == "diag -r 1 -j\n"
+    assert (folder / ARGV).read_text() == "diag -r 1 -j\n"
     assert dcgm.judge_diag(done) == ([], [])
     stand_in_dcgmi(folder, "sleep 30 & sleep 30")  # a child holding its output open is ended with it
     started = time.monotonic()
@@ -169,14 +160,14 @@ def test_the_node_check_runs_the_rigs_diag_and_exits_2_on_its_failure(node: Node
         ("dcgm-diag", "fail", 0),
         ("dcgm-diag", "warn", 1),
     ]
-    assert (folder / "argv").read_text() == "diag -r 2 -j\n"
+    assert (folder / ARGV).read_text() == "diag -r 2 -j\n"
     assert 'mgpu_provision_check_passed{check="dcgm_diag"} 0\n' in node.prom.read_text()
     # Slurm's health script leaves it out (slurmd's 60 s), as does a rig without health.dcgm_diag.
-    (folder / "argv").unlink()
+    (folder / ARGV).unlink()
     assert node.run("--no-dcgm-diag", path_prepend=str(folder)).returncode == 0
     node.expect(PAIR)
     assert node.run(path_prepend=str(folder)).returncode == 0
-    assert not (folder / "argv").exists()
+    assert not (folder / ARGV).exists()
 
 
 def test_the_node_check_without_dcgm_notes_it_and_a_slow_diag_is_a_warning(
