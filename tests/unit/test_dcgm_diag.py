@@ -139,6 +139,10 @@ def test_run_diag_runs_dcgmi_from_path_and_a_slow_one_is_cut_at_its_budget(
     assert (done["installed"], done["timed_out"], done["exit_code"]) == (True, False, 0)
     assert (folder / ARGV).read_text() == "diag -r 1 -j\n"
     assert dcgm.judge_diag(done) == ([], [])
+    (folder / "dcgmi").write_text("#!/nonexistent/interpreter\n")  # found on PATH, cannot start
+    findings, _ = dcgm.judge_diag(run_diag(1, 30.0))
+    assert [(f.kind, f.severity) for f in findings] == [("unreadable", "warn")]
+    assert "No such file or directory" in findings[0].message
     stand_in_dcgmi(folder, "sleep 30 & sleep 30")  # a child holding its output open is ended with it
     started = time.monotonic()
     done = run_diag(2, 1.0)

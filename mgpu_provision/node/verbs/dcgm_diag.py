@@ -24,14 +24,17 @@ def run_diag(level: int, budget_s: float) -> Dict[str, Any]:
     if dcgmi is None:
         return outcome
     started = time.monotonic()
-    child = subprocess.Popen(
-        [dcgmi, "diag", "-r", str(level), "-j"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        text=True,
-    )
+    try:
+        child = subprocess.Popen(
+            [dcgmi, "diag", "-r", str(level), "-j"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            text=True,
+        )
+    except OSError as exc:  # found but not runnable (a broken interpreter line, a file gone meanwhile)
+        return dict(outcome, installed=True, timed_out=False, exit_code=None, stdout="", stderr=str(exc))
     try:
         out, err = child.communicate(timeout=budget_s)
     except subprocess.TimeoutExpired:
