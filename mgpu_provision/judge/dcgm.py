@@ -62,8 +62,10 @@ def judge_diag(outcome: Dict[str, Any]) -> Tuple[List[Finding], List[str]]:
 
 
 def _root(text: str) -> Optional[Dict[str, Any]]:
+    """The report's root object; a line logged before or after the JSON (dcgmi, its libraries) is skipped."""
+    start = text.find("{")
     try:
-        data = json.loads(text)
+        data, _ = json.JSONDecoder().raw_decode(text, max(start, 0))
     except ValueError:
         return None
     if not isinstance(data, dict):

@@ -60,6 +60,10 @@ def test_each_composed_reply_follows_dcgms_schema_for_its_version(reply: str) ->
 
 def test_a_passing_level_1_diag_is_no_finding() -> None:
     assert judged("dcgm4-r1-pass.json") == []
+    logged = (
+        "Warning: a line logged before the report\n" + (FIXTURES / "dcgm4-r1-pass.json").read_text() + "\n\n"
+    )
+    assert dcgm.judge_diag(outcome(logged)) == ([], [])
 
 
 def test_dcgm4_a_fail_fails_and_a_fail_of_monitor_severity_warns_a_skip_is_nothing() -> None:
