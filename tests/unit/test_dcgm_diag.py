@@ -191,6 +191,7 @@ def test_the_node_check_without_dcgm_notes_it_and_a_slow_diag_is_a_warning(
         == "NOTE dcgm-diag: DCGM is not installed (no dcgmi on PATH), diag skipped"
     )
     assert result.stdout.splitlines()[1].startswith("OK: ")
+    assert 'check="dcgm_diag"' not in node.prom.read_text()  # a skipped diag is no diag that passed
     folder = stand_in_dcgmi(tmp_path / "bin", "exec sleep 60")
     started = time.monotonic()
     result = node.run(path_prepend=str(folder))

@@ -234,7 +234,8 @@ def judge(options: argparse.Namespace, run: Run) -> None:
     # After the lock: a diag takes minutes, and another run (Slurm's, without it) must not wait for it.
     if expect.dcgm_diag_level is not None and run.facts is not None and not options.no_dcgm_diag:
         findings, run.notes = judge_diag(run_diag(expect.dcgm_diag_level, expect.dcgm_diag_budget_s))
-        run.judged.append(("dcgm_diag", findings))
+        if not run.notes:  # skipped (no DCGM): no `passed` series that would read as a diag that passed
+            run.judged.append(("dcgm_diag", findings))
 
 
 def finding_json(finding: Finding) -> Dict[str, Any]:
