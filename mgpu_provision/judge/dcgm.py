@@ -116,7 +116,8 @@ def _finding(category: str, name: str, result: Dict[str, Any], advice: str) -> F
     monitor = status == "fail" and bool(severities) and all(s == DCGM_ERROR_MONITOR for s in severities)
     kind = "failed" if status == "fail" and not monitor else "warn"
     said = "; ".join(w for w in words if w)[:QUOTED]
-    message = f"{who}: DCGM diag {category} test {name}: {status}" + (f" ({said})" if said else "")
+    shown = status + (", DCGM severity MONITOR" if monitor else "")
+    message = f"{who}: DCGM diag {category} test {name}: {shown}" + (f" ({said})" if said else "")
     if DCGM_ERROR_RESET in severities:
         advice = "DCGM says: drain and reset the GPU, then run the diag again; " + advice
     return Finding(CHECK, message, status, "pass", gpu, kind, advice=advice)

@@ -73,6 +73,7 @@ def test_dcgm4_a_fail_fails_and_a_fail_of_monitor_severity_warns_a_skip_is_nothi
     ]
     findings, _ = dcgm.judge_diag(outcome((FIXTURES / "dcgm4-r2-pcie-fail-thermal-monitor.json").read_text()))
     assert "Detected 112 PCIe replay errors for GPU 0" in findings[0].message
+    assert "test memory: fail, DCGM severity MONITOR (Temperature 93 of GPU 1" in findings[1].message
     assert findings[0].reason == "dcgm-diag" and findings[1].reason == "dcgm-diag:warn"
 
 
