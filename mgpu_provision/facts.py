@@ -258,6 +258,13 @@ class NvlinkErrors(Fact):
     recovery_events: int | None = Field(None, description="link recoveries, whatever their result (NVLink5)")
     recovery_failed: int | None = Field(None, description="recoveries that left the link down (NVLink5)")
     symbol: int | None = Field(None, description="rx symbol errors FEC could not correct (NVLink5)")
+    malformed: int | None = Field(None, description="malformed packets received (NVLink5)")
+    dropped: int | None = Field(None, description="packets discarded on rx for a buffer overrun (NVLink5)")
+    rx_errors: int | None = Field(None, description="packets received with errors (NVLink5)")
+    rx_remote: int | None = Field(None, description="packets received with a stomp/EBP marker (NVLink5)")
+    rx_general: int | None = Field(None, description="packets received with a header mismatch (NVLink5)")
+    integrity: int | None = Field(None, description="times local errors passed their threshold (NVLink5)")
+    effective_errors: int | None = Field(None, description="errors left after FEC (NVLink5)")
     source: Literal["counters", "fields"] = Field(
         "counters", description="nvmlDeviceGetNvLinkErrorCounter, or field values (Blackwell)"
     )
@@ -319,6 +326,11 @@ class GpuHealth(Fact):
         None, description="the driver's SRAM error threshold verdict"
     )
     memory_unrepairable: bool | None = Field(None, description="NVML's unrepairable-memory flag")
+    nvlink_ber: dict[Literal["effective", "symbol"], int] | None = Field(
+        None,
+        description="NVLink5: the GPU's effective and symbol BER over all its links, as NVML packs them "
+        "(bits 8-11 the mantissa, 0-7 the exponent: BER = mantissa * 10^-exponent)",
+    )
     change: dict[str, int] | None = Field(
         None, description="ECC and violation counters' rise over HostHealth.counters_interval_s"
     )

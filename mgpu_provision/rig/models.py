@@ -278,6 +278,24 @@ HealthCheck = Literal[
 HEALTH_CHECKS: tuple[str, ...] = get_args(HealthCheck)
 
 
+class DcgmDiag(Strict):
+    """DCGM's active diagnostic as a gate of the node check where DCGM is installed (`dcgmi diag -r N -j`);
+    without dcgmi the check notes it and goes on."""
+
+    level: Literal[1, 2] = Field(
+        1,
+        description="1: deployment and software checks (seconds); 2: also PCIe, memory and a short "
+        "stress (about two minutes, the GPUs busy)",
+    )
+    budget_s: float = Field(
+        120.0,
+        ge=10,
+        le=3600,
+        description="the diag is ended after this many seconds (a warning says so); each node check run "
+        "takes up to this much longer",
+    )
+
+
 class Health(Strict):
     """Health checks on every box of the rig: all on by default; `skip` switches some off."""
 
@@ -305,6 +323,11 @@ class Health(Strict):
         "default", description="compute mode apply sets on every GPU"
     )
     mig: bool = Field(False, description="expected MIG mode (a change needs a GPU reset: a manual step)")
+    dcgm_diag: DcgmDiag | None = Field(
+        None,
+        description="run DCGM's diagnostic in each node check run by its timer or by hand (not under "
+        "Slurm's HealthCheckProgram: slurmd ends it after 60 s); null: no diag",
+    )
 
     def checks(self, name: str) -> bool:
         return name not in self.skip

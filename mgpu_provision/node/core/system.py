@@ -132,3 +132,16 @@ def run(
         return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: command not found")
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]}: timed out after {timeout:g} s")
+
+
+def end_group(child: "subprocess.Popen[str]") -> None:
+    """Kill a child started with `start_new_session` and everything it started (its process group)."""
+    import contextlib
+    import signal
+    import subprocess
+
+    with contextlib.suppress(OSError):
+        os.killpg(child.pid, signal.SIGKILL)
+    # A process stuck in the kernel (a hung NVML ioctl) may not die: it is not waited for long.
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.communicate(timeout=1.0)
