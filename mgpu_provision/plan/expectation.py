@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from ..catalog.topology import TopoMatrix
 from ..judge.records import Expectation
 from ..rig.cards import fabric_manager_elsewhere
-from ..rig.models import Cdi, Host, Rig
+from ..rig.models import Cdi, DcgmDiag, Host, Rig
 
 
 def for_rig(
@@ -19,6 +19,7 @@ def for_rig(
 ) -> Expectation:
     """The record for a host of `rig`, with its captured topology and (path -> sha256) managed files."""
     driver, health, bridge = rig.driver, rig.health, rig.bridge
+    diag = health.dcgm_diag
     return Expectation(
         gpu_model=rig.gpus.model,
         gpu_count=rig.gpus.count,
@@ -34,6 +35,9 @@ def for_rig(
         # A GB200/GB300 compute tray's NVLinks end at the rack's switch trays, which run Fabric Manager.
         fabricmanager=not fabric_manager_elsewhere(rig.gpus.model)
         and (bridge.kind == "nvswitch" or (driver is not None and driver.fabricmanager)),
+        imex_domain=driver is not None
+        and driver.imex_domain is not None
+        and driver.imex_domain.peers != "per_job",
         health_skip=tuple(health.skip),
         critical_xids=tuple(health.critical_xids),
         ecc=health.ecc,
@@ -44,6 +48,8 @@ def for_rig(
         toolkit_version=None if rig.containers is None else rig.containers.toolkit,
         cdi_spec=(Cdi() if rig.containers is None else rig.containers.cdi).output,
         runtimes=() if rig.containers is None else tuple(rig.containers.runtimes),
+        dcgm_diag_level=None if diag is None else diag.level,
+        dcgm_diag_budget_s=(diag or DcgmDiag()).budget_s,
     )
 
 
