@@ -111,6 +111,13 @@ class TreeLab:
         self.head = Netns()
         self.gateway_ns = [Netns() for _ in range(self.racks)]
         self.rack_ns = [Netns() for _ in range(self.racks)]
+        try:
+            self._build()
+        except BaseException:
+            self.close()  # nothing outlives a lab that did not come up
+            raise
+
+    def _build(self) -> None:
         for ns in (self.head, *self.gateway_ns, *self.rack_ns):
             _wait_namespace(ns)
         for g in range(1, self.racks + 1):
@@ -130,6 +137,7 @@ class TreeLab:
         self, name: str, rack: int, twin: Mapping[str, Any] | str, rig: str, extra_sshd_config: str = ""
     ) -> TestHost:
         index = sum(1 for r, _ in self.nodes.values() if r == rack)
+        assert index < self.nodes_per_rack, f"rack {rack} has addresses for {self.nodes_per_rack} nodes"
         host = self.factory.start(
             name, twin, rig=rig, netns=self.rack_ns[rack - 1].prefix, address=self.node_address(rack, index),
             extra_sshd_config=extra_sshd_config,
