@@ -20,17 +20,17 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
-
 from ..errors import AgentError, ConnectionFailed
 from ..facts import Facts
 from ..protocol import ERROR_KINDS, SIMULATE_ENV
+from ..records import Record, RecordError
 from .options import AgentPayload, FleetOptions
 from .targets import HostTarget, describe
 
 if TYPE_CHECKING:
     import fabric
     import paramiko
+    from pydantic import BaseModel, ValidationError
 
 CONNECTION_LOST = -1  # Paramiko's exit status when the channel closed without one (sshd killed, link cut)
 AGENT_MISSING = 97  # the cached-agent command's "upload me, then run again" exit code
@@ -264,7 +264,7 @@ class LocalAgentSession(AgentSession):
         partial.replace(cache / self.agent.name)
 
 
-Reply = TypeVar("Reply", bound=BaseModel)
+Reply = TypeVar("Reply", bound="BaseModel | Record")
 
 
 def read_reply(
@@ -283,10 +283,14 @@ def read_reply(
 def validated(
     answer: dict[str, Any], model: type[Reply], verb: str, where: str, what: str = "a reply"
 ) -> Reply:
-    """`answer` as `model`, or an AgentError naming the fields that drifted from the contract."""
+    """`answer` as `model` (a plain record such as Facts, or a pydantic model: pydantic is imported only
+    for those), or an AgentError naming the fields that drifted from the contract."""
+    drift: type[RecordError | ValidationError] = RecordError
+    if not issubclass(model, Record):
+        from pydantic import ValidationError as drift
     try:
-        return model.model_validate(answer)
-    except ValidationError as exc:
+        return model.model_validate(answer)  # type: ignore[return-value]
+    except drift as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in error['loc']) or 'result'}: {error['msg']}"
             for error in exc.errors()[:5]

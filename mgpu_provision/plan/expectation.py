@@ -7,17 +7,21 @@ a node that judges itself reads the same record from a JSON file apply wrote (`j
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from ..catalog.topology import TopoMatrix
 from ..judge.records import Expectation
 from ..rig.cards import fabric_manager_elsewhere
-from ..rig.models import Cdi, Host, Rig
+
+if TYPE_CHECKING:
+    from ..catalog.topology import TopoMatrix
+    from ..rig.models import Host
+    from ..rig.rig import LoadedRig
 
 
-def for_rig(
-    rig: Rig, host: Host, topology: TopoMatrix | None, files: Mapping[str, str] | None = None
-) -> Expectation:
-    """The record for a host of `rig`, with its captured topology and (path -> sha256) managed files."""
+def for_rig(loaded: LoadedRig, host: Host, files: Mapping[str, str] | None = None) -> Expectation:
+    """The record for `host` of its rig, with the rig's captured topology and (path -> sha256) managed
+    files."""
+    rig, topology, cdi = loaded.rig_of(host), loaded.topologies.get(host.rig), loaded.defaults.cdi
     driver, health, bridge = rig.driver, rig.health, rig.bridge
     return Expectation(
         gpu_model=rig.gpus.model,
@@ -42,7 +46,7 @@ def for_rig(
         files=dict(files or {}),
         containers=rig.containers is not None,
         toolkit_version=None if rig.containers is None else rig.containers.toolkit,
-        cdi_spec=(Cdi() if rig.containers is None else rig.containers.cdi).output,
+        cdi_spec=(cdi if rig.containers is None else rig.containers.cdi).output,
         runtimes=() if rig.containers is None else tuple(rig.containers.runtimes),
     )
 

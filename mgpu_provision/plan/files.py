@@ -25,13 +25,13 @@ from ..errors import ProvisionError
 from ..facts import Facts, ManagedFile
 from ..judge.files import same_digest
 from ..rig.envvalues import value_problem
-from ..rig.models import Host
 from .change import Change, HostContext, Phase
 
 if TYPE_CHECKING:
     import jinja2
 
     from ..rig import LoadedRig
+    from ..rig.models import Host
 
 # Values systemd and sh both take unquoted; anything else is double-quoted with escapes.
 _BARE_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%+/^-]+")

@@ -83,6 +83,36 @@ def test_json_runs_on_a_local_rig_load_no_console_and_no_ssh(
     assert not loaded & {"rich", *SSH, "ansible"}
 
 
+def test_importing_the_plan_command_loads_no_models_console_templates_or_ssh(tmp_path: Path) -> None:
+    """Issue 41: importing `commands.plan` (what every plan pays before it reads a host) loads none of the
+    heavy packages: the rig and the facts are plain records, rich draws only on a terminal, jinja2 loads
+    at the first file rendered, Fabric at the first SSH host, the pictures' modules for --svg/--report."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import mgpu_provision.commands.plan"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=tmp_path,  # not the checkout, whose package `-c` would put ahead of PYTHONPATH
+    )
+    loaded = set(re.findall(r"^import time:.*\| +(\S+)$", done.stderr, re.MULTILINE))
+    assert "mgpu_provision.commands.plan" in loaded
+    heavy = {"pydantic", "pydantic_core", "rich", "jinja2", "yaml", *SSH}
+    assert not {name.split(".")[0] for name in loaded} & heavy
+    pictures = {"mgpu_provision.commands.fleet_report", "mgpu_provision.commands.box_picture"}
+    assert not loaded & (pictures | {"mgpu_provision.rig.models", "mgpu_provision.rig.loader"})
+
+
+def test_plan_of_a_cached_rig_file_loads_no_pydantic(tmp_path: Path, bundles: Path, local_rig: Path) -> None:
+    """Issue 41: pydantic validates the rig file once; a later plan unpickles the rig as plain records and
+    reads the facts reply with the records' reader, so the whole run never imports it."""
+    first, before = cli_modules(tmp_path, bundles, "plan", str(local_rig), "--json")
+    second, after = cli_modules(tmp_path, bundles, "plan", str(local_rig), "--json")
+    assert first == second == 2
+    assert "pydantic" in before  # the first run validated the file
+    assert not after & {"pydantic", "pydantic_core", "yaml", "rich", *SSH}
+
+
 def test_plan_for_people_on_a_local_rig_loads_rich_but_no_ssh(
     tmp_path: Path, bundles: Path, local_rig: Path
 ) -> None:
