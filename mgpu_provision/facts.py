@@ -459,7 +459,9 @@ class Facts(Fact):
     health: HostHealth | None = Field(None, description="None from an agent that does not read health")
     interfaces: list[NetInterface] | None = Field(None, description="None: the agent did not report them")
     cpu: CpuInfo | None = None
-    machine: Machine | None = Field(None, description="None: an older agent, or /sys could not say")
+    machine: Machine | None = Field(
+        None, description="None: not asked (a rig without `slurm`), an older agent, or /sys could not say"
+    )
     slurm: SlurmNode | None = Field(None, description="None: not asked, or no slurmd installed")
     containers: ContainerFacts | None = Field(None, description="None: not asked (no containers section)")
 
