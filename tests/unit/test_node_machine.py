@@ -81,7 +81,10 @@ def test_key_values_keep_a_reason_with_spaces() -> None:
     assert pairs["Reason"] == "mgpu: GPU 1 lost [root@x]"
 
 
-def test_twin_machine_minor_numbers_and_affinity_reach_the_facts(tmp_path: Path) -> None:
+def test_twin_machine_minor_numbers_and_affinity_reach_the_facts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(machine, "slurm", lambda *args: None)  # no slurmd of this machine is asked
     twin = write_twin(
         tmp_path,
         DEEPOPS_TOPOLOGY,

@@ -188,6 +188,33 @@ def test_templates_are_compiled_once_not_on_every_run(tmp_path: Path, bundles: P
     assert runs[1] == "2 0"
 
 
+def test_a_plan_of_an_unchanged_box_renders_its_files_from_the_cache_without_jinja2(
+    tmp_path: Path, bundles: Path, local_rig: Path
+) -> None:
+    """Issue 41: the managed files a plan renders are kept with their values and the templates' code, so
+    the next plan of the same box imports no jinja2 and shows the same plan, byte for byte."""
+    cache = tmp_path / "xdg"
+    runs = []
+    for _ in range(2):
+        report = tmp_path / "modules.json"
+        done = subprocess.run(
+            [sys.executable, "-c", _CLI_THEN_MODULES, str(report), "plan", str(local_rig), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(cache)},
+            cwd=tmp_path,
+        )
+        assert report.exists(), done.stderr
+        plan = json.loads(done.stdout)
+        for host in plan["hosts"].values():
+            host.pop("elapsed_s", None)
+        runs.append((plan, "jinja2" in json.loads(report.read_text())["modules"]))
+    (first, first_jinja2), (second, second_jinja2) = runs
+    assert first_jinja2 and not second_jinja2
+    assert first == second and first["exit_code"] == 2  # the same creates, diffs included
+
+
 def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> None:
     """Every agent call pays for every module it imports; facts is the one every plan makes."""
     pyz = tmp_path / "agent.pyz"
