@@ -49,6 +49,29 @@ def _not_the_machines_state_folder(
     monkeypatch.setattr(twin, "DEFAULT_STATE_DIR", str(tmp_path_factory.getbasetemp() / "node-state"))
 
 
+MACHINE_STATE_DIR = Path("/var/lib/mgpu-provision")
+
+
+def _listing(folder: Path) -> dict[str, int]:
+    try:
+        return {entry.name: entry.stat().st_mtime_ns for entry in folder.iterdir()}
+    except OSError:
+        return {}
+
+
+@pytest.fixture(autouse=True)
+def _machine_state_folder_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
+    """No test writes this machine's /var/lib/mgpu-provision (a test host binds a private folder over it
+    inside its own mount namespace; the empty mount point is all the machine keeps): a test that does fails,
+    naming what it left there."""
+    before = _listing(MACHINE_STATE_DIR)
+    yield
+    after = _listing(MACHINE_STATE_DIR)
+    changed = sorted(name for name, mtime in after.items() if before.get(name) != mtime)
+    if changed:
+        pytest.fail(f"{request.node.nodeid} wrote this machine's {MACHINE_STATE_DIR}: {', '.join(changed)}")
+
+
 @pytest.fixture(scope="session")
 def _client_key() -> Iterator[hosts.ClientKey]:
     hosts.require_harness()

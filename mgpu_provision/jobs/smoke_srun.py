@@ -27,6 +27,7 @@ from ..plan.resources.slurm import slurm_name, srun_options
 from ..rig.rig import LoadedRig
 from .smoke import (
     CALL_MARGIN_S,
+    GroupReport,
     NodePart,
     NodeReport,
     SmokeReport,
@@ -138,28 +139,41 @@ def run_smoke_srun(
     collected = run_fleet(
         read_back, lambda s: call(s, "collect", ROUND_TIMEOUT_S), dataclasses.replace(options, forks=1)
     )
-    report_groups = []
-    for master, members in groups.items():
-        ranks: dict[int, dict[str, Any]] = {}
-        for part in members:
-            outcome = collected.get(part.host)
-            for rank in ((outcome.value if outcome else None) or {}).get("ranks") or []:
-                ranks.setdefault(int(rank.get("rank", -1)), dict(rank))
-        step = steps.get(members[0].host)
-        nodes = []
-        for part in members:
-            own = [r for r in ranks.values() if r.get("hostname") == part.host]
-            node = node_of(part, prepared[part.host], own, master in ready)
-            nodes.append(node)
-            if on_node_done is not None:
-                on_node_done(part.host, node.ok)
-        group = judge_group(members, nodes)
-        srun: dict[str, Any] | None = None
-        problems = list(group.problems)
-        if step is not None:
-            value = step.value or {}
-            srun = {k: value.get(k) for k in ("job_id", "nodes", "exit_code", "elapsed_s")}
-            if step.status != "ok" or not value.get("ok"):
-                problems.append(f"srun step on {members[0].host}: {step.error or value.get('diagnosis')}")
-        report_groups.append(dataclasses.replace(group, problems=problems, srun=srun))
+    report_groups = [
+        _group_report(members, prepared, collected, steps.get(members[0].host), master in ready, on_node_done)
+        for master, members in groups.items()
+    ]
     return SmokeReport(run_id, report_groups, [*skipped, *notices(parts)])
+
+
+def _group_report(
+    members: list[NodePart],
+    prepared: dict[str, HostOutcome[dict[str, Any]]],
+    collected: dict[str, HostOutcome[dict[str, Any]]],
+    step: HostOutcome[dict[str, Any]] | None,
+    started: bool,
+    on_node_done: Callable[[str, bool], None] | None,
+) -> GroupReport:
+    """One DDP group's report: its ranks as the nodes wrote them, each node judged, and the srun step that
+    started the group (run from its first member) with what went wrong with it."""
+    ranks: dict[int, dict[str, Any]] = {}
+    for part in members:
+        outcome = collected.get(part.host)
+        for rank in ((outcome.value if outcome else None) or {}).get("ranks") or []:
+            ranks.setdefault(int(rank.get("rank", -1)), dict(rank))
+    nodes = []
+    for part in members:
+        own = [r for r in ranks.values() if r.get("hostname") == part.host]
+        node = node_of(part, prepared[part.host], own, started)
+        nodes.append(node)
+        if on_node_done is not None:
+            on_node_done(part.host, node.ok)
+    group = judge_group(members, nodes)
+    srun: dict[str, Any] | None = None
+    problems = list(group.problems)
+    if step is not None:
+        value = step.value or {}
+        srun = {k: value.get(k) for k in ("job_id", "nodes", "exit_code", "elapsed_s")}
+        if step.status != "ok" or not value.get("ok"):
+            problems.append(f"srun step on {members[0].host}: {step.error or value.get('diagnosis')}")
+    return dataclasses.replace(group, problems=problems, srun=srun)

@@ -216,14 +216,10 @@ def test_a_box_of_4_numa_nodes_on_2_sockets_registers_idle_with_numa_nodes_as_so
 HEALTH_ENV = "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURMD_NODENAME=na"
 
 
-def health_checked_node(
-    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
-) -> tuple[TestHost, Callable[[str], subprocess.CompletedProcess[str]]]:
-    """Node na of a running cluster, applied with the node check as slurmd's HealthCheckProgram; and how to
-    run an installed program on it as slurmd runs that one: root, only PATH and SLURMD_NODENAME (no
-    SLURM_CONF), plus the twin that stands for this box's NVIDIA layer."""
-    (host,) = slurm_hosts(test_hosts, cluster, ("na",))
-    rig = test_hosts.write_rig(
+def health_check_rig(test_hosts: HostFactory, tmp_path: Path, host: TestHost, deadline_s: int) -> Path:
+    """A rig of one pair box whose node check slurmd runs as its HealthCheckProgram (no timer: the node
+    check apply installs is the script Slurm calls)."""
+    return test_hosts.write_rig(
         tmp_path / "rig.yaml",
         [host],
         rigs={
@@ -235,8 +231,18 @@ def health_checked_node(
                 },
             }
         },
-        node_check={"interval": None, "deadline_s": 20},  # Slurm runs it: the node check apply installs
+        node_check={"interval": None, "deadline_s": deadline_s},
     )
+
+
+def health_checked_node(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> tuple[TestHost, Callable[[str], subprocess.CompletedProcess[str]]]:
+    """Node na of a running cluster, applied with the node check as slurmd's HealthCheckProgram; and how to
+    run an installed program on it as slurmd runs that one: root, only PATH and SLURMD_NODENAME (no
+    SLURM_CONF), plus the twin that stands for this box's NVIDIA layer."""
+    (host,) = slurm_hosts(test_hosts, cluster, ("na",))
+    rig = health_check_rig(test_hosts, tmp_path, host, deadline_s=20)
     cluster.extra_conf = HEALTH_CONF
     cluster.node_lines["na"] = (
         f"Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=1000 Gres=gpu:{GRES_TYPE}:2"
@@ -372,20 +378,7 @@ def test_a_configless_node_is_detected_and_its_health_script_needs_no_path_slurm
         "mount -t tmpfs tmpfs /opt && mkdir -p /opt/slurm/bin && cp /usr/bin/scontrol /opt/slurm/bin/"
         " && mount --bind /dev/null /usr/bin/scontrol"
     )
-    rig = test_hosts.write_rig(
-        tmp_path / "rig.yaml",
-        [host],
-        rigs={
-            "pair": {
-                "gpus": {"model": MODEL, "count": 2},
-                "slurm": {
-                    "restart_command": [RESTART],
-                    "health_check": "/usr/local/bin/mgpu-provision-check",
-                },
-            }
-        },
-        node_check={"interval": None, "deadline_s": 45},
-    )
+    rig = health_check_rig(test_hosts, tmp_path, host, deadline_s=45)
     known = ["--known-hosts", str(test_hosts.known_hosts)]
     cluster.extra_conf = HEALTH_CONF
     cluster.start()  # slurmd --conf-server: its files come from slurmctld, none is on the node
@@ -567,7 +560,12 @@ def test_apply_drain_slurm_waits_for_the_running_job_then_changes_the_node_and_r
 
     # Without the short timeout apply waits for the job: na's file changes only after the job ended.
     ended: list[float] = []
-    waiter = threading.Thread(target=lambda: (job.wait(), ended.append(time.time())))
+
+    def wait_for_the_job() -> None:
+        job.wait()
+        ended.append(time.time())
+
+    waiter = threading.Thread(target=wait_for_the_job)
     waiter.start()
     code, report = cli_out("apply", rig({"MGPU_ROLL": "1"}), *known, "--yes", "--json", "--drain", "slurm")
     waiter.join(timeout=30)
