@@ -5,6 +5,7 @@ loaded, so a top-level import that comes back fails here whatever the machine's 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -229,7 +230,10 @@ def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> Non
         timeout=60,
         cwd="/",
     )
-    assert json.loads(done.stdout)["ok"], done.stdout + done.stderr
+    reply = json.loads(done.stdout)
+    assert reply["ok"], done.stdout + done.stderr
+    # Issue 41: the unpacking recorded the zipapp's digest; a facts call reads it instead of hashing.
+    assert reply["result"]["agent_digest"] == hashlib.sha256(pyz.read_bytes()).hexdigest()
     loaded = set(re.findall(r"^import time:.*\| +(\S+)$", done.stderr, re.MULTILINE))
     assert "mgpu_provision.node.verbs.facts" in loaded
     node_only_elsewhere = {
@@ -250,6 +254,8 @@ def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> Non
     # topology's dataclasses would load (it is NamedTuples for that).
     stdlib_only_elsewhere = {"shutil", "tempfile", "traceback", "zipfile", "uuid", "platform", "socket"}
     stdlib_only_elsewhere |= {"dataclasses", "inspect"}
+    # Issue 41: Slurm's tools (no `slurm` asked: no process started).
+    stdlib_only_elsewhere |= {"subprocess"}
     assert not loaded & (node_only_elsewhere | stdlib_only_elsewhere)
 
 
