@@ -15,7 +15,6 @@ import shlex
 import signal
 import subprocess
 import time
-import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -59,7 +58,7 @@ def agent_command(agent_name: str, python: str, verb: str, sudo: bool) -> str:
 
 def partial_name(folder: str, agent_name: str) -> str:
     """Where an upload writes before its rename, so that a concurrent run never executes half a zipapp."""
-    return f"{folder}/.{agent_name}.{uuid.uuid4().hex}.partial"
+    return f"{folder}/.{agent_name}.{os.urandom(16).hex()}.partial"
 
 
 def upload_command(folder: str, partial: str, final: str) -> str:
@@ -258,7 +257,7 @@ class LocalAgentSession(AgentSession):
     def _upload(self, folder: str) -> None:
         cache = Path(folder) if folder.startswith("/") else Path.home() / folder
         cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-        partial = cache / f".{self.agent.name}.{uuid.uuid4().hex}.partial"
+        partial = cache / f".{self.agent.name}.{os.urandom(16).hex()}.partial"
         partial.write_bytes(self.agent.data)
         partial.chmod(0o600)
         partial.replace(cache / self.agent.name)

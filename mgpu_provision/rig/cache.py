@@ -22,7 +22,6 @@ import os
 import pickle
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -145,7 +144,7 @@ def _forget_old(folder: Path) -> None:
 
 def _store(entry: Path, rig_digest: str, loaded: LoadedRig) -> None:
     _forget_old(entry.parent)
-    partial = entry.with_name(f".{entry.name}.{uuid.uuid4().hex}.partial")
+    partial = entry.with_name(f".{entry.name}.{os.urandom(16).hex()}.partial")
     try:
         blob = pickle.dumps(loaded, pickle.HIGHEST_PROTOCOL)
         entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
