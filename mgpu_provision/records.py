@@ -20,6 +20,7 @@ evaluates an annotation.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import sys
@@ -148,14 +149,13 @@ class Record:
 
     @classmethod
     def _readers(cls) -> dict[str, Reader]:
-        hints: dict[str, Any] = {}
+        found: dict[str, Reader] = {}
         for base in reversed(cls.__mro__):  # each field's annotation, in the module that declared it
             if issubclass(base, Record) and base is not Record:
-                names = vars(sys.modules[base.__module__])
                 for name, hint in inspect.get_annotations(base).items():
                     if name in cls.__record_fields__:
-                        hints[name] = eval(hint, names) if isinstance(hint, str) else hint
-        readers = {name: _reader(hints[name]) for name in cls.__record_fields__}
+                        found[name] = _reader_of(base.__module__, hint)
+        readers = {name: found[name] for name in cls.__record_fields__}
         cls.__record_readers__ = readers
         return readers
 
@@ -232,6 +232,14 @@ def _dump(value: Any, mode: str) -> Any:
 
 
 # --- the reader: one function per annotation, made once per field ------------------------------------
+
+
+@functools.cache
+def _reader_of(module: str, hint: Any) -> Reader:
+    """The reader of an annotation as written in `module` (many are written many times: `str | None`)."""
+    if isinstance(hint, str):
+        hint = eval(hint, vars(sys.modules[module]))
+    return _reader(hint)
 
 
 def _reader(hint: Any) -> Reader:
