@@ -167,6 +167,23 @@ class DriverMirror(Fact):
     error: str | None = Field(None, description="why the mirror could not be read or trusted")
 
 
+class ImexNode(Fact):
+    """One node of the IMEX domain as `nvidia-imex-ctl -N -j` lists it."""
+
+    index: int | None = None
+    host: str | None = Field(None, description="its address in nodes_config.cfg")
+    status: str | None = Field(None, description="its daemon's state: READY, WAITING_FOR_PEERS, ...")
+    unconnected: list[str] = Field(default_factory=list, description="peers it is not CONNECTED to")
+
+
+class ImexDomainState(Fact):
+    """The IMEX domain as the running daemon sees it (`nvidia-imex-ctl -N -j`)."""
+
+    status: str = Field(description="UP, DOWN, DEGRADED; NOT_CONFIGURED or UNAVAILABLE when it cannot say")
+    nodes: list[ImexNode] = Field(default_factory=list)
+    error: str | None = Field(None, description="why the status could not be read")
+
+
 class Imex(Fact):
     """nvidia-imex, the daemon of multi-node NVLink (GB200 NVL72 compute trays)."""
 
@@ -174,6 +191,7 @@ class Imex(Fact):
     service: ServiceState = "unknown"
     enabled: bool | None = None
     channels: int | None = Field(None, description="IMEX channel devices; None: not read")
+    domain: ImexDomainState | None = Field(None, description="None: the daemon is not running (or not asked)")
 
 
 class Unit(Fact):
@@ -242,6 +260,13 @@ class NvlinkErrors(Fact):
     recovery_events: int | None = Field(None, description="link recoveries, whatever their result (NVLink5)")
     recovery_failed: int | None = Field(None, description="recoveries that left the link down (NVLink5)")
     symbol: int | None = Field(None, description="rx symbol errors FEC could not correct (NVLink5)")
+    malformed: int | None = Field(None, description="malformed packets received (NVLink5)")
+    dropped: int | None = Field(None, description="packets discarded on rx for a buffer overrun (NVLink5)")
+    rx_errors: int | None = Field(None, description="packets received with errors (NVLink5)")
+    rx_remote: int | None = Field(None, description="packets received with a stomp/EBP marker (NVLink5)")
+    rx_general: int | None = Field(None, description="packets received with a header mismatch (NVLink5)")
+    integrity: int | None = Field(None, description="times local errors passed their threshold (NVLink5)")
+    effective_errors: int | None = Field(None, description="errors left after FEC (NVLink5)")
     source: Literal["counters", "fields"] = Field(
         "counters", description="nvmlDeviceGetNvLinkErrorCounter, or field values (Blackwell)"
     )
@@ -303,6 +328,11 @@ class GpuHealth(Fact):
         None, description="the driver's SRAM error threshold verdict"
     )
     memory_unrepairable: bool | None = Field(None, description="NVML's unrepairable-memory flag")
+    nvlink_ber: dict[Literal["effective", "symbol"], int] | None = Field(
+        None,
+        description="NVLink5: the GPU's effective and symbol BER over all its links, as NVML packs them "
+        "(bits 8-11 the mantissa, 0-7 the exponent: BER = mantissa * 10^-exponent)",
+    )
     change: dict[str, int] | None = Field(
         None, description="ECC and violation counters' rise over HostHealth.counters_interval_s"
     )
@@ -449,6 +479,11 @@ class Facts(Fact):
     fabricmanager: FabricManager | None = None
     persistenced: PersistenceDaemon | None = None
     imex: Imex | None = Field(None, description="None: not installed and not looked for")
+    nvidia_repository_missing: str | None = Field(
+        None,
+        description="the repository step of NVIDIA's installation guide when the box's package manager has "
+        "none of NVIDIA's repositories; None: it has one, or it was not asked",
+    )
     driver_mirror: DriverMirror | None = Field(None, description="None: no driver.repo, or not checked")
     units: dict[str, Unit] = Field(default_factory=dict, description="the units the request named, by name")
     sli: SliConfig = SliConfig()

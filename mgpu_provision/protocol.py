@@ -207,6 +207,7 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "units": with_default(texts(), []),
         "driver_repo": apt_mirror(),  # checked: does the driver's set resolve from this mirror alone
         "driver_packages": with_default(texts(), []),
+        "nvidia_repository": with_default(flag(), False),  # is one of NVIDIA's repositories configured
         "state_dir": optional_text(),  # where the node keeps its previous health counter sample
         "slurm": with_default(flag(), False),
         "containers": runtime_list(),  # null: no containers section; else the runtimes to read
@@ -309,6 +310,7 @@ def facts_request(
     units: Sequence[str] = (),
     driver_repo: Optional[Dict[str, str]] = None,
     driver_packages: Sequence[str] = (),
+    nvidia_repository: bool = False,
     state_dir: Optional[str] = None,
     slurm: bool = False,
     containers: Optional[Sequence[str]] = None,
@@ -327,6 +329,8 @@ def facts_request(
         # the rig's driver mirror and the set to install from it: facts simulate the install there
         "driver_repo": driver_repo,
         "driver_packages": list(driver_packages),
+        # whether the box's package manager has one of NVIDIA's repositories (a rig installing its packages)
+        "nvidia_repository": nvidia_repository,
         # the node's state folder: health counters are judged as their change since the previous sample
         "state_dir": state_dir,
         # what slurmd would register and what the controller holds, and every CPU's place (`machine`), for a
@@ -458,6 +462,7 @@ STEP_FIELDS: Dict[str, Dict[str, Arg]] = {
         "unit": line(required=True),
         "enable": flag(required=True),
         "start": flag(required=True),
+        "restart": with_default(flag(), False),  # started again though it runs: it read a changed file
     },
     NOUVEAU: {},
     RESTART: {"command": Arg("a non-empty list of strings", lambda v: texts().ok(v) and bool(v), True)},
@@ -617,10 +622,10 @@ def fabricmanager_step(
     }
 
 
-def service_step(unit: str, enable: bool, start: bool) -> Dict[str, Any]:
+def service_step(unit: str, enable: bool, start: bool, restart: bool = False) -> Dict[str, Any]:
     """Enable (and start, when the driver's module is loaded) or disable and stop a unit (an NVIDIA service
-    or the unit apply writes)."""
-    return {"kind": SERVICE, "unit": unit, "enable": enable, "start": start}
+    or the unit apply writes); `restart` starts a running one again (nvidia-imex after nodes_config.cfg)."""
+    return {"kind": SERVICE, "unit": unit, "enable": enable, "start": start, "restart": restart}
 
 
 def persistenced_step(

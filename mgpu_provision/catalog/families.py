@@ -42,6 +42,11 @@ METHOD_SOURCES = {
     "zypper": ("cuda",),
 }
 _SUSE_NAMES = {"opensuse-leap": "openSUSE Leap"}
+NO_OS_RELEASE = (
+    "the box has no /etc/os-release (nor /usr/lib/os-release): its distribution, and so the package manager "
+    "and the driver source, cannot be decided; give it its os-release (os-release(5)), or set driver.method: "
+    "runfile"
+)
 _EL_PLATFORM = re.compile(r"^platform:el(\d+)$")
 
 
@@ -66,6 +71,8 @@ def family_of(
         found = _by_id(candidate, os_id or candidate, major)
         if found is not None:
             return found
+    if not ids:
+        return Family("a box without os-release", None, None, problem=NO_OS_RELEASE)
     what = os_id or "a distribution without an os-release ID"
     return Family(
         what,

@@ -69,3 +69,36 @@ def fabricmanager(facts: Dict[str, Any], expect: Expectation) -> List[Finding]:
         summary = f"the {FABRICMANAGER_UNIT} service is {service}, it must be active"
         findings.append(Finding("fabricmanager", summary, service, "active", kind="service"))
     return findings
+
+
+def imex(facts: Dict[str, Any], expect: Expectation) -> List[Finding]:
+    """A running nvidia-imex whose domain is not UP: DOWN (no peer reached), DEGRADED (some peers missing or
+    not connected) or a status it cannot read. Judged only where the rig names the domain's peers (not
+    `per_job`) and the daemon runs: an absent or stopped daemon is the install's and the service's."""
+    domain = (facts.get("imex") or {}).get("domain")
+    if not expect.imex_domain or not domain or domain.get("status") == "UP":
+        return []
+    status = str(domain.get("status"))
+    kind = {"DOWN": "domain-down", "DEGRADED": "domain-degraded"}.get(status, "domain-unknown")
+    missing = [
+        f"{node.get('host')} {node.get('status')}"
+        for node in domain.get("nodes") or ()
+        if node.get("status") != "READY"
+    ]
+    nodes = domain.get("nodes") or ()
+    unconnected = sorted({peer for node in nodes for peer in node.get("unconnected") or ()})
+    said = "; ".join(
+        part
+        for part in (
+            domain.get("error"),
+            ("not ready: " + ", ".join(missing)) if missing else None,
+            ("not connected: " + ", ".join(unconnected)) if unconnected else None,
+        )
+        if part
+    )
+    message = f"the IMEX domain is {status}" + (f" ({said})" if said else "")
+    advice = (
+        "every node of the domain needs the same nodes_config.cfg and a running nvidia-imex at the driver's "
+        "version: check `nvidia-imex-ctl -N` and `journalctl -u nvidia-imex` there, then restart nvidia-imex"
+    )
+    return [Finding("imex", message, status, "UP", kind=kind, advice=advice)]

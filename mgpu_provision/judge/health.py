@@ -3,11 +3,11 @@ checks judge it, answered from the same facts call.
 
 Xids since boot or the GPU's last reset (and GPUs fallen off the bus without an Xid line), fatal NVSwitch
 SXids, the driver's own recovery action, ECC mode and uncorrectable errors (SRAM apart from DRAM), memory
-repair (pending, or past DCGM's limits), NVLink error rates, hardware clock slowdowns and thermal violation
-time and, on NVSwitch rigs, the GPU's fabric registration and health; and whether the NVIDIA module is built
-for the kernels a boot can pick. None of them can be fixed by apply: each finding names the GPU, the value and
-what a person should do. A value the node could not read (None) is not judged; the facts say once which
-values were not checked. The rig's `health.skip` switches a check off.
+repair (pending, or past DCGM's limits), NVLink error rates and NVLink5 BER, hardware clock slowdowns and
+thermal violation time and, on NVSwitch rigs, the GPU's fabric registration and health; and whether the
+NVIDIA module is built for the kernels a boot can pick. None of them can be fixed by apply: each finding
+names the GPU, the value and what a person should do. A value the node could not read (None) is not
+judged; the facts say once which values were not checked. The rig's `health.skip` switches a check off.
 
 Each default is taken from a gate that runs in the field, cited beside it: DCGM's health watch
 (`modules/health/DcgmHealthWatch.cpp`, limits in `common/DcgmGPUHardwareLimits.h`), Azure's
@@ -55,7 +55,32 @@ ROW_REMAP_UNCORRECTABLE_LIMIT = 512
 # NVLink5 (Blackwell) counters fail on any rise in the window, a failed recovery on any total.
 NVLINK_PER_MINUTE_LIMIT = 1.0
 NVLINK_CRC_PER_SECOND_LIMIT = 100.0
-NVLINK_PER_MINUTE_COUNTERS = ("replay", "recovery", "recovery_events", "recovery_failed", "symbol")
+NVLINK_PER_MINUTE_COUNTERS = (
+    "replay",
+    "recovery",
+    "recovery_events",
+    "recovery_failed",
+    "symbol",
+    # The rest of MonitorNVLink5Fields' counters (DcgmHealthWatch.cpp 2813-2826, judged at 2929-2940).
+    "malformed",
+    "dropped",
+    "rx_errors",
+    "rx_remote",
+    "rx_general",
+    "integrity",
+    "effective_errors",
+)
+# NVLink5 BER as DCGM 4.6 MonitorNVLink5Fields judges it (DcgmHealthWatch.cpp 2888-2927, FAIL): NVML packs
+# the mantissa in bits 8-11 and the exponent in bits 0-7, BER = mantissa * 10^-exponent (nvml.h
+# NVML_NVLINK_ERROR_COUNTER_BER_GET; DcgmUtilities.cpp NvmlBerParser). The effective BER (after FEC) fails
+# above 1e-12, and 15e-255 is NVML's "no error" (DcgmUtilities.cpp 1290-1305,
+# IsEffectiveBerThresholdExceeded). The symbol BER (errors FEC could not correct) fails above its healthy
+# floor, 15e-238 for the GPU-wide value read on Blackwell (DcgmGPUHardwareLimits.h 36,
+# DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED; DcgmHealthWatch.cpp 55-73, IsSymbolBerThresholdExceeded); a zero
+# mantissa is a zero BER.
+BER_ZERO = (15, 255)
+EFFECTIVE_BER_EXPONENT = 12  # 1e-12; at exponent 13 a mantissa up to 10 (10e-13 = 1e-12) passes
+SYMBOL_BER_FLOOR = (15, 238)
 # DCGM's MonitorFabricFields: every one of these health-mask problems fails (nvml.h nvmlGpuFabricInfo_v2+).
 FABRIC_PROBLEMS = {
     "degraded_bandwidth": "its NVLink bandwidth is degraded",
@@ -313,6 +338,55 @@ def _nvlink_errors(expect: Expectation, gpu: GpuHealth, window: Window) -> List[
     return findings
 
 
+def ber_parts(packed: int) -> Tuple[int, int]:
+    """(mantissa, exponent) of a BER field value as NVML packs it."""
+    return (packed >> 8) & 0xF, packed & 0xFF
+
+
+def effective_ber_exceeded(mantissa: int, exponent: int) -> bool:
+    """DCGM's IsEffectiveBerThresholdExceeded: above 1e-12, compared on the packed parts."""
+    if (mantissa, exponent) == BER_ZERO:
+        return False
+    limit = EFFECTIVE_BER_EXPONENT
+    at_limit = exponent == limit and mantissa > 1
+    return exponent < limit or at_limit or (exponent == limit + 1 and mantissa > 10)
+
+
+def symbol_ber_exceeded(mantissa: int, exponent: int) -> bool:
+    """DCGM's IsSymbolBerThresholdExceeded with the aggregated floor: worse than 15e-238."""
+    floor_mantissa, floor_exponent = SYMBOL_BER_FLOOR
+    if mantissa == 0:
+        return False
+    return exponent < floor_exponent or (exponent == floor_exponent and mantissa > floor_mantissa)
+
+
+_BER_JUDGES = (
+    ("effective", effective_ber_exceeded, "NVLink effective BER (after FEC)", "at most 1e-12"),
+    ("symbol", symbol_ber_exceeded, "NVLink symbol BER (errors FEC could not correct)", "at most 15e-238"),
+)
+
+
+def _nvlink_ber(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:
+    """The GPU's NVLink5 BER over all its links: a value, not a counter, so judged whatever the window."""
+    found, index = gpu.get("nvlink_ber") or {}, gpu["index"]
+    findings = []
+    for name, exceeded, what, desired in _BER_JUDGES:
+        if found.get(name) is None:
+            continue
+        mantissa, exponent = ber_parts(found[name])
+        if exceeded(mantissa, exponent):
+            current = f"{mantissa}e-{exponent}"
+            message = f"GPU {index}: {what} is {current}"
+            advice = (
+                f"find the link by its error counters (nvidia-smi nvlink -e -i {index}), reseat or replace "
+                "its cable or tray, then reset the GPU"
+            )
+            findings.append(
+                Finding("nvlink-errors", message, current, desired, index, f"{name}-ber", advice=advice)
+            )
+    return findings
+
+
 def _throttle(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:
     active = [FAILING_THROTTLE[r] for r in gpu.get("throttle") or () if r in FAILING_THROTTLE]
     index = gpu["index"]
@@ -377,6 +451,7 @@ _PER_GPU: Tuple[Tuple[str, Callable[[Expectation, GpuHealth, Window], List[Findi
     ("ecc", _ecc),
     ("memory_repair", _memory_repair),
     ("nvlink_errors", _nvlink_errors),
+    ("nvlink_errors", _nvlink_ber),
     ("throttle", _throttle),
     ("fabric", _fabric),
 )

@@ -33,7 +33,25 @@ SEVERITIES: Dict[Tuple[str, str], str] = {
     ("throttle", "*"): WARN,
     # A box that works now and would come up without a driver at its next boot: a risk, not a failure.
     ("kernel", "next-boot"): WARN,
+    # MonitorNVLink5Fields (2807-2943): an effective BER above 1e-12 or a symbol BER above its floor
+    # (2888-2927) FAILs, as does a rise of any of its counters within the window (2929-2940).
+    ("nvlink-errors", "effective-ber"): FAIL,
+    ("nvlink-errors", "symbol-ber"): FAIL,
     ("file", "*"): DRIFT,  # judge/files.py: "file:<path>"
+    # DCGM's diag (judge/dcgm.py, from dcgmi's JSON): a "Fail" fails; a "Warn", or a "Fail" whose every
+    # error is of severity DCGM_ERROR_MONITOR ("can perform workload, but needs to be monitored",
+    # dcgmlib/dcgm_errors.h), warns; a diag that timed out, could not run or printed no report gave no
+    # verdict: said as a warning, the box stays in service.
+    ("dcgm-diag", "warn"): WARN,
+    ("dcgm-diag", "timeout"): WARN,
+    ("dcgm-diag", "unreadable"): WARN,
+    ("dcgm-diag", "error"): WARN,
+    # MonitorImex (DCGM 4.7, `DCGM_FR_IMEX_UNHEALTHY`): a domain DOWN or DEGRADED is DCGM_HEALTH_RESULT_FAIL
+    # (modules/health/tests/DcgmHealthWatchTests.cpp "Domain DOWN", "Domain DEGRADED"). DCGM passes a
+    # status it cannot read; a box whose rig asks for a domain fails it too: no multi-node NVLink job runs.
+    ("imex", "domain-down"): FAIL,
+    ("imex", "domain-degraded"): FAIL,
+    ("imex", "domain-unknown"): FAIL,
 }
 
 
@@ -91,6 +109,7 @@ class Expectation(NamedTuple):
     driver_version: Optional[str] = None  # the pin: an exact version, or a branch, or neither (no pin)
     driver_branch: Optional[str] = None
     fabricmanager: bool = False  # Fabric Manager must run (an NVSwitch rig, or the rig installs it)
+    imex_domain: bool = False  # a running nvidia-imex must see its domain UP (driver.imex, not per_job)
     health_skip: Tuple[str, ...] = ()
     critical_xids: Tuple[int, ...] = ()
     ecc: Optional[bool] = None
@@ -103,6 +122,9 @@ class Expectation(NamedTuple):
     cdi_spec: str = "/etc/cdi/nvidia.yaml"  # the spec apply keeps (the refresh service's, where it runs)
     cdi_kind: str = "nvidia.com/gpu"
     runtimes: Tuple[str, ...] = ()  # docker, containerd, cri-o, podman
+    # The rig's `health.dcgm_diag`: the node check runs `dcgmi diag -r LEVEL -j` within the budget.
+    dcgm_diag_level: Optional[int] = None
+    dcgm_diag_budget_s: float = 120.0
 
     def checks(self, name: str) -> bool:
         return name not in self.health_skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Tuple
 
 from .containers import containers
-from .driver import driver, fabricmanager
+from .driver import driver, fabricmanager, imex
 from .files import files
 from .health import health, kernel
 from .inventory import inventory, pcie
@@ -15,7 +15,7 @@ from .topology import topology
 Judge = Callable[[Dict[str, Any], Expectation], List[Finding]]
 # In the order plan lists its checks: what is wrong with the hardware before what software lacks.
 JUDGES: Tuple[Judge, ...] = (
-    inventory, topology, pcie, fabricmanager, health, kernel, driver, containers, files
+    inventory, topology, pcie, fabricmanager, imex, health, kernel, driver, containers, files
 )  # fmt: skip
 
 

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 def for_rig(loaded: LoadedRig, host: Host, files: Mapping[str, str] | None = None) -> Expectation:
     """The record for `host` of its rig, with the rig's captured topology and (path -> sha256) managed
     files."""
-    rig, topology, cdi = loaded.rig_of(host), loaded.topologies.get(host.rig), loaded.defaults.cdi
+    rig, topology, defaults = loaded.rig_of(host), loaded.topologies.get(host.rig), loaded.defaults
     driver, health, bridge = rig.driver, rig.health, rig.bridge
+    diag = health.dcgm_diag
     return Expectation(
         gpu_model=rig.gpus.model,
         gpu_count=rig.gpus.count,
@@ -38,6 +39,9 @@ def for_rig(loaded: LoadedRig, host: Host, files: Mapping[str, str] | None = Non
         # A GB200/GB300 compute tray's NVLinks end at the rack's switch trays, which run Fabric Manager.
         fabricmanager=not fabric_manager_elsewhere(rig.gpus.model)
         and (bridge.kind == "nvswitch" or (driver is not None and driver.fabricmanager)),
+        imex_domain=driver is not None
+        and driver.imex_domain is not None
+        and driver.imex_domain.peers != "per_job",
         health_skip=tuple(health.skip),
         critical_xids=tuple(health.critical_xids),
         ecc=health.ecc,
@@ -46,8 +50,10 @@ def for_rig(loaded: LoadedRig, host: Host, files: Mapping[str, str] | None = Non
         files=dict(files or {}),
         containers=rig.containers is not None,
         toolkit_version=None if rig.containers is None else rig.containers.toolkit,
-        cdi_spec=(cdi if rig.containers is None else rig.containers.cdi).output,
+        cdi_spec=(defaults.cdi if rig.containers is None else rig.containers.cdi).output,
         runtimes=() if rig.containers is None else tuple(rig.containers.runtimes),
+        dcgm_diag_level=None if diag is None else diag.level,
+        dcgm_diag_budget_s=(diag or defaults.dcgm_diag).budget_s,
     )
 
 

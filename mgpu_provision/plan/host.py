@@ -52,6 +52,7 @@ FILES: tuple[ManagedFiles, ...] = (
     # After the NVML steps of its phase, which set the values now; not checked: the unit runs at boot only.
     ManagedFiles(boot_unit.paths, boot_unit.desired, boot_unit.diff, checked=False),
     ManagedFiles(slurm.paths, slurm.desired, slurm.diff),  # with slurmd's restart and the controller checks
+    ManagedFiles(imex.paths, imex.desired, imex.diff_config),  # nodes_config.cfg, nvidia-imex's restart
     # Last: the expectations it installs hold the digests of the files above (not its own).
     ManagedFiles(node_check.paths, node_check.desired, node_check.diff, checked=False),
 )
@@ -96,6 +97,7 @@ def facts_request(loaded: LoadedRig, host: Host) -> dict[str, Any]:
         units=boot_unit.units(loaded, host) + node_check.units(loaded, host),
         driver_repo=mirror.repo_of(loaded, host),
         driver_packages=mirror.packages_of(loaded, host),
+        nvidia_repository=driver.asks_nvidia_repository(rig, host),
         state_dir=node_path(loaded, host, loaded.spec.files.state_dir),
         slurm=loaded.rig_of(host).slurm is not None,
         containers=None if rig.containers is None else rig.containers.runtimes,

@@ -147,15 +147,19 @@ class BranchRange(NamedTuple):
     generation: str
     first: int | None
     last: int | None
+    first_version: str | None = None  # the first release of `first` that drives it, where not its first
 
 
 # Which driver branches drive which GPU generation: the one table. NVIDIA's Unix graphics feature
 # deprecation schedule (forums.developer.nvidia.com, "Unix graphics feature deprecation schedule"): 470 is
-# the last branch for Kepler, 580 the last for Maxwell, Pascal and Volta. NVIDIA's data center driver
-# release notes: HGX B200 and GB200 are supported from 570, B300 and GB300 from 580. A model the table does
-# not know is never refused for it.
+# the last branch for Kepler, 580 the last for Maxwell, Pascal and Volta. The Blackwell bounds are the
+# supported-GPU table of each release's README in NVIDIA/open-gpu-kernel-modules (the modules Blackwell runs
+# exclusively): "NVIDIA B200" (2901) and "NVIDIA GB200" (2941) are listed from 570.86.15, the first 570
+# release, and in no 565 one; "NVIDIA B300 SXM6 AC" (3182 10DE 20E6) and "NVIDIA GB300" (31C2 10DE 21F1)
+# from 580.82.07, in no 575 release nor in 580.65.06 or 580.76.05. A model the table does not know is never
+# refused for it.
 _BRANCHES: tuple[tuple[re.Pattern[str], BranchRange], ...] = (
-    (re.compile(r"\bG?B300\b", re.IGNORECASE), BranchRange("Blackwell Ultra", 580, None)),
+    (re.compile(r"\bG?B300\b", re.IGNORECASE), BranchRange("Blackwell Ultra", 580, None, "580.82.07")),
     (re.compile(r"\bG?B200\b", re.IGNORECASE), BranchRange("Blackwell", 570, None)),
     (re.compile(r"\bK(10|20|40|80)\b|Tesla K\d+", re.IGNORECASE), BranchRange("Kepler", None, 470)),
     (

@@ -184,6 +184,23 @@ class DriverRepo(Strict):
     components: str | None = Field(None, pattern=r"^[A-Za-z0-9_ -]+$", description='e.g. "main contrib"')
 
 
+IMEX_NODES_CONFIG = "/etc/nvidia-imex/nodes_config.cfg"  # IMEX_NODE_CONFIG_FILE in its config.cfg
+ImexPeer = Annotated[str, Field(pattern=r"^[0-9A-Fa-f.:]{2,45}$", description="an IPv4 or IPv6 address")]
+
+
+class ImexDomain(Strict):
+    """Who forms the IMEX domain with this box: NVIDIA's IMEX guide ("Deployment Models") has every node's
+    nodes_config.cfg list the IP addresses of all nodes of the domain, the same list on each."""
+
+    peers: list[ImexPeer] | Literal["fleet", "per_job"] = Field(
+        "fleet",
+        description="the domain's IP addresses; fleet: the addresses of every host of this rig type, in the "
+        "rig file's order; per_job: a Slurm prolog writes the file for each job (or SwitchType="
+        "switch/nvidia_imex), so nothing is written and the domain is not judged between jobs",
+    )
+    nodes_config: PathStr = Field(IMEX_NODES_CONFIG, description="the nodes_config.cfg apply writes")
+
+
 class Driver(Strict):
     version: str | None = Field(None, pattern=DRIVER_VERSION, description='exact version, e.g. "550.54.15"')
     branch: str | None = Field(None, pattern=DRIVER_BRANCH, description='a branch, e.g. "550" (any 550.x)')
@@ -221,11 +238,19 @@ class Driver(Strict):
         "never", description='allowed: reboot to load a new driver; never: report "reboot required"'
     )
     fabricmanager: bool = Field(False, description="install Fabric Manager at exactly the driver's version")
-    imex: bool = Field(
+    imex: bool | ImexDomain = Field(
         False,
         description="multi-node NVLink (GB200/GB300 NVL72 compute trays): nvidia-imex at the driver's "
-        "version, its unit enabled and running, an IMEX channel",
+        "version, its unit enabled and running, an IMEX channel, and nodes_config.cfg listing the domain "
+        "(true: `peers: fleet`)",
     )
+
+    @property
+    def imex_domain(self) -> ImexDomain | None:
+        """The IMEX domain the rig asks for; None without IMEX (`imex: true` is `peers: fleet`)."""
+        if isinstance(self.imex, ImexDomain):
+            return self.imex
+        return ImexDomain() if self.imex else None
     runfile_url: str | None = Field(None, pattern="^(https://|/)[^\\s'\"`$;]+$", description="runfile source")
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     repo: DriverRepo | None = Field(
@@ -250,6 +275,24 @@ HealthCheck = Literal[
     "kernel",
 ]
 HEALTH_CHECKS: tuple[str, ...] = get_args(HealthCheck)
+
+
+class DcgmDiag(Strict):
+    """DCGM's active diagnostic as a gate of the node check where DCGM is installed (`dcgmi diag -r N -j`);
+    without dcgmi the check notes it and goes on."""
+
+    level: Literal[1, 2] = Field(
+        1,
+        description="1: deployment and software checks (seconds); 2: also PCIe, memory and a short "
+        "stress (about two minutes, the GPUs busy)",
+    )
+    budget_s: float = Field(
+        120.0,
+        ge=10,
+        le=3600,
+        description="the diag is ended after this many seconds (a warning says so); each node check run "
+        "takes up to this much longer",
+    )
 
 
 class Health(Strict, HealthShape):
@@ -279,6 +322,11 @@ class Health(Strict, HealthShape):
         "default", description="compute mode apply sets on every GPU"
     )
     mig: bool = Field(False, description="expected MIG mode (a change needs a GPU reset: a manual step)")
+    dcgm_diag: DcgmDiag | None = Field(
+        None,
+        description="run DCGM's diagnostic in each node check run by its timer or by hand (not under "
+        "Slurm's HealthCheckProgram: slurmd ends it after 60 s); null: no diag",
+    )
 
 
 # "Mosaic" is the X option `SLI` (SLI Mosaic, professional cards); "BaseMosaic" is the X option of that name.

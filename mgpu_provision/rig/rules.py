@@ -583,6 +583,20 @@ def branch_drives_gpu(inp: RuleInput) -> Iterator[Finding]:
                 f"{rig.gpus.model} ({known.generation}) needs branch {known.first} or newer; branch {b} does "
                 f'not support it: set driver.branch to "{known.first}" or later',
             )
+        elif driver.version and known.first_version and _before(driver.version, known.first_version):
+            first = known.first_version
+            yield Finding(
+                (*loc, "driver", "version"),
+                f"{rig.gpus.model} ({known.generation}) is driven from {first}; {driver.version} does not "
+                f"support it: set driver.version to {first} or later",
+            )
+
+
+def _before(version: str, first: str) -> bool:
+    def numbers(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in re.findall(r"\d+", text))
+
+    return numbers(version) < numbers(first)
 
 
 def nvlink5_needs_nvidia_repository(inp: RuleInput) -> Iterator[Finding]:
@@ -664,6 +678,39 @@ def imex_fits(inp: RuleInput) -> Iterator[Finding]:
             yield Finding(
                 (*loc, "driver", "imex"), f"nvidia-imex exists from branch 550; this rig has {branch}"
             )
+
+
+def imex_peers_are_addresses(inp: RuleInput) -> Iterator[Finding]:
+    """nodes_config.cfg holds IP addresses (NVIDIA's IMEX guide, "Deployment Models"): each peer named, and
+    with `peers: fleet` each host of the rig type, must be one."""
+    for loc, rig in inp.rigs():
+        domain = rig.driver.imex_domain if rig.driver is not None else None
+        if domain is None or domain.peers == "per_job":
+            continue
+        at = (*loc, "driver", "imex", "peers")
+        if domain.peers == "fleet":
+            for host_loc, host in inp.hosts():
+                if host.rig == loc[1] and not _is_ip(host.target):
+                    yield Finding(
+                        (*host_loc, "address"),
+                        f"{host.name}'s address {host.target} is not an IP address, and IMEX's "
+                        "nodes_config.cfg lists IP addresses: give the host its IP address, or set "
+                        f"rigs.{loc[1]}.driver.imex.peers to the domain's addresses",
+                    )
+            continue
+        for i, peer in enumerate(domain.peers):
+            if not _is_ip(peer):
+                yield Finding((*at, i), f"{peer} is not an IP address (nodes_config.cfg lists IP addresses)")
+        if len(set(domain.peers)) != len(domain.peers):
+            yield Finding(at, "each address once: every node of the domain reads the same list")
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def fabricmanager_needs_nvswitch(inp: RuleInput) -> Iterator[Finding]:
@@ -1010,6 +1057,7 @@ RULES: tuple[Rule, ...] = (
     reclaim_patterns_match_policy,
     fabricmanager_needs_nvswitch,
     imex_fits,
+    imex_peers_are_addresses,
     env_safe,
     path_prepend_safe,
     env_or_path_prepend,

@@ -27,12 +27,12 @@ from tests.support.factories import pair_rig_file as rig_file
 from tests.support.factories import rtx3090_twin
 from tests.support.hosts import (
     APPLY_LOCK,
-    MANAGED_DIRS,
     REPO,
     HostFactory,
     TestHost,
     desired_files_on,
     hold_lock,
+    on_host,
 )
 from tests.support.systemd_envfile import read_environment_file
 
@@ -41,14 +41,6 @@ LOCK = APPLY_LOCK
 
 def start(factory: HostFactory, name: str, box: dict[str, Any]) -> TestHost:
     return factory.start(name, box, rig="pair")
-
-
-def on_host(host: TestHost, path: str) -> Path:
-    """Where a node path lies on the real file system (each managed folder is a private bind mount)."""
-    for index, folder in enumerate(MANAGED_DIRS):
-        if path.startswith(folder + "/"):
-            return host.dir / "managed" / str(index) / path[len(folder) + 1 :]
-    raise AssertionError(f"{path} is not under a managed folder")
 
 
 def managed_state(hosts: list[TestHost]) -> dict[str, tuple[int, int]]:

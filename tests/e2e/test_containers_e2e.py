@@ -22,7 +22,7 @@ from mgpu_provision import cli
 from mgpu_provision.node.nvidia import ctk_sim
 from mgpu_provision.node.nvidia.nvml_sim import SimulatedBackend
 from tests.support.factories import rtx3090_twin
-from tests.support.hosts import MANAGED_DIRS, HostFactory, TestHost, skip_or_fail
+from tests.support.hosts import HostFactory, on_host, skip_or_fail
 from tests.support.podman import Podman, unavailable
 
 OLD, NEW = "550.54.15", "570.86.15"
@@ -38,11 +38,6 @@ def podman() -> Iterator[Podman]:
     runner = Podman()
     yield runner
     runner.close()
-
-
-def on_host(host: TestHost, path: str) -> Path:
-    folder = next(f for f in MANAGED_DIRS if path.startswith(f + "/"))
-    return host.dir / "managed" / str(MANAGED_DIRS.index(folder)) / path[len(folder) + 1 :]
 
 
 def driver_root(folder: Path, version: str) -> Path:

@@ -25,6 +25,7 @@ import pytest
 from mgpu_provision import cli
 from tests.support import apt_repo, hosts, rpm_roots
 from tests.support.hosts import HostFactory, TestHost
+from tests.support.nvlink5 import write_rig
 
 VERSION = rpm_roots.NVLINK5_VERSION
 # What each manager installs for an HGX B200 at 580 (open modules: Blackwell runs only those).
@@ -44,22 +45,6 @@ def cli_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[
     capsys.readouterr()
     code = cli.main([*args, "--json"])
     return code, json.loads(capsys.readouterr().out)
-
-
-def write_rig(factory: HostFactory, path: Path, host: TestHost, url: str, key: str) -> None:
-    (path.parent / "mirror.asc").write_text(key)
-    rig = {
-        "gpus": {"model": "NVIDIA B200", "count": 1},
-        "bridge": {"kind": "nvswitch", "links": 18},  # NVLink5: 18 links per GPU to the switches
-        "driver": {
-            "version": VERSION,
-            "fabricmanager": True,
-            "reboot": "never",
-            "repo": {"url": url, "key": "mirror.asc"},
-        },
-    }
-    files = {"profile_d": None, "environment_file": None, "launcher": None}
-    factory.write_rig(path, [host], rigs={host.rig: rig}, files=files)
 
 
 def versions(host: TestHost) -> dict[str, str]:

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from mgpu_provision import cli
+from tests.support.dcgm import ARGV, FIXTURES, dcgmi_on_host
 from tests.support.hosts import MANAGED_DIRS, NODE_PYTHON, HostFactory, TestHost
 from tests.support.slurm import SlurmCluster, require_slurm
 from tests.support.smoke_helpers import free_port, site_packages
@@ -216,9 +217,15 @@ def test_a_box_of_4_numa_nodes_on_2_sockets_registers_idle_with_numa_nodes_as_so
 HEALTH_ENV = "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURMD_NODENAME=na"
 
 
-def health_check_rig(test_hosts: HostFactory, tmp_path: Path, host: TestHost, deadline_s: int) -> Path:
+def health_check_rig(
+    test_hosts: HostFactory,
+    tmp_path: Path,
+    host: TestHost,
+    deadline_s: int,
+    health: dict[str, Any] | None = None,
+) -> Path:
     """A rig of one pair box whose node check slurmd runs as its HealthCheckProgram (no timer: the node
-    check apply installs is the script Slurm calls)."""
+    check apply installs is the script Slurm calls), with the rig's `health` section if given."""
     return test_hosts.write_rig(
         tmp_path / "rig.yaml",
         [host],
@@ -229,6 +236,7 @@ def health_check_rig(test_hosts: HostFactory, tmp_path: Path, host: TestHost, de
                     "restart_command": [RESTART],
                     "health_check": "/usr/local/bin/mgpu-provision-check",
                 },
+                **({"health": health} if health else {}),
             }
         },
         node_check={"interval": None, "deadline_s": deadline_s},
@@ -236,13 +244,14 @@ def health_check_rig(test_hosts: HostFactory, tmp_path: Path, host: TestHost, de
 
 
 def health_checked_node(
-    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path, health: dict[str, Any] | None = None
 ) -> tuple[TestHost, Callable[[str], subprocess.CompletedProcess[str]]]:
-    """Node na of a running cluster, applied with the node check as slurmd's HealthCheckProgram; and how to
-    run an installed program on it as slurmd runs that one: root, only PATH and SLURMD_NODENAME (no
-    SLURM_CONF), plus the twin that stands for this box's NVIDIA layer."""
+    """Node na of a running cluster, applied with the node check as slurmd's HealthCheckProgram (and the
+    rig's `health` section, if given); and how to run an installed program on it as slurmd runs that one:
+    root, only PATH and SLURMD_NODENAME (no SLURM_CONF), plus the twin that stands for this box's NVIDIA
+    layer."""
     (host,) = slurm_hosts(test_hosts, cluster, ("na",))
-    rig = health_check_rig(test_hosts, tmp_path, host, deadline_s=20)
+    rig = health_check_rig(test_hosts, tmp_path, host, deadline_s=20, health=health)
     cluster.extra_conf = HEALTH_CONF
     cluster.node_lines["na"] = (
         f"Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 RealMemory=1000 Gres=gpu:{GRES_TYPE}:2"
@@ -477,6 +486,30 @@ def test_a_thermal_violation_or_a_next_boot_kernel_warns_and_never_drains_the_no
         state = cluster.node_state("na")
         assert state["State"] == before["State"] and "DRAIN" not in state["State"], state
         assert state.get("Reason", "") == before.get("Reason", ""), state
+
+
+def test_the_health_script_leaves_the_rigs_dcgm_diag_to_the_timer(
+    test_hosts: HostFactory, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # A level 2 diag keeps the GPUs for minutes and slurmd ends its HealthCheckProgram after 60 s: the real
+    # health script on the real slurmd runs the node check with --no-dcgm-diag, so a failing diag on the
+    # box (a stand-in dcgmi on the script's PATH, /usr/local/bin) drains nothing; the check run by hand
+    # runs it and fails.
+    host, as_slurmd = health_checked_node(test_hosts, cluster, tmp_path, {"dcgm_diag": {"level": 2}})
+    folder = dcgmi_on_host(host, f"cat {FIXTURES / 'dcgm4-r2-pcie-fail-thermal-monitor.json'}")
+    before = cluster.node_state("na")
+    done = as_slurmd("/usr/local/bin/mgpu-provision-slurm-health")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (folder / ARGV).exists()
+    state = cluster.node_state("na")
+    assert state["State"] == before["State"] and "DRAIN" not in state["State"], state
+    by_hand = host.run_in_ns(
+        f"env -i PATH=/usr/local/bin:/usr/bin:/bin MGPU_PROVISION_SIMULATE={host.twin_path} "
+        "/usr/local/bin/mgpu-provision-check",
+        check=False,
+    )
+    assert by_hand.returncode == 2 and by_hand.stdout.startswith("FAIL dcgm-diag: GPU 0"), by_hand.stdout
+    assert (folder / ARGV).read_text() == "diag -r 2 -j\n"
 
 
 def test_recover_drains_resets_checks_and_resumes_its_own_drain_and_leaves_an_admins(

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support import debian_root
+from tests.support import debian_root, rpm_roots
 
 ARCHIVES = Path("var/cache/apt/archives")
 
@@ -154,6 +154,50 @@ def nvidia_mirror(folder: Path, address: str, leave_out: tuple[str, ...] = ()) -
     repo = build(folder / "mirror", debs, folder / "gnupg", name=f"mgpu test {folder.name}")
     repo.serve(address)
     return repo
+
+
+# HGX B200 at 580 from NVIDIA's CUDA repository for Ubuntu 24.04, as NVIDIA names and versions its debs
+# (tests/fixtures/packages/cuda-ubuntu2404-madison-fabricmanager-580.txt; NVIDIA/gpu-driver-container
+# ubuntu24.04/precompiled/nvidia-driver installs Fabric Manager, NSCQ and NVSDM at the driver's version and
+# nvlsm and infiniband-diags at their own): the open driver set `nvidia-open-580` (tests hold it by its
+# branch) pulling the library facts read the installed driver from, name -> (version, Depends).
+NVLINK5_DRIVER = rpm_roots.NVLINK5_VERSION
+NVLINK5_DEBS: dict[str, tuple[str, str]] = {
+    "nvidia-open-580": (f"{NVLINK5_DRIVER}-0ubuntu1", f"libnvidia-compute-580 (= {NVLINK5_DRIVER}-0ubuntu1)"),
+    "libnvidia-compute-580": (f"{NVLINK5_DRIVER}-0ubuntu1", ""),
+    "nvidia-fabricmanager": (f"{NVLINK5_DRIVER}-1", ""),
+    "libnvidia-nscq": (f"{NVLINK5_DRIVER}-1", ""),
+    "libnvsdm": (f"{NVLINK5_DRIVER}-1", ""),
+    "nvlsm": ("2025.06.5-1", ""),
+    "infiniband-diags": ("50.0-1", ""),
+}
+FABRICMANAGER_UNIT = (
+    "[Unit]\nDescription=stand-in\n[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n"
+)
+
+
+def stand_in_debs(folder: Path) -> list[Path]:
+    """NVLINK5_DEBS as .deb files (dpkg-deb --build) holding nothing but Fabric Manager's unit, which apply
+    enables."""
+    built = []
+    for name, (version, depends) in NVLINK5_DEBS.items():
+        tree = folder / name
+        (tree / "DEBIAN").mkdir(parents=True)
+        control = f"Package: {name}\nVersion: {version}\nArchitecture: amd64\nMaintainer: test\n"
+        control += f"Depends: {depends}\n" if depends else ""
+        (tree / "DEBIAN" / "control").write_text(control + f"Description: stand-in for NVIDIA's {name}\n")
+        if name == "nvidia-fabricmanager":
+            unit = tree / "usr" / "lib" / "systemd" / "system" / "nvidia-fabricmanager.service"
+            unit.parent.mkdir(parents=True)
+            unit.write_text(FABRICMANAGER_UNIT)
+        deb = folder / f"{name}_{version}_amd64.deb"
+        subprocess.run(
+            ["dpkg-deb", "--build", "--root-owner-group", str(tree), str(deb)],
+            check=True,
+            capture_output=True,
+        )
+        built.append(deb)
+    return built
 
 
 def stranger_key(folder: Path) -> str:

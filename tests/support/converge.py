@@ -13,15 +13,19 @@ from typing import Any
 
 from mgpu_provision.node.__main__ import handle
 from mgpu_provision.plan.change import Change
-from mgpu_provision.plan.host import plan_host
+from mgpu_provision.plan.host import facts_request, plan_host
 from mgpu_provision.rig import load_rig
 from tests.support.factories import facts_from_twin, twin_state_dir
 
 
 def changes_of(rig: Path, host: str, twin: Path, resources: tuple[str, ...]) -> list[Change]:
-    """The plan's changes of `resources` for `host` of the rig file, on the twin's facts."""
+    """The plan's changes of `resources` for `host` of the rig file, on the twin's facts (with the managed
+    files and the repository question the plan's facts request asks of the node)."""
     loaded = load_rig(rig)
-    found = plan_host(loaded, loaded.host(host), facts_from_twin(twin))
+    target = loaded.host(host)
+    request = facts_request(loaded, target)
+    args = {key: request[key] for key in ("files", "include_content", "nvidia_repository")}
+    found = plan_host(loaded, target, facts_from_twin(twin, **args))
     return [change for change in found if change.resource in resources]
 
 

@@ -39,6 +39,9 @@ FAKE_TORCH = '#!/bin/sh\necho \'{"version": "2.13.0", "cuda_available": true, "d
 HOST_INFO: dict[str, Any] = {
     "hostname": "gpu-a",
     "os": "Ubuntu 22.04.4 LTS",
+    "os_id": "ubuntu",  # os-release as the node reads it: a box without one is never taken for Ubuntu
+    "os_version_id": "22.04",
+    "os_like": ["debian"],
     "kernel": "5.15.0-105-generic",
     "arch": "x86_64",
     "boot_id": "0c9ad0e5-7e2f-4f37-9d1c-3f8a3f0f0a11",

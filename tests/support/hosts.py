@@ -460,6 +460,14 @@ _FAKE_SUDO = {
 }
 
 
+def on_host(host: TestHost, path: str) -> Path:
+    """Where a node path lies on the real file system (each managed folder is a private bind mount)."""
+    for index, folder in enumerate(MANAGED_DIRS):
+        if path.startswith(folder + "/"):
+            return host.dir / "managed" / str(index) / path[len(folder) + 1 :]
+    raise AssertionError(f"{path} is not under a managed folder")
+
+
 def _sudo_rule(host_dir: Path) -> str:
     """A private /etc/sudoers.d giving the login account (uid 1000) passwordless sudo on this host only, for
     the real sudo binary. By uid: the machine may already name uid 1000 otherwise, and sudo goes by name."""

@@ -53,11 +53,17 @@ class Node:
         return self.textfile / check.PROM_FILE
 
     def run(
-        self, *args: str, textfile: bool = True, wrap: tuple[str, ...] = (), simulated: bool = True
+        self,
+        *args: str,
+        textfile: bool = True,
+        wrap: tuple[str, ...] = (),
+        simulated: bool = True,
+        path_prepend: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
+        """The installed command with only PATH set (`path_prepend` before it: a stand-in dcgmi's folder)."""
         command = [NODE_PYTHON, "-S", "-I", "-c", ENTRY, str(REPO)]
         command += ["--expectations", str(self.expectations), "--lock", str(self.lock)]
         command += ["--textfile-dir", str(self.textfile)] if textfile else []
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        env = {"PATH": (f"{path_prepend}:" if path_prepend else "") + "/usr/sbin:/usr/bin:/sbin:/bin"}
         env.update({"MGPU_PROVISION_SIMULATE": str(self.twin_path)} if simulated else {})
         return subprocess.run([*wrap, *command, *args], capture_output=True, text=True, env=env, timeout=120)

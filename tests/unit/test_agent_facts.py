@@ -510,7 +510,9 @@ gpus:
       retired_pages: {pending: false, count: 0}
       remapped_rows: {pending: false, failure: false, uncorrectable: 0}
       nvlink_errors: [{link: 0, crc: 0, replay: 0, recovery: 0, recovery_events: 0, recovery_failed: 0,
-                       symbol: 0}]
+                       symbol: 0, malformed: 0, dropped: 0, rx_errors: 0, rx_remote: 0, rx_general: 0,
+                       integrity: 0, effective_errors: 0}]
+      nvlink_ber: {effective: [15, 255], symbol: [15, 238]}
       nvlink_error_api: counters
       throttle: []
       power_limit_w: 400

@@ -299,6 +299,20 @@ class BlackwellNvml(DatacenterNvml):
             return 1
         if field in (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC):
             return None  # not on this GPU: the others still count
+        ber_fields = (
+            pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER,
+            pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER,
+        )
+        if field in ber_fields:
+            # The GPU's value over all its links answers only to scope UINT_MAX (DcgmCacheManager.cpp 8691);
+            # NVML's zero is 15e-255, a healthy aggregate symbol BER 15e-238 (DCGM's test: raw 73710).
+            if scope != 0xFFFFFFFF:
+                return None
+            if field == pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER:
+                return 73710
+            return (3 << 8) | 11 if handle == 1 else (15 << 8) | 255
+        if field == pynvml.NVML_FI_DEV_NVLINK_COUNT_MALFORMED_PACKET_ERRORS:
+            return 4 if (handle, scope) == (0, 1) else 0
         return super().field_value(handle, field, scope) if field == 230 else 0
 
     def nvmlDeviceGetGpuFabricInfoV(self, handle: int, info: Any) -> int:
@@ -321,6 +335,11 @@ def test_health_of_blackwell_reads_nvlink_field_values(monkeypatch: pytest.Monke
     gpu0, gpu1, _ = health.gpus
     links = [(e.link, e.source, e.crc, e.recovery, e.symbol, e.recovery_events) for e in gpu0.nvlink_errors]
     assert links == [(0, "fields", None, 0, 0, 1), (1, "fields", None, 0, 0, 1), (2, "fields", None, 0, 9, 1)]
+    assert [e.malformed for e in gpu0.nvlink_errors] == [0, 4, 0]
+    assert (gpu0.nvlink_ber, gpu1.nvlink_ber) == (
+        {"effective": (15 << 8) | 255, "symbol": 73710},
+        {"effective": (3 << 8) | 11, "symbol": 73710},
+    )
     assert "nvlink errors: not supported on GPU 0, 1" not in health.not_checked
     assert (gpu0.fabric_health, gpu0.fabric_summary) == ([], "healthy")
     assert (gpu1.fabric_health, gpu1.fabric_summary) == (

@@ -95,7 +95,8 @@ class Box:
             }
             for i in range(self.gpus)
         ]
-        host = {"hostname": "box", "os": "Linux", "kernel": "6", "arch": "x86_64", "boot_id": self.boot_id}
+        host = {"hostname": "box", "os": "Ubuntu 24.04", "os_id": "ubuntu", "os_version_id": "24.04"}
+        host.update(kernel="6", arch="x86_64", boot_id=self.boot_id)
         host["machine_id"] = self.machine_id
         return {
             "agent_version": "test",

@@ -61,6 +61,7 @@ def test_facts_request_names_managed_files_x_config_and_smoke_python(loaded: Loa
         "units": ["mgpu-provision-gpu-settings"],
         "driver_repo": None,  # no driver.repo: no mirror to check
         "driver_packages": [],
+        "nvidia_repository": False,  # no driver to install: no repository to look for
         "state_dir": "/var/lib/mgpu-provision",  # where the node keeps its health counter sample
         "slurm": False,  # the rig has no `slurm` section
         "containers": None,  # nor a `containers` one

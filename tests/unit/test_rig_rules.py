@@ -220,6 +220,20 @@ CASES = {
         "Tesla V100-SXM2-32GB (Maxwell, Pascal or Volta) is driven by branch 580 and older; branch 590 does "
         'not support it: set driver.branch to "580"',
     ),
+    # The README of NVIDIA/open-gpu-kernel-modules lists "NVIDIA B300 SXM6 AC" from 580.82.07 (not 580.76.05).
+    "b300-before-580-82-07": (
+        rig(
+            'gpus: {model: "NVIDIA B300 SXM6 AC", count: 8}',
+            'driver: {version: "580.76.05", flavor: open}  # <-',
+        ),
+        "rigs.pair.driver.version",
+        "NVIDIA B300 SXM6 AC (Blackwell Ultra) is driven from 580.82.07; 580.76.05 does not support it",
+    ),
+    "b300-before-580": (
+        rig('gpus: {model: "NVIDIA GB300", count: 4}', 'driver: {branch: "575", flavor: open}  # <-'),
+        "rigs.pair.driver.branch",
+        "NVIDIA GB300 (Blackwell Ultra) needs branch 580 or newer; branch 575 does not support it",
+    ),
     "b200-before-570": (
         rig('gpus: {model: "NVIDIA B200", count: 8}', 'driver: {version: "550.163.01", flavor: open}  # <-'),
         "rigs.pair.driver.version",
@@ -252,6 +266,29 @@ CASES = {
         ),
         "rigs.pair.driver.imex",
         "the ubuntu source has no nvidia-imex package; use source cuda",
+    ),
+    "imex-peers-are-ip-addresses": (
+        rig(
+            'gpus: {model: "NVIDIA GB200", count: 4}',
+            'driver: {branch: "580", source: cuda, imex: {peers: [10.0.0.1, 10.0.0.300]}}  # <-',
+        ),
+        "rigs.pair.driver.imex.peers[1]",
+        "10.0.0.300 is not an IP address (nodes_config.cfg lists IP addresses)",
+    ),
+    "imex-peers-once": (
+        rig(
+            'gpus: {model: "NVIDIA GB200", count: 4}',
+            'driver: {branch: "580", source: cuda, imex: {peers: [10.0.0.1, 10.0.0.1]}}  # <-',
+        ),
+        "rigs.pair.driver.imex.peers",
+        "each address once",
+    ),
+    "imex-fleet-takes-ip-addresses": (
+        "version: 1\nhosts:\n  - {name: gpu-a, address: gpu-a.lan, rig: pair}  # <-\n"
+        + 'rigs:\n  pair:\n    gpus: {model: "NVIDIA GB200", count: 4}\n'
+        + '    driver: {branch: "580", source: cuda, imex: true}\n',
+        "hosts[0].address",
+        "gpu-a's address gpu-a.lan is not an IP address, and IMEX's nodes_config.cfg lists IP addresses",
     ),
     "bridge-pairs-in-range": (
         rig(GPUS.strip(), "bridge: {kind: nvlink-bridge, pairs: [[0, 3]], links: 4}  # <-"),

@@ -11,9 +11,16 @@ import pytest
 
 from mgpu_provision.judge import health, xids
 from mgpu_provision.judge.records import Expectation
-from tests.support.factories import facts_from_twin, rtx3090_twin
+from mgpu_provision.judge.verdict import judge_each
+from mgpu_provision.node.nvidia.backend import NVLINK_FIELDS
+from mgpu_provision.node.verbs import check_metrics
+from mgpu_provision.node.verbs.check import finding_lines
+from mgpu_provision.plan.host import plan_host
+from mgpu_provision.rig import load_rig
+from tests.support.factories import example_twin, facts_from_twin, rtx3090_twin
 
 PAIR = Expectation(gpu_model="NVIDIA GeForce RTX 3090", gpu_count=2, critical_xids=xids.CRITICAL)
+B200 = Expectation(gpu_model="NVIDIA B200", gpu_count=8, bridge_kind="nvswitch", bridge_links=18)
 WINDOW = {"counters_since": "sample", "counters_interval_s": 60.0}
 
 
@@ -144,3 +151,96 @@ def test_the_unrepairable_memory_flag_is_read_from_the_twin_and_fails(tmp_path: 
     found = health.health(facts, PAIR)
     assert [(f.check, f.gpu, f.severity) for f in found] == [("memory-repair", 1, "fail")]
     assert "cannot repair" in found[0].message
+
+
+# --- NVLink5 (Blackwell): DCGM 4.6 MonitorNVLink5Fields (modules/health/DcgmHealthWatch.cpp 2807-2943) ------
+
+
+def packed(mantissa: int, exponent: int) -> int:
+    """A BER field value as NVML packs it (nvml.h: mantissa shift 8, width 0xf; exponent shift 0, 0xff)."""
+    return (mantissa << 8) | exponent
+
+
+HEALTHY_EFFECTIVE, HEALTHY_SYMBOL = packed(15, 255), 73710  # NVML's zero; DCGM's test's Blackwell aggregate
+BER_CASES = [
+    # (effective BER, symbol BER, the kinds that fail, DCGM's own case in modules/health/tests/
+    # DcgmHealthWatchTests.cpp "MonitorNVLink5Fields BER thresholds", or the rule it tests)
+    (packed(9, 13), HEALTHY_SYMBOL, [], "effective BER below 1e-12 passes"),
+    (packed(1, 12), HEALTHY_SYMBOL, [], "effective BER at 1e-12 passes"),
+    (packed(2, 12), HEALTHY_SYMBOL, ["effective-ber"], "effective BER above 1e-12 fails"),
+    (packed(10, 13), HEALTHY_SYMBOL, [], "effective BER at 10e-13 passes"),
+    (packed(11, 13), HEALTHY_SYMBOL, ["effective-ber"], "effective BER at 11e-13 fails"),
+    (packed(1, 11), HEALTHY_SYMBOL, ["effective-ber"], "an exponent under 12 fails (exponent < 12)"),
+    (packed(15, 14), HEALTHY_SYMBOL, [], "an exponent over 13 passes whatever the mantissa"),
+    (HEALTHY_EFFECTIVE, packed(1, 13), ["symbol-ber"], "non-zero symbol BER fails"),
+    (HEALTHY_EFFECTIVE, HEALTHY_SYMBOL, [], "Blackwell aggregate symbol BER raw 73710 (15e-238) passes"),
+    (HEALTHY_EFFECTIVE, packed(15, 237), ["symbol-ber"], "symbol BER worse than floor exponent fails"),
+    (HEALTHY_EFFECTIVE, packed(1, 237), ["symbol-ber"], "any mantissa above the floor's exponent fails"),
+    (HEALTHY_EFFECTIVE, packed(15, 239), [], "symbol BER below the floor passes"),
+    (HEALTHY_EFFECTIVE, packed(0, 0), [], "raw zero symbol BER passes"),
+    (HEALTHY_EFFECTIVE, packed(0, 5), [], "zero mantissa nonzero exponent symbol BER passes"),
+    (packed(2, 12), packed(1, 13), ["effective-ber", "symbol-ber"], "both fail: two findings"),
+]
+
+
+@pytest.mark.parametrize("effective, symbol, failing, source", BER_CASES, ids=[c[3] for c in BER_CASES])
+def test_nvlink5_ber_is_judged_as_dcgm_judges_it(
+    effective: int, symbol: int, failing: list[str], source: str
+) -> None:
+    found = health.health(one_gpu(nvlink_ber={"effective": effective, "symbol": symbol}), PAIR)
+    assert [(f.check, f.kind, f.severity) for f in found] == [
+        ("nvlink-errors", kind, "fail") for kind in failing
+    ], source
+
+
+def test_a_ber_the_gpu_cannot_read_is_not_judged() -> None:
+    assert health.health(one_gpu(nvlink_ber={"symbol": packed(15, 238)}), PAIR) == []
+    assert health.health(one_gpu(nvlink_ber=None), PAIR) == []
+
+
+# The NVML fields of MonitorNVLink5Fields' counters (its fieldIds, DcgmHealthWatch.cpp 2813-2826, mapped in
+# dcgmlib/src/dcgm_fields.cpp) beyond the recovery and symbol ones judged before.
+NVLINK5_COUNTERS = [name for field, name in NVLINK_FIELDS if field in (206, 207, 208, 209, 210, 211, 219)]
+
+
+@pytest.mark.parametrize("counter", NVLINK5_COUNTERS)
+@pytest.mark.parametrize("rise, fails", [(0, False), (1, True)])
+def test_each_nvlink5_counter_fails_on_a_rise_in_the_window(counter: str, rise: int, fails: bool) -> None:
+    assert len(NVLINK5_COUNTERS) == 7
+    # DCGM_LIMIT_MAX_NVLINK_ERROR 1 (common/DcgmGPUHardwareLimits.h 28): a rise of 1 in the window fails.
+    link = {"link": 4, "source": "fields", counter: 7 + rise, "change": {counter: rise}}
+    found = health.health(one_gpu(nvlink_errors=[link]), PAIR)
+    assert [(f.check, f.severity) for f in found] == ([("nvlink-errors", "fail")] if fails else [])
+    if fails:
+        assert f"link 4: {counter} +1" in found[0].message
+
+
+def test_the_ber_of_a_blackwell_twin_fails_its_plan(tmp_path: Path) -> None:
+    """Through the simulated NVIDIA layer: the twin's [mantissa, exponent] is packed as NVML packs it, the
+    facts carry it, and plan shows the failed check; the healthy floor gives none."""
+    twin = example_twin("hgx-b200")
+    for gpu_twin in twin["gpus"]:
+        gpu_twin["health"]["nvlink_ber"] = {"effective": [15, 255], "symbol": [15, 238]}
+    twin["gpus"][3]["health"]["nvlink_ber"] = {"effective": [2, 12], "symbol": [15, 238]}
+    path = tmp_path / "twin.json"
+    path.write_text(json.dumps(twin))
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(
+        "version: 1\nhosts:\n  - {name: hgx, rig: b200, connection: local, simulate: twin.json}\n"
+        "rigs:\n  b200:\n    gpus: {model: NVIDIA B200, count: 8}\n    bridge: {kind: nvswitch, links: 18}\n"
+    )
+    loaded = load_rig(rig)
+    facts = facts_from_twin(path, state_dir=str(tmp_path / "state"))
+    assert facts.health is not None
+    assert facts.health.gpus[3].nvlink_ber == {"effective": packed(2, 12), "symbol": packed(15, 238)}
+    changes = [c for c in plan_host(loaded, loaded.spec.hosts[0], facts) if c.resource == "nvlink-errors"]
+    assert [(c.action, c.current, c.desired) for c in changes] == [
+        ("verify-failed", "2e-12", "at most 1e-12")
+    ]
+    assert "GPU 3: NVLink effective BER (after FEC) is 2e-12" in changes[0].summary
+    # The node check judges the same facts: a FAIL line, and the finding's reason as a metric label.
+    judged = judge_each(facts.model_dump(), B200)
+    findings = [f for _, found in judged for f in found]
+    assert [line.split(":")[0] for line in finding_lines(findings)] == ["FAIL nvlink-errors"]
+    prom = check_metrics.render("0", 2, 0.0, 1.0, judged, [], facts.model_dump())
+    assert 'severity="fail",reason="nvlink-errors:effective-ber",gpu="3"' in prom

@@ -55,6 +55,13 @@ def os_pretty_name(text: Optional[str]) -> str:
     return "unknown"
 
 
+def os_release_text() -> Optional[str]:
+    """The box's os-release: /etc/os-release, else /usr/lib/os-release (os-release(5): "Applications should
+    check for the former, and exclusively use its data if it exists, and only fall back to the latter");
+    None when the box has neither."""
+    return read_text("/etc/os-release") or read_text("/usr/lib/os-release")
+
+
 def os_release(text: Optional[str]) -> Dict[str, object]:
     """ID, VERSION_ID, ID_LIKE and PLATFORM_ID of /etc/os-release text: which distribution's packages the
     node takes."""
@@ -91,7 +98,7 @@ def host_info(
     real os-release, whole: a simulated SLES box never reports the machine's own "Debian GNU/Linux 12"."""
     uname = os.uname()
     if distribution is None:
-        release = read_text("/etc/os-release")
+        release = os_release_text()
         distribution = dict(os_release(release), os=os_pretty_name(release))
     return {
         **distribution,
@@ -125,3 +132,16 @@ def run(
         return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: command not found")
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]}: timed out after {timeout:g} s")
+
+
+def end_group(child: "subprocess.Popen[str]") -> None:
+    """Kill a child started with `start_new_session` and everything it started (its process group)."""
+    import contextlib
+    import signal
+    import subprocess
+
+    with contextlib.suppress(OSError):
+        os.killpg(child.pid, signal.SIGKILL)
+    # A process stuck in the kernel (a hung NVML ioctl) may not die: it is not waited for long.
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.communicate(timeout=1.0)

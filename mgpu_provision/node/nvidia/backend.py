@@ -70,7 +70,24 @@ NVLINK_FIELDS = (
     (215, "recovery_events"),  # NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS
     (214, "recovery_failed"),  # NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS
     (221, "symbol"),  # NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS
+    # The other counters DCGM 4.6's MonitorNVLink5Fields fails on any rise in its window
+    # (modules/health/DcgmHealthWatch.cpp 2807-2943; NVML ids from dcgmlib/src/dcgm_fields.cpp):
+    (206, "malformed"),  # NVML_FI_DEV_NVLINK_COUNT_MALFORMED_PACKET_ERRORS (DCGM RX_PACKET_MALFORMED)
+    (207, "dropped"),  # NVML_FI_DEV_NVLINK_COUNT_BUFFER_OVERRUN_ERRORS (DCGM RX_PACKET_DROPPED)
+    (208, "rx_errors"),  # NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS
+    (209, "rx_remote"),  # NVML_FI_DEV_NVLINK_COUNT_RCV_REMOTE_ERRORS
+    (210, "rx_general"),  # NVML_FI_DEV_NVLINK_COUNT_RCV_GENERAL_ERRORS
+    (211, "integrity"),  # NVML_FI_DEV_NVLINK_COUNT_LOCAL_LINK_INTEGRITY_ERRORS
+    (219, "effective_errors"),  # NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS
 )
+# The NVLink5 bit error rates, read for the whole GPU as DCGM reads them on Blackwell ("NVLink5+ requires
+# scopeId = UINT_MAX for aggregate data", dcgmlib/src/DcgmCacheManager.cpp 8691): each value packs a
+# mantissa and an exponent, BER = mantissa * 10^-exponent (nvml.h NVML_NVLINK_ERROR_COUNTER_BER_GET).
+NVLINK_BER_FIELDS = (
+    (220, "effective"),  # NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER: after FEC
+    (222, "symbol"),  # NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER: errors FEC could not correct
+)
+NVLINK_AGGREGATE_SCOPE = 0xFFFFFFFF
 # nvmlPerfPolicyType_t of nvmlDeviceGetViolationStatus: the clock-limit time DCGM's health watch reads.
 VIOLATION_POLICIES = ((0, "power"), (1, "thermal"), (3, "board_limit"), (5, "reliability"))
 # The field values that replace nvmlDeviceGetViolationStatus (deprecated in CUDA 13's nvml.h, removed in
@@ -140,6 +157,11 @@ class Backend(abc.ABC):
     def imex(self) -> Optional[Dict[str, Any]]:
         """`{"version", "service", "enabled", "channels"}` of nvidia-imex, None when it is not installed."""
 
+    @abc.abstractmethod
+    def nvidia_repository_missing(self) -> Optional[str]:
+        """The repository step of NVIDIA's installation guide when the box has no NVIDIA repository
+        configured; None when it has one (or installs with no package manager)."""
+
     def check_mirror(self, repo: Dict[str, str], packages: List[str]) -> Optional[Dict[str, Any]]:
         """`{"missing", "error"}`: whether `packages` resolve from the driver's mirror alone; None where
         there is no package manager to ask (a simulated node)."""
@@ -195,8 +217,8 @@ class Backend(abc.ABC):
         """`{"service", "enabled"}` of any systemd unit, as `persistence_daemon` reports its own."""
 
     @abc.abstractmethod
-    def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
-        """Enable (and start) or disable (and stop) an NVIDIA service."""
+    def switch_service(self, unit: str, enable: bool, start: bool, restart: bool = False) -> Tuple[bool, str]:
+        """Enable (and start) or disable (and stop) an NVIDIA service; `restart`: a running one again."""
 
     @abc.abstractmethod
     def blacklist_nouveau(self) -> Tuple[bool, str]:
@@ -358,6 +380,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def nvlink_error_fields(self, gpu: int, link: int) -> Dict[str, Optional[int]]:
         """NVLINK_FIELDS names -> value of one link's field values, None where NotSupported."""
+
+    @abc.abstractmethod
+    def nvlink_ber(self, gpu: int) -> Dict[str, Optional[int]]:
+        """NVLINK_BER_FIELDS names -> the GPU's packed BER value (all its links), None where NotSupported."""
 
     @abc.abstractmethod
     def recovery_action(self, gpu: int) -> Optional[int]:

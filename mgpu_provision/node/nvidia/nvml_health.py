@@ -16,7 +16,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..core import system
 from . import kernel
-from .backend import FI_GPU_RECOVERY_ACTION, NVLINK_FIELDS, VIOLATION_FIELDS, SXidEvent, XidEvent
+from .backend import (
+    FI_GPU_RECOVERY_ACTION,
+    NVLINK_AGGREGATE_SCOPE,
+    NVLINK_BER_FIELDS,
+    NVLINK_FIELDS,
+    VIOLATION_FIELDS,
+    SXidEvent,
+    XidEvent,
+)
 
 
 class RealHealth:
@@ -78,8 +86,17 @@ class RealHealth:
         return self._fields(gpu, [(FI_GPU_RECOVERY_ACTION, 0)])[0]
 
     def nvlink_error_fields(self, gpu: int, link: int) -> Dict[str, Optional[int]]:
-        found = self._fields(gpu, [(field, link) for field, _ in NVLINK_FIELDS])
-        return {name: found[position] for position, (_, name) in enumerate(NVLINK_FIELDS)}
+        return self._named_fields(gpu, NVLINK_FIELDS, link)
+
+    def nvlink_ber(self, gpu: int) -> Dict[str, Optional[int]]:
+        return self._named_fields(gpu, NVLINK_BER_FIELDS, NVLINK_AGGREGATE_SCOPE)
+
+    def _named_fields(
+        self, gpu: int, fields: Tuple[Tuple[int, str], ...], scope: int
+    ) -> Dict[str, Optional[int]]:
+        """{name: value} of (field id, name) pairs read at one scope (a link, or all of them)."""
+        found = self._fields(gpu, [(field, scope) for field, _ in fields])
+        return {name: found[position] for position, (_, name) in enumerate(fields)}
 
     def violation_ns(self, gpu: int, policy: int) -> Optional[int]:
         """The policy's field value (NVML_FI_DEV_PERF_POLICY_*), else the deprecated

@@ -77,6 +77,11 @@ class RealBackend(RealHealth, Backend):
             return state
         return dict(state, exec_start=persistenced.effective_exec_start())
 
+    def nvidia_repository_missing(self) -> Optional[str]:
+        from ..packages import common
+
+        return common.nvidia_repository_missing(system.os_release(system.os_release_text()))
+
     def check_mirror(self, repo: Dict[str, str], packages: List[str]) -> Optional[Dict[str, Any]]:
         from ..packages import mirror  # only a rig with driver.repo asks
 
@@ -109,8 +114,8 @@ class RealBackend(RealHealth, Backend):
     def unit_state(self, unit: str) -> Dict[str, Any]:
         return services.state(unit)
 
-    def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
-        return services.switch(unit, enable, start)
+    def switch_service(self, unit: str, enable: bool, start: bool, restart: bool = False) -> Tuple[bool, str]:
+        return services.switch(unit, enable, start, restart)
 
     def blacklist_nouveau(self) -> Tuple[bool, str]:
         return runfile.blacklist_nouveau()

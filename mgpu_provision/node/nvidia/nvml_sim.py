@@ -7,6 +7,7 @@ links come and go as the twin's matrix and `nvlink_down` say, and a reboot yield
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -16,6 +17,7 @@ from ...protocol import FABRICMANAGER_UNIT, GPU_SETTINGS_UNIT, PERSISTENCED_UNIT
 from ..core import system
 from ..core.errors import AgentFailure
 from ..packages.driver import version_key
+from ..packages.imex import imex_domain
 from .backend import P2P_NVLINK, REMOTE_GPU, REMOTE_SWITCH, Backend, NoSuchLink, NvmlUnavailable, nvml_message
 from .sim_health import SimulatedHealth
 from .twin import Twin, link_plan
@@ -65,7 +67,10 @@ class SimulatedBackend(SimulatedHealth, Backend):
         version = self.twin.state.get("imex", self.twin.imex)
         if version is None:  # not installed
             return None
-        return dict(self._versioned_daemon(IMEX, version), channels=self.twin.imex_channels)
+        daemon = self._versioned_daemon(IMEX, version)
+        # Read only from a running daemon, as nvidia-imex-ctl reaches it (its command service).
+        domain = imex_domain(json.dumps(self.twin.imex_domain)) if daemon["service"] == "active" else None
+        return dict(daemon, channels=self.twin.imex_channels, domain=domain)
 
     def _versioned_daemon(self, unit_name: str, version: str) -> Dict[str, Any]:
         # Fabric Manager and IMEX refuse to start unless they match the loaded driver exactly.
@@ -115,9 +120,13 @@ class SimulatedBackend(SimulatedHealth, Backend):
         found = self.twin.service(unit)
         return {"service": "active" if found["running"] else "inactive", "enabled": found["enabled"]}
 
-    def switch_service(self, unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
+    def switch_service(self, unit: str, enable: bool, start: bool, restart: bool = False) -> Tuple[bool, str]:
         before = self.twin.service(unit)
         after = {"enabled": enable, "running": (before["running"] or start) if enable else False}
+        if restart and enable and start and before["running"]:
+            self.twin.restarted(unit)
+            self.twin.save_state()
+            return True, f"{unit} restarted (simulated: in the twin's state, not systemd)"
         if after == before:
             return False, f"{unit} already {'enabled' if enable else 'disabled'}"
         self.twin.set_service(unit, **after)
@@ -126,6 +135,16 @@ class SimulatedBackend(SimulatedHealth, Backend):
         return True, f"{unit} {'enabled' if enable else 'disabled'}" + (
             " and started" if start and enable else ""
         ) + " (simulated: in the twin's state, not systemd)"
+
+    def nvidia_repository_missing(self) -> Optional[str]:
+        # The twin's `nvidia_repository: false` is a box whose package manager knows none of NVIDIA's.
+        if self.twin.nvidia_repository:
+            return None
+        from ..packages import common
+
+        release = dict(self.twin.os_release, os_platform_id=None)
+        family = common.release_family(release)
+        return None if family.method is None else common.repository_step(family.method, release)
 
     def blacklist_nouveau(self) -> Tuple[bool, str]:
         if self.twin.state.get("nouveau_blacklisted"):

@@ -24,6 +24,7 @@ from .backend import (
     FABRIC_STATES,
     FABRIC_SUMMARIES,
     MEMORY_LOCATION_SRAM,
+    NVLINK_BER_FIELDS,
     NVLINK_CRC_FLIT,
     NVLINK_FIELDS,
     NVLINK_RECOVERY,
@@ -173,6 +174,14 @@ class SimulatedHealth:
             return {name: None for _, name in NVLINK_FIELDS}
         entry = self._link_errors(gpu, link)
         return {name: int(entry.get(name, 0)) for _, name in NVLINK_FIELDS}
+
+    def nvlink_ber(self, gpu: int) -> Dict[str, Optional[int]]:
+        given = self._health(gpu).get("nvlink_ber") or {}
+        # Packed as NVML packs it (nvml.h NVML_NVLINK_BER_MANTISSA_SHIFT 8, NVML_NVLINK_BER_EXP_SHIFT 0).
+        return {
+            name: None if name not in given else (given[name][0] << 8) | given[name][1]
+            for _, name in NVLINK_BER_FIELDS
+        }
 
     def recovery_action(self, gpu: int) -> Optional[int]:
         name = self._health(gpu).get("recovery_action")

@@ -56,19 +56,25 @@ class Twin:
         self.fabricmanager: Optional[str] = data.get("fabricmanager")
         self.imex: Optional[str] = data.get("imex")
         self.imex_channels = int(data.get("imex_channels", 1))
+        # What `nvidia-imex-ctl -N -j` says while the simulated daemon runs: its JSON as NVIDIA writes it.
+        domain = data.get("imex_domain") or {"status": "UP"}
+        self.imex_domain: Dict[str, Any] = _mapping(domain, "imex_domain")
+        self.nvidia_repository = bool(data.get("nvidia_repository", True))
         self.boot_id: Optional[str] = data.get("boot_id")
         self.nouveau = bool(data.get("nouveau", False))
         self.services: Dict[str, Any] = _mapping(data.get("services") or {}, "services")
         # Whose NVIDIA packages the simulated box has (it decides the driver source); Ubuntu unless told.
         # All of it comes from the twin, the name too: the machine's own os-release never mixes in.
-        release = _mapping(data.get("os_release") or DEFAULT_OS_RELEASE, "os_release")
-        os_id = str(release.get("id") or "ubuntu")
+        # `os_release: null` or one without an `id` is a box without an os-release file.
+        given = data.get("os_release", DEFAULT_OS_RELEASE)
+        release = _mapping(given or {}, "os_release")
+        os_id = None if release.get("id") is None else str(release["id"])
         version = None if release.get("version_id") is None else str(release["version_id"])
         self.os_release: Dict[str, object] = {
             "os_id": os_id,
             "os_version_id": version,
             "os_like": [str(x) for x in _list(release.get("like"), "os_release.like")],
-            "os": str(release.get("pretty_name") or f"{os_id} {version or ''}".strip()),
+            "os": str(release.get("pretty_name") or f"{os_id or 'unknown'} {version or ''}".strip()),
         }
         drivers = _list(data.get("available_drivers"), "available_drivers")
         self.available_drivers: List[str] = [str(v) for v in drivers]
@@ -146,6 +152,11 @@ class Twin:
 
     def set_service(self, unit: str, **values: bool) -> None:
         self.state.setdefault("services", {}).setdefault(unit, {}).update(values)
+
+    def restarted(self, unit: str) -> None:
+        """A running unit started again: counted in the overlay (`restarts`), which tests read."""
+        restarts = self.state.setdefault("restarts", {})
+        restarts[unit] = int(restarts.get(unit, 0)) + 1
 
     def persistence(self, gpu: int) -> bool:
         override = self.state.get("persistence", {}).get(str(gpu))

@@ -19,6 +19,8 @@ from .backend import (
     FABRIC_INCORRECT_CONFIGURATION,
     FABRIC_STATES,
     FABRIC_SUMMARIES,
+    NVLINK_BER_FIELDS,
+    NVLINK_FIELDS,
     RECOVERY_ACTIONS,
     VIOLATION_POLICIES,
     SXidEvent,
@@ -82,22 +84,23 @@ FABRIC = {
     ),
     "summary": _choice(tuple(FABRIC_SUMMARIES.values())),
 }
-LINK_ERRORS = {
-    "link": COUNT,
-    "crc": COUNT,
-    "replay": COUNT,
-    "recovery": COUNT,
-    "recovery_events": COUNT,
-    "recovery_failed": COUNT,
-    "symbol": COUNT,
-}
+LINK_ERRORS = {"link": COUNT, **{name: COUNT for _, name in NVLINK_FIELDS}}
 VIOLATION = {name: COUNT for _, name in VIOLATION_POLICIES}
+# A BER as NVML packs it, written as its two parts: [mantissa (0-15), exponent (0-255)], BER = m * 10^-e.
+BER: Rule = (
+    "[mantissa 0-15, exponent 0-255]",
+    lambda v: (
+        isinstance(v, list) and len(v) == 2 and all(COUNT[1](x) for x in v) and v[0] <= 0xF and v[1] <= 0xFF
+    ),
+)
+NVLINK_BER = {name: BER for _, name in NVLINK_BER_FIELDS}
 NESTED = {
     "ecc": ECC,
     "retired_pages": RETIRED,
     "remapped_rows": REMAPPED,
     "fabric": FABRIC,
     "violation_ms": VIOLATION,
+    "nvlink_ber": NVLINK_BER,
 }
 HEALTH: Dict[str, Rule] = {
     "xid": _list_of(COUNT),
@@ -119,6 +122,8 @@ HEALTH: Dict[str, Rule] = {
     "violation_ms": _mapping_of(VIOLATION),
     # Blackwell: nvmlDeviceGetNvLinkErrorCounter answers NotSupported, the counters come as field values
     "nvlink_error_api": _choice(("counters", "fields")),
+    # NVLink5: the GPU's effective and symbol BER field values (absent: NotSupported, as before Blackwell)
+    "nvlink_ber": _mapping_of(NVLINK_BER),
     "compute_mode": _choice(COMPUTE_MODE_NAMES),
     "mig": FLAG,
     "fabric": _mapping_of(FABRIC),

@@ -6,10 +6,11 @@ command list (the first failure stops it, with the line that explains it) and on
 
 from __future__ import annotations
 
+import glob
 import os
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from ...catalog import names
+from ...catalog import families, names
 from ...protocol import branch_of
 from ..core import system
 from ..core.errors import AgentFailure
@@ -162,11 +163,48 @@ def installed_version() -> Optional[str]:
 CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos/"
 
 
-def repository_step(method: str) -> str:
+# Where each package manager reads its repositories. NVIDIA's CUDA repository is a file NVIDIA names
+# `cuda-<distro>[-<arch>]` (cuda-rhel9.repo, cuda-sles15.repo, the keyring package's
+# cuda-ubuntu2404-x86_64.list), or any file naming its path (a mirror that keeps NVIDIA's layout).
+REPOSITORY_FILES = {
+    "apt": ("/etc/apt/sources.list", "/etc/apt/sources.list.d/*.list", "/etc/apt/sources.list.d/*.sources"),
+    "dnf": ("/etc/yum.repos.d/*.repo",),
+    "yum": ("/etc/yum.repos.d/*.repo",),
+    "zypper": ("/etc/zypp/repos.d/*.repo",),
+}
+CUDA_REPOS_PATH = "/compute/cuda/repos/"
+
+
+def nvidia_repository_missing(release: Dict[str, object]) -> Optional[str]:
+    """The repository step (`repository_step`) when the box's package manager has no repository of NVIDIA's
+    configured (no source or .repo file naming its CUDA repository), None when one is, or when the family
+    installs with no package manager this knows."""
+    family = release_family(release)
+    if family.method is None:
+        return None
+    for pattern in REPOSITORY_FILES[family.method]:
+        for path in sorted(glob.glob(pattern)):
+            named = os.path.basename(path).startswith("cuda-")
+            if named or CUDA_REPOS_PATH in (system.read_text(path) or ""):
+                return None
+    return repository_step(family.method, release)
+
+
+def release_family(release: Dict[str, object]) -> families.Family:
+    """The family of an os-release as `system.os_release` reads it."""
+    os_like = release["os_like"] if isinstance(release["os_like"], list) else []
+    text = {key: None if release.get(key) is None else str(release[key]) for key in release}
+    return families.family_of(
+        text["os_id"], text["os_version_id"], [str(x) for x in os_like], text.get("os_platform_id")
+    )
+
+
+def repository_step(method: str, release: Optional[Dict[str, object]] = None) -> str:
     """What NVIDIA's driver installation guide does first on this box, before any install command: the
     keyring package (apt), the `.repo` file (dnf, yum), `zypper addrepo` with its key (zypper), with the
-    repository's name for this distribution and architecture (`ubuntu2404/x86_64`, `rhel9/sbsa`)."""
-    release = system.os_release(system.read_text("/etc/os-release"))
+    repository's name for this distribution and architecture (`ubuntu2404/x86_64`, `rhel9/sbsa`);
+    `release` is the box's os-release (read here when not given)."""
+    release = release or system.os_release(system.os_release_text())
     os_id = str(release["os_id"] or "")
     version = str(release["os_version_id"] or "")
     platform = str(release["os_platform_id"] or "")

@@ -16,10 +16,10 @@ import shutil
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
-from ...catalog import families
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
+from .common import release_family
 
 SOURCES_DIR = "/etc/apt/sources.list.d"
 KEYRINGS_DIR = "/etc/apt/keyrings"
@@ -90,12 +90,7 @@ def check(repo: Dict[str, str], install: List[str]) -> List[str]:
     it lacks (empty: the set resolves). A mirror apt cannot reach or trust fails, naming why. A box that
     installs with dnf, yum or zypper is not asked here: apply reads its mirror right after writing it and
     takes it back when it cannot be read (node/packages/rpmrepo.py)."""
-    release = system.os_release(system.read_text("/etc/os-release"))
-    os_like = release["os_like"] if isinstance(release["os_like"], list) else []
-    if (
-        families.family_of(str(release["os_id"] or ""), str(release["os_version_id"] or ""), os_like).method
-        != "apt"
-    ):
+    if release_family(system.os_release(system.os_release_text())).method != "apt":
         return []
     scratch = tempfile.mkdtemp(prefix="mgpu-mirror-")
     try:

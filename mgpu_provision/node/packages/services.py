@@ -42,13 +42,14 @@ def state(unit: str) -> Dict[str, Any]:
     return {"service": service, "enabled": enabled in ("enabled", "enabled-runtime", "static")}
 
 
-def switch(unit: str, enable: bool, start: bool) -> Tuple[bool, str]:
-    """Enable (and start, when the driver is loaded) or disable and stop a unit; say what changed."""
+def switch(unit: str, enable: bool, start: bool, restart: bool = False) -> Tuple[bool, str]:
+    """Enable (and start, when the driver is loaded) or disable and stop a unit; say what changed. `restart`
+    starts a running unit again (a daemon that reads a changed file only when it starts)."""
     before = state(unit)
     commands: List[Command] = []
     if enable and not before["enabled"]:
         commands.append(Command(["systemctl", "enable", unit]))
-    if enable and start and before["service"] != "active":
+    if enable and start and (restart or before["service"] != "active"):
         commands.append(Command(["systemctl", "restart", unit]))
     if not enable and before["enabled"]:
         commands.append(Command(["systemctl", "disable", unit]))

@@ -75,7 +75,7 @@ def run_step(step: Dict[str, Any], backend: Backend) -> StepResult:
         protocol.DRIVER: lambda s, b: b.install_driver(s),
         protocol.FABRICMANAGER: lambda s, b: b.install_fabric_manager(s),
         protocol.PERSISTENCED: lambda s, b: b.set_persistence_daemon(s),
-        protocol.SERVICE: lambda s, b: b.switch_service(s["unit"], s["enable"], s["start"]),
+        protocol.SERVICE: lambda s, b: b.switch_service(s["unit"], s["enable"], s["start"], s["restart"]),
         protocol.NOUVEAU: lambda s, b: b.blacklist_nouveau(),
         protocol.PERSISTENCE: gpu_settings.set_persistence,
         protocol.COMPUTE_MODE: gpu_settings.set_compute_mode,

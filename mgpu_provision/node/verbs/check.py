@@ -15,18 +15,20 @@ Its contract (docs: README "Monitoring and scheduled checks"):
 - It ends within its deadline even when NVML hangs on a GPU that fell off the bus: the facts are gathered
   in a child process that is killed when its share of the deadline is spent, and that timeout is itself a
   finding. Slurm kills the program after 60 s, so the default deadline is well under that.
-- Two runs never overlap (a lock in the state folder); it changes nothing on the node but its own lock
-  and, with `--textfile-dir`, node_exporter's `.prom` file, replaced atomically (a temporary file in the
-  same folder, then a rename) so a scrape never reads half of it.
+- Where the rig asks (`health.dcgm_diag`) it then runs DCGM's diagnostic, `dcgmi diag -r LEVEL -j`, ended
+  at its budget (`--no-dcgm-diag` leaves it out: the Slurm health script, inside slurmd's 60 s); each test
+  a GPU did not pass is a finding (judge/dcgm.py). Without dcgmi it says `NOTE ... diag skipped`.
+- Two runs never judge at once (a lock in the state folder; the diag runs after it is released); it
+  changes nothing on the node but its own lock and, with `--textfile-dir`, node_exporter's `.prom` file,
+  replaced atomically (a temporary file in the same folder, then a rename) so a scrape never reads half
+  of it.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -34,12 +36,15 @@ import time
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from ... import __version__, protocol
+from ...judge.dcgm import judge_diag
 from ...judge.records import FAIL, SEVERITY_NAMES, Expectation, Finding, expectation_from_json
 from ...judge.verdict import judge_each
+from ..core import system
 from ..core.archive import agent_root
 from ..core.atomic import HostLock, atomic_write
 from ..core.errors import AgentFailure
 from . import check_metrics, smoke_baseline
+from .dcgm_diag import run_diag
 
 EXIT_HEALTHY, EXIT_ERROR, EXIT_FAILED = 0, 1, 2
 DEFAULT_DEADLINE_S = 45.0
@@ -93,6 +98,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "--textfile-dir", metavar="DIR", help="node_exporter textfile folder for the .prom file"
     )
     parser.add_argument("--lock", default=DEFAULT_LOCK, metavar="FILE")
+    parser.add_argument(
+        "--no-dcgm-diag",
+        action="store_true",
+        help="leave out the rig's DCGM diag (health.dcgm_diag); Slurm's health script does: slurmd ends "
+        "its HealthCheckProgram after 60 s",
+    )
     return parser.parse_args(list(argv))
 
 
@@ -133,7 +144,7 @@ def gather_facts(
     try:
         out, err = child.communicate(json.dumps(request), timeout=max(budget_s, 0.1))
     except subprocess.TimeoutExpired:
-        _end(child)
+        system.end_group(child)
         message = f"the node's facts did not come within {budget_s:.1f} s: an NVML call hangs"
         advice = "a GPU may have fallen off the bus; look for Xid 79 in the kernel log and drain the node"
         return None, [Finding("nvml", message, "no answer", "facts", kind="timeout", advice=advice)]
@@ -148,14 +159,6 @@ def gather_facts(
         raise CheckError(f"facts: {error.get('kind')}: {error.get('message')}")
     facts: Dict[str, Any] = reply["result"]
     return facts, []
-
-
-def _end(child: "subprocess.Popen[str]") -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(child.pid, signal.SIGKILL)
-    # A process stuck in the kernel (a hung NVML ioctl) may not die: it is not waited for long.
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.communicate(timeout=1.0)
 
 
 def check_textfile_dir(folder: str) -> None:
@@ -188,6 +191,7 @@ class Run:
         self.facts: Optional[Dict[str, Any]] = None
         self.judged: Optional[List[Tuple[str, List[Finding]]]] = None
         self.extra: List[Finding] = []
+        self.notes: List[str] = []  # what the run left out, and why (DCGM not installed)
         self.error: Optional[str] = None
         self.prom_dir: Optional[str] = None  # the textfile folder, once known to be writable
 
@@ -227,6 +231,11 @@ def judge(options: argparse.Namespace, run: Run) -> None:
         run.judged = [] if run.facts is None else judge_each(run.facts, expect)
     finally:
         lock.__exit__(None, None, None)
+    # After the lock: a diag takes minutes, and another run (Slurm's, without it) must not wait for it.
+    if expect.dcgm_diag_level is not None and run.facts is not None and not options.no_dcgm_diag:
+        findings, run.notes = judge_diag(run_diag(expect.dcgm_diag_level, expect.dcgm_diag_budget_s))
+        if not run.notes:  # skipped (no DCGM): no `passed` series that would read as a diag that passed
+            run.judged.append(("dcgm_diag", findings))
 
 
 def finding_json(finding: Finding) -> Dict[str, Any]:
@@ -261,6 +270,7 @@ def report_json(run: Run) -> Dict[str, Any]:
         "error": run.error,
         "findings": [finding_json(f) for f in run.findings],
         "recovery": sorted({f.recovery for f in run.findings if f.recovery}),
+        "notes": run.notes,
         "checked_at": run.started_s,
         "duration_s": round(run.elapsed(), 3),
         "version": __version__,
@@ -293,8 +303,10 @@ def main(argv: Sequence[str], out: Any = None, err: Any = None) -> int:
         out.write(json.dumps(report_json(run), indent=2) + "\n")
     elif run.error is not None:
         err.write(f"mgpu-provision-check: cannot check: {run.error}\n")
-    elif run.findings:
-        out.writelines(finding_lines(run.findings))
     else:
-        out.write(f"OK: {socket.gethostname()} is healthy and as the rig says\n")
+        out.writelines(f"NOTE {note}\n" for note in run.notes)
+        if run.findings:
+            out.writelines(finding_lines(run.findings))
+        else:
+            out.write(f"OK: {socket.gethostname()} is healthy and as the rig says\n")
     return run.exit_code

@@ -49,6 +49,9 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "driver_mirror": backend.check_mirror(args["driver_repo"], args["driver_packages"])
         if args["driver_repo"]
         else None,
+        "nvidia_repository_missing": (
+            backend.nvidia_repository_missing() if args["nvidia_repository"] else None
+        ),
         "units": {str(unit): backend.unit_state(str(unit)) for unit in args["units"]},
         "sli": files.read_sli(args["xorg_paths"]),
         "xorg_layouts": files.server_layouts(args["xorg_layout_paths"]),

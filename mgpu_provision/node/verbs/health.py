@@ -1,7 +1,7 @@
-"""The `health` part of facts: ECC (DRAM and SRAM), memory repair, NVLink errors, the driver's recovery
-action, clock events and violation time, power (management and enforced limit), compute and MIG modes and
-fabric state and health per GPU, the Xids and NVSwitch SXids logged since boot (those before a GPU's
-recorded reset marked `cleared`: resets.py), and the kernel module's readiness.
+"""The `health` part of facts: ECC (DRAM and SRAM), memory repair, NVLink errors and NVLink5 BER, the
+driver's recovery action, clock events and violation time, power (management and enforced limit), compute
+and MIG modes and fabric state and health per GPU, the Xids and NVSwitch SXids logged since boot (those
+before a GPU's recorded reset marked `cleared`: resets.py), and the kernel module's readiness.
 
 Counters are judged as rates, not totals: each one's change since the node's previous sample this boot
 (kept in the state folder, health_rates.py) comes with it, and with the interval it covers.
@@ -120,6 +120,8 @@ def gpu_health(backend: Backend, gpu: Gpu, skipped: NotChecked) -> Dict[str, Any
         "remapped_rows_failure": None if rows is None else rows[2],
         "memory_unrepairable": backend.memory_unrepairable(index),
         "nvlink_errors": nvlink_errors(backend, gpu, skipped),
+        # NotSupported on every GPU before NVLink5 (Blackwell): not worth a line
+        "nvlink_ber": {k: v for k, v in backend.nvlink_ber(index).items() if v is not None} or None,
         "throttle": None if reasons is None else [name for bit, name in nv.CLOCK_EVENTS if reasons & bit],
         "power_limit_w": None if power is None else round(power[0] / 1000),
         "default_power_limit_w": None if power is None else round(power[1] / 1000),

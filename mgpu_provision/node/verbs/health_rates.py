@@ -18,12 +18,15 @@ import json
 import os
 from typing import Any, Dict, Optional
 
+from ..nvidia.backend import NVLINK_FIELDS
+
 SAMPLE_FILE = "health-counters.json"
 # A sample younger than this is kept as the base of the next call: calls a few seconds apart (apply's facts
 # before and after, a plan run twice) judge the same window of at least a minute, as DCGM's per-minute
 # limits mean, rather than a rate over two seconds; and a facts call then writes nothing.
 MIN_WINDOW_S = 60.0
-LINK_COUNTERS = ("crc", "replay", "recovery", "recovery_events", "recovery_failed", "symbol")
+# Every link counter: the counter call's CRC (flit + data), and each field value (replay, recovery, ...).
+LINK_COUNTERS = ("crc", *(name for _, name in NVLINK_FIELDS))
 GPU_COUNTERS = (
     "ecc_volatile_uncorrectable",
     "ecc_sram_volatile_uncorrectable",

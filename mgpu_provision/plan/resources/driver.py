@@ -17,10 +17,10 @@ from ...catalog import families, names, sources
 from ...facts import HostInfo
 from ...judge import driver as judge
 from ...rig.cards import nvlink5_hgx, open_modules_only
-from ..change import Action, Change, HostContext
+from ..change import Action, Change, HostContext, check_failed
 
 if TYPE_CHECKING:
-    from ...rig.models import Driver
+    from ...rig.models import Driver, Host, Rig
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,22 @@ def resolve(want: Driver, host: HostInfo, model: str) -> Source:
     return Source(name, method, flavor, problem)
 
 
+# The sources served from NVIDIA's repositories (developer.download.nvidia.com/compute/cuda/repos).
+NVIDIA_SOURCES = ("cuda", "rhel")
+
+
+def asks_nvidia_repository(rig: Rig, host: Host) -> bool:
+    """Whether facts look for NVIDIA's repository on `host`: a package install that may come from it (the
+    rig's source, or the one os-release suggests) without the rig's own mirror."""
+    want = rig.driver
+    if want is None or host.os != "linux" or want.method == "runfile" or want.repo is not None:
+        return False
+    return want.source is None or want.source in NVIDIA_SOURCES
+
+
 def family_of(host: HostInfo) -> families.Family:
-    """The node's family; facts without os-release (older agents) read as Ubuntu, the first one supported."""
-    return families.family_of(host.os_id or "ubuntu", host.os_version_id, host.os_like, host.os_platform_id)
+    """The node's family, from its os-release (none: a family without a method, whose problem says so)."""
+    return families.family_of(host.os_id, host.os_version_id, host.os_like, host.os_platform_id)
 
 
 def _source_problem(want: Driver, name: str, flavor: str, model: str) -> str | None:
@@ -83,7 +96,7 @@ def diff(ctx: HostContext) -> list[Change]:
         if want.method == "runfile" and info.nouveau and ctx.host.os == "linux":
             return _clear_nouveau(want, desired)
         install = _install(ctx, want, installed, desired)
-        if install.action == "manual":
+        if install.agent_step is None:
             return [install]
         return [install, _reboot(want, desired, loaded=info.loaded)]
     if want.hold and info.unheld and want.method != "runfile":
@@ -91,7 +104,7 @@ def diff(ctx: HostContext) -> list[Change]:
         count = f"{len(info.unheld)} package{'s' if len(info.unheld) > 1 else ''}"
         why = f"{count} not held: {', '.join(info.unheld[:4])}{more}"
         install = _install(ctx, want, installed, str(installed), why, verb="hold")
-        if install.action == "manual" or "not-loaded" not in judged:
+        if install.agent_step is None or "not-loaded" not in judged:
             return [install]
         return [install, _reboot(want, str(installed), loaded=info.loaded, installed=installed)]
     running = _flavor_mismatch(ctx, want)
@@ -102,7 +115,7 @@ def diff(ctx: HostContext) -> list[Change]:
         why = f"installs the {wanted} kernel modules; the {running} ones are running"
         install = _install(ctx, want, installed, str(installed), why)
         return (
-            [install] if install.action == "manual" else [install, _reboot(want, str(installed), info.loaded)]
+            [install] if install.agent_step is None else [install, _reboot(want, str(installed), info.loaded)]
         )
     if "not-loaded" in judged:
         return [_reboot(want, str(installed), loaded=info.loaded, installed=installed)]
@@ -174,6 +187,11 @@ def _install(
         summary = f"{summary} (by hand on {ctx.host.os})"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
     source = resolve(want, ctx.facts.host, ctx.rig.gpus.model)
+    missing = ctx.facts.nvidia_repository_missing
+    if source.name in NVIDIA_SOURCES and missing and want.repo is None and not source.problem:
+        return check_failed("driver", f"{summary} ({source.label}): {missing}", installed, desired)
+    if source.problem == families.NO_OS_RELEASE:  # nothing a person does by hand on the box would be right
+        return check_failed("driver", f"{summary}: {source.problem}", installed, desired)
     if source.problem:
         summary = f"{summary}: {source.problem}"
         return Change("driver", "manual", summary, installed, desired, reboot=True, phase="driver")
