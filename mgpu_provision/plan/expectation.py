@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..judge.records import Expectation
 from ..rig.cards import fabric_manager_elsewhere
+from ..rig.plain import imex_domain
 
 if TYPE_CHECKING:
     from ..catalog.topology import TopoMatrix
@@ -24,6 +25,7 @@ def for_rig(loaded: LoadedRig, host: Host, files: Mapping[str, str] | None = Non
     rig, topology, defaults = loaded.rig_of(host), loaded.topologies.get(host.rig), loaded.defaults
     driver, health, bridge = rig.driver, rig.health, rig.bridge
     diag = health.dcgm_diag
+    domain = imex_domain(driver, defaults.imex_domain)
     return Expectation(
         gpu_model=rig.gpus.model,
         gpu_count=rig.gpus.count,
@@ -39,9 +41,7 @@ def for_rig(loaded: LoadedRig, host: Host, files: Mapping[str, str] | None = Non
         # A GB200/GB300 compute tray's NVLinks end at the rack's switch trays, which run Fabric Manager.
         fabricmanager=not fabric_manager_elsewhere(rig.gpus.model)
         and (bridge.kind == "nvswitch" or (driver is not None and driver.fabricmanager)),
-        imex_domain=driver is not None
-        and driver.imex_domain is not None
-        and driver.imex_domain.peers != "per_job",
+        imex_domain=domain is not None and domain.peers != "per_job",
         health_skip=tuple(health.skip),
         critical_xids=tuple(health.critical_xids),
         ecc=health.ecc,

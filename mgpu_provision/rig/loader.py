@@ -19,7 +19,7 @@ from ..errors import SpecError, SpecProblem
 from .files import read_topologies
 from .inventory_part import InventoryPart, read_inventory_part
 from .messages import field_name, schema_findings, unwrap
-from .models import Cdi, DcgmDiag, Host, NodeCheck, Rig, RigFile
+from .models import Cdi, DcgmDiag, Host, ImexDomain, NodeCheck, Rig, RigFile
 from .plain import plain
 from .rig import LoadedRig, SectionDefaults
 from .rules import Finding, Loc, RuleInput, check_rules
@@ -78,7 +78,12 @@ def load_rig(path: str | Path) -> LoadedRig:
         spec = spec.model_copy(update={"hosts": [*spec.hosts, *part.hosts]})
     parsed = {name: found for name, found in topologies.items() if not isinstance(found, str)}
     # Validated: from here on plain values (rig/plain.py), which the rig cache keeps without pydantic.
-    defaults = SectionDefaults(node_check=plain(NodeCheck()), cdi=plain(Cdi()), dcgm_diag=plain(DcgmDiag()))
+    defaults = SectionDefaults(
+        node_check=plain(NodeCheck()),
+        cdi=plain(Cdi()),
+        dcgm_diag=plain(DcgmDiag()),
+        imex_domain=plain(ImexDomain()),
+    )
     return LoadedRig(path=path, base_dir=base_dir, spec=plain(spec), defaults=defaults, topologies=parsed)
 
 

@@ -17,7 +17,7 @@ from pydantic import Strict as StrictMode
 
 from ..judge.xids import CRITICAL as CRITICAL_XIDS
 from .cards import placeholder
-from .plain import HealthShape, HostShape, NodeCheckShape, RigShape, SlurmShape, nvml_gres_type
+from .plain import HealthShape, HostShape, NodeCheckShape, RigShape, SlurmShape, imex_domain, nvml_gres_type
 
 __all__ = ["nvml_gres_type"]  # declared with the shapes (pydantic-free); the rules read it from here
 
@@ -248,9 +248,7 @@ class Driver(Strict):
     @property
     def imex_domain(self) -> ImexDomain | None:
         """The IMEX domain the rig asks for; None without IMEX (`imex: true` is `peers: fleet`)."""
-        if isinstance(self.imex, ImexDomain):
-            return self.imex
-        return ImexDomain() if self.imex else None
+        return imex_domain(self, ImexDomain())
     runfile_url: str | None = Field(None, pattern="^(https://|/)[^\\s'\"`$;]+$", description="runfile source")
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     repo: DriverRepo | None = Field(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from ..records import Record
 
 M = TypeVar("M")
+D = TypeVar("D")
 
 
 class _Counted(Protocol):  # what RigShape reads of `gpus` (models.Gpus)
@@ -32,6 +33,14 @@ def nvml_gres_type(model: str) -> str:
     """The GRES type Slurm's AutoDetect=nvml gives a GPU: its NVML name lower-cased, spaces as underscores
     ("NVIDIA GeForce RTX 3090" -> "nvidia_geforce_rtx_3090"); a configured type must be a substring of it."""
     return "_".join(model.lower().split())
+
+
+def imex_domain(driver: Any, default: D) -> D | None:
+    """The IMEX domain a rig's `driver` asks for; None without IMEX. `imex: true` is `default` (the domain's
+    defaults, `peers: fleet`): the models give `ImexDomain()`, a loaded rig its `defaults.imex_domain`."""
+    if driver is None or driver.imex is False:
+        return None
+    return default if driver.imex is True else driver.imex
 
 
 class HostShape:

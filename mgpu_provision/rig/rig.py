@@ -20,7 +20,7 @@ from .files import resolve_path
 
 if TYPE_CHECKING:  # the rig cache unpickles a LoadedRig of plain records: no model, no pydantic
     from ..catalog.topology import TopoMatrix
-    from .models import Cdi, DcgmDiag, Host, NodeCheck, Rig, RigFile
+    from .models import Cdi, DcgmDiag, Host, ImexDomain, NodeCheck, Rig, RigFile
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ class SectionDefaults:
     node_check: NodeCheck  # where a node check the rig no longer asks for was installed
     cdi: Cdi  # the CDI spec a rig without `containers` would keep
     dcgm_diag: DcgmDiag  # the diag's budget a rig without `health.dcgm_diag` would give it
+    imex_domain: ImexDomain  # the domain `driver.imex: true` asks for
 
 
 @dataclass(frozen=True)
