@@ -159,7 +159,7 @@ def test_fleet_sizes_are_sorted_and_unique() -> None:
 
 
 def test_address_pool_reaches_256_hosts_past_one_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(harness, "_port_free", lambda address, port: not address.endswith(".7"))
+    monkeypatch.setattr(harness, "port_free", lambda address, port: not address.endswith(".7"))
     pool = WidePool()
     addresses = [pool.take() for _ in range(256)]
     assert len(set(addresses)) == 256 and MAX_HOSTS == 508

@@ -98,7 +98,7 @@ class WidePool(harness._AddressPool):
                 block, offset = divmod(self._taken, ADDRESSES_PER_POOL)
                 self._taken += 1
                 address = f"{self._prefixes[block]}.{offset + 1}"
-                if harness._port_free(address, port):
+                if harness.port_free(address, port):
                     return address
         raise RuntimeError(f"no free loopback address left in {', '.join(self._prefixes)} (x.0/24 each)")
 

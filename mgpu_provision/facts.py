@@ -3,20 +3,22 @@
 This is the contract between the node agent (which emits plain JSON, stdlib only) and the control side
 (plan, render). The agent's output is validated against these models on arrival, so a protocol drift is
 caught at the seam with a clear message instead of deep inside a diff. Unknown keys are ignored so that a
-newer agent can add facts without breaking an older control side.
+newer agent can add facts without breaking an older control side. They are plain records (`records.py`),
+not pydantic models: every plan reads facts, and pydantic's import and model building cost more than the
+rest of a small run (issue 41).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from .records import Field, Record
 
 FACTS_SCHEMA_VERSION = 1
 
 
-class Fact(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
+class Fact(Record):
+    """A part of the facts: frozen, unknown keys ignored."""
 
 
 class HostInfo(Fact):
@@ -492,7 +494,9 @@ class Facts(Fact):
     health: HostHealth | None = Field(None, description="None from an agent that does not read health")
     interfaces: list[NetInterface] | None = Field(None, description="None: the agent did not report them")
     cpu: CpuInfo | None = None
-    machine: Machine | None = Field(None, description="None: an older agent, or /sys could not say")
+    machine: Machine | None = Field(
+        None, description="None: not asked (a rig without `slurm`), an older agent, or /sys could not say"
+    )
     slurm: SlurmNode | None = Field(None, description="None: not asked, or no slurmd installed")
     containers: ContainerFacts | None = Field(None, description="None: not asked (no containers section)")
 

@@ -333,7 +333,8 @@ def facts_request(
         "nvidia_repository": nvidia_repository,
         # the node's state folder: health counters are judged as their change since the previous sample
         "state_dir": state_dir,
-        # what slurmd would register and what the controller holds (a rig with a `slurm` section)
+        # what slurmd would register and what the controller holds, and every CPU's place (`machine`), for a
+        # rig with a `slurm` section
         "slurm": slurm,
         # the toolkit, the CDI specs and these runtimes' configs (a rig with a `containers` section)
         "containers": None if containers is None else list(containers),

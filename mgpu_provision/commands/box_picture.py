@@ -17,13 +17,16 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..catalog.topology import nvlink_count
 from ..facts import FACTS_SCHEMA_VERSION, Facts, Gpu
 from ..plan.expectation import for_rig
-from ..rig.models import Host
 from ..rig.rig import LoadedRig
 from .svg import STATES, Svg, text_width, write_atomic
+
+if TYPE_CHECKING:
+    from ..rig.models import Host
 
 WIDTH = 760
 WIDE = 1000  # a mesh of more than four GPUs: room for the ring without boxes touching
@@ -51,7 +54,7 @@ class Wanted:
 
 
 def wanted_of(loaded: LoadedRig, host: Host) -> Wanted:
-    expect = for_rig(loaded.rig_of(host), host, loaded.topologies.get(host.rig))
+    expect = for_rig(loaded, host)
     return Wanted(expect.bridge_kind, expect.bridge_links, expect.bridge_pairs, expect.topology)
 
 

@@ -13,15 +13,17 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..errors import ProvisionError
 from ..fleet.options import MAX_FORKS, FleetOptions
 from ..fleet.targets import HostTarget, targets_for
 from ..rig import LoadedRig, nodesets, select_hosts
 from ..rig.cache import load_rig
-from ..rig.models import Host
 from . import paths
+
+if TYPE_CHECKING:
+    from ..rig.models import Host
 
 
 def _positive_int(text: str) -> int:

@@ -13,18 +13,21 @@ import json
 
 from ..jobs.plan import plan_fleet
 from . import options, paths
-from .fleet_report import read_smoke, write_plan_pictures
 from .output import make_console, waiting_for
 from .plan_view import add_diff_option, plan_json, render_plan
 
 
 def run(args: argparse.Namespace) -> int:
     fleet = options.prepare(args)
+    drawn = args.svg is not None or args.report is not None or args.smoke is not None
+    if drawn:  # the pictures' modules (SVG, HTML) only for a run that draws
+        from .fleet_report import read_smoke, write_plan_pictures
     bandwidth = read_smoke(args.smoke, args.report) if args.smoke is not None else None
     with waiting_for("reading the hosts", [t.name for t in fleet.targets]) as host_done:
         run = dataclasses.replace(fleet.options, on_host_done=host_done)
         plan = plan_fleet(fleet.loaded, fleet.targets, run)
-    write_plan_pictures(fleet.loaded, plan, svg=args.svg, report=args.report, bandwidth=bandwidth)
+    if drawn:
+        write_plan_pictures(fleet.loaded, plan, svg=args.svg, report=args.report, bandwidth=bandwidth)
     if args.json:
         print(json.dumps(plan_json(plan), indent=2))
     else:

@@ -13,9 +13,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
-import io
-import uuid
-import zipfile
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +58,9 @@ def bundle_cache_dir() -> Path:
 
 
 def _zip(files: dict[str, bytes]) -> bytes:
+    import io  # only when the cache has no zipapp for these sources
+    import zipfile
+
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for name, content in sorted(files.items()):
@@ -101,7 +102,7 @@ def _build(cache_dir: Path) -> AgentBundle:
         data = cached.read_bytes()
     except OSError:
         data = _zip(files)
-        partial = cached.with_name(f".{cached.name}.{uuid.uuid4().hex}.partial")
+        partial = cached.with_name(f".{cached.name}.{os.urandom(16).hex()}.partial")
         try:
             cached.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             partial.write_bytes(data)

@@ -15,22 +15,21 @@ import shlex
 import signal
 import subprocess
 import time
-import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
-
 from ..errors import AgentError, ConnectionFailed
 from ..facts import Facts
 from ..protocol import ERROR_KINDS, SIMULATE_ENV
+from ..records import Record, RecordError
 from .options import AgentPayload, FleetOptions
 from .targets import HostTarget, describe
 
 if TYPE_CHECKING:
     import fabric
     import paramiko
+    from pydantic import BaseModel, ValidationError
 
 CONNECTION_LOST = -1  # Paramiko's exit status when the channel closed without one (sshd killed, link cut)
 AGENT_MISSING = 97  # the cached-agent command's "upload me, then run again" exit code
@@ -59,7 +58,7 @@ def agent_command(agent_name: str, python: str, verb: str, sudo: bool) -> str:
 
 def partial_name(folder: str, agent_name: str) -> str:
     """Where an upload writes before its rename, so that a concurrent run never executes half a zipapp."""
-    return f"{folder}/.{agent_name}.{uuid.uuid4().hex}.partial"
+    return f"{folder}/.{agent_name}.{os.urandom(16).hex()}.partial"
 
 
 def upload_command(folder: str, partial: str, final: str) -> str:
@@ -258,13 +257,13 @@ class LocalAgentSession(AgentSession):
     def _upload(self, folder: str) -> None:
         cache = Path(folder) if folder.startswith("/") else Path.home() / folder
         cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-        partial = cache / f".{self.agent.name}.{uuid.uuid4().hex}.partial"
+        partial = cache / f".{self.agent.name}.{os.urandom(16).hex()}.partial"
         partial.write_bytes(self.agent.data)
         partial.chmod(0o600)
         partial.replace(cache / self.agent.name)
 
 
-Reply = TypeVar("Reply", bound=BaseModel)
+Reply = TypeVar("Reply", bound="BaseModel | Record")
 
 
 def read_reply(
@@ -283,10 +282,14 @@ def read_reply(
 def validated(
     answer: dict[str, Any], model: type[Reply], verb: str, where: str, what: str = "a reply"
 ) -> Reply:
-    """`answer` as `model`, or an AgentError naming the fields that drifted from the contract."""
+    """`answer` as `model` (a plain record such as Facts, or a pydantic model: pydantic is imported only
+    for those), or an AgentError naming the fields that drifted from the contract."""
+    drift: type[RecordError | ValidationError] = RecordError
+    if not issubclass(model, Record):
+        from pydantic import ValidationError as drift
     try:
-        return model.model_validate(answer)
-    except ValidationError as exc:
+        return model.model_validate(answer)  # type: ignore[return-value]
+    except drift as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in error['loc']) or 'result'}: {error['msg']}"
             for error in exc.errors()[:5]

@@ -30,7 +30,6 @@ from ..plan.change import Change
 from ..plan.files import node_path
 from ..plan.host import facts_request, plan_host
 from ..plan.resources.slurm import APPLY_DRAIN, APPLY_REASON
-from ..rig.models import Host
 from .drain import Drained, DrainSettings, drain_host, not_drained_words, resume_host
 from .plan import FleetPlan, HostPlan, held_names, held_on_control_machine, plan_fleet
 from .playbooks import carried_out, in_step_order
@@ -38,6 +37,7 @@ from .rollout import Serial, batches, too_many_failed
 
 if TYPE_CHECKING:
     from ..rig import LoadedRig
+    from ..rig.models import Host
 
 RecapStatus = Literal["ok", "changed", "failed", "unreachable", "skipped"]
 Progress = Callable[[str], None]

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from pydantic import Field, ValidationError
+from typing import TYPE_CHECKING, Any, Literal
 
 from .. import protocol
 from ..errors import AgentError
 from ..facts import Fact, Facts, GpuProcess
 from ..fleet.pool import HostOutcome
 from ..fleet.session import AgentSession, read_facts
-from ..rig.models import Reclaim
+from ..records import Field, RecordError
+
+if TYPE_CHECKING:
+    from ..rig.models import Reclaim
 
 Action = Literal["keep", "refused", "would-end", "ended", "failed"]
 LEFT: frozenset[str] = frozenset({"refused", "would-end", "failed"})  # what keeps the exit code at 2
@@ -77,7 +78,7 @@ def agent_args(
 def parse_result(where: str, result: dict[str, Any]) -> HostResult:
     try:
         parsed: HostResult = HostResult.model_validate(result)
-    except ValidationError as exc:
+    except RecordError as exc:
         raise AgentError(f"agent reclaim on {where} answered outside the contract: {exc}") from exc
     return parsed
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .. import protocol
 from ..fleet.here import Here, address_is_here, control_machine
@@ -29,10 +29,12 @@ from ..judge.verdict import judge_node
 from ..plan import expectation
 from ..plan.files import node_path
 from ..plan.host import facts_request
-from ..rig.models import Host
 from ..rig.rig import LoadedRig
 from .apply import LOCK_FILE, ApplySettings, ReopenableSession, reboot_and_wait
 from .drain import DrainSettings, drain_host, resume_host
+
+if TYPE_CHECKING:
+    from ..rig.models import Host
 
 RECOVER_REASON = "mgpu: recover"
 Status = Literal["healthy", "would-recover", "recovered", "failed", "unreachable"]
@@ -109,7 +111,7 @@ def recover_host(
     """The steps of one host, each said as it ends; a ProvisionError is the host's error."""
     done = HostRecovery(host.name)
     rig = loaded.rig_of(host)
-    expect = expectation.for_rig(rig, host, loaded.topologies.get(host.rig))  # health, not drift
+    expect = expectation.for_rig(loaded, host)  # health, not drift
     request = facts_request(loaded, host)
     state_dir = node_path(loaded, host, loaded.spec.files.state_dir)
     lock = node_path(loaded, host, f"{loaded.spec.files.state_dir.rstrip('/')}/{LOCK_FILE}")

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ProvisionError
 from ..facts import Facts
@@ -32,12 +32,14 @@ from ..plan.files import node_path
 from ..plan.host import facts_request
 from ..plan.resources.envfiles import desired, environment, launcher_path, path_prepends
 from ..protocol import DATA_PARALLEL_TIMEOUT_S, smoke_cleanup_request, smoke_request
-from ..rig.models import Host
 from ..rig.rig import LoadedRig, Rendezvous
 from .smoke_baseline import entry_of, group_key, spread
 from .smoke_baseline import judge as judge_baseline
 from .smoke_baseline import record as write_baseline
 from .smoke_isolate import DEFAULT_BUDGET_S, Isolation, RunRound, Trial, bisect, pairwise
+
+if TYPE_CHECKING:
+    from ..rig.models import Host
 
 # Beyond the node's own deadline: the torch probe, the SIGTERM/SIGKILL grace, the SSH round trip, and the
 # DataParallel process that a CUDA node runs after its ranks.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ProvisionError
 from ..fleet.options import FleetOptions
@@ -24,7 +24,6 @@ from ..fleet.session import AgentSession, read_facts, read_reply
 from ..fleet.targets import HostTarget
 from ..plan.host import facts_request
 from ..plan.resources.slurm import slurm_name, srun_options
-from ..rig.models import Host
 from ..rig.rig import LoadedRig
 from .smoke import (
     CALL_MARGIN_S,
@@ -38,6 +37,9 @@ from .smoke import (
     plan_smoke,
     with_ddp,
 )
+
+if TYPE_CHECKING:
+    from ..rig.models import Host
 
 ROUND_TIMEOUT_S = 120.0  # prepare and collect: facts, a few files
 

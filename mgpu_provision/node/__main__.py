@@ -20,6 +20,7 @@ from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from .. import __version__
 from ..protocol import ERROR_KINDS, BadRequest, check_request
+from .core.archive import record_digest
 from .core.errors import AgentFailure
 from .nvidia.backend import Backend
 from .nvidia.select import select_backend, simulation_target, state_folder
@@ -162,6 +163,7 @@ def unpack_beside(archive: str) -> Optional[str]:
     try:
         with zipfile.ZipFile(archive) as zipped:
             zipped.extractall(partial)
+        record_digest(archive, partial)
         _give_to_owner_of(archive, partial)
         os.rename(partial, final)
     except (OSError, zipfile.BadZipFile):

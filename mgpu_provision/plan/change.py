@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..catalog.topology import TopoMatrix
 from ..facts import Facts
 from ..judge.records import WARN, Expectation, Finding
-from ..rig.models import Host, Rig
 from .expectation import for_rig
 
 if TYPE_CHECKING:
     from ..rig import LoadedRig
+    from ..rig.models import Host, Rig
 
 # "warn": a check that found something to say but nothing that fails the box (judge.records.SEVERITIES).
 Action = Literal["create", "update", "delete", "verify-failed", "warn", "manual"]
@@ -89,12 +89,12 @@ class HostContext:
     @cached_property
     def expect(self) -> Expectation:
         """What the judge holds this host to (managed files are diffed by plan itself, not by digest)."""
-        return for_rig(self.rig, self.host, self.expected_topology)
+        return for_rig(self.loaded, self.host)
 
     @cached_property
     def node_expectation(self) -> Expectation:
         """What the node holds itself to once apply has run: `expect` with the managed files' digests."""
-        return for_rig(self.rig, self.host, self.expected_topology, self.checked_files)
+        return for_rig(self.loaded, self.host, self.checked_files)
 
     @cached_property
     def facts_json(self) -> dict[str, Any]:

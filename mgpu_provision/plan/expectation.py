@@ -7,19 +7,25 @@ a node that judges itself reads the same record from a JSON file apply wrote (`j
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from ..catalog.topology import TopoMatrix
 from ..judge.records import Expectation
 from ..rig.cards import fabric_manager_elsewhere
-from ..rig.models import Cdi, DcgmDiag, Host, Rig
+from ..rig.plain import imex_domain
+
+if TYPE_CHECKING:
+    from ..catalog.topology import TopoMatrix
+    from ..rig.models import Host
+    from ..rig.rig import LoadedRig
 
 
-def for_rig(
-    rig: Rig, host: Host, topology: TopoMatrix | None, files: Mapping[str, str] | None = None
-) -> Expectation:
-    """The record for a host of `rig`, with its captured topology and (path -> sha256) managed files."""
+def for_rig(loaded: LoadedRig, host: Host, files: Mapping[str, str] | None = None) -> Expectation:
+    """The record for `host` of its rig, with the rig's captured topology and (path -> sha256) managed
+    files."""
+    rig, topology, defaults = loaded.rig_of(host), loaded.topologies.get(host.rig), loaded.defaults
     driver, health, bridge = rig.driver, rig.health, rig.bridge
     diag = health.dcgm_diag
+    domain = imex_domain(driver, defaults.imex_domain)
     return Expectation(
         gpu_model=rig.gpus.model,
         gpu_count=rig.gpus.count,
@@ -35,9 +41,7 @@ def for_rig(
         # A GB200/GB300 compute tray's NVLinks end at the rack's switch trays, which run Fabric Manager.
         fabricmanager=not fabric_manager_elsewhere(rig.gpus.model)
         and (bridge.kind == "nvswitch" or (driver is not None and driver.fabricmanager)),
-        imex_domain=driver is not None
-        and driver.imex_domain is not None
-        and driver.imex_domain.peers != "per_job",
+        imex_domain=domain is not None and domain.peers != "per_job",
         health_skip=tuple(health.skip),
         critical_xids=tuple(health.critical_xids),
         ecc=health.ecc,
@@ -46,10 +50,10 @@ def for_rig(
         files=dict(files or {}),
         containers=rig.containers is not None,
         toolkit_version=None if rig.containers is None else rig.containers.toolkit,
-        cdi_spec=(Cdi() if rig.containers is None else rig.containers.cdi).output,
+        cdi_spec=(defaults.cdi if rig.containers is None else rig.containers.cdi).output,
         runtimes=() if rig.containers is None else tuple(rig.containers.runtimes),
         dcgm_diag_level=None if diag is None else diag.level,
-        dcgm_diag_budget_s=(diag or DcgmDiag()).budget_s,
+        dcgm_diag_budget_s=(diag or defaults.dcgm_diag).budget_s,
     )
 
 

@@ -9,6 +9,7 @@ shows no drift; values pass the quoting filters, never autoescape.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import hashlib
@@ -25,13 +26,13 @@ from ..errors import ProvisionError
 from ..facts import Facts, ManagedFile
 from ..judge.files import same_digest
 from ..rig.envvalues import value_problem
-from ..rig.models import Host
 from .change import Change, HostContext, Phase
 
 if TYPE_CHECKING:
     import jinja2
 
     from ..rig import LoadedRig
+    from ..rig.models import Host
 
 # Values systemd and sh both take unquoted; anything else is double-quoted with escapes.
 _BARE_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%+/^-]+")
@@ -142,7 +143,105 @@ def _compiled_templates(version: str) -> jinja2.BytecodeCache | None:
 
 
 def render(template: str, **context: Any) -> str:
-    return _templates().get_template(template).render(**context)
+    """`template` rendered with `context`: from the control machine's cache of rendered files when this
+    template, these values and the code that renders them were seen before (a plan of an unchanged fleet
+    then never imports jinja2), else by jinja2."""
+    key = _render_key(template, context)
+    if key is not None and (found := _rendered().get(key)) is not None:
+        _RENDERED_NOW[key] = found
+        return found
+    text = _templates().get_template(template).render(**context)
+    if key is not None:
+        _RENDERED_NOW[key] = text
+        _RENDERED_NEW.append(key)
+    return text
+
+
+# What this run rendered or found (kept for the next run), and which of those were rendered afresh.
+_RENDERED_NOW: dict[str, str] = {}
+_RENDERED_NEW: list[str] = []
+# A rendered file's key holds only values of these types (what the resources pass), so that its repr is the
+# value itself; anything else renders without the cache.
+_PLAIN = (str, int, float, bool, type(None))
+_RENDERED_MAX = 4096  # entries kept: a fleet of thousands of distinct hosts renders without the cache
+
+
+def _plain_value(value: Any) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain_value(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain_value(v) for k, v in value.items())
+    return False
+
+
+def _render_key(template: str, context: dict[str, Any]) -> str | None:
+    if not _plain_value(context):
+        return None
+    words = repr((template, sorted(context.items()), _render_code()))
+    return hashlib.sha256(words.encode()).hexdigest()
+
+
+@functools.cache
+def _render_code() -> tuple[object, ...]:
+    """What a rendered file depends on besides its values: every template (includes too), the filters'
+    code and jinja2's version, each by path, mtime and size (as the rig cache's key)."""
+    import importlib.util
+
+    folder = os.path.join(os.path.dirname(os.path.dirname(__file__)), "templates")
+    spec = importlib.util.find_spec("jinja2")
+    paths = [os.path.join(folder, name) for name in sorted(os.listdir(folder))]
+    paths += [__file__, value_problem.__code__.co_filename]
+    if spec is not None and spec.origin:
+        paths.append(spec.origin)
+    found: list[object] = []
+    for path in paths:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            found.append((path, None))
+            continue
+        found.append((path, stat.st_mtime_ns, stat.st_size))
+    return tuple(found)
+
+
+def _rendered_file() -> str:
+    return str(control_cache_dir() / "rendered.json")
+
+
+@functools.cache
+def _rendered() -> dict[str, str]:
+    """The previous run's rendered files by key, read once per run (nothing when unreadable); this run's
+    are written back when it ends, if it rendered anything afresh."""
+    import atexit
+    import json
+
+    atexit.register(_keep_rendered)
+    try:
+        with open(_rendered_file(), encoding="utf-8") as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _keep_rendered() -> None:
+    import json
+    import uuid
+
+    if not _RENDERED_NEW or len(_RENDERED_NOW) > _RENDERED_MAX:
+        return
+    path = _rendered_file()
+    partial = f"{path}.{uuid.uuid4().hex}.partial"
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(partial, "w", encoding="utf-8") as handle:
+            json.dump(_RENDERED_NOW, handle)
+        os.replace(partial, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
 
 
 def _lines(text: str) -> list[str]:

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from .. import protocol
 from ..facts import Facts
 from ..judge.records import Expectation
-from ..rig.models import Host
 from .change import PHASES, Change, HostContext
 from .files import DesiredFile, ManagedFiles, node_path
 from .resources import (
@@ -40,6 +39,7 @@ from .resources import torch as torch_probe
 
 if TYPE_CHECKING:
     from ..rig import LoadedRig
+    from ..rig.models import Host
 
 XORG_CONF = "/etc/X11/xorg.conf"
 

@@ -22,7 +22,6 @@ import os
 import pickle
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -32,15 +31,16 @@ from ..control_cache import control_cache_dir
 if TYPE_CHECKING:
     from .rig import LoadedRig
 
-# Bump when what an entry holds changes shape.
-_FORMAT = 2
+# Bump when what an entry holds changes shape (3: plain records, rig/plain.py, instead of pydantic models).
+_FORMAT = 3
 _KEEP_S = 30 * 24 * 3600
 _PACKAGE = Path(__file__).resolve().parent.parent
 # The code whose output is cached: the rig package (models, loader, rules, messages) and every module it
 # loads from elsewhere (the judge's defaults, the catalog's package names and topology parser, the error type,
-# the protocol); tests/unit/test_rig_cache.py checks that loading a rig imports nothing outside these.
+# the protocol, the plain records it ends in); tests/unit/test_rig_cache.py checks that loading a rig imports
+# nothing outside these.
 _CODE_FOLDERS = ("rig", "judge", "catalog")
-_CODE = ("__init__.py", "errors.py", "protocol.py")
+_CODE = ("__init__.py", "errors.py", "protocol.py", "records.py")
 
 
 class Checked(NamedTuple):
@@ -144,7 +144,7 @@ def _forget_old(folder: Path) -> None:
 
 def _store(entry: Path, rig_digest: str, loaded: LoadedRig) -> None:
     _forget_old(entry.parent)
-    partial = entry.with_name(f".{entry.name}.{uuid.uuid4().hex}.partial")
+    partial = entry.with_name(f".{entry.name}.{os.urandom(16).hex()}.partial")
     try:
         blob = pickle.dumps(loaded, pickle.HIGHEST_PROTOCOL)
         entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..catalog.topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
-from .models import Rig
+
+if TYPE_CHECKING:
+    from .models import Rig
 
 
 def resolve_path(base_dir: Path, path: str) -> Path:

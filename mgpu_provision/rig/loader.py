@@ -19,8 +19,9 @@ from ..errors import SpecError, SpecProblem
 from .files import read_topologies
 from .inventory_part import InventoryPart, read_inventory_part
 from .messages import field_name, schema_findings, unwrap
-from .models import Host, Rig, RigFile
-from .rig import LoadedRig
+from .models import Cdi, DcgmDiag, Host, ImexDomain, NodeCheck, Rig, RigFile
+from .plain import plain
+from .rig import LoadedRig, SectionDefaults
 from .rules import Finding, Loc, RuleInput, check_rules
 from .source import Rejected, parse, read_text
 
@@ -76,7 +77,14 @@ def load_rig(path: str | Path) -> LoadedRig:
     if part.hosts:
         spec = spec.model_copy(update={"hosts": [*spec.hosts, *part.hosts]})
     parsed = {name: found for name, found in topologies.items() if not isinstance(found, str)}
-    return LoadedRig(path=path, base_dir=base_dir, spec=spec, topologies=parsed)
+    # Validated: from here on plain values (rig/plain.py), which the rig cache keeps without pydantic.
+    defaults = SectionDefaults(
+        node_check=plain(NodeCheck()),
+        cdi=plain(Cdi()),
+        dcgm_diag=plain(DcgmDiag()),
+        imex_domain=plain(ImexDomain()),
+    )
+    return LoadedRig(path=path, base_dir=base_dir, spec=plain(spec), defaults=defaults, topologies=parsed)
 
 
 M = TypeVar("M", bound=BaseModel)

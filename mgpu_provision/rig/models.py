@@ -17,6 +17,9 @@ from pydantic import Strict as StrictMode
 
 from ..judge.xids import CRITICAL as CRITICAL_XIDS
 from .cards import placeholder
+from .plain import HealthShape, HostShape, NodeCheckShape, RigShape, SlurmShape, imex_domain, nvml_gres_type
+
+__all__ = ["nvml_gres_type"]  # declared with the shapes (pydantic-free); the rules read it from here
 
 # Values that reach a shell file or a command line: no quotes, no `$`, no backticks, no newlines.
 SAFE_TOKEN = r"^[A-Za-z0-9_.,:=@%+/^-]*$"
@@ -98,7 +101,7 @@ class Defaults(Connection):
     command_timeout_s: float = Field(300.0, gt=0, le=7200, description="one agent command's limit")
 
 
-class Host(Connection):
+class Host(Connection, HostShape):
     """One box of the fleet."""
 
     name: HostName
@@ -118,10 +121,6 @@ class Host(Connection):
         None, description="twin file: simulate this node's NVIDIA layer (demos and rehearsal)"
     )
     os: Literal["linux", "windows"] = Field("linux", description="Windows boxes get manual steps for SLI")
-
-    @property
-    def target(self) -> str:
-        return self.address or self.name
 
 
 class Gpus(Strict):
@@ -249,9 +248,7 @@ class Driver(Strict):
     @property
     def imex_domain(self) -> ImexDomain | None:
         """The IMEX domain the rig asks for; None without IMEX (`imex: true` is `peers: fleet`)."""
-        if isinstance(self.imex, ImexDomain):
-            return self.imex
-        return ImexDomain() if self.imex else None
+        return imex_domain(self, ImexDomain())
     runfile_url: str | None = Field(None, pattern="^(https://|/)[^\\s'\"`$;]+$", description="runfile source")
     runfile_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     repo: DriverRepo | None = Field(
@@ -296,7 +293,7 @@ class DcgmDiag(Strict):
     )
 
 
-class Health(Strict):
+class Health(Strict, HealthShape):
     """Health checks on every box of the rig: all on by default; `skip` switches some off."""
 
     skip: list[HealthCheck] = Field(
@@ -328,9 +325,6 @@ class Health(Strict):
         description="run DCGM's diagnostic in each node check run by its timer or by hand (not under "
         "Slurm's HealthCheckProgram: slurmd ends it after 60 s); null: no diag",
     )
-
-    def checks(self, name: str) -> bool:
-        return name not in self.skip
 
 
 # "Mosaic" is the X option `SLI` (SLI Mosaic, professional cards); "BaseMosaic" is the X option of that name.
@@ -424,12 +418,6 @@ class Files(Strict):
     state_dir: PathStr = Field("/var/lib/mgpu-provision", description="lock file and backups")
 
 
-def nvml_gres_type(model: str) -> str:
-    """The GRES type Slurm's AutoDetect=nvml gives a GPU: its NVML name lower-cased, spaces as underscores
-    ("NVIDIA GeForce RTX 3090" -> "nvidia_geforce_rtx_3090"); a configured type must be a substring of it."""
-    return "_".join(model.lower().split())
-
-
 SLURM_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 
 
@@ -445,7 +433,7 @@ class Srun(Strict):
     )
 
 
-class Slurm(Strict):
+class Slurm(Strict, SlurmShape):
     """How the box presents its GPUs to Slurm: gres.conf generated from facts, checked against the
     controller's node line."""
 
@@ -497,9 +485,6 @@ class Slurm(Strict):
         description="what apply runs when gres.conf changed (slurmd reads gres.conf only when it starts)",
     )
 
-    def type_for(self, model: str) -> str:
-        return self.gres_type or nvml_gres_type(model)
-
 
 ContainerRuntime = Literal["docker", "containerd", "cri-o", "podman"]
 
@@ -535,7 +520,7 @@ class Containers(Strict):
     cdi: Cdi = Field(default_factory=Cdi)
 
 
-class Rig(Strict):
+class Rig(Strict, RigShape):
     """A rig type: what every box that names it must look like."""
 
     gpus: Gpus
@@ -559,18 +544,6 @@ class Rig(Strict):
         default_factory=dict,
         description=_PATH_PREPEND + "; a variable listed here replaces the fleet's list for it",
     )
-
-    @property
-    def visible_count(self) -> int:
-        """GPUs per node that CUDA sees: the visible device list, or every GPU of the rig."""
-        return len(self.visible_devices) if self.visible_devices is not None else self.gpus.count
-
-    @property
-    def nproc_per_node(self) -> int:
-        """DDP processes per node: `ddp.nproc_per_node`, else one per visible GPU."""
-        if self.ddp is not None and self.ddp.nproc_per_node is not None:
-            return self.ddp.nproc_per_node
-        return self.visible_count
 
 
 class Smoke(Strict):
@@ -613,7 +586,7 @@ class Reclaim(Strict):
 TIME_SPAN = r"^[1-9][0-9]{0,5}(s|min|h)$"
 
 
-class NodeCheck(Strict):
+class NodeCheck(Strict, NodeCheckShape):
     """The check every node runs on itself (`mgpu-provision-check`), installed by apply: the shipped judge
     over the node's own facts and the expectations apply wrote, run by a systemd timer, Slurm or by hand."""
 
@@ -639,11 +612,6 @@ class NodeCheck(Strict):
     expectations: PathStr = Field(
         "/etc/mgpu-provision/expectation.json", description="what the node holds itself to (JSON)"
     )
-
-    def paths(self) -> list[tuple[str, str]]:
-        """(field, path) of every path of the section, for the rules on paths."""
-        named = [("command", self.command), ("agent", self.agent), ("expectations", self.expectations)]
-        return named + ([("textfile_dir", self.textfile_dir)] if self.textfile_dir else [])
 
 
 class RigFile(Strict):

@@ -13,12 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..catalog.topology import TopoMatrix
 from ..errors import ProvisionError
 from .files import resolve_path
-from .models import Host, Rig, RigFile
+
+if TYPE_CHECKING:  # the rig cache unpickles a LoadedRig of plain records: no model, no pydantic
+    from ..catalog.topology import TopoMatrix
+    from .models import Cdi, DcgmDiag, Host, ImexDomain, NodeCheck, Rig, RigFile
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,24 @@ class Rendezvous:
 
 
 @dataclass(frozen=True)
+class SectionDefaults:
+    """What an optional section a rig file leaves out holds by default, made by the loader (where the
+    models are) so that a command reads it without them."""
+
+    node_check: NodeCheck  # where a node check the rig no longer asks for was installed
+    cdi: Cdi  # the CDI spec a rig without `containers` would keep
+    dcgm_diag: DcgmDiag  # the diag's budget a rig without `health.dcgm_diag` would give it
+    imex_domain: ImexDomain  # the domain `driver.imex: true` asks for
+
+
+@dataclass(frozen=True)
 class LoadedRig:
     """A valid rig file and the questions every command asks of it."""
 
     path: Path
     base_dir: Path
     spec: RigFile
+    defaults: SectionDefaults
     topologies: Mapping[str, TopoMatrix] = field(default_factory=dict)  # rig name -> its topology_file
 
     @cached_property

@@ -12,11 +12,14 @@ skip a box. A term with a numeric bracket (`gpu-[001-064]`) or a `@source:group`
 from __future__ import annotations
 
 import fnmatch
+from typing import TYPE_CHECKING
 
 from ..errors import ProvisionError
-from .models import Host
 from .nodesets import expand, is_nodeset, split_terms
 from .rig import LoadedRig
+
+if TYPE_CHECKING:
+    from .models import Host
 
 
 def _groups_of(loaded: LoadedRig, host: Host) -> set[str]:

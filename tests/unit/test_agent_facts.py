@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,11 @@ def test_real_nvml_without_driver_is_a_fact_not_a_traceback() -> None:
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Until the child has exec'd, /proc shows the forking pytest's command line: wait for its own.
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + 10
+    while b"time.sleep(60)" not in cmdline.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
     yield proc
     proc.kill()
     proc.wait()

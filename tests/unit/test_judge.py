@@ -187,7 +187,7 @@ def test_rig_default_critical_xids_are_the_judges_and_each_has_advice() -> None:
 
 def rig_expectation(loaded: LoadedRig, host: Host, files: dict[str, str] | None = None) -> Expectation:
     """The rig's record for `host`, with its captured topology and these managed files' digests."""
-    return expectation.for_rig(loaded.rig_of(host), host, loaded.topologies.get(host.rig), files)
+    return expectation.for_rig(loaded, host, files)
 
 
 def test_expectation_round_trips_through_json(tmp_path: Path) -> None:

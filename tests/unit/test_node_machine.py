@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,7 +81,10 @@ def test_key_values_keep_a_reason_with_spaces() -> None:
     assert pairs["Reason"] == "mgpu: GPU 1 lost [root@x]"
 
 
-def test_twin_machine_minor_numbers_and_affinity_reach_the_facts(tmp_path: Path) -> None:
+def test_twin_machine_minor_numbers_and_affinity_reach_the_facts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(machine, "slurm", lambda *args: None)  # no slurmd of this machine is asked
     twin = write_twin(
         tmp_path,
         DEEPOPS_TOPOLOGY,
@@ -88,12 +94,41 @@ def test_twin_machine_minor_numbers_and_affinity_reach_the_facts(tmp_path: Path)
     data = json.loads(twin.read_text())
     data["gpus"][1]["minor"] = 3
     twin.write_text(json.dumps(data))
-    facts = facts_from_twin(twin)
+    facts = facts_from_twin(twin, slurm=True)  # the CPU layout is for Slurm's files only
     assert [g.minor_number for g in facts.gpus] == [0, 3]
     assert [g.cpu_affinity for g in facts.gpus] == ["0-3,8-11", "4-7,12-15"]
     assert facts.machine is not None and facts.machine.memory_mib == 128000
     assert len(facts.machine.threads) == 16
-    assert facts.slurm is None  # not asked
+    assert facts_from_twin(twin).machine is None  # not asked
+
+
+def test_facts_read_the_cpu_layout_only_for_a_rig_with_slurm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41: every CPU's socket, core, L3 and NUMA node (~800 /sys reads on a 256-thread box) are for
+    gres.conf and slurm.conf only: a facts request without `slurm` reads none of them. A twin without a
+    `machine` section reads this machine's /sys (read only), as a real node does."""
+    twin = write_twin(tmp_path, None, 1)
+    monkeypatch.setattr(machine, "slurm", lambda *args: None)  # no slurmd of this machine is asked
+    read: list[str] = []
+    real_open = builtins.open
+
+    def recording_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        read.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", recording_open)
+    layout = ("/sys/devices/system/cpu/online", "/cache/index3/id", "/sys/devices/system/node/")
+
+    def layout_reads() -> list[str]:
+        return [path for path in read if any(part in path for part in layout)]
+
+    assert facts_from_twin(twin).machine is None
+    assert layout_reads() == []
+    if not os.path.exists("/sys/devices/system/cpu/online"):
+        pytest.skip("no /sys/devices/system/cpu here to read with slurm")
+    assert facts_from_twin(twin, slurm=True).machine is not None
+    assert layout_reads()  # the same request with `slurm` reads the layout
 
 
 def test_a_twin_machine_without_its_sizes_is_named(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 from mgpu_provision import protocol
 from mgpu_provision.facts import Facts, SlurmNode
 from mgpu_provision.node.core.errors import AgentFailure
+from mgpu_provision.node.host import machine
 from mgpu_provision.node.verbs.apply import run_step
 from mgpu_provision.plan.change import HostContext
 from mgpu_provision.plan.host import facts_request, plan_host
@@ -48,7 +49,13 @@ def smt_facts(tmp_path: Path, **gpu_fields: list[dict[str, object]]) -> Facts:
         for gpu, extra in zip(data["gpus"], gpu_fields["gpus"], strict=True):
             gpu.update(extra)
         twin.write_text(json.dumps(data))
-    return facts_from_twin(twin)
+    return facts_from_twin(twin, slurm=True)
+
+
+@pytest.fixture(autouse=True)
+def no_slurmd_of_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The facts of a Slurm rig read the CPU layout; what this machine's own slurmd says is not asked."""
+    monkeypatch.setattr(machine, "slurm", lambda *args: None)
 
 
 def test_cores_are_slurm_logical_core_indices_not_the_os_cpus_of_topo(tmp_path: Path) -> None:
@@ -151,7 +158,8 @@ def test_a_box_with_a_gpu_missing_is_reported_before_slurmd_makes_the_node_inval
     loaded: LoadedRig, tmp_path: Path
 ) -> None:
     twin = write_twin(tmp_path, None, 1, machine=SMT_MACHINE)
-    facts = _with_controller(facts_from_twin(twin), State="IDLE", Gres="gpu:nvidia_geforce_rtx_3090:2(S:0-1)")
+    gres = "gpu:nvidia_geforce_rtx_3090:2(S:0-1)"
+    facts = _with_controller(facts_from_twin(twin, slurm=True), State="IDLE", Gres=gres)
     rig = loaded.rig_of(loaded.host("gpu-a"))
     assert rig.slurm is not None
     found = slurm.checks(loaded.host("gpu-a"), rig, rig.slurm, facts, gres_conf_current=False)

@@ -5,6 +5,7 @@ loaded, so a top-level import that comes back fails here whatever the machine's 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -83,6 +84,36 @@ def test_json_runs_on_a_local_rig_load_no_console_and_no_ssh(
     assert not loaded & {"rich", *SSH, "ansible"}
 
 
+def test_importing_the_plan_command_loads_no_models_console_templates_or_ssh(tmp_path: Path) -> None:
+    """Issue 41: importing `commands.plan` (what every plan pays before it reads a host) loads none of the
+    heavy packages: the rig and the facts are plain records, rich draws only on a terminal, jinja2 loads
+    at the first file rendered, Fabric at the first SSH host, the pictures' modules for --svg/--report."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import mgpu_provision.commands.plan"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=tmp_path,  # not the checkout, whose package `-c` would put ahead of PYTHONPATH
+    )
+    loaded = set(re.findall(r"^import time:.*\| +(\S+)$", done.stderr, re.MULTILINE))
+    assert "mgpu_provision.commands.plan" in loaded
+    heavy = {"pydantic", "pydantic_core", "rich", "jinja2", "yaml", *SSH}
+    assert not {name.split(".")[0] for name in loaded} & heavy
+    pictures = {"mgpu_provision.commands.fleet_report", "mgpu_provision.commands.box_picture"}
+    assert not loaded & (pictures | {"mgpu_provision.rig.models", "mgpu_provision.rig.loader"})
+
+
+def test_plan_of_a_cached_rig_file_loads_no_pydantic(tmp_path: Path, bundles: Path, local_rig: Path) -> None:
+    """Issue 41: pydantic validates the rig file once; a later plan unpickles the rig as plain records and
+    reads the facts reply with the records' reader, so the whole run never imports it."""
+    first, before = cli_modules(tmp_path, bundles, "plan", str(local_rig), "--json")
+    second, after = cli_modules(tmp_path, bundles, "plan", str(local_rig), "--json")
+    assert first == second == 2
+    assert "pydantic" in before  # the first run validated the file
+    assert not after & {"pydantic", "pydantic_core", "yaml", "rich", *SSH}
+
+
 def test_plan_for_people_on_a_local_rig_loads_rich_but_no_ssh(
     tmp_path: Path, bundles: Path, local_rig: Path
 ) -> None:
@@ -158,6 +189,33 @@ def test_templates_are_compiled_once_not_on_every_run(tmp_path: Path, bundles: P
     assert runs[1] == "2 0"
 
 
+def test_a_plan_of_an_unchanged_box_renders_its_files_from_the_cache_without_jinja2(
+    tmp_path: Path, bundles: Path, local_rig: Path
+) -> None:
+    """Issue 41: the managed files a plan renders are kept with their values and the templates' code, so
+    the next plan of the same box imports no jinja2 and shows the same plan, byte for byte."""
+    cache = tmp_path / "xdg"
+    runs = []
+    for _ in range(2):
+        report = tmp_path / "modules.json"
+        done = subprocess.run(
+            [sys.executable, "-c", _CLI_THEN_MODULES, str(report), "plan", str(local_rig), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(cache)},
+            cwd=tmp_path,
+        )
+        assert report.exists(), done.stderr
+        plan = json.loads(done.stdout)
+        for host in plan["hosts"].values():
+            host.pop("elapsed_s", None)
+        runs.append((plan, "jinja2" in json.loads(report.read_text())["modules"]))
+    (first, first_jinja2), (second, second_jinja2) = runs
+    assert first_jinja2 and not second_jinja2
+    assert first == second and first["exit_code"] == 2  # the same creates, diffs included
+
+
 def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> None:
     """Every agent call pays for every module it imports; facts is the one every plan makes."""
     pyz = tmp_path / "agent.pyz"
@@ -172,7 +230,10 @@ def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> Non
         timeout=60,
         cwd="/",
     )
-    assert json.loads(done.stdout)["ok"], done.stdout + done.stderr
+    reply = json.loads(done.stdout)
+    assert reply["ok"], done.stdout + done.stderr
+    # Issue 41: the unpacking recorded the zipapp's digest; a facts call reads it instead of hashing.
+    assert reply["result"]["agent_digest"] == hashlib.sha256(pyz.read_bytes()).hexdigest()
     loaded = set(re.findall(r"^import time:.*\| +(\S+)$", done.stderr, re.MULTILINE))
     assert "mgpu_provision.node.verbs.facts" in loaded
     node_only_elsewhere = {
@@ -193,6 +254,8 @@ def test_the_agents_facts_verb_loads_only_what_facts_uses(tmp_path: Path) -> Non
     # topology's dataclasses would load (it is NamedTuples for that).
     stdlib_only_elsewhere = {"shutil", "tempfile", "traceback", "zipfile", "uuid", "platform", "socket"}
     stdlib_only_elsewhere |= {"dataclasses", "inspect"}
+    # Issue 41: Slurm's tools (no `slurm` asked: no process started).
+    stdlib_only_elsewhere |= {"subprocess"}
     assert not loaded & (node_only_elsewhere | stdlib_only_elsewhere)
 
 

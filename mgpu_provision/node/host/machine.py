@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ...catalog.cpulist import parse_cpu_list
 from ..core.system import read_text
+
+if TYPE_CHECKING:
+    import subprocess
 
 CPU_DIR = "/sys/devices/system/cpu"
 NODE_DIR = "/sys/devices/system/node"
@@ -103,6 +105,8 @@ def parse_key_values(line: str) -> Dict[str, str]:
 
 
 def run_tool(argv: List[str]) -> "subprocess.CompletedProcess[str]":
+    import subprocess  # only for Slurm's tools: the facts of a rig without `slurm` start no process here
+
     return subprocess.run(
         argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=_SLURM_TIMEOUT_S, check=False
     )
@@ -229,6 +233,8 @@ def slurm(hostname: str, minors: List[Optional[int]], dev_dir: str = "/dev") -> 
     line for this node and a few cluster settings, and which of the GPUs' /dev/nvidia<minor> are missing
     (slurmd exits when a gres.conf File= is); None without slurmd. A controller that cannot be reached, or
     an scontrol that hangs (ended after 10 s), is an `error`, never a failure of the verb."""
+    import subprocess  # Slurm's tools: a node without slurmd, and facts without `slurm`, start none
+
     slurmd = find_tool("slurmd")
     if slurmd is None:
         return None

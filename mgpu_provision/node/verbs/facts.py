@@ -59,7 +59,9 @@ def collect(args: Dict[str, Any], backend: Backend) -> Dict[str, Any]:
         "torch": torch_probe.probe_torch(args["python"]) if args["python"] else None,
         "interfaces": hostenv.interfaces(),
         "cpu": hostenv.cpu(),
-        "machine": backend.machine() or machine.machine(),
+        # Every CPU's place is only for gres.conf's Cores= and slurm.conf's node line: some 500-800 /sys
+        # reads on a 256-thread box, made only when the rig has a `slurm` section.
+        "machine": (backend.machine() or machine.machine()) if args["slurm"] else None,
     }
     facts.update(nvidia_facts(backend, args["state_dir"]))
     if args["containers"] is not None:

@@ -14,12 +14,12 @@ import posixpath
 from typing import TYPE_CHECKING
 
 from ... import protocol
-from ...rig.models import Host, Rig
 from ..change import Change, HostContext, Phase
 from ..files import DesiredFile, diff_files, diff_unwanted, node_path, render
 
 if TYPE_CHECKING:
     from ...rig import LoadedRig
+    from ...rig.models import Host, Rig
 
 UNIT = protocol.GPU_SETTINGS_UNIT
 PHASE: Phase = "persistence"  # with the NVML steps that set the same values now

@@ -9,14 +9,18 @@ Change says so and carries no step until then.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ... import protocol
 from ...catalog.containers import TOOLKIT_PACKAGES
 from ...judge import containers as judge
 from ...judge import driver as judge_driver
 from ...judge.records import Finding
-from ...rig.models import Containers
 from ..change import Action, Change, HostContext, failed_checks
 from .driver import family_of
+
+if TYPE_CHECKING:
+    from ...rig.models import Containers
 
 REGENERATED = frozenset({"missing", "stale", "invalid"})  # the cdi findings a new spec of ours fixes
 

@@ -10,14 +10,17 @@ reboot), gets the same reboot Change alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ... import protocol
 from ...catalog import families, names, sources
 from ...facts import HostInfo
 from ...judge import driver as judge
 from ...rig.cards import nvlink5_hgx, open_modules_only
-from ...rig.models import Driver, Host, Rig
 from ..change import Action, Change, HostContext, check_failed
+
+if TYPE_CHECKING:
+    from ...rig.models import Driver, Host, Rig
 
 
 @dataclass(frozen=True)

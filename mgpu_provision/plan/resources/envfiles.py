@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from ... import protocol
 from ...catalog import envpath
 from ...facts import Facts
-from ...rig.models import Host, Rig
 from ..change import Change, HostContext, check_failed
 from ..files import DesiredFile, env_quote, node_path, render
 from . import gloo
@@ -23,6 +22,7 @@ from .gloo import GlooInterface
 
 if TYPE_CHECKING:
     from ...rig import LoadedRig
+    from ...rig.models import Host, Rig
 
 # What a service started by systemd sees as PATH when nothing sets it: systemd's default in its widest
 # (split /usr) form; on merged-/usr systems /sbin and /bin are links to the /usr folders.

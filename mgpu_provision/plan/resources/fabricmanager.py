@@ -11,14 +11,18 @@ failed checks for a person.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ... import protocol
 from ...catalog import sources
 from ...catalog.names import own_version
 from ...judge import driver as judge
 from ...rig.cards import nvlink5_hgx
-from ...rig.models import Driver
 from ..change import Change, HostContext, failed_checks
 from .driver import debian_family, resolve, satisfies
+
+if TYPE_CHECKING:
+    from ...rig.models import Driver
 
 UNIT = protocol.FABRICMANAGER_UNIT
 

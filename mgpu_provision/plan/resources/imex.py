@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING
 from ... import protocol
 from ...catalog import names, sources
 from ...judge import driver as judge
-from ...rig.models import Host, ImexDomain
+from ...rig.plain import imex_domain
 from ..change import Action, Change, HostContext, check_failed, failed_checks
 from ..files import DesiredFile, diff_files, node_path
 from .driver import debian_family, resolve, satisfies
 
 if TYPE_CHECKING:
     from ...rig import LoadedRig
+    from ...rig.models import Host, ImexDomain
 
 UNIT = "nvidia-imex"
 
@@ -93,7 +94,7 @@ def _install(ctx: HostContext, version: str | None, driver: str, hold: bool, sta
 def _domain(loaded: LoadedRig, host: Host) -> ImexDomain | None:
     """The domain whose nodes_config.cfg apply writes on `host`; None without IMEX or with `per_job`."""
     driver = loaded.rig_of(host).driver
-    domain = driver.imex_domain if driver is not None and host.os == "linux" else None
+    domain = imex_domain(driver, loaded.defaults.imex_domain) if host.os == "linux" else None
     return None if domain is None or domain.peers == "per_job" else domain
 
 

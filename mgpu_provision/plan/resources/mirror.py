@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...catalog import sources
-from ...rig.models import Host
 from ..change import Change, HostContext, check_failed
 from .driver import branch_of_rig
 
 if TYPE_CHECKING:
     from ...rig import LoadedRig
+    from ...rig.models import Host
 
 
 def repo_of(loaded: LoadedRig, host: Host) -> dict[str, str] | None:

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 from ... import protocol
 from ...facts import Facts, Unit
 from ...judge.records import expectation_to_json
-from ...rig.models import Host, NodeCheck
 from ..change import Action, Change, HostContext, Phase
 from ..files import DesiredFile, diff_files, diff_unwanted, node_path, render
 
 if TYPE_CHECKING:
     from ...rig import LoadedRig
+    from ...rig.models import Host, NodeCheck
 
 UNIT = "mgpu-provision-check"
 SERVICE, TIMER = UNIT + ".service", UNIT + ".timer"
@@ -46,7 +46,7 @@ def first_run(interval: str) -> str:
 
 def _section(loaded: LoadedRig) -> NodeCheck:
     """The rig's section, or its defaults: where a check the rig no longer asks for was installed."""
-    return loaded.spec.node_check or NodeCheck()
+    return loaded.spec.node_check or loaded.defaults.node_check
 
 
 def _unit_paths(loaded: LoadedRig, host: Host) -> tuple[str, str] | None:

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ProvisionError
 from ...facts import Facts
-from ...rig.models import Host, Rig
 from ..change import Change, HostContext, check_failed
 from ..files import DesiredFile, diff_files, diff_unwanted, node_path, render
 
 if TYPE_CHECKING:
     from ...rig import LoadedRig
+    from ...rig.models import Host, Rig
 
 SCREEN = "mgpu-provision-screen"
 _PANEL = {

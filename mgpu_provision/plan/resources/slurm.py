@@ -29,12 +29,12 @@ from ... import protocol
 from ...catalog.cpulist import parse_cpu_list
 from ...catalog.pci import pci_key
 from ...facts import Facts, Gpu, Machine, SlurmNode
-from ...rig.models import Host, Rig, Slurm
 from ..change import Change, HostContext, check_failed
 from ..files import DesiredFile, diff_file, diff_files, render
 
 if TYPE_CHECKING:
     from ...rig import LoadedRig
+    from ...rig.models import Host, Rig, Slurm
 
 OUR_REASON = "mgpu:"  # drain reasons this tool sets start with it; an admin's drain is never ours
 # `apply --drain slurm`'s own drain: lifted by that apply once the box converged, by nothing else.
