@@ -18,16 +18,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import protocol
 from ..errors import ProvisionError
-from ..fleet.pool import run_fleet
-from ..fleet.session import AgentSession
 from ..jobs.reclaim import (
     HostReclaim,
-    HostResult,
     ReclaimedProcess,
     agent_args,
     collect,
     exit_code,
-    reclaim_on,
+    reclaim_fleet,
 )
 from . import options
 from .output import JSON_FORMAT_VERSION, make_console, plain_table, shown
@@ -208,11 +205,7 @@ def run(args: argparse.Namespace) -> int:
         )
     dry_run = not args.yes
     request = agent_args(fleet.loaded.spec.reclaim, dry_run, args.user, args.pid or ())
-
-    def one(session: AgentSession) -> HostResult:
-        return reclaim_on(session, request)
-
-    hosts = collect(run_fleet(fleet.targets, one, fleet.options))
+    hosts = collect(reclaim_fleet(fleet.targets, request, fleet.options))
     if args.json:
         print(json.dumps(as_json(hosts, dry_run, args.user), indent=2))
     else:
@@ -257,6 +250,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     options.add_fleet_arguments(parser)
+    options.add_via_argument(parser)
     parser.add_argument(
         "-y",
         "--yes",

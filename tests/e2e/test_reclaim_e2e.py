@@ -25,14 +25,19 @@ import pytest
 
 from mgpu_provision.cli import main
 from mgpu_provision.node.host.procs import read_proc
-from tests.support.hosts import TWINS_DIR, HostFactory, TestHost
+from tests.support.hosts import HostFactory, TestHost
 from tests.support.reclaim_programs import (
     ELASTIC_AGENT,
     IGNORE_TERM,
     SLEEP,
     SPAWN_MAIN,
+    alive,
+    background,
+    parent_of,
     pids_in,
     script,
+    spawn_leftovers,
+    twin_with,
     wait_until,
 )
 
@@ -74,12 +79,6 @@ for batch in DataLoader(Slow(), num_workers=1):
 """
 
 
-def background(host: TestHost, command: str) -> int:
-    """Start `command` in the host's namespaces from a shell that exits at once; the pid of the process."""
-    out = host.run_in_ns(f"{command} </dev/null >/dev/null 2>&1 & echo $!")
-    return int(out.stdout)
-
-
 def detached(host: TestHost, command: str) -> int:
     """Start `command` in the background of a shell that leads a session of its own and exits at once."""
     out = host.run_in_ns(f"setsid sh -c '{command} </dev/null >/dev/null 2>&1 & echo $!'")
@@ -89,23 +88,6 @@ def detached(host: TestHost, command: str) -> int:
 def pid_in(path: Path) -> int:
     wait_until(f"{path}", lambda: path.exists() and bool(path.read_text().strip()))
     return int(path.read_text())
-
-
-def spawn_leftovers(host: TestHost, tmp: Path, name: str, code: str, count: int) -> tuple[int, list[int]]:
-    """A script's `count` multiprocessing spawn workers running `code`, started in a session of its own
-    with the script SIGKILLed: (the script's pid, the workers' pids)."""
-    main_py = script(tmp, "spawn_main.py", SPAWN_MAIN)
-    pid_file = tmp / f"{host.name}-{name}.pids"
-    killed = background(host, f"setsid {main_py} {shlex.quote(code)} {count} {pid_file}")
-    workers = pids_in(pid_file)
-    host.run_in_ns(f"kill -9 {killed}")
-    wait_until("the workers to lose their parent", lambda: all(parent_of(w) != killed for w in workers))
-    return killed, workers
-
-
-def parent_of(pid: int) -> int | None:
-    info = read_proc(pid)
-    return None if info is None else info.ppid
 
 
 def child_of_live_job(host: TestHost, tmp: Path) -> int:
@@ -128,28 +110,9 @@ def live_torchrun_worker(host: TestHost, tmp: Path) -> int:
     return pid_in(pid_file)
 
 
-def alive(pid: int) -> bool:
-    info = read_proc(pid)
-    return info is not None and info.alive
-
-
 def ignores_sigterm(pid: int) -> bool:
     status = Path(f"/proc/{pid}/status").read_text()
     return bool(int(next(s.split()[1] for s in status.splitlines() if s.startswith("SigIgn:")), 16) & 1 << 14)
-
-
-def twin_with(holders: list[tuple[int, int, int]], mps: tuple[int, ...] = ()) -> str:
-    """The example 2x RTX 3090 twin, its text kept verbatim (the agent's YAML reader reads what people
-    write), with these (pid, gpu, MiB) as GPU memory holders, those in `mps` listed as clients of MPS."""
-    text = (TWINS_DIR / "rtx3090-nvlink.yaml").read_text()
-    return (
-        text
-        + "processes:\n"
-        + "".join(
-            f"  - {{pid: {pid}, gpu: {gpu}, used_mib: {mib}{', mps_client: true' if pid in mps else ''}}}\n"
-            for pid, gpu, mib in holders
-        )
-    )
 
 
 def reclaim(

@@ -12,12 +12,15 @@ from rich.console import Console
 
 from mgpu_provision.cli import main
 from mgpu_provision.commands import reclaim as view
-from mgpu_provision.errors import AgentError
+from mgpu_provision.errors import AgentError, ConnectionFailed
 from mgpu_provision.facts import Facts
-from mgpu_provision.fleet.pool import HostOutcome
+from mgpu_provision.fleet.options import FleetOptions
+from mgpu_provision.fleet.pool import HostOutcome, call_many
+from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.jobs import reclaim
 from mgpu_provision.jobs.reclaim import HostReclaim, ReclaimedProcess
 from mgpu_provision.protocol import facts_request
+from mgpu_provision.rig import nodesets
 from mgpu_provision.rig.models import Reclaim
 from tests.support import factories
 
@@ -136,6 +139,99 @@ def test_facts_are_asked_again_only_when_something_was_ended() -> None:
     )
     assert reclaim.reclaim_on(done, {"dry_run": False}).freed_mib == 1000
     assert done.calls == [("reclaim", {"dry_run": False}), ("facts", facts_request())]
+
+
+# ------------------------------------------------------------------------------------------- --via clush
+
+# Each host's node: its reclaim answer, its facts answer after the kill (None: never asked).
+NODES: dict[str, tuple[Any, Any]] = {
+    "dry": ({"processes": [row(10, "would-end")], "freed_mib": 0}, None),
+    "freed": ({"processes": [row(10, "ended")], "freed_mib": 1000}, facts_with().model_dump()),
+    "stuck": (
+        {"processes": [row(10, "ended"), row(12, "ended", 500)], "freed_mib": 1500},
+        facts_with({"pid": 10, "gpu": 0, "start_time": 1764400010.2}).model_dump(),
+    ),
+    "drifted": ({"processes": [{"pid": 1}], "freed_mib": 0}, None),
+    "bad-facts": ({"processes": [row(10, "ended")], "freed_mib": 1000}, {"gpus": "many"}),
+    "lost-facts": ({"processes": [row(10, "ended")], "freed_mib": 1000}, AgentError("agent facts crashed")),
+    "down": (None, None),
+}
+
+
+def node(target: HostTarget) -> factories.Answer:
+    answers = dict(zip(("reclaim", "facts"), NODES[target.name], strict=True))
+    if answers["reclaim"] is None:
+        raise ConnectionFailed(f"cannot reach {target.name}: Connection refused")
+
+    def answer(verb: str, args: dict[str, Any], timeout: float) -> Any:
+        got = answers[verb]
+        if isinstance(got, Exception):
+            raise got
+        assert got is not None, f"{target.name} was asked {verb}"
+        return got
+
+    return answer
+
+
+def test_reclaim_via_clush_batches_its_phases_and_gives_the_fabric_outcomes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The two phases through the batch seam (an injected session keeps call_many on the pool, so both
+    engines meet the same fake nodes): one `reclaim` request for all, `facts` only where something was
+    ended; every host's status, result and error as the Fabric path's one session a host gives them."""
+    targets = [factories.ssh_target(name=name) for name in NODES]
+    request = {"dry_run": False, "policy": "orphans"}
+    fabric = reclaim.reclaim_fleet(targets, request, factories.fake_fleet(node))
+    seen: list[tuple[str, list[str], list[Any]]] = []
+
+    def spy(
+        chosen: list[HostTarget], verb: str, requests: dict[str, Any], options: FleetOptions
+    ) -> dict[str, HostOutcome[dict[str, Any]]]:
+        seen.append((verb, [t.name for t in chosen], list(requests.values())))
+        return call_many(chosen, verb, requests, options)
+
+    monkeypatch.setattr(reclaim, "call_many", spy)
+    clush = reclaim.reclaim_fleet(targets, request, factories.fake_fleet(node, via="clush"))
+    assert [(verb, names) for verb, names, _ in seen] == [
+        ("reclaim", list(NODES)),
+        ("facts", ["freed", "stuck", "bad-facts", "lost-facts"]),
+    ]
+    assert seen[0][2] == [request] * len(NODES) and seen[1][2] == [facts_request()] * 4  # one worker each
+
+    def fates(outcomes: dict[str, HostOutcome[reclaim.HostResult]]) -> dict[str, Any]:
+        return {n: (o.status, o.value, o.error) for n, o in outcomes.items()}
+
+    assert fates(clush) == fates(fabric)
+    assert {n: o.status for n, o in clush.items()} == {
+        "dry": "ok", "freed": "ok", "stuck": "ok", "drifted": "failed", "bad-facts": "failed",
+        "lost-facts": "failed", "down": "unreachable",
+    }  # fmt: skip
+    stuck = clush["stuck"].value
+    assert stuck is not None and [p.action for p in stuck.processes] == ["failed", "ended"]
+    assert clush["down"].error == "cannot reach down: Connection refused"
+    assert "agent facts on bad-facts (10.0.0.1:2222) answered facts this version" in str(
+        clush["bad-facts"].error
+    )
+    assert list(clush) == list(NODES)
+
+
+def test_reclaim_takes_via_clush(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nodesets, "clustershell", lambda: True)
+    monkeypatch.setattr(nodesets, "too_old", lambda: None)
+    taken: list[FleetOptions] = []
+
+    def fleet(targets: list[HostTarget], args: dict[str, Any], options: FleetOptions) -> dict[str, Any]:
+        taken.append(options)
+        return {}
+
+    monkeypatch.setattr(view, "reclaim_fleet", fleet)
+    rig = tmp_path / "rig.yaml"
+    rig.write_text(
+        "hosts:\n  - {name: gpu-001, address: 10.0.0.1, rig: pair}\n"
+        "rigs:\n  pair: {gpus: {model: NVIDIA GeForce RTX 3090, count: 2}}\n"
+    )
+    assert main(["reclaim", str(rig), "--via", "clush", "--json"]) == 0
+    assert [o.via for o in taken] == ["clush"]
 
 
 # ------------------------------------------------------------------------------------------- judging
