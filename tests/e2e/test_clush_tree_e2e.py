@@ -1,10 +1,11 @@
 """`--via clush --topology`: ClusterShell's tree, head → 2 gateways → nodes, on real sshd hosts in network
 namespaces where the head has no route to any node (tests/support/netns.py).
 
-The head must make only the gateways' connections (each node's sshd log names its gateway's address and
-nothing else), the agent must reach the nodes through the gateways on first contact (exit 97), and a
-gateway that fails — no ClusterShell for its Python, killed mid-run, frozen — makes only its own hosts
-`unreachable` with the reason, within a bounded time, while the other rack answers.
+The head must make only the gateways' connections, for plan, facts and reclaim (each node's sshd log names
+its gateway's address and nothing else), the agent must reach the nodes through the gateways on first
+contact (exit 97), and a gateway that fails — no ClusterShell for its Python, killed mid-run, frozen —
+makes only its own hosts `unreachable` with the reason, within a bounded time, while the other rack
+answers.
 """
 
 from __future__ import annotations
@@ -105,6 +106,17 @@ def test_plan_through_two_gateways_the_head_only_reaches_them(lab: TreeLab, tmp_
     assert {n: len(logins_from(h.log())) - before[n] for n, (_, h) in lab.nodes.items()} == dict.fromkeys(
         before, 1
     )
+
+    # reclaim through the tree too: its `reclaim` round, one login per node, each from its own gateway
+    # (nothing ended here, so no `facts` round: the flat e2e, test_clush_reclaim_e2e.py, ends processes).
+    before = {name: logins_from(node.log()) for name, (_, node) in lab.nodes.items()}
+    code, reclaimed = run(lab, tmp_path, "reclaim", argv)
+    assert code == 0, reclaimed
+    assert {n: (e["status"], e["processes"]) for n, e in reclaimed["hosts"].items()} == dict.fromkeys(
+        before, ("ok", [])
+    )
+    for name, (rack, node) in lab.nodes.items():
+        assert logins_from(node.log())[len(before[name]) :] == [lab.gateway_address(rack)], name
 
     # A gateway whose Python has no ClusterShell: one plain line per host, naming the gateway.
     code, facts = run(lab, tmp_path, "facts", argv, CLUSTERSHELL_GW_PYTHON_EXECUTABLE="/usr/bin/python3")
