@@ -66,7 +66,7 @@ def test_the_timer_fires_the_service_and_the_service_runs_the_check(
         for c in plan_host(loaded, sd, facts)
         if c.agent_step and c.agent_step["kind"] in APPLIED_KINDS
     ]
-    assert {"kind": "service", "unit": node_check.TIMER, "enable": True, "start": True} in steps
+    assert protocol.service_step(node_check.TIMER, True, True) in steps
     request = protocol.apply_request("/var/lib/mgpu-provision/apply.lock", 10, steps, False)
     results = agent(host, uploaded, "apply", {"args": request})["results"]
     assert [r["error"] for r in results] == [None] * len(steps), results

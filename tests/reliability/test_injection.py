@@ -99,6 +99,8 @@ FIELDS: dict[str, tuple[Any, ...]] = {
     "rigs{}.driver.repo.key": ("rigs", "pair", "driver", "repo", "key"),
     "rigs{}.driver.repo.suite": ("rigs", "pair", "driver", "repo", "suite"),
     "rigs{}.driver.repo.components": ("rigs", "pair", "driver", "repo", "components"),
+    "rigs{}.driver.imex.nodes_config": ("rigs", "pair", "driver", "imex", "nodes_config"),
+    "rigs{}.driver.imex.peers[]": ("rigs", "pair", "driver", "imex", "peers", 0),
     "node_check.agent": ("node_check", "agent"),
     "node_check.command": ("node_check", "command"),
     "node_check.expectations": ("node_check", "expectations"),
