@@ -472,32 +472,10 @@ def _rollout(
         if busy:
             progress(f"batch {number}: applying on {', '.join(t.name for t in busy)}")
             under_way[:] = [t.name for t in busy]
-            outcomes = run_fleet(
-                busy,
-                lambda s: converge_host(
-                    s,
-                    options,
-                    loaded,
-                    loaded.host(s.target.name),
-                    settings,
-                    to_carry_out(planned[s.target.name], settings.steps),
-                    progress,
-                ),
-                options,
-            )
-            recaps.update((name, _recap_of_outcome(name, o)) for name, o in outcomes.items())
+            recaps.update(_converge_batch(loaded, planned, busy, settings, options, progress))
             under_way.clear()
         if held:
-
-            def release(s: AgentSession, held: dict[str, Drained] = held) -> HostRecap:
-                name = s.target.name
-                return release_host(s, loaded, loaded.host(name), settings, recaps[name], held[name])
-
-            released = run_fleet(busy, release, options)
-            recaps.update((name, o.value) for name, o in released.items() if o.value is not None)
-            for name, o in released.items():
-                if o.value is None:
-                    recaps[name].notes.append(f"not resumed in Slurm: {o.error}")
+            _release_batch(loaded, busy, held, settings, options, recaps)
         failed = sum(1 for t in batch if recaps[t.name].status in ("failed", "unreachable"))
         if too_many_failed(failed, len(batch), max_fail_percent):
             limit = f"--max-fail-percent {max_fail_percent:g}"
@@ -507,6 +485,53 @@ def _rollout(
     return ApplyResult(
         tuple(recaps[t.name] for t in targets), stopped if skipped else None, tuple(drain_skipped)
     )
+
+
+def _converge_batch(
+    loaded: LoadedRig,
+    planned: dict[str, HostPlan],
+    busy: list[HostTarget],
+    settings: ApplySettings,
+    options: FleetOptions,
+    progress: Progress,
+) -> dict[str, HostRecap]:
+    """Each host of the batch converged in its own session, with the steps the confirmed plan gave it."""
+    outcomes = run_fleet(
+        busy,
+        lambda s: converge_host(
+            s,
+            options,
+            loaded,
+            loaded.host(s.target.name),
+            settings,
+            to_carry_out(planned[s.target.name], settings.steps),
+            progress,
+        ),
+        options,
+    )
+    return {name: _recap_of_outcome(name, o) for name, o in outcomes.items()}
+
+
+def _release_batch(
+    loaded: LoadedRig,
+    busy: list[HostTarget],
+    held: dict[str, Drained],
+    settings: ApplySettings,
+    options: FleetOptions,
+    recaps: dict[str, HostRecap],
+) -> None:
+    """The batch's own drains lifted (each host's recap says so); a host that could not be resumed keeps
+    its recap with a note saying why."""
+
+    def release(s: AgentSession) -> HostRecap:
+        name = s.target.name
+        return release_host(s, loaded, loaded.host(name), settings, recaps[name], held[name])
+
+    released = run_fleet(busy, release, options)
+    recaps.update((name, o.value) for name, o in released.items() if o.value is not None)
+    for name, o in released.items():
+        if o.value is None:
+            recaps[name].notes.append(f"not resumed in Slurm: {o.error}")
 
 
 def _drain_batch(
