@@ -7,6 +7,7 @@ the whole benchmark on two hosts (root, sshd and unshare needed, like tests/e2e;
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import shlex
 import subprocess
@@ -512,7 +513,12 @@ def test_benchmark_end_to_end_on_two_hosts(tmp_path: Path) -> None:
     reason = harness.harness_unavailable()
     if reason:
         harness.skip_or_fail(reason)
-    contenders = "ssh,facts,plan,apply" + (",ansible,ansible-raw" if DEFAULT_ANSIBLE.exists() else "")
+    clush = importlib.util.find_spec("ClusterShell") is not None
+    contenders = (
+        "ssh,facts,plan,apply"
+        + (",clush,clush-tree" if clush else "")
+        + (",ansible,ansible-raw" if DEFAULT_ANSIBLE.exists() else "")
+    )
     script = str(Path(__file__).with_name("fleet.py"))
     done = subprocess.run(
         [
@@ -546,6 +552,15 @@ def test_benchmark_end_to_end_on_two_hosts(tmp_path: Path) -> None:
     for name in ("ssh", "plan"):
         assert (rows[(2, name)]["logins_per_host"], rows[(2, name)]["commands_per_host"]) == (1.0, 1.0)
     assert "| 2 | plan |" in (tmp_path / "fleet.md").read_text()
+    # Who logged in at the nodes: the flat client for every flat contender, each node's gateway for the
+    # tree (h001 in rack 1, h002 in rack 2: both gateways), never the head.
+    assert rows[(2, "plan")]["node_logins_from"] == [["client", 2]]
+    if clush:
+        tree = rows[(2, "clush-tree")]
+        assert tree["node_logins_from"] == [["gateway", 2]] and tree["gateway_logins"] >= 2
+        assert tree["gateway_cpu_s_per_host"] > 0
+        (judged,) = [t for t in results["issue41_targets"] if t["target"].startswith("the head logs in")]
+        assert judged["clush-tree"]["met"] is True, judged
 
 
 def test_issue_32_targets_halve_start_up_and_compare_cpu_with_fabric() -> None:
