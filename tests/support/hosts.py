@@ -121,12 +121,34 @@ def loopback_address(port: int = SSH_PORT) -> str:
     return _AddressPool().take(port)
 
 
+_CLAIM_PORT = 2221  # the UDP port each pool's claim binds (nothing is ever sent to it)
+
+
 class _AddressPool:
-    """Loopback addresses unique to this process: 127.<pid-derived>.<pid-derived>.<1..254>."""
+    """Loopback addresses unique to this process: 127.<a>.<b>.<1..254>, a /24 it claims for its lifetime.
+
+    The /24 starts from the pid; the claim is a UDP socket bound to its .255 (never a host's address), held
+    until the process ends, so two pytest processes whose pids map to the same /24 (a wrapped pid space on a
+    busy machine) never hand out each other's addresses: the second moves on to the next free /24. Without
+    it one could start a host on an address the other had just stopped a host on (seen: a refused-connection
+    test reached the other run's sshd)."""
 
     def __init__(self) -> None:
         pid = os.getpid()
-        self._prefix = f"127.{1 + (pid >> 8) % 254}.{pid & 0xFF}"
+        start = ((pid >> 8) % 254) * 256 + (pid & 0xFF)
+        for step in range(254 * 256):
+            index = (start + step) % (254 * 256)
+            prefix = f"127.{1 + index // 256}.{index % 256}"
+            claim = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                claim.bind((f"{prefix}.255", _CLAIM_PORT))
+            except OSError:
+                claim.close()
+                continue
+            self._claim, self._prefix = claim, prefix
+            break
+        else:
+            raise RuntimeError("no free /24 left in 127.0.0.0/8 for this process's test hosts")
         self._next = 1
         self._lock = threading.Lock()
 
