@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from ..errors import AgentError, ProvisionError
+from . import options as fleet_options
 from .clush_tree import Topology, read_topology
-from .options import AgentPayload, FleetOptions
+from .options import AgentPayload, FleetOptions, Timeouts
 from .session import AGENT_MISSING, agent_command, cache_folder, parse_response, partial_name, upload_command
 from .targets import HostTarget, describe
 
@@ -291,7 +292,7 @@ def call_many_clush(
     requests: Mapping[str, dict[str, Any]],
     options: FleetOptions,
     agent: AgentPayload,
-    timeout: float | None = None,
+    timeout: Timeouts = None,
 ) -> dict[str, Outcome]:
     """Each target's `verb` result (or its error) through ClusterShell; outcomes in target order."""
     started = time.monotonic()
@@ -302,7 +303,8 @@ def call_many_clush(
     outcomes: dict[str, Outcome] = {}
 
     def limit_of(t: HostTarget) -> float:
-        return timeout if timeout is not None else t.command_timeout_s
+        limit = fleet_options.limit_of(timeout, t.name)
+        return limit if limit is not None else t.command_timeout_s
 
     def command_of(t: HostTarget) -> str:
         sudo = t.become and (t.user or getpass.getuser()) != "root"
