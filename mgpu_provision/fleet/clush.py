@@ -329,8 +329,9 @@ def call_many_clush(
             options.on_host_done(name)
 
     def run(groups: Groups, ssh: str) -> None:
-        if groups:
-            _run(groups, options, ssh, connect, replies, topology)
+        for wave in [groups] if topology is None else waves(groups, topology):
+            if wave:
+                _run(wave, options, ssh, connect, replies, topology)
 
     with tempfile.TemporaryDirectory(prefix="mgpu-clush-") as scratch:
         config_text = ssh_config(targets, options.ssh_config)
@@ -412,6 +413,25 @@ def call_many_clush(
             except (AgentError, ProvisionError) as exc:
                 finish(name, "failed", None, str(exc))
     return {t.name: outcomes[t.name] for t in targets}
+
+
+def waves(groups: Groups, topology: Topology) -> list[Groups]:
+    """The groups in runs whose workers share no gateway, fewest runs first come first: a ClusterShell
+    gateway hands every stdin write and end of input to the worker it started last, whichever worker the
+    write is for (1.10.1, Gateway.py `GatewayChannel._state_ctl`: one `self.propagation`), so a second
+    worker through the same gateway would give its input to the first one's hosts and leave its own
+    waiting for theirs."""
+    runs: list[tuple[set[str], dict[tuple[str, bytes, float], list[str]]]] = []
+    for key, names in groups.items():
+        gateways = {g for level in topology.gateway_levels(names) for g in level}
+        for used, run in runs:
+            if not used & gateways:
+                used |= gateways
+                run[key] = names
+                break
+        else:
+            runs.append((gateways, {key: names}))
+    return [run for _, run in runs]
 
 
 def _behind_lost(topology: Topology, name: str, lost: Mapping[str, str]) -> str | None:
