@@ -6,7 +6,8 @@ the playbook allow it); on the machine running this tool (fleet/here.py) neither
 is sent without --allow-control-machine. Then facts are read again and whatever
 the plan still shows is reported. Across hosts (`rollout`), batches from `--serial` run one after another and
 `--max-fail-percent` stops the later ones. `fleet_plan` is the plan shown for confirmation before anything
-runs, and the one the rollout carries out.
+runs, and the one the rollout carries out. Each host's work is written once as steps (jobs/steps.py): one
+session a host, or under `--via clush` the batch's hosts in lockstep through the batch seam.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from mgpu_provision.jobs.apply import (
     rollout,
     unconfirmed,
 )
+from mgpu_provision.jobs.drain import DrainSettings
 from mgpu_provision.jobs.playbooks import STEPS
 from mgpu_provision.jobs.rollout import Serial
 from mgpu_provision.plan.change import Change
@@ -806,3 +807,56 @@ def test_apply_takes_via_clush_and_a_topology(
     rig = str(tmp_path / "rig.yaml")
     assert cli.main(["apply", rig, "--yes", "--via", "clush", "--topology", str(topology)]) == 0
     assert [(o.via, o.topology) for o in taken] == [("clush", topology)]
+
+
+def slurm_node(name: str, busy_shows: int) -> Any:
+    """A node's `slurm-node` verb: drained by this rollout, DRAINED after `busy_shows` looks, resumed."""
+    state = {"shows": 0, "line": {"State": "MIXED", "Reason": ""}}
+
+    def answer(args: dict[str, Any]) -> dict[str, Any]:
+        if args["action"] == "drain":
+            state["line"] = {"State": "MIXED+DRAIN", "Reason": args["reason"]}
+        elif args["action"] == "show":
+            state["shows"] += 1
+            if state["shows"] >= busy_shows:
+                state["line"] = {"State": "IDLE+DRAIN", "Reason": args["reason"]}
+        else:
+            state["line"] = {"State": "IDLE", "Reason": ""}
+        return {"node": name, "line": dict(state["line"]), "changed": args["action"] != "show"}
+
+    return answer
+
+
+def test_drain_slurm_over_the_batch_seam_is_the_fabric_drain(
+    tmp_path: Path, boxes: Boxes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--drain slurm's calls are agent calls (`slurm-node`) too: drain, the wait for DRAINED, the change
+    and the resume go through the seam in lockstep, with the Fabric path's recaps and notes."""
+    lockstep = Lockstep().spy(monkeypatch)
+    results = []
+    for each in (boxes, lockstep):
+        each.update({n: Box(persistence=False) for n in ("gpu-a", "gpu-b", "gpu-c")})
+        for number, name in enumerate(("gpu-a", "gpu-b", "gpu-c"), start=1):
+            setattr(each[name], "slurm-node", slurm_node(name, busy_shows=number))
+        loaded = load(tmp_path)
+        targets = targets_for(loaded, loaded.spec.hosts)
+        plan = fleet_plan(loaded, targets, ALL, each.options)
+        settings = ApplySettings(ALL, poll_interval_s=0.0)
+        drain = DrainSettings(timeout_s=30, poll_s=0.0)
+        results.append(rollout(loaded, targets, plan, settings, each.options, drain=drain))
+    fabric, clush = results
+    assert fates(clush) == fates(fabric)
+    assert [r.status for r in clush.recaps] == ["changed"] * 3
+    assert by_host(clush)["gpu-c"].notes[-1].startswith("resumed in Slurm (gpu-c) after")
+    verbs = [(verb, names) for verb, names, _, _ in lockstep.rounds]
+    assert verbs == [
+        ("slurm-node", ["gpu-a", "gpu-b", "gpu-c"]),  # drain
+        ("slurm-node", ["gpu-a", "gpu-b", "gpu-c"]),  # show: gpu-a DRAINED
+        ("slurm-node", ["gpu-b", "gpu-c"]),  # show: gpu-b DRAINED
+        ("slurm-node", ["gpu-c"]),  # show: gpu-c DRAINED
+        ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
+        ("apply", ["gpu-a", "gpu-b", "gpu-c"]),
+        ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
+        ("slurm-node", ["gpu-a", "gpu-b", "gpu-c"]),  # resume
+        ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
+    ]
