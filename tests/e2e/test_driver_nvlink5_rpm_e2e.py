@@ -24,7 +24,7 @@ import pytest
 
 from mgpu_provision import cli
 from tests.support import apt_repo, hosts, rpm_roots
-from tests.support.hosts import HostFactory, TestHost
+from tests.support.hosts import HostFactory, TestHost, record_folder
 from tests.support.nvlink5 import write_rig
 
 VERSION = rpm_roots.NVLINK5_VERSION
@@ -60,6 +60,7 @@ def signed_mirror(tmp_path: Path) -> Iterator[Any]:
     # gpg-agent's socket lives in the home folder and a socket path has ~107 characters at most: under
     # xdist a parametrized test's tmp_path is longer than that, so the keys live in a short folder.
     homes = Path(tempfile.mkdtemp(prefix="mgpu-gpg-"))
+    record_folder(homes)
 
     def make(name: str, unsigned: tuple[str, ...] = ()) -> tuple[str, str]:
         try:

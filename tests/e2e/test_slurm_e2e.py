@@ -34,7 +34,7 @@ import pytest
 
 from mgpu_provision import cli
 from tests.support.dcgm import ARGV, FIXTURES, dcgmi_on_host
-from tests.support.hosts import MANAGED_DIRS, NODE_PYTHON, HostFactory, TestHost
+from tests.support.hosts import MANAGED_DIRS, NODE_PYTHON, HostFactory, TestHost, record_folder
 from tests.support.slurm import SlurmCluster, require_slurm
 from tests.support.smoke_helpers import free_port, site_packages
 
@@ -101,7 +101,9 @@ def cluster(test_hosts: HostFactory) -> Any:
     require_slurm()
     # A short folder of its own (munge's socket path must stay under the 108 bytes of a unix socket name),
     # removed with the cluster.
-    made = SlurmCluster(Path(tempfile.mkdtemp(prefix="mgpu-slurm-")), test_hosts.pool.take())
+    folder = Path(tempfile.mkdtemp(prefix="mgpu-slurm-"))
+    record_folder(folder)
+    made = SlurmCluster(folder, test_hosts.pool.take())
     try:
         yield made
     finally:

@@ -64,13 +64,26 @@ REPO = Path(__file__).resolve().parents[2]
 TWINS_DIR = REPO / "examples" / "twins"
 
 
-def record_pid(pid: int) -> None:
-    """Note a test host's pid (its process group) in $MGPU_TEST_HOST_PIDS, where .ci/run ends what a killed
-    pytest could not tear down: a stopped CI run leaves no test sshd behind."""
+def record_pid(pid: int | Path, kind: str = "sshd") -> None:
+    """Note a test host's pid (its process group), or the pid file a daemon will write, in
+    $MGPU_TEST_HOST_PIDS, where .ci/run ends what a killed pytest could not tear down: a stopped CI run
+    leaves no test server behind. `kind` is what the group's leader runs (`sshd`, `sleep` for a network
+    namespace's holder, `slurmd`...): .ci/run ends a group only while its leader still runs that, never a
+    process that reused the pid."""
+    _note(f"{kind} {pid}")
+
+
+def record_folder(folder: Path) -> None:
+    """Note a folder the tests make outside pytest's own (client keys, host roots): .ci/run removes it
+    after a killed run, once the test hosts that used it are gone."""
+    _note(f"folder {folder}")
+
+
+def _note(line: str) -> None:
     listing = os.environ.get("MGPU_TEST_HOST_PIDS")
     if listing:
         with open(listing, "a", encoding="utf-8") as out:
-            out.write(f"{pid}\n")
+            out.write(f"{line}\n")
 
 
 def harness_unavailable() -> str | None:
@@ -577,6 +590,7 @@ class ClientKey:
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="mgpu-client-"))
+        record_folder(self.dir)
         self.path = self.dir / "id_ed25519"
         self.pub = _keygen(self.path, "mgpu-provision-tests")
 
@@ -586,7 +600,9 @@ class ClientKey:
 
 def host_factory(client: ClientKey, pool: _AddressPool) -> Iterator[HostFactory]:
     """Generator behind the `test_hosts` fixture: yields a factory, always tears everything down."""
-    factory = HostFactory(Path(tempfile.mkdtemp(prefix="mgpu-hosts-")), client.path, client.pub, pool)
+    folder = Path(tempfile.mkdtemp(prefix="mgpu-hosts-"))
+    record_folder(folder)
+    factory = HostFactory(folder, client.path, client.pub, pool)
     try:
         yield factory
     finally:

@@ -39,7 +39,7 @@ class Netns:
             stdout=subprocess.DEVNULL,
             start_new_session=True,
         )
-        record_pid(self.holder.pid)
+        record_pid(self.holder.pid, kind="sleep")
         self.links = 0
 
     @property

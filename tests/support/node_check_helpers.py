@@ -59,11 +59,13 @@ class Node:
         wrap: tuple[str, ...] = (),
         simulated: bool = True,
         path_prepend: str | None = None,
+        path: str = "/usr/sbin:/usr/bin:/sbin:/bin",
     ) -> subprocess.CompletedProcess[str]:
-        """The installed command with only PATH set (`path_prepend` before it: a stand-in dcgmi's folder)."""
+        """The installed command with only PATH set (`path_prepend` before it: a stand-in dcgmi's folder;
+        `path` a folder of the test's own to hide what this machine has installed)."""
         command = [NODE_PYTHON, "-S", "-I", "-c", ENTRY, str(REPO)]
         command += ["--expectations", str(self.expectations), "--lock", str(self.lock)]
         command += ["--textfile-dir", str(self.textfile)] if textfile else []
-        env = {"PATH": (f"{path_prepend}:" if path_prepend else "") + "/usr/sbin:/usr/bin:/sbin:/bin"}
+        env = {"PATH": (f"{path_prepend}:" if path_prepend else "") + path}
         env.update({"MGPU_PROVISION_SIMULATE": str(self.twin_path)} if simulated else {})
         return subprocess.run([*wrap, *command, *args], capture_output=True, text=True, env=env, timeout=120)

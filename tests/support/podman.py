@@ -21,6 +21,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from tests.support.hosts import record_folder
+
 IMAGE = "localhost/mgpu-busybox:test"
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: no library to carry into the image
 SHARED_STATE = "/var/lib/containers"  # where containers/image keeps its blob cache for root
@@ -42,6 +44,7 @@ class Podman:
     def __init__(self) -> None:
         # Short: podman refuses a run root longer than 50 characters (pytest's tmp_path is longer).
         self.folder = folder = Path(tempfile.mkdtemp(prefix="mgpu-podman-", dir="/tmp"))
+        record_folder(folder)
         self.base = [
             "podman",
             "--root", str(folder / "root"),

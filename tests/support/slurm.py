@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mgpu_provision.node.host.machine import parse_key_values
-from tests.support.hosts import TestHost, skip_or_fail
+from tests.support.hosts import TestHost, record_pid, skip_or_fail
 
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/mungekey", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
 CLIENTS = ("scontrol", "sinfo", "srun")
@@ -188,6 +188,7 @@ class SlurmCluster:
             ],
             stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
+        record_pid(self._munged.pid, "munged")
         self._wait(lambda: (munge / "munge.socket.2").exists(), "munged", munge / "munged.log")
         for sub in ("state", *(f"spool/{n.name}" for n in self.nodes)):
             (self.dir / sub).mkdir(parents=True)
@@ -201,11 +202,16 @@ class SlurmCluster:
             env=self.env(),
             start_new_session=True,
         )
+        record_pid(self._ctld.pid, "slurmctld")
         self._wait(
             lambda: self.scontrol("ping", check=False).returncode == 0,
             "slurmctld",
             self.dir / "slurmctld.log",
         )
+        for node in self.nodes:
+            # A daemon of its own session, out of its test host's process group, whoever starts it (this,
+            # or apply's restart): noted by the pid file slurm.conf gives it.
+            record_pid(self.dir / f"slurmd-{node.name}.pid", "slurmd")
         for node in self.nodes if slurmd else ():
             self.start_slurmd(node)
 

@@ -21,6 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support.hosts import record_pid
+
 # Masked in every host: gettys (they would take the ttys) and the root's OpenSSH server, which would listen on
 # this machine's own network (the host has no network namespace of its own) — no test may serve there.
 MASKED_UNITS = (
@@ -107,6 +109,9 @@ class SystemdHost:
             start_new_session=True,
         )
         log.close()
+        # Both: PID 1 leads a session of its own once systemd runs, out of reach of its unshare's group.
+        record_pid(self.process.pid, "systemd")
+        record_pid(self.pid1(), "systemd")
         self.boots += 1
         return self.wait_running() if wait else "starting"
 

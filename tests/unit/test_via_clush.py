@@ -97,7 +97,7 @@ def test_openssh_options_prefer_curve25519_and_keep_known_hosts_strict(tmp_path:
     assert "-oStrictHostKeyChecking=accept-new" in relaxed
 
 
-FAKE_SSH = """#!{python}
+FAKE_SSH = """#!{python} -S
 import os, sys
 host, command = sys.argv[-2], sys.argv[-1]
 with open({log!r}, "a") as log:
@@ -147,11 +147,12 @@ def test_outcomes_per_host_upload_once_unreachable_and_timeout(fake_ssh: Path) -
     assert all("-oKexAlgorithms=curve25519-sha256," in line for line in fake_ssh.read_text().splitlines())
 
     fake_ssh.write_text("")
+    # 2 s: on a loaded machine a fake ssh may not have started within a shorter limit (seen at 0.5 s).
     again = clush.call_many_clush(
-        hosts[:2], "sleep", {t.name: {"seconds": 5} for t in hosts[:2]}, FleetOptions(), agent, timeout=0.5
+        hosts[:2], "sleep", {t.name: {"seconds": 30} for t in hosts[:2]}, FleetOptions(), agent, timeout=2
     )
     assert [o.status for o in again.values()] == ["failed", "failed"]
-    assert again["gpu-001"].error == "agent sleep did not finish within 0.5s on gpu-001 (127.0.0.9:2222)"
+    assert again["gpu-001"].error == "agent sleep did not finish within 2s on gpu-001 (127.0.0.9:2222)"
     assert len(fake_ssh.read_text().splitlines()) == 2  # cached now: one ssh each, no upload
 
 
