@@ -14,13 +14,14 @@ known_hosts file is used as is. The key exchange offered first is curve25519-sha
 sntrup761x25519 (post-quantum), which costs ~150 ms of client CPU a connection here against ~15 ms.
 
 Tree mode (`--topology FILE`, ClusterShell's topology.conf): the head reaches the nodes through gateways,
-each running `python3 -m ClusterShell.Gateway` (ClusterShell's CLUSTERSHELL_GW_PYTHON_EXECUTABLE names
-another interpreter) over one OpenSSH connection from its parent; the gateways start the nodes' OpenSSH
-clients. Every hop reads the same ssh_config and known_hosts, so both are first copied, by level, to the
-same place under each gateway's home (`~/.cache/mgpu-provision/clush/<hash>/`, which ClusterShell expands on
-each side). A gateway that cannot start or dies makes the hosts behind it `unreachable` with its own words
-while the others go on; a run is bounded on the head too (a gateway that stops answering is not waited for
-past the hosts' command limit and the connect timeouts).
+each running ClusterShell's gateway on `python3` (ClusterShell's CLUSTERSHELL_GW_PYTHON_EXECUTABLE names
+another interpreter), with one fix (`_GATEWAY`: each worker's input to that worker), over one OpenSSH
+connection from its parent; the gateways start the nodes' OpenSSH clients. Every hop reads the same
+ssh_config and known_hosts, so both are first copied, by level, to the same place under each gateway's home
+(`~/.cache/mgpu-provision/clush/<hash>/`, which ClusterShell expands on each side). A gateway that cannot
+start or dies makes the hosts behind it `unreachable` with its own words while the others go on; a run is
+bounded on the head too (a gateway that stops answering is not waited for past the hosts' command limit and
+the connect timeouts).
 
 ClusterShell is an optional extra, imported only here and only under `--via clush`.
 """
@@ -135,14 +136,42 @@ class _Replies:
 Groups = Mapping[tuple[str, bytes, float], list[str]]  # (command, stdin, timeout) → the hosts sending it
 
 
+# What every gateway runs instead of ClusterShell's own entry point, to fix one thing: its GatewayChannel
+# keeps one `propagation`, the worker it started last, and hands it every worker's stdin writes and end of
+# input (1.10.1, Gateway.py `GatewayChannel.recv_ctl`), so a second worker through a gateway got the first
+# one's input (seen in the tree e2e: gpu-004 was sent gpu-003's apply request, and gpu-003 waited for its
+# own until the command limit). Here each write goes to the worker its message comes from (`srcid`), and
+# the gateways a gateway starts run the same code: `C` is this text, the command `python3 -c "C=…;exec(C)"`.
+_GATEWAY = """\
+import shlex
+import ClusterShell.Gateway as g
+from ClusterShell.Communication import ControlMessage
+recv_ctl = g.GatewayChannel.recv_ctl
+def routed(self, msg):
+    workers = self.__dict__.setdefault("mgpu_workers", {})
+    ctl = msg.type == ControlMessage.ident
+    if ctl and msg.action in ("write", "eof"):
+        self.propagation = workers.get(msg.srcid, self.propagation)
+    recv_ctl(self, msg)
+    if ctl and msg.action == "shell" and self.propagation is not None:
+        workers[msg.srcid] = self.propagation
+        self.propagation.invoke_gateway = PREFIX + " -c " + shlex.quote("C=%r;exec(C)" % C)
+g.GatewayChannel.recv_ctl = routed
+g.gateway_main()
+"""
+
+
 def invoke_gateway() -> str:
-    """The command the head (or a gateway) runs on a gateway: ClusterShell's, with `python3` unless
-    CLUSTERSHELL_GW_PYTHON_EXECUTABLE names another interpreter (ClusterShell would take the head's own
-    interpreter's name, a virtualenv's `python` that a gateway may not have)."""
+    """The command the head (and each gateway) runs on a gateway: ClusterShell's gateway with its stdin
+    writes routed per worker (`_GATEWAY`), on `python3` unless CLUSTERSHELL_GW_PYTHON_EXECUTABLE names
+    another interpreter (ClusterShell would take the head's own interpreter's name, a virtualenv's `python`
+    that a gateway may not have)."""
     passed = ("PYTHONPATH", *(f"CLUSTERSHELL_GW_{n}" for n in ("LOG_DIR", "LOG_LEVEL", "B64_LINE_LENGTH")))
     words = [f"{name}={shlex.quote(value)}" for name in passed if (value := os.environ.get(name))]
     python = os.environ.get("CLUSTERSHELL_GW_PYTHON_EXECUTABLE", GATEWAY_PYTHON)
-    return " ".join([*words, shlex.quote(python), "-m", "ClusterShell.Gateway", "-Bu"])
+    prefix = " ".join([*words, shlex.quote(python)])
+    code = f"PREFIX = {prefix!r}\n{_GATEWAY}"
+    return f"{prefix} -c {shlex.quote(f'C={code!r};exec(C)')}"
 
 
 def _tree_worker() -> Any:
@@ -329,9 +358,8 @@ def call_many_clush(
             options.on_host_done(name)
 
     def run(groups: Groups, ssh: str) -> None:
-        for wave in [groups] if topology is None else waves(groups, topology):
-            if wave:
-                _run(wave, options, ssh, connect, replies, topology)
+        if groups:
+            _run(groups, options, ssh, connect, replies, topology)
 
     with tempfile.TemporaryDirectory(prefix="mgpu-clush-") as scratch:
         config_text = ssh_config(targets, options.ssh_config)
@@ -413,25 +441,6 @@ def call_many_clush(
             except (AgentError, ProvisionError) as exc:
                 finish(name, "failed", None, str(exc))
     return {t.name: outcomes[t.name] for t in targets}
-
-
-def waves(groups: Groups, topology: Topology) -> list[Groups]:
-    """The groups in runs whose workers share no gateway, fewest runs first come first: a ClusterShell
-    gateway hands every stdin write and end of input to the worker it started last, whichever worker the
-    write is for (1.10.1, Gateway.py `GatewayChannel._state_ctl`: one `self.propagation`), so a second
-    worker through the same gateway would give its input to the first one's hosts and leave its own
-    waiting for theirs."""
-    runs: list[tuple[set[str], dict[tuple[str, bytes, float], list[str]]]] = []
-    for key, names in groups.items():
-        gateways = {g for level in topology.gateway_levels(names) for g in level}
-        for used, run in runs:
-            if not used & gateways:
-                used |= gateways
-                run[key] = names
-                break
-        else:
-            runs.append((gateways, {key: names}))
-    return [run for _, run in runs]
 
 
 def _behind_lost(topology: Topology, name: str, lost: Mapping[str, str]) -> str | None:

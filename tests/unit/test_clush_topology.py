@@ -10,7 +10,6 @@ import pytest
 
 from mgpu_provision.cli import main
 from mgpu_provision.errors import ProvisionError
-from mgpu_provision.fleet import clush
 from mgpu_provision.fleet.clush_tree import read_topology
 from mgpu_provision.rig import nodesets
 
@@ -77,29 +76,3 @@ def test_the_cli_checks_the_topology_before_any_host_and_wants_via_clush(
     assert main(["plan", str(rig), "--topology", str(path)]) == 1
     assert "--topology names ClusterShell's gateways: add --via clush" in capsys.readouterr().err
 
-
-def test_workers_through_one_gateway_go_in_runs_of_their_own(tmp_path: Path) -> None:
-    """A ClusterShell gateway gives every stdin write to the worker it started last (Gateway.py,
-    GatewayChannel._state_ctl): seen in the tree e2e, gpu-004 got gpu-003's apply request and gpu-003
-    waited for its own. Workers that share a gateway, at any level, never run together."""
-    path = topology(
-        tmp_path,
-        "[routes]\nadmin: gw[1-2]\ngw1: gpu-[001-004]\ngw2: gpu-[005-006],sub1\nsub1: gpu-[007-008]\n",
-    )
-    tree = read_topology(path, HOSTS)
-    groups = {
-        (f"c{n}", b"x", 1.0): names
-        for n, names in enumerate(
-            [["gpu-001"], ["gpu-002"], ["gpu-005"], ["gpu-007"], ["gpu-003", "gpu-006"], ["gpu-004"]]
-        )
-    }
-    runs = [[names for names in run.values()] for run in clush.waves(groups, tree)]
-    assert runs == [
-        [["gpu-001"], ["gpu-005"]],
-        [["gpu-002"], ["gpu-007"]],  # gw2 and sub1: apart from gpu-005's worker
-        [["gpu-003", "gpu-006"]],
-        [["gpu-004"]],
-    ]
-    for run in clush.waves(groups, tree):
-        gateways = [{g for level in tree.gateway_levels(names) for g in level} for names in run.values()]
-        assert all(not a & b for i, a in enumerate(gateways) for b in gateways[i + 1 :])
