@@ -582,10 +582,13 @@ def test_a_rollout_that_reboots_goes_one_host_at_a_time_by_default(
     assert "batch 1: applying on gpu-a, gpu-b" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("via", ["fabric", "clush"])
 def test_an_interrupted_apply_says_what_finished_what_was_under_way_and_what_was_not_started(
-    tmp_path: Path, boxes: Boxes
+    tmp_path: Path, via: str
 ) -> None:
-    """Issue 40 item 8: Ctrl-C said only `interrupted`; say it as --max-fail-percent does."""
+    """Issue 40 item 8: Ctrl-C said only `interrupted`; say it as --max-fail-percent does (and the same
+    under --via clush, where the batch is under way in lockstep)."""
+    boxes = Boxes() if via == "fabric" else Lockstep()
     boxes.update(
         {"gpu-a": Box(persistence=False), "gpu-b": Box(persistence=False), "gpu-c": Box(persistence=False)}
     )
