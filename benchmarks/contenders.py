@@ -2,7 +2,8 @@
 
 All of them end in the same thing on every host: the cached node agent's `facts` verb with the request that
 `plan` sends. The floor is plain OpenSSH (one cold `ssh` per host, all in parallel); the peer is Ansible
-ad-hoc, with its `shell` module and with `raw`; the tool is `mgpu-provision facts` and `plan`.
+ad-hoc, with its `shell` module and with `raw`; the tool is `mgpu-provision facts` and `plan` (over Fabric,
+or ClusterShell flat or through gateways); plain Fabric and pyinfra are the Python peers.
 A run only counts when every host answered: a contender that fails fast must not look fast.
 """
 
@@ -57,6 +58,13 @@ class Fleet:
     ansible: str  # path of the `ansible` ad-hoc command
     pyinfra: str = "pyinfra"  # path of the `pyinfra` command (its own venv, like Ansible's)
     fabric_python: str = sys.executable  # a python with Fabric: the project's (the library the tool uses)
+    # Where the clients run (testbed.py): the flat contenders in a namespace with a link to every rack, the
+    # tree's head in one linked only to the gateways; each a command prefix entering it.
+    flat: tuple[str, ...] = ()
+    head: tuple[str, ...] = ()
+    topology: Path | None = None  # this size's ClusterShell topology: head -> gateways -> these hosts
+    gateways_ssh_config: Path | None = None  # how the head reaches the gateways (not hosts of the rig)
+    gateway_python: str = "python3"  # the gateways' interpreter (CLUSTERSHELL_GW_PYTHON_EXECUTABLE)
 
 
 # How the tool's own command starts the agent's python (fleet/session.py): no site, isolated.
@@ -125,7 +133,7 @@ class PlainSsh:
         base = (*SSH_OPTIONS, "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-i", str(fleet.key))
         command = fleet.agent_command + self.then.format(python=shlex.quote(fleet.python))
         return [
-            Spawn(("ssh", *base, "-p", str(h.port), "-l", fleet.user, h.address, command))
+            Spawn(("ssh", *base, "-p", str(h.port), "-l", fleet.user, h.address, command), netns=fleet.flat)
             for h in fleet.hosts
         ]
 
@@ -208,7 +216,8 @@ class AnsibleAdHoc:
     def spawns(self, fleet: Fleet) -> list[Spawn]:
         config, _ = ansible_files(fleet)
         argv = (fleet.ansible, "all", "-f", str(ANSIBLE_FORKS), "-m", self.module, "-a", fleet.agent_command)
-        return [Spawn(argv, env={"ANSIBLE_CONFIG": str(config), "ANSIBLE_FORCE_COLOR": "0"})]
+        env = {"ANSIBLE_CONFIG": str(config), "ANSIBLE_FORCE_COLOR": "0"}
+        return [Spawn(argv, env=env, netns=fleet.flat)]
 
     def problem(self, fleet: Fleet, usage: Usage) -> str | None:
         finished = usage.processes[0]
@@ -253,7 +262,7 @@ class PlainFabric:
     def spawns(self, fleet: Fleet) -> list[Spawn]:
         targets = [f"{h.address}:{h.port}" for h in fleet.hosts]
         argv = (fleet.fabric_python, str(FABRIC_GROUP), str(fleet.known_hosts), str(fleet.key), fleet.user)
-        return [Spawn((*argv, fleet.agent_command, *targets))]
+        return [Spawn((*argv, fleet.agent_command, *targets), netns=fleet.flat)]
 
     def problem(self, fleet: Fleet, usage: Usage) -> str | None:
         finished = usage.processes[0]
@@ -309,7 +318,8 @@ class PyinfraExec:
     def spawns(self, fleet: Fleet) -> list[Spawn]:
         inventory = pyinfra_inventory(fleet)
         argv = (fleet.pyinfra, str(inventory), "exec", "-y", "--parallel", str(ANSIBLE_FORKS), "--")
-        return [Spawn((*argv, fleet.agent_command), env={"PYINFRA_PROGRESS": "off", "NO_COLOR": "1"})]
+        env = {"PYINFRA_PROGRESS": "off", "NO_COLOR": "1"}
+        return [Spawn((*argv, fleet.agent_command), env=env, netns=fleet.flat)]
 
     def problem(self, fleet: Fleet, usage: Usage) -> str | None:
         finished = usage.processes[0]
@@ -322,13 +332,16 @@ class PyinfraExec:
 
 @dataclass(frozen=True)
 class Tool:
-    """`mgpu-provision <verb> --json` on the whole fleet; `expect_exit` is the converged fleet's exit code."""
+    """`mgpu-provision <verb> --json` on the whole fleet; `expect_exit` is the converged fleet's exit code.
+    With `tree`, from the head's namespace through the gateways: `--topology` and the gateways' ssh_config
+    (ClusterShell's tree, `--via clush` in `extra`)."""
 
     verb: str
     expect_exit: int = 0
     extra: tuple[str, ...] = ()
     at_once: int | None = None
     label: str | None = None  # the contender's name where it is not the verb's
+    tree: bool = False
 
     @property
     def name(self) -> str:
@@ -344,7 +357,13 @@ class Tool:
             str(fleet.known_hosts),
             *self.extra,
         )
-        return [Spawn(argv)]
+        if not self.tree:
+            return [Spawn(argv, netns=fleet.flat)]
+        if fleet.topology is None or fleet.gateways_ssh_config is None:
+            raise ValueError(f"{self.name} needs the fleet's topology and the gateways' ssh_config")
+        tree = ("--topology", str(fleet.topology), "--ssh-config", str(fleet.gateways_ssh_config))
+        env = {"CLUSTERSHELL_GW_PYTHON_EXECUTABLE": fleet.gateway_python}
+        return [Spawn((*argv, *tree), env=env, netns=fleet.head)]
 
     def problem(self, fleet: Fleet, usage: Usage) -> str | None:
         finished = usage.processes[0]
@@ -376,6 +395,8 @@ CONTENDERS: dict[str, Contender] = {
     "ansible-raw": AnsibleAdHoc("ansible-raw", "raw"),
     # plan through ClusterShell's flat fan-out over OpenSSH (issue 41): the same plan, no Paramiko.
     "clush": Tool("plan", extra=("--via", "clush"), label="clush"),
+    # The same plan through ClusterShell's tree: from a head that reaches the racks only through 2 gateways.
+    "clush-tree": Tool("plan", extra=("--via", "clush"), label="clush-tree", tree=True),
     "fabric": PlainFabric(),
     "pyinfra": PyinfraExec(),
 }

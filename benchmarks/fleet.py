@@ -1,16 +1,18 @@
-"""Fleet-scale benchmark (issues 9 and 20): `mgpu-provision` against the plain-SSH floor, 1 to 256 hosts.
+"""Fleet-scale benchmark (issues 9, 20, 32, 41): `mgpu-provision` against the plain-SSH floor and its peers.
 
     .venv/bin/python benchmarks/fleet.py                 # every issue 20 target, ~20-30 min on 2 busy cores
     .venv/bin/python benchmarks/fleet.py --quick         # 1 and 8 hosts, one round: proves the harness
 
-Starts the largest fleet of OpenSSH test hosts once (root, sshd and unshare needed; see
-tests/support/hosts.py). Then, in one run: the one-process figures (the agent's facts call on a simulated
-node, what `plan` imports, `validate`); `smoke`'s start-up against its floor on small fleets (real torch,
-Gloo); and for each fleet size, after converging its hosts with `apply`, every contender (`ssh` floor,
-`plan`, `apply` with nothing to do, optionally `facts` and Ansible) `--repeat` times, alternating (the order
-rotates each round so no contender always follows the same one). Every run opens cold connections. Writes
-`benchmarks/results/fleet.md` and `fleet.json` and prints the page. Ansible comes from its own virtualenv
-(`.bench-venv`, see benchmarks/README.md), never the project's.
+Starts the largest fleet of OpenSSH test hosts once, in two racks of network namespaces behind a gateway
+each (root, sshd, unshare, ip and iptables needed; see testbed.py). Then, in one run: the one-process
+figures (the agent's facts call on a simulated node, what `plan` imports, `validate`); `smoke`'s start-up
+against its floor on small fleets (real torch, Gloo); and for each fleet size, after converging its hosts
+with `apply`, every contender (`ssh` floor, `plan`, `apply` with nothing to do, optionally `facts`,
+ClusterShell flat and through the gateways, plain Fabric, pyinfra and Ansible) `--repeat` times,
+alternating (the order rotates each round so no contender always follows the same one). Every run opens
+cold connections. Writes `benchmarks/results/fleet.md` and `fleet.json` and prints the page, issue 41's
+targets judged at its head. The peers come from their own virtualenv (see benchmarks/README.md), never the
+project's.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from measure import GNU_TIME, Usage, run_together
 from report import HALVED, Sample, Singles, as_json, markdown, summarize
 from single import agent_cost, startup_figures
 from smoke_clock import parse_clock, start_up
-from testbed import MAX_HOSTS, REPO, SmokeSetup, Testbed, TestbedError
+from testbed import MAX_HOSTS, REPO, SmokeSetup, Testbed, TestbedError, hosts_needed
 
 # The peers and py-spy live in a virtualenv of their own, outside the checkout (benchmarks/README.md).
 BENCH_VENV = Path(os.environ.get("MGPU_BENCH_VENV", "/var/cache/mgpu-provision-tests/bench-venv"))
@@ -94,7 +96,8 @@ def checked_run(testbed: Testbed, fleet: Fleet, contender: Contender) -> tuple[U
     problem = contender.problem(fleet, usage)
     if problem:
         raise BenchmarkError(f"{contender.name} on {len(fleet.hosts)} hosts: {problem}")
-    channels = testbed.channels_since_mark(len(fleet.hosts))
+    gateway_cpu = testbed.gateway_cpu_since_mark()  # once the gateways are done: the logs are complete
+    channels = testbed.channels_since_mark([h.name for h in fleet.hosts])
     return usage, Sample(
         contender=contender.name,
         hosts=len(fleet.hosts),
@@ -103,6 +106,9 @@ def checked_run(testbed: Testbed, fleet: Fleet, contender: Contender) -> tuple[U
         peak_rss_kib=usage.peak_rss_kib,
         logins_per_host=channels.logins_per_host,
         commands_per_host=channels.commands_per_host,
+        node_logins_from=channels.node_logins_from,
+        gateway_logins=channels.gateway_logins,
+        gateway_cpu_s=gateway_cpu,
     )
 
 
@@ -309,21 +315,28 @@ def package_commit() -> str:
 
 
 METHOD = """\
-Every host is a real sshd on loopback (tests/support/hosts.py, one sshd per host in its own namespaces, clean
-HOME) with a simulated 2x RTX 3090 twin, converged by `apply` for each fleet size and holding the cached
-agent. Every contender runs the same agent `facts` request (the one `plan` sends) on every host over a cold
-connection: `ssh` is one OpenSSH client per host, all in parallel (curve25519, no multiplexing), the floor;
-`facts` and `plan` are `mgpu-provision <verb> --json`, `apply` is `mgpu-provision apply --yes --json` on the
-converged fleet (it reads every host's facts, finds nothing to do and contacts no host again, so its floor
-is the same `ssh` floor); `ansible` (when run) is `ansible all -m shell -f 64` (pipelining on, interpreter
-fixed), `ansible-raw` the same with `-m raw`; `fabric` is plain Fabric's `ThreadingGroup.run` of the command
-(one thread and Paramiko connection per host: the floor of a tool on that library), `pyinfra` is `pyinfra
-INVENTORY exec -y --parallel 64 --` (pyinfra 3, its own venv); both check host keys against the same file.
+Every host is a real sshd (tests/support/hosts.py, one sshd per host in its own namespaces, clean HOME) with a
+simulated 2x RTX 3090 twin, converged by `apply` for each fleet size and holding the cached agent. The hosts
+alternate between 2 racks, network namespaces each behind a gateway of its own (tests/support/netns.py): every
+contender but `clush-tree` runs in a client namespace linked to every rack; `clush-tree` runs in a head
+namespace linked only to the 2 gateways (no route to a rack, and each rack's firewall admits SSH from its
+gateway and the flat client only). Every contender runs the same agent `facts` request (the one `plan` sends)
+on every host over a cold connection: `ssh` is one OpenSSH client per host, all in parallel (curve25519, no
+multiplexing), the floor; `facts` and `plan` are `mgpu-provision <verb> --json`, `clush` the same plan `--via
+clush` (ClusterShell, flat: one OpenSSH client per host), `clush-tree` that plan with `--topology` (head -> 2
+gateways -> the hosts of their racks); `apply` is `mgpu-provision apply --yes --json` on the converged fleet
+(it reads every host's facts, finds nothing to do and contacts no host again, so its floor is the same `ssh`
+floor); `ansible` (when run) is `ansible all -m shell -f 64` (pipelining on, interpreter fixed), `ansible-raw`
+the same with `-m raw`; `fabric` is plain Fabric's `ThreadingGroup.run` of the command (one thread and
+Paramiko connection per host: the floor of a tool on that library), `pyinfra` is `pyinfra INVENTORY exec -y
+--parallel 64 --` (pyinfra 3, its own venv); both check host keys against the same file.
 Median of {repeat} alternating runs (the order rotates each round), after one warm-up each below {warm_up}
 hosts (from {warm_up} on, converging warmed hosts and client).
 Client CPU and peak RSS come from GNU time around each client process (with its reaped children; for `ssh`,
 CPU summed over the per-host clients and RSS of the largest). Logins and SSH commands per host are counted
-in the hosts' sshd logs (LogLevel VERBOSE). The hosts' agents and sshds run on the same CPUs as the
+in the hosts' sshd logs (LogLevel VERBOSE), with the address each login came from (and the gateways' logs:
+the tree's head logs in only there); the gateways' CPU comes from GNU time around ClusterShell's gateway
+(its `CLUSTERSHELL_GW_PYTHON_EXECUTABLE`). The hosts' agents and sshds run on the same CPUs as the
 clients, so node-side work is in every figure. plan's torch check ran against {smoke_python}; `smoke` runs
 real torch (this venv's, Gloo on loopback, 2 ranks per host) and a `sitecustomize` hook on the smoke
 python's PYTHONPATH notes when each of its processes started and imported torch (smoke_clock.py)."""
@@ -339,9 +352,11 @@ def context_lines(info: dict[str, object]) -> list[str]:
         f"package last changed in {info['package_commit']}, frozen at the start ({info['agent']}); "
         f"{info['openssh']}; "
         f"{info['mgpu_provision']}; open files limit {info['open_files_limit']}.",
-        "",
-        METHOD.format(repeat=info["repeat"], smoke_python=info["smoke_python"], warm_up=WARM_UP_BELOW),
     ]
+
+
+def method_lines(info: dict[str, object]) -> list[str]:
+    return [METHOD.format(repeat=info["repeat"], smoke_python=info["smoke_python"], warm_up=WARM_UP_BELOW)]
 
 
 def rerun_on_snapshot(argv: Sequence[str]) -> None:
@@ -464,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = Path(os.environ[RUN_ENV])
         try:
             load_before = os.getloadavg()[0]
-            largest = max([*sizes, *smoke_sizes])
+            largest = hosts_needed(sizes, smoke_sizes)
             testbed = Testbed(
                 run, largest, Path(sys.executable).parent, args.ansible, args.smoke_python, args.pyinfra
             )
@@ -490,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     rows = summarize(samples)
-    page = markdown(rows, context_lines(info), singles)
+    page = markdown(rows, context_lines(info), singles, method_lines(info))
     (args.out / "fleet.md").write_text(page)
     (args.out / "fleet.json").write_text(json.dumps(as_json(samples, rows, info, singles), indent=2) + "\n")
     if args.startup_baseline:

@@ -109,7 +109,8 @@ def summary(profile: Profile, bill: list[tuple[str, int]], hosts: int) -> str:
 
 def profile_plan(fleet: Fleet, py_spy: str, out: Path) -> Path:
     """Profile one `plan` run on `fleet` and its imports; write `plan-profile.md` into `out`."""
-    argv = list(Tool("plan").spawns(fleet)[0].argv)
+    (spawn,) = Tool("plan").spawns(fleet)
+    argv = [*spawn.netns, *spawn.argv]  # in the flat client's namespace, where the hosts are reached
     raw = fleet.workdir / "plan.pyspy.txt"
     record = [
         py_spy,
@@ -123,7 +124,7 @@ def profile_plan(fleet: Fleet, py_spy: str, out: Path) -> Path:
         str(raw),
     ]
     subprocess.run(
-        [*record, "--", *argv],
+        [*spawn.netns, *record, "--", *spawn.argv],
         capture_output=True,
         check=True,
     )

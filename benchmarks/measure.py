@@ -26,11 +26,13 @@ _FORMAT = "%e %U %S %M"
 
 @dataclass(frozen=True)
 class Spawn:
-    """One client process to start: its argv, what it reads on stdin, extra environment."""
+    """One client process to start: its argv, what it reads on stdin, extra environment, and the command
+    prefix that enters the network namespace it runs in (outside GNU time: not the client's CPU)."""
 
     argv: tuple[str, ...]
     stdin: bytes = b""
     env: Mapping[str, str] | None = None
+    netns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,14 +94,14 @@ def run_together(spawns: Sequence[Spawn], at_once: int | None = None) -> Usage:
 
         def start(index: int) -> None:
             spawn, (stdin, stdout, stderr), report = spawns[index], files[index], reports[index]
-            argv = [GNU_TIME, "-f", _FORMAT, "-o", report.name, *spawn.argv]
+            argv = [*spawn.netns, GNU_TIME, "-f", _FORMAT, "-o", report.name, *spawn.argv]
             actions = [
                 (os.POSIX_SPAWN_DUP2, stdin.fileno(), 0),
                 (os.POSIX_SPAWN_DUP2, stdout.fileno(), 1),
                 (os.POSIX_SPAWN_DUP2, stderr.fileno(), 2),
             ]
             env = {**os.environ, **(spawn.env or {})}
-            pid = os.posix_spawn(GNU_TIME, argv, env, file_actions=actions)
+            pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions)
             fd = os.pidfd_open(pid)
             running[fd] = (index, pid)
             poller.register(fd, select.POLLIN)

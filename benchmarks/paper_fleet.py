@@ -7,7 +7,7 @@
 `--seam batch` replaces the batch seam instead (`fleet.pool.call_many`, what `--via clush` implements):
 one call answers every host after the delay, as ClusterShell's tree does, and the control side's CPU and
 memory above it are what is left to measure (the tree's own head and gateway CPU per host are measured on
-real sshds by benchmarks/clush_tree.py). Its page is `results/paper-fleet-batch.md`.
+real sshds by benchmarks/fleet.py's `clush-tree`). Its page is `results/paper-fleet-batch.md`.
 
 No sshd and no agent process: `fleet.session.open_session` is replaced by a session whose command waits a
 fixed delay (a login and the agent's facts call, as the one-host floor takes them) and answers a facts

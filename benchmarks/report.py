@@ -6,7 +6,7 @@ Pure functions only, so the arithmetic and the table are tested without starting
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 FLOOR = "ssh"
@@ -28,6 +28,18 @@ FLOORED = ("apply", "smoke")  # measured against a named floor, with no figure t
 FABRIC = "fabric"  # plain Fabric: the floor of a tool built on the library plan uses
 MAX_CPU_OVER_FABRIC = 2.0
 PEERS = ("fabric", "pyinfra", "ansible")  # measured beside the floor and the tool at every size
+# Issue 41's targets: plan over Fabric, over ClusterShell flat and through 2 gateways (the tree).
+TREE = "clush-tree"
+ISSUE41_TOOLS = {TOOL: "plan (Fabric path)", "clush": "plan --via clush", TREE: "through 2 gateways"}
+ISSUE41_SIZES = (1, 8, 64, 256)
+MAX_OVER_FABRIC = 1.2  # at one host, wall and CPU
+FABRIC_SIZE = 1
+MIN_OVER_PYINFRA = 1.3
+PYINFRA_SIZES = (1, 8)
+MIN_OVER_ANSIBLE = 3.0  # at every size
+TREE_SIZE = 256
+MAX_TREE_CPU_PER_HOST_S = 0.005
+MAX_TREE_OVER_FLOOR = 1.1
 # startup.py's figures that must halve against the baseline, judged on the best run of each copy.
 HALVED = {
     "import_commands_plan_ms": ("importing what `plan` needs (`import mgpu_provision.commands.plan`)", "ms"),
@@ -51,6 +63,10 @@ class Sample:
     torch_s: float | None = None  # smoke: the torch import time taken out of startup_s
     # smoke: the clock's events, seconds after the command's start: (kind, pid, rank, begin, end)
     timeline: tuple[tuple[str, int, int | None, float, float], ...] = ()
+    # the nodes' logins in this run by who made them ("client", "gateway", "head" or the address: sshd logs)
+    node_logins_from: tuple[tuple[str, int], ...] = ()
+    gateway_logins: int = 0  # logins at the gateways (the tree's head's)
+    gateway_cpu_s: float | None = None  # the gateways' CPU (ClusterShell's gateway and its OpenSSH clients)
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,9 @@ class Row:
     torch_s: float | None = None
     startup_best_s: float | None = None  # the least disturbed run's start-up
     to_ranks_s: float | None = None  # median of start-up plus torch: command start -> all ranks started
+    node_logins_from: tuple[tuple[str, int], ...] = ()  # per source, the most of any run
+    gateway_logins: int = 0  # the most of any run
+    gateway_cpu_s_per_host: float | None = None
 
 
 def _median_of(values: Iterable[float | None]) -> float | None:
@@ -106,16 +125,33 @@ def summarize(samples: Iterable[Sample]) -> list[Row]:
                     for s in group
                     if s.startup_s is not None and s.torch_s is not None
                 ),
+                node_logins_from=_most_by_source(group),
+                gateway_logins=max(s.gateway_logins for s in group),
+                gateway_cpu_s_per_host=_per_host(_median_of(s.gateway_cpu_s for s in group), hosts),
             )
         )
     return rows
 
 
+def _most_by_source(group: Sequence[Sample]) -> tuple[tuple[str, int], ...]:
+    most: dict[str, int] = {}
+    for sample in group:
+        for source, count in sample.node_logins_from:
+            most[source] = max(most.get(source, 0), count)
+    return tuple(sorted(most.items()))
+
+
+def _per_host(value: float | None, hosts: int) -> float | None:
+    return value / hosts if value is not None else None
+
+
+def _pick(rows: Sequence[Row], contender: str, hosts: int) -> Row | None:
+    return next((r for r in rows if r.contender == contender and r.hosts == hosts), None)
+
+
 def _median(rows: Sequence[Row], hosts: int, contender: str) -> float | None:
-    for row in rows:
-        if row.hosts == hosts and row.contender == contender:
-            return row.median_s
-    return None
+    row = _pick(rows, contender, hosts)
+    return row.median_s if row else None
 
 
 def floor_of(contender: str) -> str:
@@ -329,32 +365,195 @@ def _memory_growth(plan_rows: list[Row]) -> Verdict:
     )
 
 
+@dataclass(frozen=True)
+class TargetLine:
+    """One of issue 41's targets, judged for each way of running plan it concerns (None: not for that one)."""
+
+    target: str
+    cells: dict[str, Verdict | None]
+
+
+def _over_fabric(rows: Sequence[Row], tool: str) -> Verdict:
+    target = f"{FABRIC_SIZE} host within {MAX_OVER_FABRIC:g}x plain Fabric's wall and CPU"
+    mine, theirs = _pick(rows, tool, FABRIC_SIZE), _pick(rows, FABRIC, FABRIC_SIZE)
+    if mine is None or theirs is None:
+        return Verdict(target, "not measured", None)
+    wall, cpu = mine.median_s / theirs.median_s, mine.cpu_s_per_host / theirs.cpu_s_per_host
+    shown = (
+        f"{wall:.2f}x wall ({mine.median_s:.2f} / {theirs.median_s:.2f} s), {cpu:.2f}x CPU "
+        f"({mine.cpu_s_per_host * FABRIC_SIZE:.2f} / {theirs.cpu_s_per_host * FABRIC_SIZE:.2f} s)"
+    )
+    return Verdict(target, shown, wall <= MAX_OVER_FABRIC and cpu <= MAX_OVER_FABRIC)
+
+
+def _ahead_of(rows: Sequence[Row], tool: str, peer: str, sizes: Sequence[int], least: float) -> Verdict:
+    """`tool` at least `least` times faster (wall) than `peer` at each size; unjudged if one is missing."""
+    where = "every size" if not sizes else " and ".join(map(str, sizes)) + " hosts"
+    target = f">= {least:g}x ahead of {peer} at {where}"
+    sizes = sizes or sorted({r.hosts for r in rows if r.contender == tool})
+    shown: list[str] = []
+    judged: list[bool | None] = []
+    for size in sizes:
+        mine, theirs = _pick(rows, tool, size), _pick(rows, peer, size)
+        if mine is None or theirs is None:
+            shown.append(f"not measured at {size}")
+            judged.append(None)
+            continue
+        ratio = theirs.median_s / mine.median_s
+        shown.append(f"{ratio:.2f}x at {size}")
+        judged.append(ratio >= least)
+    met = False if False in judged else None if None in judged or not judged else True
+    return Verdict(target, ", ".join(shown) or "not measured", met)
+
+
+def _tree_cpu(rows: Sequence[Row]) -> Verdict:
+    target = f"head CPU <= {MAX_TREE_CPU_PER_HOST_S * 1000:g} ms per host at {TREE_SIZE} hosts"
+    row = _pick(rows, TREE, TREE_SIZE)
+    if row is None:
+        return Verdict(target, "not measured", None)
+    shown = f"{row.cpu_s_per_host * 1000:.1f} ms ({row.cpu_s_per_host * row.hosts:.2f} s)"
+    return Verdict(target, shown, row.cpu_s_per_host <= MAX_TREE_CPU_PER_HOST_S)
+
+
+def _tree_wall(rows: Sequence[Row]) -> Verdict:
+    target = f"wall within {MAX_TREE_OVER_FLOOR:g}x the flat floor at {TREE_SIZE} hosts"
+    row = _pick(rows, TREE, TREE_SIZE)
+    ratio = vs_floor(rows, row) if row else None
+    if row is None or ratio is None:
+        return Verdict(target, "not measured", None)
+    shown = f"{ratio:.2f}x ({row.median_s:.2f} / {row.median_s / ratio:.2f} s)"
+    return Verdict(target, shown, ratio <= MAX_TREE_OVER_FLOOR)
+
+
+def _only_gateways(rows: Sequence[Row]) -> Verdict:
+    """sshd's logs: every login at a node came from its gateway, none from the head or the flat client."""
+    target = "the head logs in only at the gateways (sshd logs of every node and gateway)"
+    tree = [r for r in rows if r.contender == TREE]
+    if not tree:
+        return Verdict(target, "not measured", None)
+    others = sorted({s for r in tree for s, n in r.node_logins_from if s != "gateway" and n})
+    head = sum(n for r in tree for s, n in r.node_logins_from if s == "head")
+    most = max(r.gateway_logins for r in tree)
+    where = "node logins also from " + ", ".join(others) if others else "every node login from its gateway"
+    shown = f"head logins at the nodes: {head}; at the gateways: at most {most} a run; {where}"
+    return Verdict(target, shown, not others and all(r.logins_per_host >= 1 for r in tree))
+
+
+def _sizes_measured(rows: Sequence[Row], tool: str) -> Verdict:
+    target = f"measured at {', '.join(map(str, ISSUE41_SIZES))} hosts beside {', '.join(PEERS)} and the floor"
+    have = {(r.contender, r.hosts) for r in rows}
+    gaps = []
+    for size in ISSUE41_SIZES:
+        missing = [name for name in (tool, *PEERS, FLOOR) if (name, size) not in have]
+        if missing:
+            gaps.append(f"{size}: {'not run' if tool in missing else ', '.join(missing) + ' missing'}")
+    return Verdict(target, "; ".join(gaps) if gaps else "all", not gaps)
+
+
+def issue41_targets(rows: Sequence[Row]) -> list[TargetLine]:
+    """Issue 41's targets, each judged for the ways of running plan it is about."""
+    flat = (TOOL, "clush")
+    every = tuple(ISSUE41_TOOLS)
+
+    def line(tools: Sequence[str], judge: Callable[[str], Verdict]) -> TargetLine:
+        cells = {tool: judge(tool) if tool in tools else None for tool in every}
+        return TargetLine(next(c.target for c in cells.values() if c is not None), cells)
+
+    return [
+        line((TREE,), lambda _: _tree_cpu(rows)),
+        line((TREE,), lambda _: _tree_wall(rows)),
+        line((TREE,), lambda _: _only_gateways(rows)),
+        line(flat, lambda tool: _over_fabric(rows, tool)),
+        line(flat, lambda tool: _ahead_of(rows, tool, "pyinfra", PYINFRA_SIZES, MIN_OVER_PYINFRA)),
+        line(every, lambda tool: _ahead_of(rows, tool, PEER, (), MIN_OVER_ANSIBLE)),
+        line(every, lambda tool: _sizes_measured(rows, tool)),
+    ]
+
+
+def _met(verdict: Verdict) -> str:
+    return {True: "yes", False: "**no**", None: "–"}[verdict.met]
+
+
+def _cell(verdict: Verdict | None) -> str:
+    if verdict is None:
+        return "–"
+    return verdict.measured if verdict.met is None else f"{verdict.measured}: {_met(verdict)}"
+
+
+def _issue41_lines(rows: Sequence[Row]) -> list[str]:
+    lines = [
+        "| issue 41's target | " + " | ".join(ISSUE41_TOOLS.values()) + " |",
+        "|---|" + "---|" * len(ISSUE41_TOOLS),
+    ]
+    for found in issue41_targets(rows):
+        cells = [_cell(c) for c in found.cells.values()]
+        lines.append(f"| {found.target} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _tree_lines(rows: Sequence[Row]) -> list[str]:
+    def cells(row: Row, floor: float | None) -> str:
+        gateways = row.gateway_cpu_s_per_host
+        sources = ", ".join(f"{source} {count}" for source, count in row.node_logins_from) or "none"
+        return (
+            f"| {row.hosts} | {row.median_s:.2f} | {f'{floor:.2f}' if floor else '–'} "
+            f"| {_ratio(vs_floor(rows, row))} | {row.cpu_s_per_host * 1000:.1f} "
+            f"| {f'{gateways * 1000:.1f}' if gateways is not None else '–'} | {row.peak_rss_mib:.0f} "
+            f"| {sources} | {row.gateway_logins} |"
+        )
+
+    return _table_of(
+        rows,
+        TREE,
+        f"`{TREE}`: plan from a head that reaches the racks only through their 2 gateways (ClusterShell's "
+        "tree); head CPU is the tool and its OpenSSH clients to the gateways, the gateways' is their "
+        "ClusterShell gateway and its OpenSSH clients to the nodes; logins are read in every sshd's log.",
+        "| hosts | median s | flat floor s | × floor | head CPU ms/host | gateways' CPU ms/host "
+        "| head peak RSS MiB | node logins by source (most in a run) | logins at the gateways (most a run) |"
+        "\n|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        cells,
+    )
+
+
+def _table_of(
+    rows: Sequence[Row], contender: str, intro: str, header: str, cells: Callable[[Row, float | None], str]
+) -> list[str]:
+    """A table of its own below the fleet's, for one contender's rows: what it shows, its header, a line
+    per fleet size (`cells` of the row and its floor's median); nothing where it was not run."""
+    mine = [r for r in rows if r.contender == contender]
+    if not mine:
+        return []
+    return [
+        "",
+        intro,
+        "",
+        *header.split("\n"),
+        *(cells(r, floor_median(rows, r.hosts, contender)) for r in mine),
+    ]
+
+
 def _ratio(value: float | None, suffix: str = "x") -> str:
     return f"{value:.2f}{suffix}" if value is not None else "–"
 
 
 def _smoke_lines(rows: Sequence[Row]) -> list[str]:
-    smoke = [r for r in rows if r.contender == "smoke"]
-    if not smoke:
-        return []
-    lines = [
-        "",
-        "`smoke` start-up: from the command's start until the last rank's process started, less the time in "
-        "which some torch import (probe, torchrun, ranks) was in progress; its floor is one cold `ssh` per "
-        "host running the agent's facts and then two bare `python3 -c pass` (a launcher and a rank).",
-        "",
-        "| hosts | floor s | smoke run s | to all ranks s | torch import s | start-up overhead s "
-        "| best start-up s | overhead ÷ floor |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in smoke:
-        floor = floor_median(rows, row.hosts, row.contender)
-        lines.append(
+    def cells(row: Row, floor: float | None) -> str:
+        return (
             f"| {row.hosts} | {floor if floor is not None else float('nan'):.2f} | {row.median_s:.2f} "
             f"| {row.to_ranks_s or 0:.2f} | {row.torch_s or 0:.2f} | {row.startup_s or 0:.2f} "
             f"| {row.startup_best_s or 0:.2f} | {_ratio(vs_floor(rows, row))} |"
         )
-    return lines
+
+    return _table_of(
+        rows,
+        "smoke",
+        "`smoke` start-up: from the command's start until the last rank's process started, less the time in "
+        "which some torch import (probe, torchrun, ranks) was in progress; its floor is one cold `ssh` per "
+        "host running the agent's facts and then two bare `python3 -c pass` (a launcher and a rank).",
+        "| hosts | floor s | smoke run s | to all ranks s | torch import s | start-up overhead s "
+        "| best start-up s | overhead ÷ floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|",
+        cells,
+    )
 
 
 def _singles_lines(one: Singles) -> list[str]:
@@ -394,9 +593,14 @@ def _singles_lines(one: Singles) -> list[str]:
     ]
 
 
-def markdown(rows: Sequence[Row], context: Sequence[str], singles: Singles | None = None) -> str:
-    """The results page: context, the fleet table, smoke's start-up, one-process figures, the targets."""
-    lines = [*context, ""]
+def markdown(
+    rows: Sequence[Row], context: Sequence[str], singles: Singles | None = None, method: Sequence[str] = ()
+) -> str:
+    """The results page: context, issue 41's targets, the method, the fleet table, the tree's figures,
+    smoke's start-up, one-process figures, issues 20's and 32's targets."""
+    lines = [*context, "", *_issue41_lines(rows), ""]
+    if method:
+        lines += [*method, ""]
     lines.append(
         "| hosts | contender | median s | min–max s | × floor | Ansible ÷ this "
         "| client CPU s/host | peak RSS MiB | logins/host | SSH commands/host |"
@@ -410,13 +614,13 @@ def markdown(rows: Sequence[Row], context: Sequence[str], singles: Singles | Non
             f"| {_ratio(vs_floor(rows, row))} | {_ratio(peer_over(rows, row))} | {row.cpu_s_per_host:.3f} "
             f"| {row.peak_rss_mib:.0f} | {row.logins_per_host:g} | {row.commands_per_host:g} |"
         )
+    lines += _tree_lines(rows)
     lines += _smoke_lines(rows)
     if singles is not None:
         lines += _singles_lines(singles)
     lines += ["", "| target (issues 20 and 32) | measured | met |", "|---|---|---|"]
     for verdict in verdicts(rows, singles):
-        met = {True: "yes", False: "**no**", None: "–"}[verdict.met]
-        lines.append(f"| {verdict.target} | {verdict.measured} | {met} |")
+        lines.append(f"| {verdict.target} | {verdict.measured} | {_met(verdict)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -431,5 +635,9 @@ def as_json(
         ],
         "singles": asdict(singles) if singles is not None else None,
         "targets": [asdict(v) for v in verdicts(rows, singles)],
+        "issue41_targets": [
+            {"target": t.target, **{tool: asdict(c) if c else None for tool, c in t.cells.items()}}
+            for t in issue41_targets(rows)
+        ],
         "samples": [asdict(s) for s in samples],
     }

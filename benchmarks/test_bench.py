@@ -6,6 +6,8 @@ the whole benchmark on two hosts (root, sshd and unshare needed, like tests/e2e;
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import shlex
 import subprocess
@@ -32,11 +34,22 @@ from contenders import (
 from fleet import DEFAULT_ANSIBLE, BenchmarkError, contenders_for, parse_sizes, rotated
 from hotspots import collapse, import_bill, summary
 from measure import Finished, Spawn, Usage, parse_time_report, run_together
-from report import Row, Sample, Singles, markdown, peer_over, summarize, verdicts, vs_floor
+from report import (
+    Row,
+    Sample,
+    Singles,
+    Verdict,
+    issue41_targets,
+    markdown,
+    peer_over,
+    summarize,
+    verdicts,
+    vs_floor,
+)
 from single import Figure
 from smoke_clock import Event, covered, hook_source, parse_clock, start_up
 from startup import importtime
-from testbed import MAX_HOSTS, WidePool
+from testbed import MAX_HOSTS, gateway_cpu, hosts_needed, login_sources, rack_of
 
 from tests.support import hosts as harness  # importable: testbed (via fleet) put the repository on sys.path
 
@@ -141,9 +154,9 @@ def test_apply_and_smoke_are_judged_against_their_floors() -> None:
     ("text", "message"),
     [
         ("1,x", "--hosts wants comma-separated host counts, e.g. 1,8,64; got '1,x'"),
-        ("0,8", "--hosts: each count must be between 1 and 508; got '0,8'"),
-        ("600", "--hosts: each count must be between 1 and 508; got '600'"),
-        ("", "--hosts: each count must be between 1 and 508; got ''"),
+        ("0,8", "--hosts: each count must be between 1 and 490; got '0,8'"),
+        ("600", "--hosts: each count must be between 1 and 490; got '600'"),
+        ("", "--hosts: each count must be between 1 and 490; got ''"),
         ("none", "--hosts wants comma-separated host counts, e.g. 1,8,64; got 'none'"),
     ],
 )
@@ -158,14 +171,11 @@ def test_fleet_sizes_are_sorted_and_unique() -> None:
     assert parse_sizes("none", "--smoke-hosts") == []
 
 
-def test_address_pool_reaches_256_hosts_past_one_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(harness, "port_free", lambda address, port: not address.endswith(".7"))
-    pool = WidePool()
-    addresses = [pool.take() for _ in range(256)]
-    assert len(set(addresses)) == 256 and MAX_HOSTS == 508
-    blocks = sorted({a.rsplit(".", 1)[0] for a in addresses})
-    assert len(blocks) == 2 and all(a.startswith("127.") for a in addresses)
-    assert not any(a.endswith(".7") for a in addresses)  # taken by someone else: skipped
+def test_hosts_alternate_racks_and_smoke_gets_enough_in_rack_one() -> None:
+    assert [rack_of(n) for n in range(1, 6)] == [1, 2, 1, 2, 1]  # two hosts or more use both gateways
+    assert MAX_HOSTS == 490  # 2 racks of 10.42.<rack>.10-254
+    assert hosts_needed([1, 8], [1, 2]) == 8
+    assert hosts_needed([1, 2], [1, 2]) == 3  # smoke's 2 hosts are h001 and h003, both in rack 1
 
 
 def test_rounds_rotate_the_order() -> None:
@@ -397,7 +407,7 @@ def test_script_refuses_bad_arguments_with_a_message() -> None:
     assert done.returncode == 1
     assert done.stderr.strip() == (
         "error: unknown contender(s) x; choose from ssh, ssh-64, facts, plan, apply, ansible, ansible-raw, "
-        "clush, fabric, pyinfra"
+        "clush, clush-tree, fabric, pyinfra"
     )
 
 
@@ -503,7 +513,12 @@ def test_benchmark_end_to_end_on_two_hosts(tmp_path: Path) -> None:
     reason = harness.harness_unavailable()
     if reason:
         harness.skip_or_fail(reason)
-    contenders = "ssh,facts,plan,apply" + (",ansible,ansible-raw" if DEFAULT_ANSIBLE.exists() else "")
+    clush = importlib.util.find_spec("ClusterShell") is not None
+    contenders = (
+        "ssh,facts,plan,apply"
+        + (",clush,clush-tree" if clush else "")
+        + (",ansible,ansible-raw" if DEFAULT_ANSIBLE.exists() else "")
+    )
     script = str(Path(__file__).with_name("fleet.py"))
     done = subprocess.run(
         [
@@ -537,6 +552,15 @@ def test_benchmark_end_to_end_on_two_hosts(tmp_path: Path) -> None:
     for name in ("ssh", "plan"):
         assert (rows[(2, name)]["logins_per_host"], rows[(2, name)]["commands_per_host"]) == (1.0, 1.0)
     assert "| 2 | plan |" in (tmp_path / "fleet.md").read_text()
+    # Who logged in at the nodes: the flat client for every flat contender, each node's gateway for the
+    # tree (h001 in rack 1, h002 in rack 2: both gateways), never the head.
+    assert rows[(2, "plan")]["node_logins_from"] == [["client", 2]]
+    if clush:
+        tree = rows[(2, "clush-tree")]
+        assert tree["node_logins_from"] == [["gateway", 2]] and tree["gateway_logins"] >= 2
+        assert tree["gateway_cpu_s_per_host"] > 0
+        (judged,) = [t for t in results["issue41_targets"] if t["target"].startswith("the head logs in")]
+        assert judged["clush-tree"]["met"] is True, judged
 
 
 def test_issue_32_targets_halve_start_up_and_compare_cpu_with_fabric() -> None:
@@ -561,3 +585,101 @@ def test_issue_32_targets_halve_start_up_and_compare_cpu_with_fabric() -> None:
     assert found["plan client CPU per host <= 2x plain Fabric's at 128 hosts"].met is False
     peers = found["fabric, pyinfra, ansible measured beside the floor and plan at every size"]
     assert (peers.met, peers.measured) == (False, "missing: pyinfra at 128, ansible at 128")
+
+
+def test_issue_41_targets_are_judged_at_the_head_of_the_page() -> None:
+    """The per-target table comes out of the run: the tree's head CPU and wall at 256, plan against Fabric
+    at one host, pyinfra at 1 and 8, Ansible at every size, and who logged in at the nodes."""
+    tree_logins = (("gateway", 256),)
+    samples = [
+        sample("ssh", 1, 0.2, cpu=0.01),
+        sample("fabric", 1, 0.5, cpu=0.30),
+        sample("plan", 1, 0.65, cpu=0.45),
+        sample("clush", 1, 0.47, cpu=0.27),
+        sample("pyinfra", 1, 0.91),
+        sample("ansible", 1, 1.77),
+        sample("pyinfra", 8, 1.23),
+        sample("plan", 8, 0.95),
+        sample("ssh", 256, 20.0),
+        sample("ansible", 256, 80.0),
+        Sample("clush-tree", 256, 21.0, 0.512, 40 * 1024, 1.0, 1.0, node_logins_from=tree_logins,
+               gateway_logins=4, gateway_cpu_s=7.68),
+        Sample("clush-tree", 256, 23.0, 0.768, 40 * 1024, 1.0, 1.0, node_logins_from=tree_logins,
+               gateway_logins=4, gateway_cpu_s=7.0),
+    ]  # fmt: skip
+    rows = summarize(samples)
+    found = {t.target: t.cells for t in issue41_targets(rows)}
+    assert found["head CPU <= 5 ms per host at 256 hosts"]["clush-tree"] == Verdict(
+        "head CPU <= 5 ms per host at 256 hosts", "2.5 ms (0.64 s)", True
+    )
+    assert found["head CPU <= 5 ms per host at 256 hosts"]["plan"] is None  # not plan's target
+    wall = found["wall within 1.1x the flat floor at 256 hosts"]["clush-tree"]
+    assert wall is not None and (wall.measured, wall.met) == ("1.10x (22.00 / 20.00 s)", True)
+    fabric = found["1 host within 1.2x plain Fabric's wall and CPU"]
+    assert fabric["plan"] is not None and fabric["plan"].met is False  # 1.30x wall, 1.50x CPU
+    assert fabric["plan"].measured == "1.30x wall (0.65 / 0.50 s), 1.50x CPU (0.45 / 0.30 s)"
+    assert fabric["clush"] is not None and fabric["clush"].met is True
+    pyinfra = found[">= 1.3x ahead of pyinfra at 1 and 8 hosts"]
+    assert pyinfra["plan"] is not None and (pyinfra["plan"].measured, pyinfra["plan"].met) == (
+        "1.40x at 1, 1.29x at 8",
+        False,
+    )
+    assert pyinfra["clush"] is not None
+    assert (pyinfra["clush"].measured, pyinfra["clush"].met) == ("1.94x at 1, not measured at 8", None)
+    ansible = found[">= 3x ahead of ansible at every size"]
+    assert ansible["clush-tree"] is not None and ansible["clush-tree"].measured == "3.64x at 256"
+    logins = found["the head logs in only at the gateways (sshd logs of every node and gateway)"]
+    assert logins["clush-tree"] is not None and logins["clush-tree"].met is True
+    assert logins["clush-tree"].measured.startswith("head logins at the nodes: 0; at the gateways: at most 4")
+    page = markdown(rows, ["# title"], method=["How it was measured."])
+    head = page.split("How it was measured.")[0]  # the verdicts come before the method and the tables
+    assert "| issue 41's target | plan (Fabric path) | plan --via clush | through 2 gateways |" in head
+    assert "| head CPU <= 5 ms per host at 256 hosts | – | – | 2.5 ms (0.64 s): yes |" in head
+    assert "| 256 | 22.00 | 20.00 | 1.10x | 2.5 | 28.7 | 40 | gateway 256 | 4 |" in page  # the tree's table
+
+
+def test_a_node_login_from_anywhere_but_its_gateway_fails_the_tree() -> None:
+    rows = summarize(
+        [Sample("clush-tree", 8, 1.0, 0.1, 1024, 1.0, 1.0, node_logins_from=(("client", 1), ("gateway", 7)))]
+    )
+    (verdict,) = [
+        t.cells["clush-tree"] for t in issue41_targets(rows) if t.target.startswith("the head logs")
+    ]
+    assert verdict is not None and verdict.met is False and "also from client" in verdict.measured
+
+
+def test_tree_contender_runs_from_the_head_through_the_gateways(tmp_path: Path) -> None:
+    fleet = dataclasses.replace(
+        fleet_of(tmp_path, ["h001", "h002"]), flat=("enter", "flat"), head=("enter", "head"),
+        topology=tmp_path / "topology.conf", gateways_ssh_config=tmp_path / "gw.ssh_config",
+        gateway_python="/x/gateway-python",
+    )  # fmt: skip
+    (tree,) = select(["clush-tree"])[0].spawns(fleet)
+    assert tree.netns == ("enter", "head")
+    assert tree.argv[-6:] == (
+        "--via", "clush", "--topology", str(tmp_path / "topology.conf"), "--ssh-config",
+        str(tmp_path / "gw.ssh_config"),
+    )  # fmt: skip
+    assert tree.env == {"CLUSTERSHELL_GW_PYTHON_EXECUTABLE": "/x/gateway-python"}
+    for name in ("ssh", "plan", "clush", "fabric", "pyinfra", "ansible"):  # every other one: the flat client
+        assert {s.netns for s in select([name])[0].spawns(fleet)} == {("enter", "flat")}, name
+
+
+def test_run_together_enters_each_spawns_namespace_before_the_timing() -> None:
+    usage = run_together([Spawn(("sh", "-c", 'echo "$WHERE"'), netns=("env", "WHERE=inside"))])
+    assert usage.processes[0].stdout == "inside\n"
+
+
+def test_logins_are_told_apart_by_where_they_came_from() -> None:
+    log = (
+        "Accepted publickey for root from 10.42.1.1 port 40000 ssh2: ED25519 SHA256:x\n"
+        "Starting session: command for root from 10.42.1.1 port 40000 id 0\n"
+        "Accepted publickey for root from 10.43.1.1 port 40002 ssh2: ED25519 SHA256:x\n"
+        "Accepted publickey for root from 10.9.9.9 port 40004 ssh2: ED25519 SHA256:x\n"
+    )
+    roles = {"10.42.1.1": "gateway", "10.43.1.1": "client"}
+    assert login_sources(log, roles) == ["gateway", "client", "10.9.9.9"]
+
+
+def test_gateway_cpu_sums_every_start_whatever_ended_it() -> None:
+    assert gateway_cpu("0.10 0.02\nCommand terminated by signal 1\n0.30 0.05\n") == pytest.approx(0.47)

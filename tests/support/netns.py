@@ -9,6 +9,11 @@ rack at all (the kernel answers "Network is unreachable"), and each gateway reac
 
     head 10.41.<g>.1 ── 10.41.<g>.2 gw<g> 10.42.<g>.1 ── 10.42.<g>.<10+i> the rack's nodes
 
+With `flat_client` (the fleet benchmark) a namespace of its own has a direct link to every rack, for the
+contenders without gateways (`flat 10.43.<g>.1 ── 10.43.<g>.2 rack`, a route to the rack's /24), and with
+`firewall` each rack's sshds admit only its gateway and that client (an iptables rule inside the rack's
+namespace): nothing forwarded from the head would get in either.
+
 Every sshd (gateways and nodes, tests/support/hosts.py) runs inside one of these namespaces; the head's
 commands run through `nsenter --net` (`TreeLab.run_head`).
 """
@@ -21,12 +26,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.hosts import REPO, HostFactory, TestHost, record_pid
+from tests.support.hosts import REPO, SSH_PORT, HostFactory, TestHost, record_pid
 
 
 class Netns:
@@ -50,18 +55,30 @@ class Netns:
     def ip(self, *words: str) -> None:
         subprocess.run([*self.prefix, "ip", *words], check=True, capture_output=True, timeout=10)
 
-    def signal_all(self, sig: signal.Signals) -> int:
-        """Send `sig` to every process in this namespace but its holder (a gateway machine failing: its
-        sshd, its sessions, ClusterShell's gateway and its ssh clients); how many were there."""
+    def iptables(self, *words: str) -> None:
+        """A firewall rule of this namespace only (its own tables; the machine's are not touched)."""
+        subprocess.run([*self.prefix, "iptables", *words], check=True, capture_output=True, timeout=10)
+
+    def pids(self) -> list[int]:
+        """Every process in this namespace but its holder."""
         inode = os.stat(f"/proc/{self.holder.pid}/ns/net").st_ino
-        count = 0
+        found = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == self.holder.pid:
                 continue
             with contextlib.suppress(OSError):
                 if os.stat(f"/proc/{entry}/ns/net").st_ino == inode:
-                    os.kill(int(entry), sig)
-                    count += 1
+                    found.append(int(entry))
+        return found
+
+    def signal_all(self, sig: signal.Signals) -> int:
+        """Send `sig` to every process in this namespace but its holder (a gateway machine failing: its
+        sshd, its sessions, ClusterShell's gateway and its ssh clients); how many were there."""
+        count = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+                count += 1
         return count
 
     def close(self) -> None:
@@ -101,7 +118,10 @@ class TreeLab:
     factory: HostFactory
     racks: int
     nodes_per_rack: int = 8
+    flat_client: bool = False  # a namespace linked to every rack directly (`flat`)
+    firewall: bool = False  # each rack's sshds admit only its gateway (and the flat client)
     head: Netns = field(init=False)
+    flat: Netns | None = field(init=False, default=None)
     gateway_ns: list[Netns] = field(init=False, default_factory=list)
     rack_ns: list[Netns] = field(init=False, default_factory=list)
     gateways: list[TestHost] = field(init=False, default_factory=list)
@@ -111,6 +131,7 @@ class TreeLab:
         self.head = Netns()
         self.gateway_ns = [Netns() for _ in range(self.racks)]
         self.rack_ns = [Netns() for _ in range(self.racks)]
+        self.flat = Netns() if self.flat_client else None
         try:
             self._build()
         except BaseException:
@@ -118,12 +139,21 @@ class TreeLab:
             raise
 
     def _build(self) -> None:
-        for ns in (self.head, *self.gateway_ns, *self.rack_ns):
+        for ns in self._namespaces():
             _wait_namespace(ns)
         for g in range(1, self.racks + 1):
             gw, rack = self.gateway_ns[g - 1], self.rack_ns[g - 1]
-            link(self.head, f"10.41.{g}.1", gw, [f"10.41.{g}.2"])
+            link(self.head, self.head_address(g), gw, [f"10.41.{g}.2"])
             link(gw, f"10.42.{g}.1", rack, [self.node_address(g, i) for i in range(self.nodes_per_rack)])
+            if self.flat is not None:
+                link(self.flat, self.flat_address(g), rack, [f"10.43.{g}.2"])
+                self.flat.ip("route", "add", f"10.42.{g}.0/24", "via", f"10.43.{g}.2")
+            if self.firewall:
+                admitted = [self.gateway_address(g)] + ([self.flat_address(g)] if self.flat else [])
+                rule = ["-p", "tcp", "--dport", str(SSH_PORT)]
+                for source in admitted:
+                    rack.iptables("-A", "INPUT", *rule, "-s", source, "-j", "ACCEPT")
+                rack.iptables("-A", "INPUT", *rule, "-j", "REJECT", "--reject-with", "tcp-reset")
         for g in range(1, self.racks + 1):
             self.gateways.append(
                 self.factory.start(f"gw{g}", netns=self.gateway_ns[g - 1].prefix, address=f"10.41.{g}.2")
@@ -145,18 +175,35 @@ class TreeLab:
         self.nodes[name] = (rack, host)
         return host
 
+    @staticmethod
+    def head_address(rack: int) -> str:
+        """The head's address on its link to gateway `rack`: where that gateway sees its connections from."""
+        return f"10.41.{rack}.1"
+
+    @staticmethod
+    def flat_address(rack: int) -> str:
+        """The flat client's address on its link to rack `rack`: where that rack sees its connections from."""
+        return f"10.43.{rack}.1"
+
+    def _namespaces(self) -> list[Netns]:
+        return [self.head, *self.gateway_ns, *self.rack_ns, *([self.flat] if self.flat else [])]
+
     def gateway_address(self, rack: int) -> str:
         """The address gateway `rack` has on its rack's link: where its nodes see its connections from."""
         return f"10.42.{rack}.1"
 
-    def write_topology(self, path: Path, head: str = "head") -> Path:
-        """ClusterShell's topology.conf: the head reaches the gateways, each gateway its rack's nodes."""
-        gateways = ",".join(h.name for h in self.gateways)
-        lines = ["[routes]", f"{head}: {gateways}"]
-        for g, gateway in enumerate(self.gateways, start=1):
-            names = [name for name, (rack, _) in self.nodes.items() if rack == g]
-            if names:
-                lines.append(f"{gateway.name}: {','.join(names)}")
+    def write_topology(self, path: Path, head: str = "head", hosts: Collection[str] | None = None) -> Path:
+        """ClusterShell's topology.conf: the head reaches the gateways, each gateway its rack's nodes (of
+        `hosts` only, where given: a gateway with none of them is left out, as a name that routes nowhere
+        would be a node)."""
+        chosen = self.nodes if hosts is None else {n: self.nodes[n] for n in hosts}
+        routes = {
+            gateway.name: [name for name, (rack, _) in chosen.items() if rack == g]
+            for g, gateway in enumerate(self.gateways, start=1)
+        }
+        used = [name for name, nodes in routes.items() if nodes or hosts is None]
+        lines = ["[routes]", f"{head}: {','.join(used)}"]
+        lines += [f"{gateway}: {','.join(nodes)}" for gateway, nodes in routes.items() if nodes]
         path.write_text("\n".join(lines) + "\n")
         return path
 
@@ -196,5 +243,5 @@ class TreeLab:
     def close(self) -> None:
         for ns in self.gateway_ns:
             ns.signal_all(signal.SIGCONT)  # a frozen gateway's processes must be able to die
-        for ns in (self.head, *self.gateway_ns, *self.rack_ns):
+        for ns in self._namespaces():
             ns.close()
