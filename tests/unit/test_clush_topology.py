@@ -75,4 +75,3 @@ def test_the_cli_checks_the_topology_before_any_host_and_wants_via_clush(
     ), err
     assert main(["plan", str(rig), "--topology", str(path)]) == 1
     assert "--topology names ClusterShell's gateways: add --via clush" in capsys.readouterr().err
-
