@@ -54,9 +54,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog="examples:\n  mgpu-provision apply rig.yaml --serial 1 --max-fail-percent 0\n"
         "  mgpu-provision apply rig.yaml --playbook env --yes\n"
         "  mgpu-provision apply rig.yaml --skip-tags reboot --limit 'rtx*'\n"
-        "  mgpu-provision apply rig.yaml --drain slurm --serial 2 --drain-timeout 7200",
+        "  mgpu-provision apply rig.yaml --drain slurm --serial 2 --drain-timeout 7200\n"
+        "  mgpu-provision apply rig.yaml --via clush --topology topology.conf --yes",
     )
     options.add_fleet_arguments(parser)
+    options.add_via_argument(parser)
     add_diff_option(parser)
     parser.add_argument(
         "--playbook",

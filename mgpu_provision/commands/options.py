@@ -87,7 +87,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_via_argument(parser: argparse.ArgumentParser) -> None:
-    """`--via clush` (facts, plan, reclaim): the hosts through ClusterShell and OpenSSH, not Fabric."""
+    """`--via clush` (facts, plan, reclaim, apply): the hosts through ClusterShell and OpenSSH, not Fabric."""
     parser.add_argument(
         "--via",
         choices=("fabric", "clush"),
@@ -118,7 +118,8 @@ class FleetRun:
 
 
 def fleet_options(args: argparse.Namespace) -> FleetOptions:
-    via: Literal["fabric", "clush"] = getattr(args, "via", "fabric")  # facts, plan and reclaim take --via
+    # facts, plan, reclaim and apply take --via
+    via: Literal["fabric", "clush"] = getattr(args, "via", "fabric")
     if via == "clush" and not nodesets.clustershell():
         raise ProvisionError(
             f"--via clush needs ClusterShell, which is not installed: {nodesets.INSTALL_HINT}"

@@ -14,13 +14,14 @@ known_hosts file is used as is. The key exchange offered first is curve25519-sha
 sntrup761x25519 (post-quantum), which costs ~150 ms of client CPU a connection here against ~15 ms.
 
 Tree mode (`--topology FILE`, ClusterShell's topology.conf): the head reaches the nodes through gateways,
-each running `python3 -m ClusterShell.Gateway` (ClusterShell's CLUSTERSHELL_GW_PYTHON_EXECUTABLE names
-another interpreter) over one OpenSSH connection from its parent; the gateways start the nodes' OpenSSH
-clients. Every hop reads the same ssh_config and known_hosts, so both are first copied, by level, to the
-same place under each gateway's home (`~/.cache/mgpu-provision/clush/<hash>/`, which ClusterShell expands on
-each side). A gateway that cannot start or dies makes the hosts behind it `unreachable` with its own words
-while the others go on; a run is bounded on the head too (a gateway that stops answering is not waited for
-past the hosts' command limit and the connect timeouts).
+each running ClusterShell's gateway on `python3` (ClusterShell's CLUSTERSHELL_GW_PYTHON_EXECUTABLE names
+another interpreter), with one fix (`_GATEWAY`: each worker's input to that worker), over one OpenSSH
+connection from its parent; the gateways start the nodes' OpenSSH clients. Every hop reads the same
+ssh_config and known_hosts, so both are first copied, by level, to the same place under each gateway's home
+(`~/.cache/mgpu-provision/clush/<hash>/`, which ClusterShell expands on each side). A gateway that cannot
+start or dies makes the hosts behind it `unreachable` with its own words while the others go on; a run is
+bounded on the head too (a gateway that stops answering is not waited for past the hosts' command limit and
+the connect timeouts).
 
 ClusterShell is an optional extra, imported only here and only under `--via clush`.
 """
@@ -42,8 +43,9 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from ..errors import AgentError, ProvisionError
+from . import options as fleet_options
 from .clush_tree import Topology, read_topology
-from .options import AgentPayload, FleetOptions
+from .options import AgentPayload, FleetOptions, Timeouts
 from .session import AGENT_MISSING, agent_command, cache_folder, parse_response, partial_name, upload_command
 from .targets import HostTarget, describe
 
@@ -134,14 +136,42 @@ class _Replies:
 Groups = Mapping[tuple[str, bytes, float], list[str]]  # (command, stdin, timeout) → the hosts sending it
 
 
+# What every gateway runs instead of ClusterShell's own entry point, to fix one thing: its GatewayChannel
+# keeps one `propagation`, the worker it started last, and hands it every worker's stdin writes and end of
+# input (1.10.1, Gateway.py `GatewayChannel.recv_ctl`), so a second worker through a gateway got the first
+# one's input (seen in the tree e2e: gpu-004 was sent gpu-003's apply request, and gpu-003 waited for its
+# own until the command limit). Here each write goes to the worker its message comes from (`srcid`), and
+# the gateways a gateway starts run the same code: `C` is this text, the command `python3 -c "C=…;exec(C)"`.
+_GATEWAY = """\
+import shlex
+import ClusterShell.Gateway as g
+from ClusterShell.Communication import ControlMessage
+recv_ctl = g.GatewayChannel.recv_ctl
+def routed(self, msg):
+    workers = self.__dict__.setdefault("mgpu_workers", {})
+    ctl = msg.type == ControlMessage.ident
+    if ctl and msg.action in ("write", "eof"):
+        self.propagation = workers.get(msg.srcid, self.propagation)
+    recv_ctl(self, msg)
+    if ctl and msg.action == "shell" and self.propagation is not None:
+        workers[msg.srcid] = self.propagation
+        self.propagation.invoke_gateway = PREFIX + " -c " + shlex.quote("C=%r;exec(C)" % C)
+g.GatewayChannel.recv_ctl = routed
+g.gateway_main()
+"""
+
+
 def invoke_gateway() -> str:
-    """The command the head (or a gateway) runs on a gateway: ClusterShell's, with `python3` unless
-    CLUSTERSHELL_GW_PYTHON_EXECUTABLE names another interpreter (ClusterShell would take the head's own
-    interpreter's name, a virtualenv's `python` that a gateway may not have)."""
+    """The command the head (and each gateway) runs on a gateway: ClusterShell's gateway with its stdin
+    writes routed per worker (`_GATEWAY`), on `python3` unless CLUSTERSHELL_GW_PYTHON_EXECUTABLE names
+    another interpreter (ClusterShell would take the head's own interpreter's name, a virtualenv's `python`
+    that a gateway may not have)."""
     passed = ("PYTHONPATH", *(f"CLUSTERSHELL_GW_{n}" for n in ("LOG_DIR", "LOG_LEVEL", "B64_LINE_LENGTH")))
     words = [f"{name}={shlex.quote(value)}" for name in passed if (value := os.environ.get(name))]
     python = os.environ.get("CLUSTERSHELL_GW_PYTHON_EXECUTABLE", GATEWAY_PYTHON)
-    return " ".join([*words, shlex.quote(python), "-m", "ClusterShell.Gateway", "-Bu"])
+    prefix = " ".join([*words, shlex.quote(python)])
+    code = f"PREFIX = {prefix!r}\n{_GATEWAY}"
+    return f"{prefix} -c {shlex.quote(f'C={code!r};exec(C)')}"
 
 
 def _tree_worker() -> Any:
@@ -291,7 +321,7 @@ def call_many_clush(
     requests: Mapping[str, dict[str, Any]],
     options: FleetOptions,
     agent: AgentPayload,
-    timeout: float | None = None,
+    timeout: Timeouts = None,
 ) -> dict[str, Outcome]:
     """Each target's `verb` result (or its error) through ClusterShell; outcomes in target order."""
     started = time.monotonic()
@@ -302,7 +332,8 @@ def call_many_clush(
     outcomes: dict[str, Outcome] = {}
 
     def limit_of(t: HostTarget) -> float:
-        return timeout if timeout is not None else t.command_timeout_s
+        limit = fleet_options.limit_of(timeout, t.name)
+        return limit if limit is not None else t.command_timeout_s
 
     def command_of(t: HostTarget) -> str:
         sudo = t.become and (t.user or getpass.getuser()) != "root"

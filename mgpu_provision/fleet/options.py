@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import io
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -164,3 +164,12 @@ class FleetOptions:
     shared_ssh: SharedSsh | None = field(default=None, repr=False, compare=False)
     # Told each host's name as its job ends (from the worker thread): the commands' "still waiting for".
     on_host_done: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+
+
+# A command's limit: one for every host, one per host (`{name: seconds}`), or None: each host's own
+# command_timeout_s (the batch seam's `timeout`).
+Timeouts = float | Mapping[str, float | None] | None
+
+
+def limit_of(timeout: Timeouts, name: str) -> float | None:
+    return timeout.get(name) if isinstance(timeout, Mapping) else timeout

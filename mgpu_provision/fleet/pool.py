@@ -16,7 +16,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from ..errors import ConnectionFailed, ProvisionError
 from . import session
-from .options import MAX_FORKS, AgentPayload, FleetOptions
+from .options import MAX_FORKS, AgentPayload, FleetOptions, Timeouts, limit_of
 from .session import AgentSession
 from .targets import HostTarget
 
@@ -43,13 +43,21 @@ def _default_agent() -> AgentPayload:
     return bundle
 
 
+def fate(exc: Exception) -> tuple[Literal["failed", "unreachable"], str]:
+    """A host's status and words after `exc` ended its work: unreachable when the connection failed; a
+    bug or an unforeseen library error is named by its type."""
+    if isinstance(exc, ConnectionFailed):
+        return "unreachable", str(exc)
+    return "failed", str(exc) if isinstance(exc, ProvisionError) else f"{type(exc).__name__}: {exc}"
+
+
 def _run_one(
     target: HostTarget, fn: Callable[[AgentSession], T], options: FleetOptions, agent: AgentPayload
 ) -> HostOutcome[T]:
     started = time.monotonic()
 
     def outcome(
-        status: Literal["ok", "failed", "unreachable"], value: T | None, error: str | None
+        status: Literal["ok", "failed", "unreachable"], error: str | None, value: T | None = None
     ) -> HostOutcome[T]:
         if options.on_host_done is not None:
             options.on_host_done(target.name)
@@ -59,16 +67,12 @@ def _run_one(
     try:
         opened = session.open_session(target, options, agent)
     except ConnectionFailed as exc:
-        return outcome("unreachable", None, str(exc))
+        return outcome("unreachable", str(exc))
     log.info("%s: connected and logged in after %.2fs", target.name, time.monotonic() - started)
     try:
-        return outcome("ok", fn(opened), None)
-    except ConnectionFailed as exc:
-        return outcome("unreachable", None, str(exc))
-    except ProvisionError as exc:
-        return outcome("failed", None, str(exc))
+        return outcome("ok", None, fn(opened))
     except Exception as exc:  # a bug or an unforeseen library error must still not hide the other hosts
-        return outcome("failed", None, f"{type(exc).__name__}: {exc}")
+        return outcome(*fate(exc))
     finally:
         opened.close()
         log.info("%s: done after %.2fs", target.name, time.monotonic() - started)
@@ -101,15 +105,16 @@ def call_many(
     verb: str,
     requests: dict[str, dict[str, Any]],
     options: FleetOptions,
-    timeout: float | None = None,
+    timeout: Timeouts = None,
 ) -> dict[str, HostOutcome[dict[str, Any]]]:
     """The batch seam: `verb` with each host's own arguments (`requests[name]`), every host's result or
-    error, in target order. `options.via` picks the engine: today's pool (one Fabric session a host), or
-    ClusterShell (fleet/clush.py), which takes the SSH hosts; local hosts and injected sessions stay on
-    the pool."""
+    error, in target order; `timeout` bounds every host's command, or each its own (`{name: seconds}`;
+    None: the host's command_timeout_s). `options.via` picks the engine: today's pool (one Fabric session
+    a host), or ClusterShell (fleet/clush.py), which takes the SSH hosts; local hosts and injected
+    sessions stay on the pool."""
 
     def one(opened: AgentSession) -> dict[str, Any]:
-        return opened.call(verb, requests[opened.target.name], timeout)
+        return opened.call(verb, requests[opened.target.name], limit_of(timeout, opened.target.name))
 
     if options.via != "clush" or options.sessions is not None:
         return run_fleet(targets, one, options)

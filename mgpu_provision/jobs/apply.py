@@ -6,34 +6,35 @@ the playbook allow it); on the machine running this tool (fleet/here.py) neither
 is sent without --allow-control-machine. Then facts are read again and whatever
 the plan still shows is reported. Across hosts (`rollout`), batches from `--serial` run one after another and
 `--max-fail-percent` stops the later ones. `fleet_plan` is the plan shown for confirmation before anything
-runs, and the one the rollout carries out.
+runs, and the one the rollout carries out. Each host's work is written once as steps (jobs/steps.py): one
+session a host, or under `--via clush` the batch's hosts in lockstep through the batch seam.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from .. import protocol
 from ..errors import ConnectionFailed, ProvisionError
 from ..facts import Facts
 from ..fleet.here import Here, address_is_here, control_machine
 from ..fleet.options import FleetOptions
-from ..fleet.pool import HostOutcome, run_fleet
+from ..fleet.pool import HostOutcome
 from ..fleet.replies import ApplyReply, RebootReply
-from ..fleet.session import AgentSession, Reply, open_session, read_facts, read_reply
+from ..fleet.session import AgentSession
 from ..fleet.targets import HostTarget
 from ..plan.change import Change
 from ..plan.files import node_path
 from ..plan.host import facts_request, plan_host
 from ..plan.resources.slurm import APPLY_DRAIN, APPLY_REASON
-from .drain import Drained, DrainSettings, drain_host, not_drained_words, resume_host
+from .drain import Drained, DrainSettings, drain_steps, not_drained_words, resume_steps
 from .plan import FleetPlan, HostPlan, held_names, held_on_control_machine, plan_fleet
 from .playbooks import carried_out, in_step_order
 from .rollout import Serial, batches, too_many_failed
+from .steps import Reconnect, ReopenableSession, Steps, Wait, on_session, per_host, read
 
 if TYPE_CHECKING:
     from ..rig import LoadedRig
@@ -179,59 +180,24 @@ def unconfirmed(changes: list[Change], confirmed: list[Change]) -> list[Change]:
     return [c for c in changes if (c.resource, c.action, c.desired) not in seen]
 
 
-class ReopenableSession:
-    """The agent session of one host, reopened when a reboot drops it."""
-
-    def __init__(self, session: AgentSession, options: FleetOptions) -> None:
-        self.session = session
-        self.options = options
-        self._opened: AgentSession | None = None  # a session this object opened and must close
-
-    @property
-    def target(self) -> HostTarget:
-        return self.session.target
-
-    def read(self, verb: str, args: dict[str, Any], model: type[Reply], timeout: float | None) -> Reply:
-        return read_reply(self.session, verb, args, model, timeout)
-
-    def facts(self, request: dict[str, Any], timeout: float | None = None) -> Facts:
-        return read_facts(self.session, request, timeout)
-
-    def reconnect(self) -> None:
-        fresh = open_session(self.target, self.options, self.session.agent)
-        self.close()
-        self.session = self._opened = fresh
-
-    def close(self) -> None:
-        if self._opened is not None:
-            self._opened.close()
-            self._opened = None
-
-    def __enter__(self) -> ReopenableSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def _planned(loaded: LoadedRig, host: Host, facts: Facts, steps: tuple[str, ...]) -> list[Change]:
     return in_step_order(plan_host(loaded, host, facts), steps)
 
 
 def _run_steps(
-    node: ReopenableSession, changes: list[Change], lock: str, settings: ApplySettings, simulated: bool
-) -> tuple[list[str], str | None]:
+    target: HostTarget, changes: list[Change], lock: str, settings: ApplySettings, simulated: bool
+) -> Steps[tuple[list[str], str | None]]:
     """One agent `apply` call for every non-reboot step: what changed, and the failed step's error if any."""
     steps = [c.agent_step for c in changes if c.agent_step is not None and c.phase != "reboot"]
     if not steps:
         return [], None
     # The agent may wait lock_wait_s for another apply's lock before its own steps run, and a driver
     # install (a DKMS build) outlasts any ordinary command: cutting it off would leave apt running unseen.
-    timeout = node.target.command_timeout_s + settings.lock_wait_s
+    timeout = target.command_timeout_s + settings.lock_wait_s
     if any(step["kind"] == protocol.DRIVER for step in steps):
         timeout += DRIVER_INSTALL_BOUND_S
     request = protocol.apply_request(lock, settings.lock_wait_s, steps, simulated)
-    results = node.read("apply", request, ApplyReply, timeout).results
+    results = (yield from read(target, "apply", request, ApplyReply, timeout)).results
     done = [f"{r.kind}: {r.message}" for r in results if r.changed]
     failed = next((r for r in results if r.error), None)
     if failed is None:
@@ -242,28 +208,106 @@ def _run_steps(
     return done, f"step {failed.index + 1} ({what}) failed: {failed.error}"
 
 
-def reboot_and_wait(
-    node: ReopenableSession, lock: str, settings: ApplySettings, progress: Progress, simulated: bool
-) -> None:
+def reboot_steps(
+    target: HostTarget, lock: str, settings: ApplySettings, progress: Progress, simulated: bool
+) -> Steps[None]:
     """Reboot the host through its agent and wait until it answers with a new boot id (apply and recover)."""
-    name = node.target.name
+    name = target.name
     # Under the host lock: a reboot must not land in the middle of another apply's steps.
-    timeout = node.target.command_timeout_s + settings.lock_wait_s
+    timeout = target.command_timeout_s + settings.lock_wait_s
     request = protocol.reboot_request(lock, settings.lock_wait_s, simulated)
-    old = node.read("reboot", request, RebootReply, timeout).boot_id
+    old = (yield from read(target, "reboot", request, RebootReply, timeout)).boot_id
     progress(f"{name}: rebooting, waiting up to {settings.reboot_timeout_s:g}s for it to come back")
     started = time.monotonic()
     while time.monotonic() - started < settings.reboot_timeout_s:
         try:
-            if node.facts(protocol.facts_request(), _BOOT_PROBE_TIMEOUT_S).host.boot_id != old:
+            probe = protocol.facts_request()
+            facts = yield from read(target, "facts", probe, Facts, _BOOT_PROBE_TIMEOUT_S, "facts")
+            if facts.host.boot_id != old:
                 progress(f"{name}: back after {time.monotonic() - started:.0f}s")
                 return
         except ProvisionError:  # down, or up without sshd yet: open a new connection next time
-            with contextlib.suppress(ProvisionError):
-                node.reconnect()
+            yield Reconnect()
         progress(f"{name}: still rebooting ({time.monotonic() - started:.0f}s)")
-        time.sleep(settings.poll_interval_s)
+        yield Wait(settings.poll_interval_s)
     raise RebootTimeout(f"{name} did not come back with a new boot id within {settings.reboot_timeout_s:g}s")
+
+
+def reboot_and_wait(
+    node: ReopenableSession, lock: str, settings: ApplySettings, progress: Progress, simulated: bool
+) -> None:
+    """`reboot_steps` on one host's session (recover's reboot)."""
+    on_session(node, reboot_steps(node.target, lock, settings, progress, simulated))
+
+
+def converge_steps(
+    target: HostTarget,
+    loaded: LoadedRig,
+    host: Host,
+    settings: ApplySettings,
+    confirmed: list[Change],
+    progress: Progress,
+) -> Steps[HostRecap]:
+    """Facts, plan, apply, (reboot), facts again: the recap says what was done and what is left."""
+    started = time.monotonic()
+    request = facts_request(loaded, host)
+    lock = node_path(loaded, host, f"{loaded.spec.files.state_dir.rstrip('/')}/{LOCK_FILE}")
+    done: list[str] = []
+    notes: list[str] = []
+    rebooted = False
+    changes: list[Change] = []
+
+    def end(error: str | None = None, unreachable: bool = False) -> HostRecap:
+        elapsed = time.monotonic() - started
+        return finish(
+            host.name,
+            changes,
+            done,
+            rebooted=rebooted,
+            error=error,
+            notes=notes,
+            elapsed_s=elapsed,
+            unreachable=unreachable,
+        )
+
+    def planned() -> Steps[tuple[Facts, list[Change]]]:
+        facts = yield from read(target, "facts", request, Facts, what="facts")
+        return facts, _planned(loaded, host, facts, settings.steps)
+
+    try:
+        facts, changes = yield from planned()
+        surprise = unconfirmed([c for c in changes if carried_out(c, settings.steps)], confirmed)
+        if surprise:
+            raise PlanChanged(
+                f"the box changed since the plan was confirmed ({surprise[0].summary}); run apply again"
+            )
+        mine = control_machine(target, facts, Here.read(), address_is_here)
+        for _ in range(2):  # a second round only after a reboot, for what the new driver allows
+            todo = [c for c in changes if carried_out(c, settings.steps)]
+            if rebooted:  # never reboot twice: a reboot still wanted afterwards is reported instead
+                todo = [c for c in todo if c.resource != "reboot"]
+            held = held_on_control_machine(todo) if mine and not settings.allow_control_machine else []
+            if held:
+                notes.append(f"not done ({held_names(held)}): {mine}; --allow-control-machine allows it")
+                todo = [c for c in todo if c not in held]
+            if not todo:
+                break
+            applied, error = yield from _run_steps(target, todo, lock, settings, facts.host.simulated)
+            done += applied
+            if error is not None:
+                _, changes = yield from planned()
+                return end(error)
+            if any(c.agent_step is not None and c.phase == "reboot" for c in todo):
+                yield from reboot_steps(target, lock, settings, progress, facts.host.simulated)
+                rebooted = True
+            facts, changes = yield from planned()
+            if not rebooted:
+                break
+    except ConnectionFailed as exc:
+        return end(str(exc), unreachable=True)
+    except ProvisionError as exc:
+        return end(str(exc))
+    return end()
 
 
 def converge_host(
@@ -275,75 +319,19 @@ def converge_host(
     confirmed: list[Change],
     progress: Progress,
 ) -> HostRecap:
-    """Facts, plan, apply, (reboot), facts again: the recap says what was done and what is left."""
+    """`converge_steps` on one host's session."""
     with ReopenableSession(session, options) as node:
-        started = time.monotonic()
-        request = facts_request(loaded, host)
-        lock = node_path(loaded, host, f"{loaded.spec.files.state_dir.rstrip('/')}/{LOCK_FILE}")
-        done: list[str] = []
-        notes: list[str] = []
-        rebooted = False
-        changes: list[Change] = []
-
-        def end(error: str | None = None, unreachable: bool = False) -> HostRecap:
-            elapsed = time.monotonic() - started
-            return finish(
-                host.name,
-                changes,
-                done,
-                rebooted=rebooted,
-                error=error,
-                notes=notes,
-                elapsed_s=elapsed,
-                unreachable=unreachable,
-            )
-
-        try:
-            facts = node.facts(request)
-            changes = _planned(loaded, host, facts, settings.steps)
-            surprise = unconfirmed([c for c in changes if carried_out(c, settings.steps)], confirmed)
-            if surprise:
-                raise PlanChanged(
-                    f"the box changed since the plan was confirmed ({surprise[0].summary}); run apply again"
-                )
-            mine = control_machine(node.target, facts, Here.read(), address_is_here)
-            for _ in range(2):  # a second round only after a reboot, for what the new driver allows
-                todo = [c for c in changes if carried_out(c, settings.steps)]
-                if rebooted:  # never reboot twice: a reboot still wanted afterwards is reported instead
-                    todo = [c for c in todo if c.resource != "reboot"]
-                held = held_on_control_machine(todo) if mine and not settings.allow_control_machine else []
-                if held:
-                    notes.append(f"not done ({held_names(held)}): {mine}; --allow-control-machine allows it")
-                    todo = [c for c in todo if c not in held]
-                if not todo:
-                    break
-                applied, error = _run_steps(node, todo, lock, settings, facts.host.simulated)
-                done += applied
-                if error is not None:
-                    changes = _planned(loaded, host, node.facts(request), settings.steps)
-                    return end(error)
-                if any(c.agent_step is not None and c.phase == "reboot" for c in todo):
-                    reboot_and_wait(node, lock, settings, progress, facts.host.simulated)
-                    rebooted = True
-                facts = node.facts(request)
-                changes = _planned(loaded, host, facts, settings.steps)
-                if not rebooted:
-                    break
-        except ConnectionFailed as exc:
-            return end(str(exc), unreachable=True)
-        except ProvisionError as exc:
-            return end(str(exc))
-        return end()
+        return on_session(node, converge_steps(node.target, loaded, host, settings, confirmed, progress))
 
 
-def release_host(
-    session: AgentSession,
+def release_steps(
+    target: HostTarget,
     loaded: LoadedRig,
     host: Host,
     settings: ApplySettings,
     recap: HostRecap,
     drained: Drained,
-) -> HostRecap:
+) -> Steps[HostRecap]:
     """After a drained host's change and check: resume it in Slurm when it converged and the drain is this
     rollout's, then read it again for the recap; otherwise it stays drained, and the recap says why."""
     ready = without_check(recap, APPLY_DRAIN)
@@ -357,8 +345,9 @@ def release_host(
     if not drained.ours:
         ready.notes.append(f"left drained in Slurm: the drain is not this rollout's ({drained.reason})")
         return ready
-    resume_host(session)
-    changes = _planned(loaded, host, read_facts(session, facts_request(loaded, host)), settings.steps)
+    yield from resume_steps(target)
+    facts = yield from read(target, "facts", facts_request(loaded, host), Facts, what="facts")
+    changes = _planned(loaded, host, facts, settings.steps)
     notes = [*recap.notes, f"resumed in Slurm ({drained.node}) after {drained.waited_s:.0f}s drained"]
     return finish(
         host.name, changes, recap.done, rebooted=recap.rebooted, notes=notes, elapsed_s=recap.elapsed_s
@@ -495,20 +484,14 @@ def _converge_batch(
     options: FleetOptions,
     progress: Progress,
 ) -> dict[str, HostRecap]:
-    """Each host of the batch converged in its own session, with the steps the confirmed plan gave it."""
-    outcomes = run_fleet(
-        busy,
-        lambda s: converge_host(
-            s,
-            options,
-            loaded,
-            loaded.host(s.target.name),
-            settings,
-            to_carry_out(planned[s.target.name], settings.steps),
-            progress,
-        ),
-        options,
-    )
+    """Each host of the batch converged with the steps the confirmed plan gave it: in its own session, or
+    under `--via clush` all in lockstep (jobs/steps.py)."""
+
+    def converge(target: HostTarget) -> Steps[HostRecap]:
+        confirmed = to_carry_out(planned[target.name], settings.steps)
+        return converge_steps(target, loaded, loaded.host(target.name), settings, confirmed, progress)
+
+    outcomes = per_host(busy, options, converge)
     return {name: _recap_of_outcome(name, o) for name, o in outcomes.items()}
 
 
@@ -523,11 +506,11 @@ def _release_batch(
     """The batch's own drains lifted (each host's recap says so); a host that could not be resumed keeps
     its recap with a note saying why."""
 
-    def release(s: AgentSession) -> HostRecap:
-        name = s.target.name
-        return release_host(s, loaded, loaded.host(name), settings, recaps[name], held[name])
+    def release(target: HostTarget) -> Steps[HostRecap]:
+        name = target.name
+        return release_steps(target, loaded, loaded.host(name), settings, recaps[name], held[name])
 
-    released = run_fleet(busy, release, options)
+    released = per_host(busy, options, release)
     recaps.update((name, o.value) for name, o in released.items() if o.value is not None)
     for name, o in released.items():
         if o.value is None:
@@ -539,12 +522,12 @@ def _drain_batch(
 ) -> tuple[str | None, dict[str, Drained]]:
     """Drain every host of the batch and wait: (None, the drains) when all are DRAINED in time; otherwise
     why not, with the drains this rollout set lifted again (a skipped batch goes back to work)."""
-    outcomes = run_fleet(busy, lambda s: drain_host(s, drain, progress), options)
+    outcomes = per_host(busy, options, lambda t: drain_steps(t, drain, progress))
     held = {name: o.value for name, o in outcomes.items() if o.value is not None}
     failed = [f"{name}: {o.error}" for name, o in outcomes.items() if o.value is None]
     stuck = [d for d in held.values() if not d.ready]
     if not failed and not stuck:
         return None, held
     ours = [t for t in busy if t.name in held and held[t.name].ours]
-    run_fleet(ours, resume_host, options)
+    per_host(ours, options, resume_steps)
     return "; ".join([*failed, not_drained_words(stuck, drain.timeout_s)] if stuck else failed), held

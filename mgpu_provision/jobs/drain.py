@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..fleet.replies import SlurmNodeReply
-from ..fleet.session import AgentSession, read_reply
+from ..fleet.session import AgentSession
+from ..fleet.targets import HostTarget
 from ..plan.resources.slurm import APPLY_REASON
+from .steps import Steps, Wait, on_session, read
 
 DRAIN_KINDS = ("slurm",)  # what --drain accepts: the scheduler whose nodes are drained
 # Slurm's node state flags under which a drained node still runs (or is cleaning up after) a job.
@@ -59,31 +61,29 @@ def not_drained_words(stuck: list[Drained], timeout_s: float) -> str:
     return "; ".join(f"{d.node} still {d.state} after {timeout_s:g}s (its jobs are running)" for d in stuck)
 
 
-def _ask(session: AgentSession, action: str, reason: str) -> SlurmNodeReply:
+def _ask(target: HostTarget, action: str, reason: str) -> Steps[SlurmNodeReply]:
     args = {"action": action, "reason": reason}
-    reply = read_reply(session, "slurm-node", args, SlurmNodeReply, session.target.command_timeout_s)
-    assert isinstance(reply, SlurmNodeReply)
+    reply = yield from read(target, "slurm-node", args, SlurmNodeReply, target.command_timeout_s)
     return reply
 
 
-def drain_host(
-    session: AgentSession,
+def drain_steps(
+    target: HostTarget,
     settings: DrainSettings,
     progress: Callable[[str], None],
     reason: str = APPLY_REASON,
-) -> Drained:
+) -> Steps[Drained]:
     """Drain the node (unless someone drained it already) and wait until it is DRAINED or the time is up.
     `reason` is the run's own (recover drains with its own), so only that run lifts it."""
     started = time.monotonic()
-    reply = _ask(session, "drain", reason)
-    name = session.target.name
+    reply = yield from _ask(target, "drain", reason)
     if reply.changed:
-        progress(f"{name}: drained in Slurm as {reply.node} ({reason}), waiting for its jobs to end")
+        progress(f"{target.name}: drained in Slurm as {reply.node} ({reason}), waiting for its jobs to end")
     while not is_drained(reply.line) and time.monotonic() - started < settings.timeout_s:
-        time.sleep(settings.poll_s)
-        reply = _ask(session, "show", reason)
+        yield Wait(settings.poll_s)
+        reply = yield from _ask(target, "show", reason)
     return Drained(
-        name,
+        target.name,
         reply.node,
         is_ours(reply.line, reason),
         is_drained(reply.line),
@@ -93,6 +93,20 @@ def drain_host(
     )
 
 
-def resume_host(session: AgentSession, reason: str = APPLY_REASON) -> SlurmNodeReply:
+def drain_host(
+    session: AgentSession,
+    settings: DrainSettings,
+    progress: Callable[[str], None],
+    reason: str = APPLY_REASON,
+) -> Drained:
+    """`drain_steps` on one session (recover's drain)."""
+    return on_session(session, drain_steps(session.target, settings, progress, reason))
+
+
+def resume_steps(target: HostTarget, reason: str = APPLY_REASON) -> Steps[SlurmNodeReply]:
     """Lift the drain if its reason is this rollout's (the node checks the reason itself)."""
-    return _ask(session, "resume", reason)
+    return (yield from _ask(target, "resume", reason))
+
+
+def resume_host(session: AgentSession, reason: str = APPLY_REASON) -> SlurmNodeReply:
+    return on_session(session, resume_steps(session.target, reason))

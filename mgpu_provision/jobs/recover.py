@@ -30,8 +30,9 @@ from ..plan import expectation
 from ..plan.files import node_path
 from ..plan.host import facts_request
 from ..rig.rig import LoadedRig
-from .apply import LOCK_FILE, ApplySettings, ReopenableSession, reboot_and_wait
+from .apply import LOCK_FILE, ApplySettings, reboot_and_wait
 from .drain import DrainSettings, drain_host, resume_host
+from .steps import ReopenableSession
 
 if TYPE_CHECKING:
     from ..rig.models import Host

@@ -8,6 +8,7 @@ while the others answer.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from mgpu_provision.cli import main
+from tests.support.factories import pair_rig_file, rtx3090_twin
 from tests.support.hosts import HostFactory, load_twin
 
 pytest.importorskip("ClusterShell", reason="the clush extra is not installed")
@@ -125,3 +127,54 @@ def test_refused_key_and_silent_sshd_each_fail_alone(
     assert "Host key verification failed" in hosts["gpu-002"]["error"], hosts["gpu-002"]
     assert hosts["gpu-003"]["status"] == "unreachable"
     assert "timed out" in hosts["gpu-003"]["error"], hosts["gpu-003"]
+
+
+def recap_of(doc: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """An apply --json document with its hosts renamed by `names`, without the times and the written
+    files' hashes (each fleet's env files name its own DDP master)."""
+    hosts = {
+        names[name]: {
+            **{key: value for key, value in entry.items() if key != "elapsed_s"},
+            "done": [re.sub(r" \(sha256 [0-9a-f]+…\)", "", line) for line in entry["done"]],
+        }
+        for name, entry in doc["hosts"].items()
+    }
+    return {**doc, "hosts": hosts}
+
+
+def test_apply_via_clush_converges_as_the_fabric_apply_does(
+    test_hosts: HostFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two twin fleets, each a box on an old driver (install, reboot) and one with persistence off: apply
+    through ClusterShell converges its fleet with the recap the Fabric path gives the other, word for word
+    (but the times), and a second apply through it finds nothing to do."""
+    fleets = {}
+    for via in ("clush", "fabric"):
+        hosts = [
+            test_hosts.start(f"{via}-1", rtx3090_twin("535.161.08", (True, True)), rig="pair"),
+            test_hosts.start(f"{via}-2", rtx3090_twin(persistence=(True, False)), rig="pair"),
+        ]
+        fleets[via] = (hosts, pair_rig_file(test_hosts, tmp_path / f"{via}.yaml", hosts))
+    known = str(test_hosts.known_hosts)
+
+    def apply(via: str, *more: str) -> tuple[int, dict[str, Any]]:
+        rig = str(fleets[via][1])
+        return cli_json(capsys, "apply", rig, "--known-hosts", known, "--json", "--yes", "--via", via, *more)
+
+    code, clush = apply("clush")
+    assert code == 0, clush
+    code, fabric = apply("fabric")
+    assert code == 0, fabric
+    same = recap_of(fabric, {"fabric-1": "clush-1", "fabric-2": "clush-2"})
+    assert recap_of(clush, {"clush-1": "clush-1", "clush-2": "clush-2"}) == same
+    assert clush["hosts"]["clush-1"]["rebooted"] and not clush["hosts"]["clush-2"]["rebooted"]
+    assert {n: h["status"] for n, h in clush["hosts"].items()} == {"clush-1": "changed", "clush-2": "changed"}
+
+    hosts = fleets["clush"][0]
+    before = {h.name: h.log().count("Accepted publickey") for h in hosts}
+    code, again = apply("clush")
+    assert code == 0 and {h["status"] for h in again["hosts"].values()} == {"ok"}, again
+    # Nothing to do: the plan's facts, one login a host.
+    assert {h.name: h.log().count("Accepted publickey") - before[h.name] for h in hosts} == dict.fromkeys(
+        before, 1
+    )

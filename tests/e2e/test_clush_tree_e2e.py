@@ -1,11 +1,11 @@
 """`--via clush --topology`: ClusterShell's tree, head → 2 gateways → nodes, on real sshd hosts in network
 namespaces where the head has no route to any node (tests/support/netns.py).
 
-The head must make only the gateways' connections, for plan, facts and reclaim (each node's sshd log names
-its gateway's address and nothing else), the agent must reach the nodes through the gateways on first
-contact (exit 97), and a gateway that fails — no ClusterShell for its Python, killed mid-run, frozen —
-makes only its own hosts `unreachable` with the reason, within a bounded time, while the other rack
-answers.
+The head must make only the gateways' connections, for plan, facts, reclaim and apply (each node's sshd
+log names its gateway's address and nothing else), the agent must reach the nodes through the gateways on
+first contact (exit 97), and a gateway that fails — no ClusterShell for its Python, killed mid-run,
+frozen — makes only its own hosts `unreachable` with the reason, within a bounded time, while the other
+rack answers.
 """
 
 from __future__ import annotations
@@ -117,6 +117,21 @@ def test_plan_through_two_gateways_the_head_only_reaches_them(lab: TreeLab, tmp_
     )
     for name, (rack, node) in lab.nodes.items():
         assert logins_from(node.log())[len(before[name]) :] == [lab.gateway_address(rack)], name
+
+    # apply through the tree: every node converged over its own gateway, four logins each (the plan's
+    # facts, then facts, `apply` and facts again in lockstep); gpu-003's driver installed, its reboot left
+    # to the person (the rig's `reboot: never`).
+    before = {name: logins_from(node.log()) for name, (_, node) in lab.nodes.items()}
+    code, applied = run(lab, tmp_path, "apply", [*argv, "--yes"])
+    assert code == 2, applied
+    assert {n: (e["status"], e["reboot_required"]) for n, e in applied["hosts"].items()} == {
+        "gpu-001": ("changed", False), "gpu-002": ("changed", False), "gpu-003": ("changed", True),
+        "gpu-004": ("changed", False),
+    }, applied  # fmt: skip
+    done = applied["hosts"]["gpu-003"]["done"]
+    assert any(line.startswith("driver: installed driver 550.54.15") for line in done), done
+    for name, (rack, node) in lab.nodes.items():
+        assert logins_from(node.log())[len(before[name]) :] == [lab.gateway_address(rack)] * 4, name
 
     # A gateway whose Python has no ClusterShell: one plain line per host, naming the gateway.
     code, facts = run(lab, tmp_path, "facts", argv, CLUSTERSHELL_GW_PYTHON_EXECUTABLE="/usr/bin/python3")

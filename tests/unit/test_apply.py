@@ -5,6 +5,7 @@ rule, idempotence, playbooks, batches and the recap."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -16,13 +17,15 @@ import pytest
 from rich.console import Console
 
 from mgpu_provision import cli
+from mgpu_provision.commands import options as command_options
 from mgpu_provision.errors import AgentError, ConnectionFailed
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet import pool
 from mgpu_provision.fleet import session as fleet
 from mgpu_provision.fleet.here import Here, control_machine
+from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.targets import HostTarget, targets_for
-from mgpu_provision.jobs import apply
+from mgpu_provision.jobs import apply, steps
 from mgpu_provision.jobs.apply import (
     ApplySettings,
     HostRecap,
@@ -31,10 +34,11 @@ from mgpu_provision.jobs.apply import (
     rollout,
     unconfirmed,
 )
+from mgpu_provision.jobs.drain import DrainSettings
 from mgpu_provision.jobs.playbooks import STEPS
 from mgpu_provision.jobs.rollout import Serial
 from mgpu_provision.plan.change import Change
-from mgpu_provision.rig import LoadedRig, load_rig
+from mgpu_provision.rig import LoadedRig, load_rig, nodesets
 from tests.support import factories
 
 RIG = """\
@@ -198,12 +202,16 @@ def run(
     steps: tuple[str, ...] = ALL,
     serial: Serial | None = None,
     max_fail: float | None = None,
+    progress: apply.Progress = lambda _: None,
     **settings: Any,
 ) -> apply.ApplyResult:
     targets = targets_for(loaded, loaded.spec.hosts)
     plan = fleet_plan(loaded, targets, steps, boxes.options)
     config = ApplySettings(steps, poll_interval_s=0.0, **settings)
-    return rollout(loaded, targets, plan, config, boxes.options, serial=serial, max_fail_percent=max_fail)
+    return rollout(
+        loaded, targets, plan, config, boxes.options, serial=serial, max_fail_percent=max_fail,
+        progress=progress,
+    )  # fmt: skip
 
 
 def drifted() -> Box:
@@ -269,12 +277,7 @@ def test_the_wait_for_a_reboot_reconnects(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box()})
     boxes["gpu-a"].down_after_reboot = 3
     progress: list[str] = []
-    loaded = load(tmp_path)
-    targets = targets_for(loaded, loaded.spec.hosts)
-    plan = fleet_plan(loaded, targets, ALL, boxes.options)
-    settings = ApplySettings(ALL, poll_interval_s=0.0)
-    recaps = rollout(loaded, targets, plan, settings, boxes.options, progress=progress.append)
-    recap = by_host(recaps)["gpu-a"]
+    recap = by_host(run(boxes, load(tmp_path), progress=progress.append))["gpu-a"]
     assert (recap.status, recap.rebooted) == ("changed", True), recap
     assert "gpu-a: rebooting, waiting up to 900s for it to come back" in progress
     assert progress[-1].startswith("gpu-a: back after")
@@ -579,10 +582,13 @@ def test_a_rollout_that_reboots_goes_one_host_at_a_time_by_default(
     assert "batch 1: applying on gpu-a, gpu-b" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("via", ["fabric", "clush"])
 def test_an_interrupted_apply_says_what_finished_what_was_under_way_and_what_was_not_started(
-    tmp_path: Path, boxes: Boxes
+    tmp_path: Path, via: str
 ) -> None:
-    """Issue 40 item 8: Ctrl-C said only `interrupted`; say it as --max-fail-percent does."""
+    """Issue 40 item 8: Ctrl-C said only `interrupted`; say it as --max-fail-percent does (and the same
+    under --via clush, where the batch is under way in lockstep)."""
+    boxes = Boxes() if via == "fabric" else Lockstep()
     boxes.update(
         {"gpu-a": Box(persistence=False), "gpu-b": Box(persistence=False), "gpu-c": Box(persistence=False)}
     )
@@ -624,3 +630,236 @@ def test_a_long_error_is_cut_in_its_recap_cell_and_printed_whole_below(
     rows = [line for line in lines if "│" in line]
     assert all(len(row.rstrip()) < 130 for row in rows), rows
     assert f"gpu-a: step 4 (persistence) failed: {long}".rstrip() in [line.rstrip() for line in lines]
+
+
+# ------------------------------------------------------------------------------------------- --via clush
+
+
+class Lockstep(Boxes):
+    """The boxes under `--via clush`: an injected session keeps the batch seam on the pool, so each agent
+    call is a session of its own, as each is an OpenSSH connection under ClusterShell. A rebooting box
+    refuses that many connections (the Fabric path's old session dies with the reboot instead)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.options = factories.fake_fleet(self.node, via="clush")
+        self.rounds: list[tuple[str, list[str], list[str], list[float | None]]] = []
+
+    def node(self, target: HostTarget) -> factories.Answer:
+        box = self[target.name]
+        if box.unreachable and box.down_after_reboot > 0:
+            box.down_after_reboot -= 1
+            box.unreachable = box.down_after_reboot > 0
+            raise ConnectionFailed(f"cannot connect to {target.name}: timed out")
+        return super().node(target)
+
+    def spy(self, monkeypatch: pytest.MonkeyPatch) -> Lockstep:
+        """Record every call of the batch seam apply makes: (verb, hosts, each request, each timeout)."""
+        real = steps.call_many
+
+        def spy(
+            chosen: list[HostTarget],
+            verb: str,
+            requests: dict[str, dict[str, Any]],
+            options: FleetOptions,
+            timeout: Any = None,
+        ) -> dict[str, pool.HostOutcome[dict[str, Any]]]:
+            names = [t.name for t in chosen]
+            wire = [json.dumps(requests[n], sort_keys=True) for n in names]
+            self.rounds.append((verb, names, wire, [timeout[n] for n in names]))
+            return real(chosen, verb, requests, options, timeout)
+
+        monkeypatch.setattr(steps, "call_many", spy)
+        return self
+
+
+def fates(result: apply.ApplyResult) -> list[tuple[Any, ...]]:
+    """Each recap but its time."""
+    return [
+        (r.host, r.status, r.done, r.remaining, r.reboot_required, r.rebooted,
+         r.error, r.notes)
+        for r in result.recaps
+    ]  # fmt: skip
+
+
+def lose_the_connection(_args: dict[str, Any]) -> dict[str, Any]:
+    raise ConnectionFailed("the connection to gpu-c was lost during agent apply")
+
+
+def four_boxes(boxes: Boxes) -> Boxes:
+    """gpu-a converges, gpu-b's persistence step fails, gpu-c goes away during its apply call, gpu-d has
+    nothing to do (its files already written by a first apply, as gpu-a's and gpu-b's)."""
+    boxes.update({n: Box() for n in ("gpu-a", "gpu-b", "gpu-c", "gpu-d")})
+    return boxes
+
+
+RIG4 = RIG.replace(
+    "  - {name: gpu-c, address: 10.0.0.13, rig: pair}\n",
+    "  - {name: gpu-c, address: 10.0.0.13, rig: pair}\n  - {name: gpu-d, address: 10.0.0.14, rig: pair}\n",
+)
+
+
+def test_apply_via_clush_is_one_call_many_a_phase_and_ends_as_the_fabric_apply(
+    tmp_path: Path, boxes: Boxes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41 item 1, apply: the batch's hosts in lockstep through the seam, one call_many per phase,
+    hosts whose steps are the same sending the same request (one ClusterShell worker: fleet/clush.py
+    groups byte-identical requests); a host that fails or goes away mid-way ends with the Fabric path's
+    recap, word for word, while the others go on."""
+    lockstep = Lockstep().spy(monkeypatch)
+    results = []
+    for each in (boxes, lockstep):
+        loaded = load(tmp_path, RIG4)
+        four_boxes(each)
+        run(each, loaded)  # every box's files in place: what is left is the same persistence step
+        lockstep.rounds.clear()
+        for name in ("gpu-a", "gpu-b", "gpu-c"):
+            each[name].persistence = False
+        each["gpu-b"].fail_kind = "persistence"
+        each["gpu-c"].apply = lose_the_connection  # type: ignore[method-assign]
+        results.append(run(each, loaded))
+    fabric, clush = results
+    assert fates(clush) == fates(fabric)
+    assert [r.status for r in clush.recaps] == ["changed", "failed", "unreachable", "ok"]
+    recaps = by_host(clush)
+    assert recaps["gpu-b"].error == "step 1 (persistence) failed: persistence broke"
+    assert recaps["gpu-c"].error == "the connection to gpu-c was lost during agent apply"
+    assert [(verb, names) for verb, names, _, _ in lockstep.rounds] == [  # gpu-d: the plan's facts only
+        ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
+        ("apply", ["gpu-a", "gpu-b", "gpu-c"]),
+        ("facts", ["gpu-a", "gpu-b"]),  # after a failed step too: the recap's plan is read again
+    ]
+    _, _, wire, timeouts = lockstep.rounds[1]
+    assert len(set(wire)) == 1, wire  # the same steps: one request for all three
+    assert timeouts == [300.0 + 60.0] * 3  # each host's own: its command_timeout_s and the lock wait
+
+
+def test_hosts_with_other_steps_send_other_requests_and_each_its_own_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lockstep = Lockstep().spy(monkeypatch)
+    lockstep.update({"gpu-a": drifted(), "gpu-b": Box(persistence=False), "gpu-c": Box(persistence=False)})
+    result = run(lockstep, load(tmp_path, RIG.replace("reboot: allowed", "reboot: never")))
+    assert [r.status for r in result.recaps] == ["changed"] * 3
+    verb, names, wire, timeouts = lockstep.rounds[1]
+    assert (verb, names) == ("apply", ["gpu-a", "gpu-b", "gpu-c"])
+    assert len(set(wire)) == 3  # each host's env files name it: three requests, three workers
+    assert timeouts[0] == timeouts[1] + apply.DRIVER_INSTALL_BOUND_S  # the driver install's own bound
+
+
+def test_a_reboot_over_the_batch_seam_waits_for_the_new_boot_id_while_the_others_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lockstep = Lockstep().spy(monkeypatch)
+    lockstep.update({"gpu-a": drifted(), "gpu-b": Box(persistence=False), "gpu-c": Box()})
+    lockstep["gpu-a"].down_after_reboot = 2
+    progress: list[str] = []
+    result = run(lockstep, load(tmp_path), progress=progress.append)
+    recaps = by_host(result)
+    assert (recaps["gpu-a"].status, recaps["gpu-a"].rebooted) == ("changed", True), recaps["gpu-a"]
+    assert (lockstep["gpu-a"].installed, lockstep["gpu-a"].loaded) == ("550.54.15", "550.54.15")
+    assert recaps["gpu-b"].status == "changed" and result.exit_code == 0
+    assert [(verb, names) for verb, names, _, _ in lockstep.rounds] == [
+        ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
+        ("apply", ["gpu-a", "gpu-b", "gpu-c"]),
+        ("reboot", ["gpu-a"]),
+        ("facts", ["gpu-b", "gpu-c"]),  # the others are done here
+        ("facts", ["gpu-a"]),  # down: refused
+        ("facts", ["gpu-a"]),  # down: refused
+        ("facts", ["gpu-a"]),  # back, with a new boot id
+        ("facts", ["gpu-a"]),  # the plan after the reboot: nothing left
+    ]
+    assert "gpu-a: rebooting, waiting up to 900s for it to come back" in progress
+    assert sum(line.startswith("gpu-a: still rebooting") for line in progress) == 2
+    assert progress[-1].startswith("gpu-a: back after")
+
+
+def test_serial_batches_over_the_batch_seam(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lockstep = Lockstep().spy(monkeypatch)
+    lockstep.update({n: Box(persistence=False) for n in ("gpu-a", "gpu-b", "gpu-c")})
+    lockstep["gpu-a"].fail_kind = "file"
+    result = run(lockstep, load(tmp_path), serial=Serial(2, False), max_fail=0)
+    assert [r.status for r in result.recaps] == ["failed", "changed", "skipped"]
+    assert [names for _, names, _, _ in lockstep.rounds] == [["gpu-a", "gpu-b"]] * 3
+    assert lockstep["gpu-c"].calls == ["facts"]  # the plan alone
+
+
+def test_apply_takes_via_clush_and_a_topology(
+    tmp_path: Path, boxes: Boxes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(nodesets, "clustershell", lambda: True)
+    monkeypatch.setattr(nodesets, "too_old", lambda: None)
+    parsed = command_options.fleet_options
+    # The command line's own options, with the boxes' sessions (which keep the batch seam on the pool).
+    injected = {"sessions": boxes.options.sessions, "agent": boxes.options.agent}
+    monkeypatch.setattr(
+        command_options, "fleet_options", lambda args: dataclasses.replace(parsed(args), **injected)
+    )
+    taken: list[FleetOptions] = []
+    real = steps.per_host
+
+    def per_host(targets: list[HostTarget], options: FleetOptions, start: Any) -> Any:
+        taken.append(options)
+        return real(targets, options, start)
+
+    monkeypatch.setattr(apply, "per_host", per_host)
+    boxes.update({"gpu-a": Box(persistence=False), "gpu-b": Box(), "gpu-c": Box()})
+    load(tmp_path)
+    topology = tmp_path / "topology.conf"
+    topology.write_text("[routes]\nhead: gw1\ngw1: gpu-a,gpu-b,gpu-c\n")
+    rig = str(tmp_path / "rig.yaml")
+    assert cli.main(["apply", rig, "--yes", "--via", "clush", "--topology", str(topology)]) == 0
+    assert [(o.via, o.topology) for o in taken] == [("clush", topology)]
+
+
+def slurm_node(name: str, busy_shows: int) -> Any:
+    """A node's `slurm-node` verb: drained by this rollout, DRAINED after `busy_shows` looks, resumed."""
+    state = {"shows": 0, "line": {"State": "MIXED", "Reason": ""}}
+
+    def answer(args: dict[str, Any]) -> dict[str, Any]:
+        if args["action"] == "drain":
+            state["line"] = {"State": "MIXED+DRAIN", "Reason": args["reason"]}
+        elif args["action"] == "show":
+            state["shows"] += 1
+            if state["shows"] >= busy_shows:
+                state["line"] = {"State": "IDLE+DRAIN", "Reason": args["reason"]}
+        else:
+            state["line"] = {"State": "IDLE", "Reason": ""}
+        return {"node": name, "line": dict(state["line"]), "changed": args["action"] != "show"}
+
+    return answer
+
+
+def test_drain_slurm_over_the_batch_seam_is_the_fabric_drain(
+    tmp_path: Path, boxes: Boxes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--drain slurm's calls are agent calls (`slurm-node`) too: drain, the wait for DRAINED, the change
+    and the resume go through the seam in lockstep, with the Fabric path's recaps and notes."""
+    lockstep = Lockstep().spy(monkeypatch)
+    results = []
+    for each in (boxes, lockstep):
+        each.update({n: Box(persistence=False) for n in ("gpu-a", "gpu-b", "gpu-c")})
+        for number, name in enumerate(("gpu-a", "gpu-b", "gpu-c"), start=1):
+            setattr(each[name], "slurm-node", slurm_node(name, busy_shows=number))
+        loaded = load(tmp_path)
+        targets = targets_for(loaded, loaded.spec.hosts)
+        plan = fleet_plan(loaded, targets, ALL, each.options)
+        settings = ApplySettings(ALL, poll_interval_s=0.0)
+        drain = DrainSettings(timeout_s=30, poll_s=0.0)
+        results.append(rollout(loaded, targets, plan, settings, each.options, drain=drain))
+    fabric, clush = results
+    assert fates(clush) == fates(fabric)
+    assert [r.status for r in clush.recaps] == ["changed"] * 3
+    assert by_host(clush)["gpu-c"].notes[-1].startswith("resumed in Slurm (gpu-c) after")
+    verbs = [(verb, names) for verb, names, _, _ in lockstep.rounds]
+    assert verbs == [
+        ("slurm-node", ["gpu-a", "gpu-b", "gpu-c"]),  # drain
+        ("slurm-node", ["gpu-a", "gpu-b", "gpu-c"]),  # show: gpu-a DRAINED
+        ("slurm-node", ["gpu-b", "gpu-c"]),  # show: gpu-b DRAINED
+        ("slurm-node", ["gpu-c"]),  # show: gpu-c DRAINED
+        ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
+        ("apply", ["gpu-a", "gpu-b", "gpu-c"]),
+        ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
+        ("slurm-node", ["gpu-a", "gpu-b", "gpu-c"]),  # resume
+        ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
+    ]

@@ -3,9 +3,12 @@ and options ClusterShell's OpenSSH runs with (aliases, key exchange, host-key po
 
 from __future__ import annotations
 
+import shlex
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,3 +193,67 @@ def test_each_host_keeps_its_own_command_limit(fake_ssh: Path) -> None:
     assert outcomes["gpu-001"].status == "failed", outcomes
     assert outcomes["gpu-001"].error == "agent sleep did not finish within 0.5s on gpu-001 (127.0.0.9:2222)"
     assert outcomes["gpu-002"].status == "ok", outcomes
+
+
+def test_each_gateway_routes_a_workers_input_to_that_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ClusterShell's gateway hands every stdin write to the worker it started last (1.10.1, Gateway.py
+    `GatewayChannel.recv_ctl`: one `propagation`): through one gateway, gpu-004 was sent gpu-003's apply
+    request and gpu-003 waited for its own. The gateway command routes each write by its message's
+    `srcid`, and hands the gateways it starts the same command. Run here against a stand-in of the
+    channel, as ClusterShell's own drives it."""
+
+    class Worker:
+        def __init__(self) -> None:
+            self.input: list[str] = []
+            self.invoke_gateway = "python3 -m ClusterShell.Gateway -Bu"
+
+        def write(self, buf: str) -> None:
+            self.input.append(buf)
+
+        def set_write_eof(self) -> None:
+            self.input.append("EOF")
+
+    class Channel:  # ClusterShell's GatewayChannel, as far as recv_ctl goes
+        def __init__(self) -> None:
+            self.propagation: Worker | None = None
+            self.started: list[Worker] = []
+
+        def recv_ctl(self, msg: Any) -> None:
+            if msg.action == "shell":
+                self.propagation = Worker()
+                self.started.append(self.propagation)
+            elif msg.action == "write":
+                assert self.propagation is not None
+                self.propagation.write(msg.buf)
+            else:
+                assert self.propagation is not None
+                self.propagation.set_write_eof()
+
+    gateway = types.ModuleType("ClusterShell.Gateway")
+    gateway.GatewayChannel = Channel  # type: ignore[attr-defined]
+    gateway.gateway_main = lambda: None  # type: ignore[attr-defined]
+    communication = types.ModuleType("ClusterShell.Communication")
+    communication.ControlMessage = types.SimpleNamespace(ident="CTL")  # type: ignore[attr-defined]
+    package = types.ModuleType("ClusterShell")
+    package.Gateway, package.Communication = gateway, communication  # type: ignore[attr-defined]
+    for name, module in (("ClusterShell", package), ("ClusterShell.Gateway", gateway),
+                         ("ClusterShell.Communication", communication)):  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setenv("CLUSTERSHELL_GW_PYTHON_EXECUTABLE", "/opt/py/bin/python3")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    command = clush.invoke_gateway()
+    words = shlex.split(command)
+    assert words[:2] == ["/opt/py/bin/python3", "-c"]
+    exec(words[2], {})  # what the gateway's python runs: the channel patched, then the gateway's main
+
+    def msg(action: str, srcid: int, buf: str = "") -> Any:
+        return types.SimpleNamespace(type="CTL", action=action, srcid=srcid, buf=buf)
+
+    channel = Channel()
+    sent = [("shell", 3, ""), ("shell", 4, ""), ("write", 3, "gpu-003's request"), ("eof", 3, ""),
+            ("write", 4, "gpu-004's request"), ("eof", 4, "")]  # fmt: skip
+    for action, srcid, buf in sent:
+        channel.recv_ctl(msg(action, srcid, buf))
+    first, second = channel.started
+    assert first.input == ["gpu-003's request", "EOF"] and second.input == ["gpu-004's request", "EOF"]
+    assert first.invoke_gateway == second.invoke_gateway == command  # the next level runs the same fix
