@@ -6,7 +6,6 @@ NVIDIA layer: its host facts come from here unchanged, and a twin only overrides
 
 from __future__ import annotations
 
-import getpass
 import os
 import re
 import sys
@@ -114,9 +113,15 @@ def host_info(
 
 
 def _user() -> str:
+    # getpass.getuser()'s order, without importing getpass (and termios with it) on every call.
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        if os.environ.get(name):
+            return os.environ[name]
+    import pwd
+
     try:
-        return getpass.getuser()
-    except (KeyError, OSError):
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
         return str(os.getuid())
 
 

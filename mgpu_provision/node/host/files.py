@@ -7,12 +7,12 @@ None of these depend on the NVIDIA layer, so they are the same on real and simul
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..core.digest import sha256_hex
 from ..core.system import read_text
 
 MAX_CONTENT_BYTES = 64 * 1024
@@ -41,7 +41,7 @@ def describe_file(path: str, include_content: bool) -> Dict[str, Any]:
     return {
         "path": path,
         "exists": True,
-        "sha256": hashlib.sha256(data).hexdigest(),
+        "sha256": sha256_hex(data),
         "mode": f"{mode:04o}",
         "content": content,
     }

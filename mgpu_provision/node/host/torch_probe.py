@@ -16,11 +16,11 @@ folder that cannot be read) takes the child.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any, Dict, List, Mapping, Optional
 
+from ..core.digest import sha256_hex
 from ..core.system import read_text
 
 # argv[1] is the key of the cached answer (its repr): when torch is still the same, say so instead of
@@ -77,7 +77,7 @@ def _node_state(env: Mapping[str, str]) -> List[Optional[str]]:
     # and this probe itself (an agent whose probe reports more must not reuse an older agent's answer).
     state = [read_text(path) for path in _NODE_STATE]
     visible = [env.get("CUDA_VISIBLE_DEVICES"), env.get("NVIDIA_VISIBLE_DEVICES")]
-    return [*state, *visible, hashlib.sha256(_TORCH_PROBE.encode()).hexdigest()[:16]]
+    return [*state, *visible, sha256_hex(_TORCH_PROBE.encode())[:16]]
 
 
 # What moves the import path of the probed python, or torch's CUDA libraries, besides its files.

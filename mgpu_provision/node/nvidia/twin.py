@@ -10,12 +10,12 @@ shared by several simulated nodes, and each of them has a state of its own.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...catalog.topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
+from ..core.digest import sha256_hex
 from ..core.errors import AgentFailure
 from ..host.machine import simulated_machine
 from .miniyaml import MiniYamlError, loads
@@ -37,7 +37,7 @@ def state_file(twin_path: str, state_dir: Optional[str] = None) -> str:
     (a folder may hold the state of several rehearsed twins), named after the twin and its absolute path."""
     path = os.path.abspath(twin_path)
     stem = os.path.splitext(os.path.basename(path))[0]
-    digest = hashlib.sha256(path.encode("utf-8")).hexdigest()[:12]
+    digest = sha256_hex(path.encode("utf-8"))[:12]
     return os.path.join(state_dir or DEFAULT_STATE_DIR, "twin-state", f"{stem}-{digest}.json")
 
 
@@ -235,7 +235,7 @@ _MACHINE_KEYS = ("sockets", "cores_per_socket", "threads_per_core", "memory_mib"
 
 def stable_uuid(path: str, index: int, name: str) -> str:
     """A GPU UUID that stays the same for one twin file, so UUID-based settings converge."""
-    digest = hashlib.sha256(f"{path}\0{index}\0{name}".encode()).hexdigest()
+    digest = sha256_hex(f"{path}\0{index}\0{name}".encode())
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
