@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision.fleet import bundle
 from mgpu_provision.fleet.bundle import _sources_key, agent_files, build_agent
 from mgpu_provision.fleet.session import agent_command
 from mgpu_provision.node.__main__ import unpack_beside
@@ -121,3 +122,29 @@ def test_sources_key_follows_content_and_names() -> None:
     changed = dict(files, **{topology: files[topology] + b"\n"})
     renamed = {("x/" + k if k == "pynvml.py" else k): v for k, v in files.items()}
     assert len({_sources_key(files), _sources_key(changed), _sources_key(renamed)}) == 3
+
+
+def test_an_unchanged_install_names_its_agent_without_reading_the_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41: reading and hashing ~1 MB of sources to name the zipapp was ~5 ms of every SSH run; a stamp
+    of their sizes and modification times finds it, and an edited source builds a new one."""
+    protocol = tmp_path / "protocol.py"
+    protocol.write_bytes((bundle.PACKAGE_DIR / "protocol.py").read_bytes())
+    shipped = bundle._agent_sources()
+    sources = [
+        (name, str(protocol) if name == "mgpu_provision/protocol.py" else path) for name, path in shipped
+    ]
+    monkeypatch.setattr(bundle, "_agent_sources", lambda: sources)
+    cache = tmp_path / "bundles"
+    first = build_agent(cache)
+    reads: list[str] = []
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self.name) or read_bytes(self))
+    again = build_agent(cache)
+    assert again == first
+    assert len(reads) == 1 and reads[0].endswith(".pyz")  # the zipapp only, none of the sources
+    protocol.write_bytes(protocol.read_bytes() + b"\n")
+    reads.clear()
+    edited = build_agent(cache)
+    assert edited.name != first.name and "protocol.py" in reads
