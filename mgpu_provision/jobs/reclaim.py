@@ -8,18 +8,19 @@ processes no longer hold GPU memory, and sums it all up per host with the exit c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .. import protocol
-from ..errors import AgentError, ProvisionError
+from ..errors import AgentError
 from ..facts import Fact, Facts, GpuProcess
 from ..fleet.options import FleetOptions
-from ..fleet.pool import HostOutcome, call_many, run_fleet
-from ..fleet.session import AgentSession, read_facts, validated
+from ..fleet.pool import HostOutcome
+from ..fleet.session import AgentSession
 from ..fleet.targets import HostTarget, describe
 from ..records import Field, RecordError
+from .steps import Call, Steps, on_session, per_host, read
 
 if TYPE_CHECKING:
     from ..rig.models import Reclaim
@@ -116,60 +117,28 @@ def verify(result: HostResult, facts: Facts) -> HostResult:
     return HostResult(processes=processes, freed_mib=freed, not_holders=result.not_holders)
 
 
-def reclaim_on(session: AgentSession, args: dict[str, Any]) -> HostResult:
+def reclaim_steps(target: HostTarget, args: dict[str, Any]) -> Steps[HostResult]:
     """The per-host work: one `reclaim` call, and one `facts` call to verify when anything was ended."""
-    result = parse_result(session.where, session.call("reclaim", args))
+    answer = yield Call("reclaim", args)
+    result = parse_result(describe(target), answer)
     if not any(p.action == "ended" for p in result.processes):
         return result
-    return verify(result, read_facts(session, protocol.facts_request()))
+    facts = yield from read(target, "facts", protocol.facts_request(), Facts, what="facts")
+    return verify(result, facts)
+
+
+def reclaim_on(session: AgentSession, args: dict[str, Any]) -> HostResult:
+    """`reclaim_steps` on one session."""
+    return on_session(session, reclaim_steps(session.target, args))
 
 
 def reclaim_fleet(
     targets: list[HostTarget], args: dict[str, Any], options: FleetOptions
 ) -> dict[str, HostOutcome[HostResult]]:
-    """`reclaim_on` on every target. Under `--via clush` in two phases through the batch seam: the
-    `reclaim` verb everywhere (one request for the whole fleet: one ClusterShell worker), then `facts` on
-    the hosts that ended something; each host's outcome, error and verdict as the Fabric path gives them
-    (which keeps one session a host for both calls)."""
-    if options.via != "clush":
-        return run_fleet(targets, lambda opened: reclaim_on(opened, args), options)
-    replies = call_many(targets, "reclaim", {t.name: args for t in targets}, options)
-    outcomes = {t.name: _read(replies[t.name], describe(t), parse_result) for t in targets}
-    ended = {
-        name: result
-        for name, outcome in outcomes.items()
-        if (result := outcome.value) is not None and any(p.action == "ended" for p in result.processes)
-    }
-    checking = [t for t in targets if t.name in ended]
-    request = protocol.facts_request()
-    facts = call_many(checking, "facts", {t.name: request for t in checking}, options)
-    for target in checking:
-        after = _read(facts[target.name], describe(target), _verified(ended[target.name]))
-        after.elapsed_s += outcomes[target.name].elapsed_s
-        outcomes[target.name] = after
-    return outcomes
-
-
-def _verified(result: HostResult) -> Callable[[str, dict[str, Any]], HostResult]:
-    """Reads a `facts` reply taken after the kill into `result` as `verify` corrects it."""
-
-    def read(where: str, answer: dict[str, Any]) -> HostResult:
-        return verify(result, validated(answer, Facts, "facts", where, "facts"))
-
-    return read
-
-
-def _read(
-    got: HostOutcome[dict[str, Any]], where: str, read: Callable[[str, dict[str, Any]], HostResult]
-) -> HostOutcome[HostResult]:
-    """One host's reply through `read`; a host without a reply keeps its reason, one whose reply does not
-    read is `failed` with the AgentError naming the drift (as the Fabric path's session raises it)."""
-    if got.status != "ok" or got.value is None:
-        return HostOutcome(got.status, None, got.error, got.elapsed_s)
-    try:
-        return HostOutcome("ok", read(where, got.value), None, got.elapsed_s)
-    except ProvisionError as exc:
-        return HostOutcome("failed", None, str(exc), got.elapsed_s)
+    """`reclaim_steps` on every target, on the engine `options.via` picks (jobs/steps.py): under
+    `--via clush` the `reclaim` verb everywhere in one round (one request for the whole fleet: one
+    ClusterShell worker), then `facts` on the hosts that ended something."""
+    return per_host(targets, options, lambda target: reclaim_steps(target, args))
 
 
 def collect(outcomes: dict[str, HostOutcome[HostResult]]) -> list[HostReclaim]:

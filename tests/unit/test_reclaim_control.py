@@ -14,10 +14,10 @@ from mgpu_provision.cli import main
 from mgpu_provision.commands import reclaim as view
 from mgpu_provision.errors import AgentError, ConnectionFailed
 from mgpu_provision.facts import Facts
-from mgpu_provision.fleet.options import FleetOptions
+from mgpu_provision.fleet.options import FleetOptions, Timeouts
 from mgpu_provision.fleet.pool import HostOutcome, call_many
 from mgpu_provision.fleet.targets import HostTarget
-from mgpu_provision.jobs import reclaim
+from mgpu_provision.jobs import reclaim, steps
 from mgpu_provision.jobs.reclaim import HostReclaim, ReclaimedProcess
 from mgpu_provision.protocol import facts_request
 from mgpu_provision.rig import nodesets
@@ -185,12 +185,16 @@ def test_reclaim_via_clush_batches_its_phases_and_gives_the_fabric_outcomes(
     seen: list[tuple[str, list[str], list[Any]]] = []
 
     def spy(
-        chosen: list[HostTarget], verb: str, requests: dict[str, Any], options: FleetOptions
+        chosen: list[HostTarget],
+        verb: str,
+        requests: dict[str, Any],
+        options: FleetOptions,
+        timeout: Timeouts = None,
     ) -> dict[str, HostOutcome[dict[str, Any]]]:
         seen.append((verb, [t.name for t in chosen], list(requests.values())))
-        return call_many(chosen, verb, requests, options)
+        return call_many(chosen, verb, requests, options, timeout)
 
-    monkeypatch.setattr(reclaim, "call_many", spy)
+    monkeypatch.setattr(steps, "call_many", spy)  # the batch driver reclaim runs on (jobs/steps.py)
     clush = reclaim.reclaim_fleet(targets, request, factories.fake_fleet(node, via="clush"))
     assert [(verb, names) for verb, names, _ in seen] == [
         ("reclaim", list(NODES)),
