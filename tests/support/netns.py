@@ -226,6 +226,9 @@ class TreeLab:
         environment = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(home),
+            # Its scratch folders under the test's own: a head killed with its test (SIGTERM to a CI run
+            # ends subprocess.run's child with SIGKILL) leaves no /tmp/mgpu-clush-* behind.
+            "TMPDIR": str(home),
             "PYTHONPATH": str(REPO),
             "CLUSTERSHELL_GW_PYTHON_EXECUTABLE": sys.executable,
             "CLUSTERSHELL_GW_LOG_DIR": str(home),
