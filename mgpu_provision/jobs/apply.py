@@ -1,6 +1,6 @@
 """apply: bring each box to the rig file: facts, plan, one agent `apply` call, reboot if allowed, facts.
 
-Per host (`converge_host`), everything the plan can carry out goes to the node in ONE agent `apply` call, so
+Per host (`converge_steps`), everything the plan can carry out goes to the node in ONE agent `apply` call, so
 the agent holds the host's lock for the whole change; a driver that needs a reboot gets one (when the rig and
 the playbook allow it); on the machine running this tool (fleet/here.py) neither a driver install nor a reboot
 is sent without --allow-control-machine. Then facts are read again and whatever
@@ -24,7 +24,6 @@ from ..fleet.here import Here, address_is_here, control_machine
 from ..fleet.options import FleetOptions
 from ..fleet.pool import HostOutcome
 from ..fleet.replies import ApplyReply, RebootReply
-from ..fleet.session import AgentSession
 from ..fleet.targets import HostTarget
 from ..plan.change import Change
 from ..plan.files import node_path
@@ -308,20 +307,6 @@ def converge_steps(
     except ProvisionError as exc:
         return end(str(exc))
     return end()
-
-
-def converge_host(
-    session: AgentSession,
-    options: FleetOptions,
-    loaded: LoadedRig,
-    host: Host,
-    settings: ApplySettings,
-    confirmed: list[Change],
-    progress: Progress,
-) -> HostRecap:
-    """`converge_steps` on one host's session."""
-    with ReopenableSession(session, options) as node:
-        return on_session(node, converge_steps(node.target, loaded, host, settings, confirmed, progress))
 
 
 def release_steps(

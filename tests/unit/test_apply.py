@@ -348,15 +348,10 @@ def test_a_box_that_changed_since_the_confirmed_plan_is_not_touched(tmp_path: Pa
     loaded = load(tmp_path)
     boxes["gpu-a"] = Box(persistence=False)
     session = factories.FakeSession(targets_for(loaded, [loaded.host("gpu-a")])[0], boxes["gpu-a"].answer)
-    recap = apply.converge_host(
-        session,
-        boxes.options,
-        loaded,
-        loaded.host("gpu-a"),
-        ApplySettings(ALL),
-        [],
-        lambda _: None,
+    converge = apply.converge_steps(
+        session.target, loaded, loaded.host("gpu-a"), ApplySettings(ALL), [], lambda _: None
     )
+    recap = steps.on_session(session, converge)
     assert recap.status == "failed"
     assert recap.error is not None and recap.error.startswith("the box changed since the plan was confirmed")
     assert "apply" not in boxes["gpu-a"].calls
