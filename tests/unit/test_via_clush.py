@@ -17,6 +17,7 @@ from mgpu_provision.fleet import clush
 from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.rig import nodesets
+from tests.support.fake_ssh import write_fake_ssh
 from tests.support.hosts import fake_agent
 
 RIG = """\
@@ -100,20 +101,6 @@ def test_openssh_options_prefer_curve25519_and_keep_known_hosts_strict(tmp_path:
     assert "-oStrictHostKeyChecking=accept-new" in relaxed
 
 
-FAKE_SSH = """#!{python} -S
-import os, sys
-host, command = sys.argv[-2], sys.argv[-1]
-with open({log!r}, "a") as log:
-    log.write(host + " " + " ".join(sys.argv[1:-2]) + "\\n")
-if host == "dead":
-    sys.stderr.write("ssh: connect to host 127.0.0.9 port 22: Connection refused\\n")
-    sys.exit(255)
-home = os.path.join({homes!r}, host)
-os.makedirs(home, exist_ok=True)
-os.execve("/bin/sh", ["sh", "-c", command], dict(os.environ, HOME=home))
-"""
-
-
 @pytest.fixture
 def fake_ssh(tmp_path: Path) -> Iterator[Path]:
     """ClusterShell's ssh replaced by a script that runs the command here, each host in a HOME of its own
@@ -121,9 +108,7 @@ def fake_ssh(tmp_path: Path) -> Iterator[Path]:
     from ClusterShell.Task import task_self
 
     log = tmp_path / "ssh.log"
-    script = tmp_path / "ssh"
-    script.write_text(FAKE_SSH.format(python=sys.executable, log=str(log), homes=str(tmp_path / "homes")))
-    script.chmod(0o755)
+    script = write_fake_ssh(tmp_path / "ssh", log, tmp_path / "homes")
     task_self().set_info("ssh_path", str(script))
     yield log
     task_self().set_info("ssh_path", None)
@@ -195,7 +180,9 @@ def test_each_host_keeps_its_own_command_limit(fake_ssh: Path) -> None:
     assert outcomes["gpu-002"].status == "ok", outcomes
 
 
-def test_each_gateway_routes_a_workers_input_to_that_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_gateway_routes_a_workers_input_to_that_worker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """ClusterShell's gateway hands every stdin write to the worker it started last (1.10.1, Gateway.py
     `GatewayChannel.recv_ctl`: one `propagation`): through one gateway, gpu-004 was sent gpu-003's apply
     request and gpu-003 waited for its own. The gateway command routes each write by its message's
@@ -241,7 +228,11 @@ def test_each_gateway_routes_a_workers_input_to_that_worker(monkeypatch: pytest.
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setenv("CLUSTERSHELL_GW_PYTHON_EXECUTABLE", "/opt/py/bin/python3")
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    command = clush.invoke_gateway()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "ssh_config").write_text("")
+    (tmp_path / "run" / "known_hosts").write_text("")
+    command = clush.invoke_gateway("~/run")  # the gateway starts only where the run's files are
     words = shlex.split(command)
     assert words[:2] == ["/opt/py/bin/python3", "-c"]
     exec(words[2], {})  # what the gateway's python runs: the channel patched, then the gateway's main
