@@ -17,11 +17,12 @@ Tree mode (`--topology FILE`, ClusterShell's topology.conf): the head reaches th
 each running ClusterShell's gateway on `python3` (ClusterShell's CLUSTERSHELL_GW_PYTHON_EXECUTABLE names
 another interpreter), with one fix (`_GATEWAY`: each worker's input to that worker), over one OpenSSH
 connection from its parent; the gateways start the nodes' OpenSSH clients. Every hop reads the same
-ssh_config and known_hosts, so both are first copied, by level, to the same place under each gateway's home
-(`~/.cache/mgpu-provision/clush/<hash>/`, which ClusterShell expands on each side). A gateway that cannot
-start or dies makes the hosts behind it `unreachable` with its own words while the others go on; a run is
-bounded on the head too (a gateway that stops answering is not waited for past the hosts' command limit and
-the connect timeouts).
+ssh_config and known_hosts, so both go, by level, to the same place under each gateway's home
+(`~/.cache/mgpu-provision/clush/<hash>/`, which ClusterShell expands on each side), copied only where the
+head has no record of that copy (`_GatewayFiles`: a gateway that lost it says so, gets it again and its
+hosts run once more). A gateway that cannot start or dies makes the hosts behind it `unreachable` with its
+own words while the others go on; a run is bounded on the head too (a gateway that stops answering is not
+waited for past the hosts' command limit and the connect timeouts).
 
 ClusterShell is an optional extra, imported only here and only under `--via clush`.
 """
@@ -274,7 +275,11 @@ def _run(
 def _write_atomic(path: Path, data: bytes) -> None:
     with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, prefix=f".{path.name}.") as part:
         part.write(data)
-    os.replace(part.name, path)
+    try:
+        os.replace(part.name, path)
+    except OSError:
+        os.unlink(part.name)
+        raise
 
 
 def _read(path: Path) -> bytes:
