@@ -141,15 +141,43 @@ class _Replies:
 Groups = Mapping[tuple[str, bytes, float], list[str]]  # (command, stdin, timeout) → the hosts sending it
 
 
-# What every gateway runs instead of ClusterShell's own entry point, to fix one thing: its GatewayChannel
-# keeps one `propagation`, the worker it started last, and hands it every worker's stdin writes and end of
-# input (1.10.1, Gateway.py `GatewayChannel.recv_ctl`), so a second worker through a gateway got the first
+# ClusterShell's TreeWorker as the head and every gateway run it, with two changes. The hosts of a gateway
+# that failed before it was set up, with no other gateway to take them, end with LOST (GATEWAY_LOST):
+# ClusterShell reroutes them and, finding no route, raises out of the whole run (Worker/Tree.py
+# `_relaunch`, Propagation.py `next_hop`) — on a gateway, that ended the gateway and every host behind it.
+# And its gateways run INVOKE (`invoke_gateway`), set as it is made: a running task starts a worker as it
+# is scheduled (Engine.add), so on a gateway its channels to the next level open inside `recv_ctl`.
+_TREE_WORKER = """\
+from ClusterShell.NodeSet import NodeSet
+from ClusterShell.Propagation import RouteResolvingError
+from ClusterShell.Worker.Tree import TreeWorker as _TreeWorker
+from ClusterShell.Worker.Worker import DistantWorker
+class TreeWorker(_TreeWorker):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.invoke_gateway = INVOKE
+    def _relaunch(self, previous_gateway):
+        targets = NodeSet.fromlist(self.gwtargets[previous_gateway])
+        try:
+            super()._relaunch(previous_gateway)
+        except RouteResolvingError:
+            self._target_count += len(targets)
+            for node in targets:
+                DistantWorker._on_node_close(self, node, LOST)
+                self._close_count += 1
+            self._check_fini()
+"""
+
+# What every gateway runs instead of ClusterShell's own entry point. First, a gateway without the run's
+# ssh_config and known_hosts (its cache wiped since the head recorded the copy) ends with
+# TREE_FILES_MISSING rather than start ssh clients that cannot read their config: the head copies them
+# there and runs that gateway's hosts again (`_GatewayFiles`). Then its GatewayChannel, which keeps one
+# `propagation`, the worker it started last, and hands it every worker's stdin writes and end of input
+# (1.10.1, Gateway.py `GatewayChannel.recv_ctl`), so that a second worker through a gateway got the first
 # one's input (seen in the tree e2e: gpu-004 was sent gpu-003's apply request, and gpu-003 waited for its
-# own until the command limit). Here each write goes to the worker its message comes from (`srcid`), and
-# the gateways a gateway starts run the same code: `C` is this text, the command `python3 -c "C=…;exec(C)"`.
-# First, a gateway without the run's ssh_config and known_hosts (its cache wiped since the head recorded
-# the copy) ends with TREE_FILES_MISSING rather than start ssh clients that cannot read their config: the
-# head copies them there and runs that gateway's hosts again (`_GatewayFiles`).
+# own until the command limit), hands each write to the worker its message comes from (`srcid`); and its
+# workers are _TREE_WORKER's, whose gateways run the same code: `C` is this text, the command
+# `python3 -c "C=…;exec(C)"`.
 _GATEWAY = """\
 import os, shlex, sys
 held = os.path.expanduser(FOLDER)
@@ -157,7 +185,9 @@ if not all(os.path.isfile(os.path.join(held, name)) for name in ("ssh_config", "
     sys.exit("%s (%s)" % (MISSING, FOLDER))
 import ClusterShell.Gateway as g
 from ClusterShell.Communication import ControlMessage
-recv_ctl = g.GatewayChannel.recv_ctl
+INVOKE = PREFIX + " -c " + shlex.quote("C=%r;exec(C)" % C)
+exec(TREE_WORKER)
+recv_ctl, g.TreeWorker = g.GatewayChannel.recv_ctl, TreeWorker
 def routed(self, msg):
     workers = self.__dict__.setdefault("mgpu_workers", {})
     ctl = msg.type == ControlMessage.ident
@@ -166,7 +196,6 @@ def routed(self, msg):
     recv_ctl(self, msg)
     if ctl and msg.action == "shell" and self.propagation is not None:
         workers[msg.srcid] = self.propagation
-        self.propagation.invoke_gateway = PREFIX + " -c " + shlex.quote("C=%r;exec(C)" % C)
 g.GatewayChannel.recv_ctl = routed
 g.gateway_main()
 """
@@ -181,32 +210,17 @@ def invoke_gateway(folder: str) -> str:
     words = [f"{name}={shlex.quote(value)}" for name in passed if (value := os.environ.get(name))]
     python = os.environ.get("CLUSTERSHELL_GW_PYTHON_EXECUTABLE", GATEWAY_PYTHON)
     prefix = " ".join([*words, shlex.quote(python)])
-    code = f"PREFIX = {prefix!r}\nFOLDER = {folder!r}\nMISSING = {TREE_FILES_MISSING!r}\n{_GATEWAY}"
+    names = {"PREFIX": prefix, "FOLDER": folder, "MISSING": TREE_FILES_MISSING, "LOST": GATEWAY_LOST}
+    code = "".join(f"{name} = {value!r}\n" for name, value in names.items())
+    code += f"TREE_WORKER = {_TREE_WORKER!r}\n{_GATEWAY}"
     return f"{prefix} -c {shlex.quote(f'C={code!r};exec(C)')}"
 
 
-def _tree_worker() -> Any:
-    """ClusterShell's TreeWorker, except that the hosts of a gateway that failed before it was set up, with
-    no other gateway to take them, end with GATEWAY_LOST: ClusterShell reroutes them and, finding no route,
-    raises out of the whole run (Worker/Tree.py `_relaunch`, Propagation.py `next_hop`)."""
-    from ClusterShell.NodeSet import NodeSet
-    from ClusterShell.Propagation import RouteResolvingError
-    from ClusterShell.Worker.Tree import TreeWorker
-    from ClusterShell.Worker.Worker import DistantWorker
-
-    class Worker(TreeWorker):  # type: ignore[misc]  # ClusterShell has no type hints
-        def _relaunch(self, previous_gateway: str) -> None:
-            targets = NodeSet.fromlist(self.gwtargets[previous_gateway])
-            try:
-                super()._relaunch(previous_gateway)
-            except RouteResolvingError:
-                self._target_count += len(targets)
-                for node in targets:
-                    DistantWorker._on_node_close(self, node, GATEWAY_LOST)
-                    self._close_count += 1
-                self._check_fini()
-
-    return Worker
+def _tree_worker(invoke: str) -> Any:
+    """The head's TreeWorker (_TREE_WORKER), its gateways running `invoke`."""
+    names: dict[str, Any] = {"INVOKE": invoke, "LOST": GATEWAY_LOST}
+    exec(_TREE_WORKER, names)
+    return names["TreeWorker"]
 
 
 def _run(
@@ -230,7 +244,7 @@ def _run(
     workers = []
     if tree is not None:
         task.topology, task.router = tree.topology.tree, None  # one router: a gateway marked lost stays lost
-        tree_worker = _tree_worker()
+        tree_worker = _tree_worker(tree.invoke)
     for (command, stdin, timeout), names in groups.items():
         for name in names:
             replies.forget(name)
@@ -244,7 +258,6 @@ def _run(
             nodes = NodeSet.fromlist(names)
             handler = replies.handler()
             worker = tree_worker(nodes, handler=handler, timeout=timeout, command=command, stderr=True)
-            worker.invoke_gateway = tree.invoke
             task.schedule(worker)
         worker.write(stdin)
         worker.set_write_eof()

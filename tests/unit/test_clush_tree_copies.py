@@ -81,16 +81,17 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Tree]:
     task_self().set_info("ssh_path", None)
 
 
-def target(name: str) -> HostTarget:
+def target(name: str, limit: float) -> HostTarget:
     return HostTarget(
-        name=name, address="127.0.0.9", port=2222, user="root", identity_file=None, jump=None, become=False,
-        python=sys.executable, connection="ssh", simulate=None, connect_timeout_s=5.0, command_timeout_s=60.0,
+        name=name, address="127.0.0.9", port=2222, user="root", identity_file=None, jump=None,
+        become=False, python=sys.executable, connection="ssh", simulate=None, connect_timeout_s=5.0,
+        command_timeout_s=limit,
     )  # fmt: skip
 
 
-def facts(tree: Tree, names: list[str]) -> dict[str, clush.Outcome]:
+def facts(tree: Tree, names: list[str], limit: float = 60) -> dict[str, clush.Outcome]:
     options = FleetOptions(topology=tree.topology, known_hosts=tree.head / "known_hosts")
-    hosts = [target(n) for n in names]
+    hosts = [target(n, limit) for n in names]
     return clush.call_many_clush(hosts, "facts", {n: {} for n in names}, options, fake_agent())
 
 
@@ -142,6 +143,37 @@ def test_a_gateway_that_lost_its_copy_gets_it_again_and_its_hosts_run_once_more(
     assert tree.gateway_folders("gw1") and json.loads(tree.record().read_text()) == ["gw1", "gw2"]
     assert statuses(facts(tree, NODES)) == dict.fromkeys(NODES, "ok")
     assert tree.connections() == {"gw1": 1, "gw2": 1, **dict.fromkeys(NODES, 1)}
+
+
+def test_two_levels_of_gateways_first_contact_a_wiped_sub_gateway_and_one_behind_a_wiped_gateway(
+    tree: Tree,
+) -> None:
+    """head → gw1 → sub1 → nodes. gw1 starts sub1 with the same gateway code (it once ran ClusterShell's
+    own there: set on the worker after it had opened its channels, so sub1 mixed up its workers' input and
+    a host's agent upload waited for the command limit, and a sub1 lacking its files was not noticed); a
+    sub1 that refuses ends its hosts with GATEWAY_LOST and its words, not gw1 (ClusterShell's own raised
+    there, ending gw1 and all behind it)."""
+    tree.topology.write_text("[routes]\nhead: gw1\ngw1: sub1\nsub1: gpu-[001-002]\n")
+    names = ["gpu-001", "gpu-002"]
+    first = facts(tree, names, limit=10)
+    assert statuses(first) == dict.fromkeys(names, "ok"), first
+    assert tree.connections() == {"gw1": 5, "sub1": 4, "gpu-001": 3, "gpu-002": 3}  # the copy twice
+
+    for folder in tree.gateway_folders("sub1"):
+        shutil.rmtree(folder)
+    again = facts(tree, names, limit=10)
+    assert statuses(again) == dict.fromkeys(names, "ok"), again
+    # sub1: the refused run, the copy, the run again (each through gw1).
+    assert tree.connections() == {"gw1": 3, "sub1": 3, "gpu-001": 1, "gpu-002": 1}
+
+    # gw1 wiped and sub1 not recorded: the copy to sub1, refused by gw1 on the way, starts again at gw1.
+    for folder in tree.gateway_folders("gw1"):
+        shutil.rmtree(folder)
+    tree.record().write_text('["gw1"]')
+    again = facts(tree, names, limit=10)
+    assert statuses(again) == dict.fromkeys(names, "ok"), again
+    assert tree.connections() == {"gw1": 4, "sub1": 2, "gpu-001": 1, "gpu-002": 1}
+    assert json.loads(tree.record().read_text()) == ["gw1", "sub1"]
 
 
 def test_a_gateway_failing_otherwise_stays_lost_with_its_own_words_and_is_not_retried(tree: Tree) -> None:

@@ -186,13 +186,18 @@ def test_each_gateway_routes_a_workers_input_to_that_worker(
     """ClusterShell's gateway hands every stdin write to the worker it started last (1.10.1, Gateway.py
     `GatewayChannel.recv_ctl`: one `propagation`): through one gateway, gpu-004 was sent gpu-003's apply
     request and gpu-003 waited for its own. The gateway command routes each write by its message's
-    `srcid`, and hands the gateways it starts the same command. Run here against a stand-in of the
-    channel, as ClusterShell's own drives it."""
+    `srcid`, and hands the gateways it starts the same command — as the worker is made: a running task
+    starts a worker as it is scheduled, inside `recv_ctl`, its channels to the next level opened with the
+    command it has then (1.10.1, Engine.add; set after `recv_ctl`, a second level of gateways ran
+    ClusterShell's own). Run here against a stand-in of the channel, as ClusterShell's own drives it."""
 
-    class Worker:
+    class Worker:  # ClusterShell's TreeWorker, as far as the gateway uses it
         def __init__(self) -> None:
             self.input: list[str] = []
             self.invoke_gateway = "python3 -m ClusterShell.Gateway -Bu"
+
+        def start(self) -> None:
+            self.launched_with = self.invoke_gateway  # the next level's channels open now
 
         def write(self, buf: str) -> None:
             self.input.append(buf)
@@ -207,7 +212,8 @@ def test_each_gateway_routes_a_workers_input_to_that_worker(
 
         def recv_ctl(self, msg: Any) -> None:
             if msg.action == "shell":
-                self.propagation = Worker()
+                self.propagation = gateway.TreeWorker()  # the module's name, looked up as Gateway.py does
+                self.propagation.start()  # task.schedule in a running task
                 self.started.append(self.propagation)
             elif msg.action == "write":
                 assert self.propagation is not None
@@ -216,16 +222,23 @@ def test_each_gateway_routes_a_workers_input_to_that_worker(
                 assert self.propagation is not None
                 self.propagation.set_write_eof()
 
-    gateway = types.ModuleType("ClusterShell.Gateway")
-    gateway.GatewayChannel = Channel  # type: ignore[attr-defined]
-    gateway.gateway_main = lambda: None  # type: ignore[attr-defined]
-    communication = types.ModuleType("ClusterShell.Communication")
-    communication.ControlMessage = types.SimpleNamespace(ident="CTL")  # type: ignore[attr-defined]
-    package = types.ModuleType("ClusterShell")
-    package.Gateway, package.Communication = gateway, communication  # type: ignore[attr-defined]
-    for name, module in (("ClusterShell", package), ("ClusterShell.Gateway", gateway),
-                         ("ClusterShell.Communication", communication)):  # fmt: skip
+    # ClusterShell's modules as far as the gateway code uses them; its main does nothing (`int`): the
+    # channel is driven below.
+    stubs = {
+        "ClusterShell": {},
+        "ClusterShell.Gateway": {"GatewayChannel": Channel, "TreeWorker": Worker, "gateway_main": int},
+        "ClusterShell.Communication": {"ControlMessage": types.SimpleNamespace(ident="CTL")},
+        "ClusterShell.NodeSet": {"NodeSet": list},
+        "ClusterShell.Propagation": {"RouteResolvingError": RuntimeError},
+        "ClusterShell.Worker": {},
+        "ClusterShell.Worker.Tree": {"TreeWorker": Worker},
+        "ClusterShell.Worker.Worker": {"DistantWorker": object},
+    }
+    for name, names in stubs.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(names)
         monkeypatch.setitem(sys.modules, name, module)
+    gateway = sys.modules["ClusterShell.Gateway"]
     monkeypatch.setenv("CLUSTERSHELL_GW_PYTHON_EXECUTABLE", "/opt/py/bin/python3")
     monkeypatch.delenv("PYTHONPATH", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -247,4 +260,4 @@ def test_each_gateway_routes_a_workers_input_to_that_worker(
         channel.recv_ctl(msg(action, srcid, buf))
     first, second = channel.started
     assert first.input == ["gpu-003's request", "EOF"] and second.input == ["gpu-004's request", "EOF"]
-    assert first.invoke_gateway == second.invoke_gateway == command  # the next level runs the same fix
+    assert first.launched_with == second.launched_with == command  # the next level runs the same fix
