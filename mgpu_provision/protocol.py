@@ -11,7 +11,11 @@ described in docs/ARCHITECTURE.md ("The agent protocol").
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from .typing_lite import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 INSTALLED_FILE_KEYS = ("role", "path", "content", "mode")
 # The systemd unit apply writes to set compute mode and power limit at every boot (NVML forgets both when the

@@ -5,7 +5,12 @@ Shipped to nodes: Python 3.8, standard library only.
 """
 
 
-from typing import List
+from __future__ import annotations
+
+from ..typing_lite import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import List
 
 
 def parse_cpu_list(text: str) -> List[int]:

@@ -13,7 +13,10 @@ Stdlib only, Python 3.8: this module runs on the nodes inside the agent zipapp.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from ..typing_lite import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Optional, Sequence
 
 
 def prepend(current: Optional[str], entries: Sequence[str]) -> str:

@@ -12,10 +12,15 @@ packages for get a manual step naming it, never another family's tool.
 Shipped to nodes: Python 3.8, standard library only.
 """
 
+from __future__ import annotations
+
 import re
-from typing import List, NamedTuple, Optional, Tuple
 
 from ..protocol import branch_of
+from ..typing_lite import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
 
 
 class Family(NamedTuple):

@@ -27,7 +27,12 @@ Public sources of the table (checked 2026-12):
 Shipped to nodes: Python 3.8, standard library only.
 """
 
-from typing import List, Optional, Tuple
+from __future__ import annotations
+
+from ..typing_lite import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
 
 SOURCES = ("ubuntu", "cuda", "debian", "rhel")
 COMPONENTS = ("fabricmanager", "nscq", "nvsdm", "imex")

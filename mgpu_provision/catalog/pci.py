@@ -9,9 +9,13 @@ Shipped to nodes: standard library only, Python 3.8.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from ..typing_lite import TYPE_CHECKING
 
-PciKey = Tuple[int, int, int, int]
+if TYPE_CHECKING:
+    from typing import Optional, Tuple
+
+if TYPE_CHECKING:
+    PciKey = Tuple[int, int, int, int]
 
 
 def pci_key(address: Optional[str]) -> Optional[PciKey]:

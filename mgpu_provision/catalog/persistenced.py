@@ -9,8 +9,14 @@ one spelling of the flags for both.
 Shipped to nodes: Python 3.8, standard library only.
 """
 
+from __future__ import annotations
+
 import shlex
-from typing import List, Optional
+
+from ..typing_lite import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import List, Optional
 
 ON, OFF = "--persistence-mode", "--no-persistence-mode"
 

@@ -7,12 +7,17 @@ without branch names, RHEL has dnf module streams. Plan and validate read the fl
 here; the agent reads the package names. Shipped to nodes: Python 3.8, standard library only.
 """
 
+from __future__ import annotations
+
 import fnmatch
 import re
-from typing import Dict, List, Optional, Tuple
 
 from ..protocol import PackageSet
+from ..typing_lite import TYPE_CHECKING
 from . import names
+
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 SOURCES = ("ubuntu", "cuda", "debian", "rhel")
 FLAVORS: Dict[str, Tuple[str, ...]] = {

@@ -15,9 +15,12 @@ import errno
 import os
 import re
 import stat
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..judge.topology import nvlink_count as nvlink_count  # re-exported: the parser of these cells
+from ..typing_lite import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 # Cell tokens: self, PCIe classes (SOC is the old drivers' word for the socket interconnect, PSB comes from
 # DCGM's variant of the legend) and bonded NVLink sets.
@@ -222,7 +225,8 @@ def _check_symmetry(matrix: TopoMatrix, row_lines: Dict[str, int]) -> None:
                 raise TopologyParseError(lineno, f"{a}/{b} is {ab} but {b}/{a} is {ba}")
 
 
-Affinity = Tuple[Optional[str], Optional[str], Optional[str]]
+if TYPE_CHECKING:
+    Affinity = Tuple[Optional[str], Optional[str], Optional[str]]
 
 
 def gpu_matrix(

@@ -27,7 +27,7 @@ _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 _MAIN = b"import runpy\nrunpy.run_module('mgpu_provision.node', run_name='__main__', alter_sys=True)\n"
 # What a node runs: the package marker (it carries the version), the protocol, and these packages whole:
 # the node's code, the judge it holds itself to and the catalog of tables and parsers it shares with the plan.
-_SHIPPED = ("__init__.py", "protocol.py")
+_SHIPPED = ("__init__.py", "protocol.py", "typing_lite.py")
 _SHIPPED_PACKAGES = ("node", "judge", "catalog")
 
 

@@ -19,9 +19,12 @@ v1.12.0 and the refresh service (nvidia-cdi-refresh) from v1.18.0, so a pin belo
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional, Tuple
 
+from ..typing_lite import TYPE_CHECKING
 from .records import Expectation, Finding, gpus, nvml_ok
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 CDI_SINCE = (1, 12, 0)  # CHANGELOG.md v1.12.0-rc.2: "Use `nvidia-ctk cdi generate`"
 CDI_HOOK_SINCE = (1, 16, 0)  # CHANGELOG.md v1.16.0-rc.1: the hooks move to the nvidia-cdi-hook binary

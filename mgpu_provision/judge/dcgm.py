@@ -25,9 +25,12 @@ not taken out of service for what DCGM could not say.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional, Tuple
 
+from ..typing_lite import TYPE_CHECKING
 from .records import Finding
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 CHECK = "dcgm-diag"
 ROOTS = ("DCGM Diagnostic", "DCGM GPU Diagnostic")  # NVVS_NAME in DCGM 4, and in DCGM 3

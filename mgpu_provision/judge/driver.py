@@ -8,10 +8,12 @@ HGX/DGX box show PCIe instead of NVLink and CUDA init can fail.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
-
 from ..protocol import FABRICMANAGER_UNIT, branch_of
+from ..typing_lite import TYPE_CHECKING
 from .records import Expectation, Finding
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
 
 
 def satisfies(installed: Optional[str], version: Optional[str], branch: Optional[str]) -> bool:

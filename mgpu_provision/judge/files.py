@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
-
+from ..typing_lite import TYPE_CHECKING
 from .records import Expectation, Finding
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
 
 
 def same_digest(have: Optional[str], want: str) -> bool:

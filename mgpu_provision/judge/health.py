@@ -21,10 +21,13 @@ a reboot) from the Xid catalog (`xids.py`) and NVML's recovery action.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from ..typing_lite import TYPE_CHECKING
 from . import xids
 from .records import Expectation, Finding
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 # nvmlDeviceGpuRecoveryAction_t (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): DCGM's health watch fails
 # gpu_reset, node_reboot and drain_and_reset and warns on drain_p2p.
@@ -110,8 +113,10 @@ RESTART_FABRIC = "restart nvidia-fabricmanager, then reset the GPUs or reboot"
 REBUILD = "rebuild it (dkms autoinstall -k {k}, or install the prebuilt module package for that kernel)"
 REPLACE_LINK = "reseat or replace the bridge or cable, then reset the GPU"
 
-Facts = Dict[str, Any]
-GpuHealth = Dict[str, Any]
+if TYPE_CHECKING:
+    Facts = Dict[str, Any]
+if TYPE_CHECKING:
+    GpuHealth = Dict[str, Any]
 
 
 def health(facts: Facts, expect: Expectation) -> List[Finding]:
@@ -174,7 +179,9 @@ def sxid(events: Any) -> List[Finding]:
     return findings
 
 
-Window = Tuple[Optional[str], Optional[float]]  # (counters_since: "sample" or "boot", interval in seconds)
+if TYPE_CHECKING:
+    # (counters_since: "sample" or "boot", interval in seconds)
+    Window = Tuple[Optional[str], Optional[float]]
 
 
 def _recovery_action(expect: Expectation, gpu: GpuHealth, window: Window) -> List[Finding]:

@@ -11,11 +11,14 @@ generation at idle to save power: an idle gen-4 card reads gen 1 and would fail 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
-
+from ..typing_lite import TYPE_CHECKING
 from .records import Expectation, Finding, gpus, nvml_ok
 
-Facts = Dict[str, Any]
+if TYPE_CHECKING:
+    from typing import Any, Dict, List
+
+if TYPE_CHECKING:
+    Facts = Dict[str, Any]
 
 
 def inventory(facts: Facts, expect: Expectation) -> List[Finding]:

@@ -7,7 +7,10 @@ JSON is one object whose keys are the fields below.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from ..typing_lite import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 EXPECTATION_VERSION = 1
 

@@ -18,9 +18,12 @@ almost always the platform (IOMMU translation, ACS on a PCIe switch), so the mes
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional, Set, Tuple
 
+from ..typing_lite import TYPE_CHECKING
 from .records import Expectation, Finding, gpus, nvml_ok
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Set, Tuple
 
 PCIE_DISTANCE = {"PIX": 1, "PSB": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SOC": 5, "SYS": 5}
 P2P_MEANING = {
@@ -40,10 +43,13 @@ CAUSE = {
 }
 _NV = re.compile(r"^NV([1-9][0-9]*)$")
 
-Pair = Tuple[int, int]
-Gpu = Dict[str, Any]
+if TYPE_CHECKING:
+    Pair = Tuple[int, int]
+if TYPE_CHECKING:
+    Gpu = Dict[str, Any]
 # A compact-form finding and the GPU pairs it already explains, so the captured matrix does not repeat them.
-Explained = Tuple[Finding, Set[Pair]]
+if TYPE_CHECKING:
+    Explained = Tuple[Finding, Set[Pair]]
 
 
 def nvlink_count(cell: str) -> int:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Tuple
-
+from ..typing_lite import TYPE_CHECKING
 from .containers import containers
 from .driver import driver, fabricmanager, imex
 from .files import files
@@ -12,7 +11,11 @@ from .inventory import inventory, pcie
 from .records import Expectation, Finding
 from .topology import topology
 
-Judge = Callable[[Dict[str, Any], Expectation], List[Finding]]
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Tuple
+
+if TYPE_CHECKING:
+    Judge = Callable[[Dict[str, Any], Expectation], List[Finding]]
 # In the order plan lists its checks: what is wrong with the hardware before what software lacks.
 JUDGES: Tuple[Judge, ...] = (
     inventory, topology, pcie, fabricmanager, imex, health, kernel, driver, containers, files

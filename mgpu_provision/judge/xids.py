@@ -20,7 +20,10 @@ Shipped to nodes: standard library only, Python 3.8.
 
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Optional, Tuple
+from ..typing_lite import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import Dict, Optional, Tuple
 
 # The catalog's resolutions the tool acts on, and what `recover` does for each.
 RESET_GPU, RESTART_BM, WORKFLOW = "reset_gpu", "restart_bm", "workflow"

@@ -16,17 +16,22 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from .. import __version__
 from ..protocol import ERROR_KINDS, BadRequest, check_request
+from ..typing_lite import TYPE_CHECKING
 from .core.archive import record_digest
 from .core.errors import AgentFailure
 from .nvidia.backend import Backend
 from .nvidia.select import select_backend, simulation_target, state_folder
 
-BackendFactory = Callable[[], Backend]
-VerbOutcome = Tuple[Any, Optional[Callable[[], None]]]
+if TYPE_CHECKING:
+    from typing import IO, Any, Callable, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    BackendFactory = Callable[[], Backend]
+if TYPE_CHECKING:
+    VerbOutcome = Tuple[Any, Optional[Callable[[], None]]]
 
 
 def _facts(args: Dict[str, Any], backend: BackendFactory) -> VerbOutcome:

@@ -40,7 +40,7 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 # the protocol, the plain records it ends in); tests/unit/test_rig_cache.py checks that loading a rig imports
 # nothing outside these.
 _CODE_FOLDERS = ("rig", "judge", "catalog")
-_CODE = ("__init__.py", "errors.py", "protocol.py", "records.py")
+_CODE = ("__init__.py", "errors.py", "protocol.py", "records.py", "typing_lite.py")
 
 
 class Checked(NamedTuple):

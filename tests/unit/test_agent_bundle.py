@@ -55,7 +55,7 @@ def test_bundle_holds_the_node_modules_and_pynvml_only(pyz: Path) -> None:
         if n.startswith("mgpu_provision/")
         and not n.startswith(("mgpu_provision/node/", "mgpu_provision/judge/", "mgpu_provision/catalog/"))
     }
-    assert extra == {"mgpu_provision/__init__.py", "mgpu_provision/protocol.py"}
+    assert extra == {f"mgpu_provision/{name}" for name in ("__init__.py", "protocol.py", "typing_lite.py")}
     assert "mgpu_provision/judge/verdict.py" in names
     assert "mgpu_provision/catalog/names.py" in names
     assert {i.date_time for i in zipfile.ZipFile(pyz).infolist()} == {(1980, 1, 1, 0, 0, 0)}

@@ -7,9 +7,12 @@ facts: the facts report that archive's digest, and apply's `agent` step copies i
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
 
+from ...typing_lite import TYPE_CHECKING
 from .errors import AgentFailure
+
+if TYPE_CHECKING:
+    from typing import Optional, Tuple
 
 
 def agent_root() -> str:

@@ -15,9 +15,12 @@ import fcntl
 import os
 import tempfile
 import time
-from typing import IO, Optional
 
+from ...typing_lite import TYPE_CHECKING
 from .errors import AgentFailure
+
+if TYPE_CHECKING:
+    from typing import IO, Optional
 
 
 def atomic_write(path: str, data: bytes, mode: int) -> None:

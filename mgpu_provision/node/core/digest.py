@@ -8,7 +8,10 @@ or one that refuses it (FIPS-patched builds allow OpenSSL's only), gets hashlib'
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from ...typing_lite import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
 
 _SHA256: Optional[Callable[[bytes], Any]] = None
 

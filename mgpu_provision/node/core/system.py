@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Dict, List, Optional
+
+from ...typing_lite import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import subprocess
+    from typing import Dict, List, Optional
 
 _NVRM = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+([0-9]+(?:\.[0-9]+)+)")
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import re
 import stat
-from typing import Any, Dict, List, Optional, Sequence
 
+from ...typing_lite import TYPE_CHECKING
 from ..core.digest import sha256_hex
 from ..core.system import read_text
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence
 
 MAX_CONTENT_BYTES = 64 * 1024
 _SLI_OPTION = re.compile(r'^\s*Option\s+"SLI"\s+"([^"]*)"', re.IGNORECASE)

@@ -8,9 +8,12 @@ knows.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
 
+from ...typing_lite import TYPE_CHECKING
 from ..core.system import read_text
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
 
 NET_DIR = "/sys/class/net"
 CPU_DIR = "/sys/devices/system/cpu"

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ...catalog.cpulist import parse_cpu_list
+from ...typing_lite import TYPE_CHECKING
 from ..core.system import read_text
 
 if TYPE_CHECKING:
     import subprocess
+    from typing import Any, Dict, List, Optional, Tuple
 
 CPU_DIR = "/sys/devices/system/cpu"
 NODE_DIR = "/sys/devices/system/node"

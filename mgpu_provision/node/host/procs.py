@@ -14,7 +14,11 @@ import os
 import pwd
 import signal
 import time
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional
+
+from ...typing_lite import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Iterable, List, Optional
 
 PROC_ROOT = "/proc"
 DEVICE_PREFIX = "/dev/nvidia"  # nvidiactl, nvidia0..N, nvidia-uvm: every CUDA process keeps them open
@@ -53,7 +57,8 @@ class ProcInfo(NamedTuple):
         return "pid %d (%s)" % (self.pid, self.comm)
 
 
-Lookup = Callable[[int], Optional[ProcInfo]]
+if TYPE_CHECKING:
+    Lookup = Callable[[int], Optional[ProcInfo]]
 
 
 def _read(path: str) -> Optional[bytes]:
@@ -228,7 +233,8 @@ def same_process(target: ProcInfo, lookup_now: Lookup) -> bool:
 
 
 # Whether a process still holds the GPU: True, False, or None when the agent may not look.
-HoldsGpu = Callable[[int], Optional[bool]]
+if TYPE_CHECKING:
+    HoldsGpu = Callable[[int], Optional[bool]]
 
 
 def _signal(target: ProcInfo, sig: int, root: str, holds_gpu: Optional[HoldsGpu]) -> Optional[str]:

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional
 
+from ...typing_lite import TYPE_CHECKING
 from ..core.digest import sha256_hex
 from ..core.system import read_text
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Mapping, Optional
 
 # argv[1] is the key of the cached answer (its repr): when torch is still the same, say so instead of
 # importing it, that is when something beside torch changed (a package installed), so it does not even

@@ -9,7 +9,11 @@ granularity (one question per call, NVML integer constants) so the real side sta
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ...typing_lite import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # NVML constants the interface speaks in (nvml.h); kept here so the simulated side needs no pynvml.
 NVLINK_MAX_LINKS = 36
@@ -94,8 +98,10 @@ VIOLATION_POLICIES = ((0, "power"), (1, "thermal"), (3, "board_limit"), (5, "rel
 # 14): NVML_FI_DEV_PERF_POLICY_POWER 74, _THERMAL 75, _BOARD_LIMIT 77, _RELIABILITY 79, in ns (nvml.h).
 VIOLATION_FIELDS = {0: 74, 1: 75, 3: 77, 5: 79}
 MEMORY_LOCATION_DRAM, MEMORY_LOCATION_SRAM = 2, 7
-XidEvent = Tuple[str, int]  # (PCI domain:bus:device as the kernel log prints it, Xid code)
-SXidEvent = Tuple[str, str, int, bool]  # (nvidia-nvswitchN, its PCI address, SXid code, fatal)
+if TYPE_CHECKING:
+    XidEvent = Tuple[str, int]  # (PCI domain:bus:device as the kernel log prints it, Xid code)
+if TYPE_CHECKING:
+    SXidEvent = Tuple[str, str, int, bool]  # (nvidia-nvswitchN, its PCI address, SXid code, fatal)
 
 # One wording per NVML failure, shared by both backends so a simulated node reads like a real one.
 _NVML_MESSAGES = {

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Tuple
 
+from ...typing_lite import TYPE_CHECKING
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Tuple
 
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 # The driver's libraries a spec mounts, at the driver's version (a small part of the real list).

@@ -16,10 +16,14 @@ import errno
 import os
 import re
 import subprocess
-from typing import Any, Dict, List, Optional, Tuple
 
 from ...judge.health import kernel_key
-from .backend import SXidEvent, XidEvent
+from ...typing_lite import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
+
+    from .backend import SXidEvent, XidEvent
 
 _ADDRESS = r"([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?"
 # Current drivers: "NVRM: Xid (PCI:0000:cb:00): 13, pid=..."; old: "NVRM: Xid (0000:03:00): 14, Channel ...".

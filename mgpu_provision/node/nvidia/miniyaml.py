@@ -11,7 +11,11 @@ Shipped to nodes inside the agent: standard library only, Python 3.8.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from ...typing_lite import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 # Numbers as PyYAML (YAML 1.1) resolves them, without the forms refused below.
 _INT = re.compile(r"^[-+]?(0|[1-9][0-9]*)$")

@@ -12,8 +12,8 @@ Shipped to nodes: standard library only (plus the bundled pynvml), Python 3.8.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from . import kernel
 from .backend import (
@@ -22,9 +22,12 @@ from .backend import (
     NVLINK_BER_FIELDS,
     NVLINK_FIELDS,
     VIOLATION_FIELDS,
-    SXidEvent,
-    XidEvent,
 )
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+    from .backend import SXidEvent, XidEvent
 
 
 class RealHealth:

@@ -11,16 +11,19 @@ import glob
 import os
 import re
 import subprocess
-from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ... import protocol
 from ...catalog.pci import sysfs_name
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.errors import AgentFailure
 from ..host import procs
 from ..packages import driver, imex, persistenced, runfile, services, toolkit
 from .backend import Backend, GpuLost, NoSuchLink, NvmlUnavailable, nvml_message
 from .nvml_health import RealHealth
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 _LIB_VERSION = re.compile(r"libnvidia-ml\.so\.([0-9]+\.[0-9]+(?:\.[0-9]+)?)$")

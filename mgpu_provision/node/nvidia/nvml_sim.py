@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...catalog import persistenced
 from ...catalog.topology import nvlink_count
 from ...protocol import FABRICMANAGER_UNIT, GPU_SETTINGS_UNIT, PERSISTENCED_UNIT, branch_of
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.errors import AgentFailure
 from ..packages.driver import version_key
@@ -21,6 +21,9 @@ from ..packages.imex import imex_domain
 from .backend import P2P_NVLINK, REMOTE_GPU, REMOTE_SWITCH, Backend, NoSuchLink, NvmlUnavailable, nvml_message
 from .sim_health import SimulatedHealth
 from .twin import Twin, link_plan
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 _PCIE_LEVELS = {"PIX": 10, "PSB": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50, "SOC": 50}
 _P2P_OK, _P2P_NOT_SUPPORTED = 0, 5

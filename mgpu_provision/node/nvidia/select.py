@@ -7,10 +7,13 @@ only when chosen, and a real node never loads the twin reader (nor a simulated o
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional
 
 from ...protocol import SIMULATE_ENV
+from ...typing_lite import TYPE_CHECKING
 from .backend import Backend
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional
 
 
 def simulation_target(request_simulate: Optional[str], login_simulate: Optional[str] = None) -> Optional[str]:

@@ -9,8 +9,7 @@ Shipped to nodes: standard library only, Python 3.8.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
-
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.errors import AgentFailure
 from .backend import (
@@ -32,11 +31,14 @@ from .backend import (
     RECOVERY_ACTIONS,
     VIOLATION_POLICIES,
     GpuLost,
-    SXidEvent,
-    XidEvent,
 )
 from .twin import Twin
 from .twin_health import twin_xids
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
+
+    from .backend import SXidEvent, XidEvent
 
 _STATE_CODES = {name: code for code, name in FABRIC_STATES.items()}
 _RECOVERY_CODES = {name: code for code, name in RECOVERY_ACTIONS.items()}

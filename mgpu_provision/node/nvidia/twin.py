@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Tuple
 
 from ...catalog.topology import TopologyParseError, TopoMatrix, parse_topology, read_topology_text
+from ...typing_lite import TYPE_CHECKING
 from ..core.digest import sha256_hex
 from ..core.errors import AgentFailure
 from ..host.machine import simulated_machine
 from .miniyaml import MiniYamlError, loads
 from .twin_health import read_gpu_health, read_kernel, read_sxids, read_uptime
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 DEFAULT_OS_RELEASE = {
     "id": "ubuntu",

@@ -9,8 +9,7 @@ Shipped to nodes: standard library only, Python 3.8.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
-
+from ...typing_lite import TYPE_CHECKING
 from ..core.errors import AgentFailure
 from .backend import (
     CLOCK_EVENTS,
@@ -23,8 +22,12 @@ from .backend import (
     NVLINK_FIELDS,
     RECOVERY_ACTIONS,
     VIOLATION_POLICIES,
-    SXidEvent,
 )
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+    from .backend import SXidEvent
 
 THROTTLE_NAMES = tuple(name for _, name in CLOCK_EVENTS)
 COMPUTE_MODE_NAMES = tuple(COMPUTE_MODES.values())
@@ -33,7 +36,8 @@ FABRIC_PROBLEMS = tuple(name for _, name in FABRIC_HEALTH_BITS) + tuple(
     FABRIC_INCORRECT_CONFIGURATION.values()
 )
 
-Rule = Tuple[str, Callable[[Any], bool]]  # (what the value must be, in words; the test)
+if TYPE_CHECKING:
+    Rule = Tuple[str, Callable[[Any], bool]]  # (what the value must be, in words; the test)
 
 
 def _choice(values: Tuple[str, ...]) -> Rule:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
 
 from ...catalog import names, sources
 from ...protocol import PackageSet, branch_of
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
@@ -31,6 +31,9 @@ from .common import (
     run_all,
     upstream,
 )
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 PREFERENCES = "/etc/apt/preferences.d/mgpu-provision-nvidia"
 INSTALL = ["apt-get", "install", "-y", "--no-install-recommends", "--allow-downgrades"]

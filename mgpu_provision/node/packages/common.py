@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ...catalog import families, names
 from ...protocol import branch_of
+from ...typing_lite import TYPE_CHECKING, NamedTuple
 from ..core import system
 from ..core.errors import AgentFailure
+
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Optional, Tuple
 
 NONINTERACTIVE = {"DEBIAN_FRONTEND": "noninteractive"}
 TIMEOUT_S = 1800  # one package-manager command; a driver's DKMS build takes minutes, never half an hour

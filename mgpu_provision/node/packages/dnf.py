@@ -13,11 +13,13 @@ have.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
-
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.errors import AgentFailure
 from .common import Command, at_driver_version, listed_versions, resolve_version, version_key
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
 
 VERSIONLOCK_PLUGIN = {"dnf": "python3-dnf-plugin-versionlock", "yum": "yum-plugin-versionlock"}
 

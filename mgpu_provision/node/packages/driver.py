@@ -9,12 +9,14 @@ the source and flavor are ones it knows and hands the step to the path that know
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
-
 from ...catalog import sources
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.errors import AgentFailure
 from .common import installed_debs, installed_version, run_all, upstream, version_key
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["install", "installed_version", "unheld_packages", "version_key"]
 

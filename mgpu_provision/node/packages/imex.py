@@ -10,12 +10,17 @@ rig.
 Shipped to nodes: Python 3.8, standard library only.
 """
 
+from __future__ import annotations
+
 import glob
 import json
-from typing import Any, Dict, List, Optional
 
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from .common import installed_debs, rpm_provider, upstream
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
 
 UNIT = "nvidia-imex"
 CHANNELS = "/dev/nvidia-caps-imex-channels/channel*"

@@ -10,16 +10,21 @@ dependency or signed with another key is reported by plan, naming the package or
 Shipped to nodes: Python 3.8, standard library only.
 """
 
+from __future__ import annotations
+
 import os
 import re
 import shutil
 import tempfile
-from typing import Dict, List, Optional, Tuple
 
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
 from .common import release_family
+
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 SOURCES_DIR = "/etc/apt/sources.list.d"
 KEYRINGS_DIR = "/etc/apt/keyrings"

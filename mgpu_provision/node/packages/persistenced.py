@@ -10,11 +10,16 @@ apply writes the same override as a systemd drop-in, and facts report the ExecSt
 Shipped to nodes: Python 3.8, standard library only.
 """
 
+from __future__ import annotations
+
 import os
-from typing import List, Optional, Tuple
 
 from ...catalog.persistenced import ON, drop_in, exec_start_of, persistence_on
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
+
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
 
 UNIT = "nvidia-persistenced.service"
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")

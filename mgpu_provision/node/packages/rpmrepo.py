@@ -13,16 +13,21 @@ written (`zypper refresh`, `dnf makecache`); a failure there takes the files bac
 Shipped to nodes: Python 3.8, standard library only.
 """
 
+from __future__ import annotations
+
 import base64
 import functools
 import os
 import shutil
 import tempfile
-from typing import Dict, List, Optional, Tuple
 
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
+
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 NAME = "mgpu-provision-driver"
 KEY = "/etc/pki/rpm-gpg/RPM-GPG-KEY-" + NAME

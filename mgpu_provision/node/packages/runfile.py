@@ -11,12 +11,15 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from typing import Any, Dict, List, Tuple
 
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
 from .common import Command, run_all
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Tuple
 
 CACHE = "/var/cache/mgpu-provision"
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"

@@ -9,9 +9,8 @@ fail, so it is enabled and left to start at boot.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
-
 from ...protocol import FABRICMANAGER_UNIT
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
@@ -25,6 +24,9 @@ from .common import (
     run_all,
     upstream,
 )
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 
 def state(unit: str) -> Dict[str, Any]:

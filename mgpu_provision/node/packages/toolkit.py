@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
 
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.errors import AgentFailure
 from .common import Command, installed_debs, installed_rpms, resolve_version, run_all, upstream
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 NVIDIA_CTK = "nvidia-ctk"
 _VERSION = re.compile(r"version (\d+\.\d+\.\d+)")

@@ -24,12 +24,15 @@ from __future__ import annotations
 import fnmatch
 import re
 import xml.etree.ElementTree as ElementTree
-from typing import Any, Dict, List, Tuple
 
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.errors import AgentFailure
 from . import rpmrepo
 from .common import Command, at_driver_version, installed_rpms, resolve_version, run_all, upstream
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Tuple
 
 ZYPPER = ["zypper", "--non-interactive"]
 # Locks of these names are NVIDIA's: cleared before an install (a previous branch's names included).

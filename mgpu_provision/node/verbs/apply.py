@@ -11,19 +11,23 @@ import hashlib
 import os
 import stat
 import subprocess
-from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ... import protocol
+from ...typing_lite import TYPE_CHECKING
 from ..core import archive
 from ..core.atomic import HostLock, atomic_write
 from ..core.errors import AgentFailure
 from ..nvidia.backend import Backend
 from . import gpu_settings
 
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
 BACKUP_SUFFIX = ".mgpu-provision.bak"
 RESTART_TIMEOUT_S = 120
 
-StepResult = Tuple[bool, str]
+if TYPE_CHECKING:
+    StepResult = Tuple[bool, str]
 
 
 def same_node(args: Dict[str, Any], backend: Backend) -> None:

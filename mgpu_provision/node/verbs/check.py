@@ -33,18 +33,21 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from ... import __version__, protocol
 from ...judge.dcgm import judge_diag
 from ...judge.records import FAIL, SEVERITY_NAMES, Expectation, Finding, expectation_from_json
 from ...judge.verdict import judge_each
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
 from ..core.archive import agent_root
 from ..core.atomic import HostLock, atomic_write
 from ..core.errors import AgentFailure
 from . import check_metrics, smoke_baseline
 from .dcgm_diag import run_diag
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 EXIT_HEALTHY, EXIT_ERROR, EXIT_FAILED = 0, 1, 2
 DEFAULT_DEADLINE_S = 45.0

@@ -9,12 +9,15 @@ check that passed is a 1, not a missing series), so an alert on `== 0` never mis
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
-
 from ...judge.records import FAIL, SEVERITY_NAMES, Finding
+from ...typing_lite import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 PREFIX = "mgpu_provision_check_"
-Labels = Sequence[Tuple[str, str]]
+if TYPE_CHECKING:
+    Labels = Sequence[Tuple[str, str]]
 # The judges whose findings may name a GPU; the others (driver, files, ...) get no per-GPU series.
 GPU_JUDGES = ("inventory", "topology", "pcie", "health")
 

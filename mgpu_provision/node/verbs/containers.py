@@ -20,9 +20,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Dict, List, Optional, Tuple
 
+from ...typing_lite import TYPE_CHECKING
 from ..nvidia.miniyaml import MiniYamlError, loads
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 # Where podman, containerd and CRI-O look (SPEC.md "CDI file location"); /var/run/cdi wins on a conflict.
 SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")

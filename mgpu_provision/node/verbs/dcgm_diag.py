@@ -12,9 +12,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from typing import Any, Dict
 
+from ...typing_lite import TYPE_CHECKING
 from ..core import system
+
+if TYPE_CHECKING:
+    from typing import Any, Dict
 
 
 def run_diag(level: int, budget_s: float) -> Dict[str, Any]:

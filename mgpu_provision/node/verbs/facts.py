@@ -8,10 +8,10 @@ validate against `mgpu_provision.facts.Facts` (the control side checks it on arr
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
 
 from ... import __version__
 from ...catalog.pci import same_pci
+from ...typing_lite import TYPE_CHECKING
 from ..core import archive, system
 from ..host import files, hostenv, machine, procs, torch_probe
 from ..nvidia.backend import (
@@ -30,6 +30,9 @@ from ..nvidia.backend import (
 )
 from . import reclaim
 from .health import health_facts
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 FACTS_SCHEMA_VERSION = 1
 _MIB = 1024 * 1024

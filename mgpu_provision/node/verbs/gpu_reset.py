@@ -13,11 +13,14 @@ Shipped to nodes: standard library only, Python 3.8.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List
 
+from ...typing_lite import TYPE_CHECKING
 from ..core.atomic import HostLock
 from ..nvidia.backend import Backend
 from . import resets
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List
 
 POLL_S = 1.0
 

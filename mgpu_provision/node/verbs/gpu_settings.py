@@ -9,12 +9,15 @@ Shipped to nodes: standard library only, Python 3.8.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
-
+from ...typing_lite import TYPE_CHECKING
 from ..core.errors import AgentFailure
 from ..nvidia.backend import COMPUTE_MODE_CODES, Backend, NvmlUnavailable
 
-StepResult = Tuple[bool, str]
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    StepResult = Tuple[bool, str]
 
 
 def set_compute_mode(step: Dict[str, Any], backend: Backend) -> StepResult:

@@ -16,14 +16,18 @@ Shipped to nodes: standard library only, Python 3.8.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...catalog.pci import same_slot
+from ...typing_lite import TYPE_CHECKING
 from ..nvidia import backend as nv  # NVML's codes and names, read by each health reader
 from ..nvidia.backend import Backend
 from . import health_rates, resets
 
-Gpu = Dict[str, Any]
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    Gpu = Dict[str, Any]
 
 
 class NotChecked:

@@ -16,9 +16,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any, Dict, Optional
 
+from ...typing_lite import TYPE_CHECKING
 from ..nvidia.backend import NVLINK_FIELDS
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional
 
 SAMPLE_FILE = "health-counters.json"
 # A sample younger than this is kept as the base of the next call: calls a few seconds apart (apply's facts
@@ -32,7 +35,8 @@ GPU_COUNTERS = (
     "ecc_sram_volatile_uncorrectable",
     "ecc_dram_volatile_uncorrectable",
 )
-Counters = Dict[str, int]
+if TYPE_CHECKING:
+    Counters = Dict[str, int]
 
 
 def sample_of(health: Dict[str, Any], uuids: Dict[int, str]) -> Dict[str, Any]:

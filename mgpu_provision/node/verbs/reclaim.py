@@ -16,12 +16,11 @@ from __future__ import annotations
 import os
 import pwd
 import re
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
+from ...typing_lite import TYPE_CHECKING, NamedTuple
 from ..core.errors import AgentFailure
 from ..host.procs import (
     PROC_ROOT,
-    Lookup,
     ProcInfo,
     ancestors,
     boot_time,
@@ -31,6 +30,11 @@ from ..host.procs import (
     proc_lookup,
 )
 from ..nvidia.backend import Backend, GpuLost, NvmlUnavailable
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence
+
+    from ..host.procs import Lookup
 
 # Daemons that hold GPU memory by design, by program name; the kernel cuts `comm` to 15 characters. MPS:
 # the control daemon starts one server per user and every client runs through it; IMEX shares memory

@@ -19,13 +19,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
 
 from ...catalog.pci import same_slot
+from ...typing_lite import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 RESET_FILE = "gpu-resets.json"
 VERSION = 1
-Record = Dict[str, Any]
+if TYPE_CHECKING:
+    Record = Dict[str, Any]
 
 
 def read(state_dir: Optional[str], boot_id: str) -> Tuple[Dict[str, Dict[str, Any]], Optional[str]]:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import socket
 import subprocess
-from typing import Any, Dict, List, Optional
 
+from ...typing_lite import TYPE_CHECKING
 from ..core.errors import AgentFailure
 from ..host.machine import controller_line, find_tool, registered_name, run_tool
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
 
 
 def _line(scontrol: str, name: str) -> Dict[str, str]:

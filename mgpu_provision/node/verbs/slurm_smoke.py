@@ -24,11 +24,14 @@ import shutil
 import subprocess
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
 
+from ...typing_lite import TYPE_CHECKING
 from ..core.errors import AgentFailure
 from ..host.machine import find_tool
 from . import smoke
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
 
 IMMEDIATE_S = 10  # how long srun may wait for the nodes before it gives up (without it: forever)
 _JOB_ID = re.compile(r"jobid (\d+)|StepId=(\d+)\.")

@@ -29,16 +29,19 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import IO, Any
 
 from ... import protocol
 from ...catalog import envpath
+from ...typing_lite import TYPE_CHECKING
 from ..core.errors import AgentFailure
 from ..host import files, procs, torch_probe
 from ..nvidia.backend import Backend
 from . import smoke_baseline
 from .smoke_program import DATA_PARALLEL_FILE, DATA_PARALLEL_FLAG, data_parallel_row
 from .smoke_watch import NCCL_LOG_ENV, LoadSampler, transport, transport_problem
+
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 MARKER_ENV = "MGPU_PROVISION_SMOKE"  # value: the run id; every process of a run inherits it
 GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long

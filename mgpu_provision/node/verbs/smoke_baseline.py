@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Optional, Tuple
 
+from ...typing_lite import TYPE_CHECKING
 from ..core.atomic import atomic_write
 from ..core.errors import AgentFailure
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Tuple
 
 BASELINE_FILE = "smoke-baseline.json"
 FORMAT = 1

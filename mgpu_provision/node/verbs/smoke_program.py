@@ -34,9 +34,13 @@ import struct
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional
 
-Json = Dict[str, Any]
+# typing_lite's flag, here: this file runs as a script of its own, outside the package.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
+
+    Json = Dict[str, Any]
 
 WARMUP_ITERS = 1  # when the config names none
 # An in-place all_reduce of N bytes needs N on the GPU plus NCCL's buffers and the allocator's rounding:

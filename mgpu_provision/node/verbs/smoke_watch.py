@@ -13,9 +13,12 @@ Stdlib only, Python 3.8: this module runs on the nodes inside the agent zipapp.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional, Set
 
+from ...typing_lite import TYPE_CHECKING
 from ..nvidia.backend import CLOCK_EVENTS, Backend, NvmlUnavailable
+
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Set
 
 NCCL_LOG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,GRAPH"}
 # Ring/tree channels of current NCCL ("0[0]": rank[cuda device]) and of NCCL 2.x before 2.12 ("0[1a000]":

@@ -8,12 +8,15 @@ on a node that judges itself, so plan keeps only the translation of their findin
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ...judge import health as judge_health
 from ...judge import inventory
 from ...judge import topology as judge_topology
-from ...judge.verdict import Judge
 from ..change import Change, HostContext, failed_checks
+
+if TYPE_CHECKING:
+    from ...judge.verdict import Judge
 
 Diff = Callable[[HostContext], list[Change]]
 
