@@ -171,12 +171,12 @@ class TreeWorker(_TreeWorker):
 # What every gateway runs instead of ClusterShell's own entry point. First, a gateway without the run's
 # ssh_config and known_hosts (its cache wiped since the head recorded the copy) ends with
 # TREE_FILES_MISSING rather than start ssh clients that cannot read their config: the head copies them
-# there and runs that gateway's hosts again (`_GatewayFiles`). Then its GatewayChannel, which keeps one
+# there and runs that gateway's hosts again (`_GatewayFiles`). ClusterShell's GatewayChannel keeps one
 # `propagation`, the worker it started last, and hands it every worker's stdin writes and end of input
-# (1.10.1, Gateway.py `GatewayChannel.recv_ctl`), so that a second worker through a gateway got the first
-# one's input (seen in the tree e2e: gpu-004 was sent gpu-003's apply request, and gpu-003 waited for its
-# own until the command limit), hands each write to the worker its message comes from (`srcid`); and its
-# workers are _TREE_WORKER's, whose gateways run the same code: `C` is this text, the command
+# (1.10.1, Gateway.py `GatewayChannel.recv_ctl`): a second worker through a gateway got the first one's
+# input (seen in the tree e2e: gpu-004 was sent gpu-003's apply request, and gpu-003 waited for its own
+# until the command limit). Here each write goes to the worker its message comes from (`srcid`), and the
+# workers are _TREE_WORKER's, whose gateways run this same code: `C` is this text, the command
 # `python3 -c "C=…;exec(C)"`.
 _GATEWAY = """\
 import os, shlex, sys
