@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import ProvisionError
-from ..jobs.smoke import GroupReport, SmokeOptions, SmokeReport, new_run_id, run_smoke
+from ..jobs.smoke import STOPPED, GroupReport, SmokeOptions, SmokeReport, new_run_id, run_smoke
 from ..jobs.smoke_isolate import DEFAULT_BUDGET_S
 from ..jobs.smoke_srun import run_smoke_srun
 from . import options
@@ -61,7 +61,7 @@ def nodes_table(group: GroupReport) -> Table:
         nodes.add_row(
             shown(node.host),
             str(node.node_rank),
-            shown(verdict(node.ok)),
+            shown(("stopped", "yellow") if node.kind == STOPPED else verdict(node.ok)),
             f"{ranks_ok}/{group.nproc_per_node}",
             f"{node.elapsed_s:.1f}",
             shown(node.diagnosis or ""),

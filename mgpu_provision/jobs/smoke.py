@@ -62,6 +62,8 @@ DEFAULT_FLOORS_GBPS = (
 PRE_RUN_KINDS = frozenset(
     {"unreachable", "failed", "error", "not-applied", "torch-missing", "python-broken", "no-cuda"}
 )
+# A node whose ranks smoke ended because another node of its group had failed: it is not the bad one.
+STOPPED = "stopped"
 
 
 class SmokeInterrupted(KeyboardInterrupt):
@@ -366,7 +368,9 @@ def judge_group(
     if floor_gbps is None:
         floor_gbps = parts[0].floor_gbps
     expected = rendezvous.world_size
-    problems = [f"{n.host}: {n.diagnosis or n.kind or 'failed'}" for n in nodes if not n.ok]
+    # The nodes that failed by themselves first: the first problem is what a trial of the search says.
+    failed = sorted((n for n in nodes if not n.ok), key=lambda n: n.kind == STOPPED)
+    problems = [f"{n.host}: {n.diagnosis or n.kind or 'failed'}" for n in failed]
     ranks = {int(r["rank"]): r for n in nodes for r in n.ranks if "rank" in r}
     missing = sorted(set(range(expected)) - set(ranks))
     if missing and not problems:
@@ -459,9 +463,73 @@ class SmokeOptions:
     burn_in_s: float | None = None  # repeat the whole run this long; the spread goes into the baseline
 
 
+class PeerStop:
+    """Ends the rest of a DDP group once one of its nodes has failed, instead of letting them wait.
+
+    A node whose ranks died before the process group formed (or that never started them) leaves its peers
+    waiting for it at the rendezvous or in the process group's first collective until their timeout (half
+    the smoke timeout): every run with a bad node, and every round of the search for it, cost that much.
+    Its failure now ends the peers' runs at once, and those peers are reported as stopped by it, not as
+    failures of their own: a peer that has not started its smoke call yet does not start it (`stops`),
+    and the run's processes on the others are ended by `end` (the smoke-cleanup verb), again every
+    `every_s` while a peer is still in its call (one still checking its files or torch has no process to
+    end yet), for at most `for_s`. A peer that failed before its ranks ran (no torch, a stale launcher)
+    keeps its own reason; one whose ranks failed by themselves in the same instant may be reported as
+    stopped (the search still finds it: its next run has no bad peer)."""
+
+    def __init__(
+        self,
+        parts: Mapping[str, NodePart],
+        end: Callable[[list[str]], object],
+        for_s: float,
+        every_s: float = 1.0,
+    ) -> None:
+        self.group_of = {host: part.group for host, part in parts.items()}
+        self.running = set(parts)
+        self.stopped: dict[str, str] = {}  # peer -> the node whose failure stopped it
+        self.end, self.for_s, self.every_s = end, for_s, every_s
+        self.lock = threading.Lock()
+
+    def stops(self, host: str) -> str | None:
+        """The node whose failure stopped `host` before its call, if one did."""
+        with self.lock:
+            return self.stopped.get(host)
+
+    def done(self, host: str, ok: bool) -> None:
+        with self.lock:
+            if host not in self.running:
+                return
+            self.running.discard(host)
+            if ok or host in self.stopped:
+                return
+            peers = sorted(h for h in self.running if self.group_of[h] == self.group_of[host])
+            peers = [h for h in peers if h not in self.stopped]
+            self.stopped.update(dict.fromkeys(peers, host))
+        deadline = time.monotonic() + self.for_s
+        while peers:
+            self.end(peers)
+            time.sleep(self.every_s)
+            with self.lock:
+                peers = [h for h in peers if h in self.running]
+            if time.monotonic() > deadline:
+                return
+
+    def relabel(self, outcomes: Mapping[str, HostOutcome[dict[str, Any]]]) -> dict[str, HostOutcome[Any]]:
+        """The outcomes, each failed peer's as stopped by the node that failed."""
+        found = dict(outcomes)
+        for host, by in self.stopped.items():
+            got = found[host]
+            own = got.value is not None and got.value.get("kind") in PRE_RUN_KINDS
+            if got.status == "ok" and got.value is not None and not got.value.get("ok") and not own:
+                value = {**got.value, "kind": STOPPED, "diagnosis": f"stopped after {by} failed"}
+                found[host] = dataclasses.replace(got, value=value)
+        return found
+
+
 class SmokeRun:
     """One `smoke` command's runs over the fleet: the full run, then the smaller ones that name a bad node.
-    Every run starts all its nodes at once; hosts whose call failed get a cleanup call after."""
+    Every run starts all its nodes at once; the first failure in a DDP group ends the rest of it
+    (`PeerStop`); hosts whose call failed get a cleanup call after."""
 
     def __init__(
         self,
@@ -507,22 +575,43 @@ class SmokeRun:
     ) -> Mapping[str, HostOutcome[dict[str, Any]]]:
         chosen = [t for t in self.targets if t.name in parts]
         started = time.monotonic()
+        by_name = {t.name: t for t in chosen}
+        # Past the rendezvous timeout (a quarter of the smoke timeout, node side) a peer fails by itself.
+        stop_for = self.loaded.spec.smoke.timeout_s * 0.25
+        peers = PeerStop(parts, lambda hosts: self.clean_up([by_name[h] for h in hosts], parts), stop_for)
+        called: set[str] = set()
+        then = self.options.on_host_done
+
+        def host_done(name: str) -> None:
+            if name not in called:  # no session: unreachable, which its peers need not wait for
+                peers.done(name, False)
+            if then is not None:
+                then(name)
 
         def call(session: AgentSession) -> dict[str, Any]:
             name = session.target.name
+            called.add(name)
             try:
-                result = read_reply(session, "smoke", args_of(session), SmokeReply, self.timeout).model_dump()
+                args = args_of(session)
+                by = peers.stops(name)
+                if by is None:
+                    result = read_reply(session, "smoke", args, SmokeReply, self.timeout).model_dump()
+                else:  # its run would only wait for the node that failed
+                    result = {"ok": False, "kind": STOPPED, "diagnosis": f"stopped after {by} failed"}
             except Exception:
+                peers.done(name, False)
                 if report and self.on_node_done is not None:
                     self.on_node_done(name, False)
                 raise
+            peers.done(name, bool(result.get("ok")))
             if report and self.on_node_done is not None:
                 self.on_node_done(name, bool(result.get("ok")))
             return result
 
         try:
             # A DDP group with a member still queued behind a fork limit can never complete: start them all.
-            outcomes = run_fleet(chosen, call, dataclasses.replace(self.options, forks=len(chosen)))
+            run = dataclasses.replace(self.options, forks=len(chosen), on_host_done=host_done)
+            outcomes = run_fleet(chosen, call, run)
         except KeyboardInterrupt:
             # Ending the run's processes on every node also ends the smoke calls waiting for them.
             if stopping is not None:
@@ -533,7 +622,7 @@ class SmokeRun:
         if failed:
             self.clean_up(failed, parts)
         self.round_s = time.monotonic() - started
-        return outcomes
+        return peers.relabel(outcomes)
 
     def clean_up(
         self, hosts: list[HostTarget], parts: Mapping[str, NodePart]

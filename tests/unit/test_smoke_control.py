@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,8 @@ import yaml
 
 from mgpu_provision import cli
 from mgpu_provision.commands.output import make_console
-from mgpu_provision.commands.smoke import render_human
-from mgpu_provision.errors import ProvisionError
+from mgpu_provision.commands.smoke import nodes_table, render_human
+from mgpu_provision.errors import ConnectionFailed, ProvisionError
 from mgpu_provision.fleet.pool import HostOutcome
 from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.jobs import smoke as control
@@ -221,6 +222,85 @@ def test_run_smoke_starts_all_hosts_at_once_and_cleans_up_failed_ones(tmp_path: 
     assert requests[-1] == ("smoke-cleanup", "gpu-c", {"run_id": report.run_id, "node_rank": 2})
     assert sorted(done) == [("gpu-a", True), ("gpu-b", True), ("gpu-c", False)]
     assert not report.ok and report.groups[0].problems[0] == "gpu-c: agent smoke did not finish"
+
+
+@pytest.mark.parametrize("unreachable", [False, True], ids=["its-ranks-died", "unreachable"])
+def test_a_node_that_fails_ends_its_groups_run_at_once_and_its_peers_are_not_blamed(
+    tmp_path: Path, unreachable: bool
+) -> None:
+    """Before, a node whose ranks died before the process group formed (or that could not be reached) left
+    its peers waiting until their rendezvous or process-group timeout in every run it was part of: here
+    they would wait the whole 10 s. Now its failure ends their run (smoke-cleanup), and they are reported
+    as stopped by it."""
+    loaded = load_rig(rig_file(tmp_path, HOSTS))
+    hosts = list(loaded.spec.hosts)
+    targets = [HostTarget(h.name, "x", None, None, None, None, False, "p", "ssh", None, 1, 1) for h in hosts]
+    parts = {p.host: p for p in control.plan_smoke(loaded, hosts, "run-1")}
+    ended = {name: threading.Event() for name in parts}
+    cleaned: list[str] = []
+
+    def node(target: HostTarget) -> factories.Answer:
+        if unreachable and target.name == "gpu-b":
+            raise ConnectionFailed("connection refused by gpu-b")
+
+        def answer(verb: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+            if verb == "smoke-cleanup":
+                cleaned.append(target.name)
+                ended[target.name].set()
+                return {"marker": f"{args['run_id']}/{args['node_rank']}", "leftover_pids": []}
+            if target.name == "gpu-b":
+                return {"ok": False, "kind": "crash", "diagnosis": "rank 0 died before the process group"}
+            if not ended[target.name].wait(10):
+                return {"ok": False, "kind": "rendezvous-timeout", "diagnosis": "timed out waiting for peers"}
+            return {"ok": False, "kind": "crash", "diagnosis": "torchrun ended by SIGTERM"}
+
+        return answer
+
+    run = control.SmokeRun(loaded, list(parts.values()), targets, factories.fake_fleet(node), None)
+    started = time.monotonic()
+    outcomes = run.run(parts, control.prepared(parts))
+    assert time.monotonic() - started < 5
+    reports = {name: control.node_report(parts[name], outcomes[name]) for name in parts}
+    assert {name: (r.kind, r.diagnosis) for name, r in reports.items() if name != "gpu-b"} == {
+        "gpu-a": ("stopped", "stopped after gpu-b failed"),
+        "gpu-c": ("stopped", "stopped after gpu-b failed"),
+    }
+    group = control.judge_group(list(parts.values()), list(reports.values()))
+    why = "connection refused by gpu-b" if unreachable else "rank 0 died before the process group"
+    assert group.problems[0] == f"gpu-b: {why}"  # the search's evidence
+    assert sorted(cleaned) == ["gpu-a", "gpu-c"]  # the failed node's own run had ended already
+    table = piped(lambda console: console.print(nodes_table(group)))
+    results = [line.split(" │ ")[2].strip() for line in table if line.startswith("gpu-")]
+    assert results == ["stopped", "FAIL", "stopped"], table
+
+
+def test_only_the_failed_nodes_own_group_is_stopped_and_only_once(tmp_path: Path) -> None:
+    (first, *_) = plan(tmp_path, HOSTS)
+
+    def rendezvous(master: str) -> Any:
+        return dataclasses.replace(first.rendezvous, master=master)
+
+    masters = {"a1": "a1", "a2": "a1", "a3": "a1", "c1": "c1", "c2": "c1"}
+    parts = {
+        name: dataclasses.replace(first, host=name, rendezvous=rendezvous(m))
+        for name, m in masters.items()
+    }
+    ends: list[list[str]] = []
+    peers = control.PeerStop(parts, ends.append, for_s=0, every_s=0)
+    peers.done("a3", True)  # finished before the failure: nothing to stop
+    peers.done("a1", False)
+    peers.done("a2", False)  # stopped by a1: its own failure stops no one else
+    peers.done("c1", True)
+    assert ends == [["a2"]] and peers.stopped == {"a2": "a1"}
+    def failed(kind: str) -> HostOutcome[dict[str, Any]]:
+        return HostOutcome("ok", {"ok": False, "kind": kind, "diagnosis": f"its own {kind}"}, None, 1.0)
+
+    peers.stopped["c2"] = "c1"  # as if c1 had failed while c2 was still checking its torch
+    outcomes = {"a2": failed("crash"), "c1": failed("crash"), "c2": failed("torch-missing")}
+    relabeled = peers.relabel(outcomes)
+    assert relabeled["a2"].value == {"ok": False, "kind": "stopped", "diagnosis": "stopped after a1 failed"}
+    assert relabeled["c1"] == outcomes["c1"]  # not stopped: its own failure
+    assert relabeled["c2"] == outcomes["c2"]  # failed before its ranks ran: by itself, whatever stopped it
 
 
 def test_a_malformed_smoke_reply_fails_that_node_with_a_plain_error(tmp_path: Path) -> None:

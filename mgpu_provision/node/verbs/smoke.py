@@ -426,6 +426,9 @@ def probe_torch(req: Request) -> dict[str, Any] | None:
     NCCL and torch cannot give each of them a GPU (a CPU-only build, a driver too old for the build, too
     few visible GPUs); else None."""
     env = child_environment(req, dict(os.environ))  # the run's env: PYTHONPATH may be where torch is
+    # Not one of the run's processes: a peer's failure ends those (control side's PeerStop), and that
+    # must not end this check and leave the node reported as a broken python.
+    del env[MARKER_ENV]
     probe = torch_probe.probe_torch(req.python, PROBE_TIMEOUT_S, env=env)
     if not probe["ok"]:
         return failure(req, str(probe.get("kind") or "python-broken"), f"{probe['error']} on {req.node}")
