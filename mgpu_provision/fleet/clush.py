@@ -17,17 +17,19 @@ Tree mode (`--topology FILE`, ClusterShell's topology.conf): the head reaches th
 each running ClusterShell's gateway on `python3` (ClusterShell's CLUSTERSHELL_GW_PYTHON_EXECUTABLE names
 another interpreter), with one fix (`_GATEWAY`: each worker's input to that worker), over one OpenSSH
 connection from its parent; the gateways start the nodes' OpenSSH clients. Every hop reads the same
-ssh_config and known_hosts, so both are first copied, by level, to the same place under each gateway's home
-(`~/.cache/mgpu-provision/clush/<hash>/`, which ClusterShell expands on each side). A gateway that cannot
-start or dies makes the hosts behind it `unreachable` with its own words while the others go on; a run is
-bounded on the head too (a gateway that stops answering is not waited for past the hosts' command limit and
-the connect timeouts).
+ssh_config and known_hosts, so both go, by level, to the same place under each gateway's home
+(`~/.cache/mgpu-provision/clush/<hash>/`, which ClusterShell expands on each side), copied only where the
+head has no record of that copy (`_GatewayFiles`: a gateway that lost it says so, gets it again and its
+hosts run once more). A gateway that cannot start or dies makes the hosts behind it `unreachable` with its
+own words while the others go on; a run is bounded on the head too (a gateway that stops answering is not
+waited for past the hosts' command limit and the connect timeouts).
 
 ClusterShell is an optional extra, imported only here and only under `--via clush`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import hashlib
 import io
@@ -38,7 +40,7 @@ import tarfile
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -56,6 +58,9 @@ DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 GATEWAY_LOST = os.EX_PROTOCOL  # ClusterShell's exit code for a host whose gateway went away (Worker/Tree.py)
 TREE_FOLDER = "~/.cache/mgpu-provision/clush"  # the run's ssh_config and known_hosts, on every hop
 GATEWAY_PYTHON = "python3"  # ClusterShell's default is the head's interpreter name (a venv's `python`)
+# What a gateway says, before it starts ClusterShell's gateway, when the run's files are not in its folder.
+TREE_FILES_MISSING = "mgpu-provision: this gateway has no copy of the run's ssh_config and known_hosts"
+TREE_RECORD = "gateways.json"  # in the head's own copy of a run's folder: the gateways that hold it
 
 
 def ssh_config(targets: list[HostTarget], user_config: Path | None) -> str:
@@ -110,7 +115,7 @@ class _Replies:
 
     def forget(self, name: str) -> None:
         """A host's earlier step (its 97, its upload) is over: its next worker's output starts afresh."""
-        for collected in (self.out, self.err, self.code):
+        for collected in (self.out, self.err, self.code, self.ended, self.stalled):
             collected.pop(name, None)
 
     def handler(self) -> Any:
@@ -136,17 +141,53 @@ class _Replies:
 Groups = Mapping[tuple[str, bytes, float], list[str]]  # (command, stdin, timeout) → the hosts sending it
 
 
-# What every gateway runs instead of ClusterShell's own entry point, to fix one thing: its GatewayChannel
-# keeps one `propagation`, the worker it started last, and hands it every worker's stdin writes and end of
-# input (1.10.1, Gateway.py `GatewayChannel.recv_ctl`), so a second worker through a gateway got the first
-# one's input (seen in the tree e2e: gpu-004 was sent gpu-003's apply request, and gpu-003 waited for its
-# own until the command limit). Here each write goes to the worker its message comes from (`srcid`), and
-# the gateways a gateway starts run the same code: `C` is this text, the command `python3 -c "C=…;exec(C)"`.
+# ClusterShell's TreeWorker as the head and every gateway run it, with two changes. The hosts of a gateway
+# that failed before it was set up, with no other gateway to take them, end with LOST (GATEWAY_LOST):
+# ClusterShell reroutes them and, finding no route, raises out of the whole run (Worker/Tree.py
+# `_relaunch`, Propagation.py `next_hop`) — on a gateway, that ended the gateway and every host behind it.
+# And its gateways run INVOKE (`invoke_gateway`), set as it is made: a running task starts a worker as it
+# is scheduled (Engine.add), so on a gateway its channels to the next level open inside `recv_ctl`.
+_TREE_WORKER = """\
+from ClusterShell.NodeSet import NodeSet
+from ClusterShell.Propagation import RouteResolvingError
+from ClusterShell.Worker.Tree import TreeWorker as _TreeWorker
+from ClusterShell.Worker.Worker import DistantWorker
+class TreeWorker(_TreeWorker):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.invoke_gateway = INVOKE
+    def _relaunch(self, previous_gateway):
+        targets = NodeSet.fromlist(self.gwtargets[previous_gateway])
+        try:
+            super()._relaunch(previous_gateway)
+        except RouteResolvingError:
+            self._target_count += len(targets)
+            for node in targets:
+                DistantWorker._on_node_close(self, node, LOST)
+                self._close_count += 1
+            self._check_fini()
+"""
+
+# What every gateway runs instead of ClusterShell's own entry point. First, a gateway without the run's
+# ssh_config and known_hosts (its cache wiped since the head recorded the copy) ends with
+# TREE_FILES_MISSING rather than start ssh clients that cannot read their config: the head copies them
+# there and runs that gateway's hosts again (`_GatewayFiles`). ClusterShell's GatewayChannel keeps one
+# `propagation`, the worker it started last, and hands it every worker's stdin writes and end of input
+# (1.10.1, Gateway.py `GatewayChannel.recv_ctl`): a second worker through a gateway got the first one's
+# input (seen in the tree e2e: gpu-004 was sent gpu-003's apply request, and gpu-003 waited for its own
+# until the command limit). Here each write goes to the worker its message comes from (`srcid`), and the
+# workers are _TREE_WORKER's, whose gateways run this same code: `C` is this text, the command
+# `python3 -c "C=…;exec(C)"`.
 _GATEWAY = """\
-import shlex
+import os, shlex, sys
+held = os.path.expanduser(FOLDER)
+if not all(os.path.isfile(os.path.join(held, name)) for name in ("ssh_config", "known_hosts")):
+    sys.exit("%s (%s)" % (MISSING, FOLDER))
 import ClusterShell.Gateway as g
 from ClusterShell.Communication import ControlMessage
-recv_ctl = g.GatewayChannel.recv_ctl
+INVOKE = PREFIX + " -c " + shlex.quote("C=%r;exec(C)" % C)
+exec(TREE_WORKER)
+recv_ctl, g.TreeWorker = g.GatewayChannel.recv_ctl, TreeWorker
 def routed(self, msg):
     workers = self.__dict__.setdefault("mgpu_workers", {})
     ctl = msg.type == ControlMessage.ident
@@ -155,54 +196,38 @@ def routed(self, msg):
     recv_ctl(self, msg)
     if ctl and msg.action == "shell" and self.propagation is not None:
         workers[msg.srcid] = self.propagation
-        self.propagation.invoke_gateway = PREFIX + " -c " + shlex.quote("C=%r;exec(C)" % C)
 g.GatewayChannel.recv_ctl = routed
 g.gateway_main()
 """
 
 
-def invoke_gateway() -> str:
+def invoke_gateway(folder: str) -> str:
     """The command the head (and each gateway) runs on a gateway: ClusterShell's gateway with its stdin
-    writes routed per worker (`_GATEWAY`), on `python3` unless CLUSTERSHELL_GW_PYTHON_EXECUTABLE names
-    another interpreter (ClusterShell would take the head's own interpreter's name, a virtualenv's `python`
-    that a gateway may not have)."""
+    writes routed per worker (`_GATEWAY`), once the run's files are in `folder` there, on `python3` unless
+    CLUSTERSHELL_GW_PYTHON_EXECUTABLE names another interpreter (ClusterShell would take the head's own
+    interpreter's name, a virtualenv's `python` that a gateway may not have)."""
     passed = ("PYTHONPATH", *(f"CLUSTERSHELL_GW_{n}" for n in ("LOG_DIR", "LOG_LEVEL", "B64_LINE_LENGTH")))
     words = [f"{name}={shlex.quote(value)}" for name in passed if (value := os.environ.get(name))]
     python = os.environ.get("CLUSTERSHELL_GW_PYTHON_EXECUTABLE", GATEWAY_PYTHON)
     prefix = " ".join([*words, shlex.quote(python)])
-    code = f"PREFIX = {prefix!r}\n{_GATEWAY}"
+    names = {"PREFIX": prefix, "FOLDER": folder, "MISSING": TREE_FILES_MISSING, "LOST": GATEWAY_LOST}
+    code = "".join(f"{name} = {value!r}\n" for name, value in names.items())
+    code += f"TREE_WORKER = {_TREE_WORKER!r}\n{_GATEWAY}"
     return f"{prefix} -c {shlex.quote(f'C={code!r};exec(C)')}"
 
 
-def _tree_worker() -> Any:
-    """ClusterShell's TreeWorker, except that the hosts of a gateway that failed before it was set up, with
-    no other gateway to take them, end with GATEWAY_LOST: ClusterShell reroutes them and, finding no route,
-    raises out of the whole run (Worker/Tree.py `_relaunch`, Propagation.py `next_hop`)."""
-    from ClusterShell.NodeSet import NodeSet
-    from ClusterShell.Propagation import RouteResolvingError
-    from ClusterShell.Worker.Tree import TreeWorker
-    from ClusterShell.Worker.Worker import DistantWorker
-
-    class Worker(TreeWorker):  # type: ignore[misc]  # ClusterShell has no type hints
-        def _relaunch(self, previous_gateway: str) -> None:
-            targets = NodeSet.fromlist(self.gwtargets[previous_gateway])
-            try:
-                super()._relaunch(previous_gateway)
-            except RouteResolvingError:
-                self._target_count += len(targets)
-                for node in targets:
-                    DistantWorker._on_node_close(self, node, GATEWAY_LOST)
-                    self._close_count += 1
-                self._check_fini()
-
-    return Worker
+def _tree_worker(invoke: str) -> Any:
+    """The head's TreeWorker (_TREE_WORKER), its gateways running `invoke`."""
+    names: dict[str, Any] = {"INVOKE": invoke, "LOST": GATEWAY_LOST}
+    exec(_TREE_WORKER, names)
+    return names["TreeWorker"]
 
 
 def _run(
     groups: Groups, options: FleetOptions, ssh: str, connect_timeout: float, replies: _Replies,
-    topology: Topology | None = None,
+    tree: _GatewayFiles | None = None,
 ) -> None:  # fmt: skip
-    """Run every group in one ClusterShell task, one worker per group: flat, or through the topology's
+    """Run every group in one ClusterShell task, one worker per group: flat, or through the tree's
     gateways. A tree run ends by `connect_timeout` per level past its longest command limit at the latest:
     the hosts still waiting on a gateway then are noted in `replies.stalled`."""
     from ClusterShell.Event import EventHandler
@@ -217,13 +242,13 @@ def _run(
     task.set_default("stdout_msgtree", False)
     task.set_default("stderr_msgtree", False)
     workers = []
-    if topology is not None:
-        task.topology, task.router = topology.tree, None  # one router: a gateway marked lost stays lost
-        tree_worker = _tree_worker()
+    if tree is not None:
+        task.topology, task.router = tree.topology.tree, None  # one router: a gateway marked lost stays lost
+        tree_worker = _tree_worker(tree.invoke)
     for (command, stdin, timeout), names in groups.items():
         for name in names:
             replies.forget(name)
-        if topology is None:
+        if tree is None:
             # tree=False: a site's /etc/clustershell/topology.conf must not make a flat run a tree one.
             worker = task.shell(
                 command, nodes=NodeSet.fromlist(names), handler=replies.handler(), timeout=timeout,
@@ -233,15 +258,14 @@ def _run(
             nodes = NodeSet.fromlist(names)
             handler = replies.handler()
             worker = tree_worker(nodes, handler=handler, timeout=timeout, command=command, stderr=True)
-            worker.invoke_gateway = invoke_gateway()
             task.schedule(worker)
         worker.write(stdin)
         worker.set_write_eof()
         workers.append(worker)
-    if topology is None:
+    if tree is None:
         task.resume()
         return
-    levels = max(1, len(topology.gateway_levels([n for names in groups.values() for n in names])))
+    levels = max(1, len(tree.topology.gateway_levels([n for names in groups.values() for n in names])))
     deadline = max(timeout for _, _, timeout in groups) + connect_timeout * (levels + 1) + 5
 
     class Deadline(EventHandler):  # type: ignore[misc]  # ClusterShell has no type hints
@@ -261,15 +285,14 @@ def _run(
         task.abort(kill=True)  # the next run gets a task of its own: no router, topology or channel left
 
 
-def _tree_files(config: str, known: Path) -> bytes:
-    """The ssh_config and known_hosts every hop of a tree run reads, as a tar for the gateways."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for name, data in (("ssh_config", config.encode()), ("known_hosts", _read(known))):
-            entry = tarfile.TarInfo(name)
-            entry.size, entry.mode = len(data), 0o600
-            archive.addfile(entry, io.BytesIO(data))
-    return buffer.getvalue()
+def _write_atomic(path: Path, data: bytes) -> None:
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, prefix=f".{path.name}.") as part:
+        part.write(data)
+    try:
+        os.replace(part.name, path)
+    except OSError:
+        os.unlink(part.name)
+        raise
 
 
 def _read(path: Path) -> bytes:
@@ -279,22 +302,100 @@ def _read(path: Path) -> bytes:
         return b""  # accept-new's first run: the run's own file comes later
 
 
-def _place_tree_files(folder: str, config: str, known: Path) -> None:
-    """The head's own copy, where the gateways' go (`folder` under this home)."""
-    local = Path(folder).expanduser()
-    local.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for name, data in (("ssh_config", config.encode()), ("known_hosts", _read(known))):
-        with tempfile.NamedTemporaryFile(dir=local, delete=False, prefix=f".{name}.") as part:
-            part.write(data)
-        os.replace(part.name, local / name)
+class _GatewayFiles:
+    """The ssh_config and known_hosts every hop of a tree run reads, in a folder named by their hash under
+    each gateway's home (TREE_FOLDER, as under the head's). Beside its own copy the head records which
+    gateways it copied that folder to (TREE_RECORD; missing or unreadable: none), and copies, level by
+    level, only to the others. A gateway that lost its copy since says so as it starts (`_GATEWAY`):
+    `lacking` names the hosts lost that way and forgets those gateways, so `copy` sends them the files again:
+    a stale record costs one more round, never a host."""
 
+    def __init__(
+        self, topology: Topology, options: FleetOptions, config: str, connect: float, replies: _Replies
+    ) -> None:
+        known = (options.known_hosts or DEFAULT_KNOWN_HOSTS).expanduser()
+        contents = {"ssh_config": config.encode(), "known_hosts": _read(known)}
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            for name, data in contents.items():
+                entry = tarfile.TarInfo(name)
+                entry.size, entry.mode = len(data), 0o600
+                archive.addfile(entry, io.BytesIO(data))
+        self.tar = buffer.getvalue()
+        self.folder = f"{TREE_FOLDER}/{hashlib.sha256(self.tar).hexdigest()[:16]}"
+        local = Path(self.folder).expanduser()
+        local.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for name, data in contents.items():
+            _write_atomic(local / name, data)
+        self.record = local / TREE_RECORD
+        self.held = self._recorded()
+        self.saved = set(self.held)
+        self.topology, self.options, self.connect, self.replies = topology, options, connect, replies
+        self.ssh = ssh_options(f"{self.folder}/ssh_config", options, f"{self.folder}/known_hosts")
+        self.invoke = invoke_gateway(self.folder)
+        remote = shlex.quote(self.folder.replace("~/", "", 1))
+        self.upload = (
+            f"umask 077 && cd && mkdir -p {remote} && t=$(mktemp -d {remote}/.up.XXXXXX) && "
+            f'tar -xf - -C "$t" && mv -f "$t/ssh_config" "$t/known_hosts" {remote}/ && rmdir "$t"'
+        )
 
-def _tree_upload_command(folder: str) -> str:
-    remote = shlex.quote(folder.replace("~/", "", 1))
-    return (
-        f'umask 077 && cd && mkdir -p {remote} && t=$(mktemp -d {remote}/.up.XXXXXX) && tar -xf - -C "$t" '
-        f'&& mv -f "$t/ssh_config" "$t/known_hosts" {remote}/ && rmdir "$t"'
-    )
+    def _recorded(self) -> set[str]:
+        try:
+            names = json.loads(self.record.read_bytes())
+        except (OSError, ValueError):
+            return set()
+        return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
+
+    def _save(self) -> None:
+        if self.held != self.saved:
+            with contextlib.suppress(OSError):  # unsaved, the next run copies once more
+                _write_atomic(self.record, json.dumps(sorted(self.held)).encode())
+            self.saved = set(self.held)
+
+    def copy(self, hosts: list[str]) -> dict[str, str]:
+        """The files onto every gateway on the way to `hosts` that has no record, nearest the head first;
+        the gateways that could not get them, with their words. A copy refused on the way by a gateway
+        that lost its own makes that one copied again, once."""
+        levels = self.topology.gateway_levels(hosts)
+        for _ in range(2):
+            lost: dict[str, str] = {}
+            for level in levels:
+                todo = [g for g in level if g not in self.held and not _behind_lost(self.topology, g, lost)]
+                if todo:
+                    copies = {(self.upload, self.tar, UPLOAD_TIMEOUT_S): todo}
+                    _run(copies, self.options, self.ssh, self.connect, self.replies, self)
+                for gateway in todo:
+                    if self.replies.code.get(gateway) == 0:
+                        self.held.add(gateway)
+                    else:
+                        lost[gateway] = _gateway_words(self.replies, gateway)
+            if not (lost and self._forget_lacking(levels)):
+                break
+        self._save()
+        for gateway in (g for level in levels for g in level):
+            self.replies.forget(gateway)  # what the copy printed is not what the gateway says in the run
+        return lost
+
+    def lacking(self, names: list[str]) -> list[str]:
+        """Of `names`, those lost on their way at a gateway that had not the run's files."""
+        stale = self._forget_lacking(self.topology.gateway_levels(names))
+        gone = [n for n in names if self.replies.code.get(n) == GATEWAY_LOST and not self.replies.out.get(n)]
+        return [n for n in gone if any(g in stale for level in _ways(self.topology, n) for g in level)]
+
+    def _forget_lacking(self, levels: list[list[str]]) -> set[str]:
+        """The gateways that said they lack the files (TREE_FILES_MISSING), now off the record."""
+        stale = {
+            gateway
+            for level in levels
+            for gateway in level
+            if any(
+                line.strip().startswith(TREE_FILES_MISSING)
+                for line in self.replies.text(gateway, self.replies.err).splitlines()
+            )
+        }
+        self.held -= stale
+        self._save()
+        return stale
 
 
 def _gateway_words(replies: _Replies, gateways: str) -> str:
@@ -357,61 +458,54 @@ def call_many_clush(
         if options.on_host_done is not None:
             options.on_host_done(name)
 
+    config_text = ssh_config(targets, options.ssh_config)
+    tree = None if topology is None else _GatewayFiles(topology, options, config_text, connect, replies)
+
     def run(groups: Groups, ssh: str) -> None:
         if groups:
-            _run(groups, options, ssh, connect, replies, topology)
+            _run(groups, options, ssh, connect, replies, tree)
 
-    with tempfile.TemporaryDirectory(prefix="mgpu-clush-") as scratch:
-        config_text = ssh_config(targets, options.ssh_config)
-        if topology is None:
-            config = Path(scratch) / "ssh_config"
-            config.write_text(config_text)
-            ssh = ssh_options(config, options)
-            names = list(by_name)
-        else:
-            known = (options.known_hosts or DEFAULT_KNOWN_HOSTS).expanduser()
-            files = _tree_files(config_text, known)
-            folder = f"{TREE_FOLDER}/{hashlib.sha256(files).hexdigest()[:16]}"
-            _place_tree_files(folder, config_text, known)
-            ssh = ssh_options(f"{folder}/ssh_config", options, f"{folder}/known_hosts")
-            lost: dict[str, str] = {}
-            levels = topology.gateway_levels(list(by_name))
-            for level in levels:
-                reachable = [g for g in level if not _behind_lost(topology, g, lost)]
-                if reachable:
-                    run({(_tree_upload_command(folder), files, UPLOAD_TIMEOUT_S): reachable}, ssh)
-                lost.update(
-                    (gateway, _gateway_words(replies, gateway))
-                    for gateway in reachable
-                    if replies.code.get(gateway) != 0
-                )
-            for gateway in (g for level in levels for g in level):
-                replies.forget(gateway)  # what the copy printed is not what the gateway says in the run
-            names = []
-            for name, t in by_name.items():
-                blocked = _behind_lost(topology, name, lost)
-                if blocked:
-                    finish(name, "unreachable", None, f"cannot reach {describe(t)} through {blocked}")
-                else:
-                    names.append(name)
+    def reach(tree: _GatewayFiles, names: list[str]) -> list[str]:
+        """The run's files onto the gateways on the way to `names`; those behind one that could not get
+        them end here, unreachable; the others."""
+        lost = tree.copy(names)
+        for name in names:
+            blocked = _behind_lost(tree.topology, name, lost)
+            if blocked:
+                finish(name, "unreachable", None, f"cannot reach {describe(by_name[name])} through {blocked}")
+        return [n for n in names if n not in outcomes]
+
+    def attempt(names: list[str], ssh: str) -> None:
+        """The request on `names`; where a reply says the agent is missing, its upload, the request again."""
         run(request_groups(names), ssh)
         missing = [n for n in names if replies.code.get(n) == AGENT_MISSING]
-        if missing:
-            uploads: dict[tuple[str, bytes, float], list[str]] = defaultdict(list)
-            partials: dict[str, str] = {}  # one partial name per cache folder: one worker per folder
-            for name in missing:
-                cache = cache_folder(replies.text(name, replies.out))
-                partial = partials.setdefault(cache, partial_name(cache, agent.name))
-                command = upload_command(cache, partial, f"{cache}/{agent.name}")
-                uploads[(command, agent.data, UPLOAD_TIMEOUT_S)].append(name)
-            run(uploads, ssh)
-            for name in missing:
-                if replies.code.get(name) not in (0, None):
-                    last = (replies.text(name, replies.err).strip().splitlines() or ["no error output"])[-1]
-                    finish(
-                        name, "failed", None, f"cannot send the agent to {describe(by_name[name])}: {last}"
-                    )
-            run(request_groups([n for n in missing if replies.code.get(n) == 0]), ssh)
+        if not missing:
+            return
+        uploads: dict[tuple[str, bytes, float], list[str]] = defaultdict(list)
+        partials: dict[str, str] = {}  # one partial name per cache folder: one worker per folder
+        for name in missing:
+            cache = cache_folder(replies.text(name, replies.out))
+            partial = partials.setdefault(cache, partial_name(cache, agent.name))
+            command = upload_command(cache, partial, f"{cache}/{agent.name}")
+            uploads[(command, agent.data, UPLOAD_TIMEOUT_S)].append(name)
+        run(uploads, ssh)
+        for name in missing:
+            if replies.code.get(name) not in (0, None):
+                last = (replies.text(name, replies.err).strip().splitlines() or ["no error output"])[-1]
+                finish(name, "failed", None, f"cannot send the agent to {describe(by_name[name])}: {last}")
+        run(request_groups([n for n in missing if replies.code.get(n) == 0]), ssh)
+
+    if tree is None:
+        with tempfile.TemporaryDirectory(prefix="mgpu-clush-") as scratch:
+            config = Path(scratch) / "ssh_config"
+            config.write_text(config_text)
+            attempt(list(by_name), ssh_options(config, options))
+    else:
+        names = reach(tree, list(by_name))
+        attempt(names, tree.ssh)
+        again = tree.lacking(names)  # a gateway had lost its copy: once more, now that it has one
+        if again:
+            attempt(reach(tree, again), tree.ssh)
     for name, target in by_name.items():
         if name in outcomes:
             continue
@@ -443,14 +537,20 @@ def call_many_clush(
     return {t.name: outcomes[t.name] for t in targets}
 
 
-def _behind_lost(topology: Topology, name: str, lost: Mapping[str, str]) -> str | None:
-    """Why `name` cannot be reached (every gateway of some level on its way is lost), or None."""
+def _ways(topology: Topology, name: str) -> Iterator[list[str]]:
+    """The gateways of each level on `name`'s way from the head, nearest `name` first."""
     from ClusterShell.NodeSet import NodeSet
 
     route = topology.route(name)
     while route is not None:
         gateways = list(NodeSet(route))
+        yield gateways
+        route = topology.route(gateways[0])
+
+
+def _behind_lost(topology: Topology, name: str, lost: Mapping[str, str]) -> str | None:
+    """Why `name` cannot be reached (every gateway of some level on its way is lost), or None."""
+    for gateways in _ways(topology, name):
         if all(g in lost for g in gateways):
             return lost[gateways[0]]
-        route = topology.route(gateways[0])
     return None

@@ -146,6 +146,37 @@ def test_plan_through_two_gateways_the_head_only_reaches_them(lab: TreeLab, tmp_
         assert re.search(r"gateway gw[12] ", entry["error"]) and "\n" not in entry["error"], entry
 
 
+def test_a_gateway_gets_the_runs_files_once_and_again_after_losing_them(lab: TreeLab, tmp_path: Path) -> None:
+    """The head copies the run's ssh_config and known_hosts to a gateway only where it has no record of
+    that copy: a second plan logs in at each gateway once (the run itself), not twice (the copy, then the
+    run). A gateway whose copy went since refuses the run; the head copies to it and runs its rack again."""
+    argv = setup(lab, tmp_path)
+    code, plan = run(lab, tmp_path, "plan", argv)  # first contact: copy, plan, agent upload, plan again
+    assert code == 2 and {e["status"] for e in plan["hosts"].values()} == {"ok"}, plan
+
+    def gateway_logins() -> list[int]:
+        return [len(logins_from(gateway.log())) for gateway in lab.gateways]
+
+    before = gateway_logins()
+    code, plan = run(lab, tmp_path, "plan", argv)
+    assert code == 2 and {e["status"] for e in plan["hosts"].values()} == {"ok"}, plan
+    assert [now - then for now, then in zip(gateway_logins(), before, strict=True)] == [1, 1]
+
+    gw1 = lab.gateways[0]
+    gw1.run_in_ns("rm -rf ~/.cache/mgpu-provision/clush")  # gw1's cache wiped; the head's record names it
+    before = gateway_logins()
+    nodes_before = {name: len(logins_from(node.log())) for name, (_, node) in lab.nodes.items()}
+    code, plan = run(lab, tmp_path, "plan", argv)
+    assert code == 2, plan
+    assert {n: e["status"] for n, e in plan["hosts"].items()} == dict.fromkeys(nodes_before, "ok"), plan
+    # gw1: the refused run, the copy, the run again; gw2: the run. Each node is asked once.
+    assert [now - then for now, then in zip(gateway_logins(), before, strict=True)] == [3, 1]
+    assert {
+        n: len(logins_from(h.log())) - nodes_before[n] for n, (_, h) in lab.nodes.items()
+    } == dict.fromkeys(nodes_before, 1)
+    assert "Host gpu-001" in gw1.run_in_ns("cat ~/.cache/mgpu-provision/clush/*/ssh_config").stdout
+
+
 def rack1_lost_mid_run(
     lab: TreeLab, tmp_path: Path, sig: signal.Signals, command_timeout_s: float = 300
 ) -> tuple[dict[str, Any], float]:

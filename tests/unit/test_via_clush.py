@@ -17,6 +17,7 @@ from mgpu_provision.fleet import clush
 from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.rig import nodesets
+from tests.support.fake_ssh import write_fake_ssh
 from tests.support.hosts import fake_agent
 
 RIG = """\
@@ -100,20 +101,6 @@ def test_openssh_options_prefer_curve25519_and_keep_known_hosts_strict(tmp_path:
     assert "-oStrictHostKeyChecking=accept-new" in relaxed
 
 
-FAKE_SSH = """#!{python} -S
-import os, sys
-host, command = sys.argv[-2], sys.argv[-1]
-with open({log!r}, "a") as log:
-    log.write(host + " " + " ".join(sys.argv[1:-2]) + "\\n")
-if host == "dead":
-    sys.stderr.write("ssh: connect to host 127.0.0.9 port 22: Connection refused\\n")
-    sys.exit(255)
-home = os.path.join({homes!r}, host)
-os.makedirs(home, exist_ok=True)
-os.execve("/bin/sh", ["sh", "-c", command], dict(os.environ, HOME=home))
-"""
-
-
 @pytest.fixture
 def fake_ssh(tmp_path: Path) -> Iterator[Path]:
     """ClusterShell's ssh replaced by a script that runs the command here, each host in a HOME of its own
@@ -121,9 +108,7 @@ def fake_ssh(tmp_path: Path) -> Iterator[Path]:
     from ClusterShell.Task import task_self
 
     log = tmp_path / "ssh.log"
-    script = tmp_path / "ssh"
-    script.write_text(FAKE_SSH.format(python=sys.executable, log=str(log), homes=str(tmp_path / "homes")))
-    script.chmod(0o755)
+    script = write_fake_ssh(tmp_path / "ssh", log, tmp_path / "homes")
     task_self().set_info("ssh_path", str(script))
     yield log
     task_self().set_info("ssh_path", None)
@@ -195,17 +180,24 @@ def test_each_host_keeps_its_own_command_limit(fake_ssh: Path) -> None:
     assert outcomes["gpu-002"].status == "ok", outcomes
 
 
-def test_each_gateway_routes_a_workers_input_to_that_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_gateway_routes_a_workers_input_to_that_worker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """ClusterShell's gateway hands every stdin write to the worker it started last (1.10.1, Gateway.py
     `GatewayChannel.recv_ctl`: one `propagation`): through one gateway, gpu-004 was sent gpu-003's apply
     request and gpu-003 waited for its own. The gateway command routes each write by its message's
-    `srcid`, and hands the gateways it starts the same command. Run here against a stand-in of the
-    channel, as ClusterShell's own drives it."""
+    `srcid`, and hands the gateways it starts the same command — as the worker is made: a running task
+    starts a worker as it is scheduled, inside `recv_ctl`, its channels to the next level opened with the
+    command it has then (1.10.1, Engine.add; set after `recv_ctl`, a second level of gateways ran
+    ClusterShell's own). Run here against a stand-in of the channel, as ClusterShell's own drives it."""
 
-    class Worker:
+    class Worker:  # ClusterShell's TreeWorker, as far as the gateway uses it
         def __init__(self) -> None:
             self.input: list[str] = []
             self.invoke_gateway = "python3 -m ClusterShell.Gateway -Bu"
+
+        def start(self) -> None:
+            self.launched_with = self.invoke_gateway  # the next level's channels open now
 
         def write(self, buf: str) -> None:
             self.input.append(buf)
@@ -220,7 +212,8 @@ def test_each_gateway_routes_a_workers_input_to_that_worker(monkeypatch: pytest.
 
         def recv_ctl(self, msg: Any) -> None:
             if msg.action == "shell":
-                self.propagation = Worker()
+                self.propagation = gateway.TreeWorker()  # the module's name, looked up as Gateway.py does
+                self.propagation.start()  # task.schedule in a running task
                 self.started.append(self.propagation)
             elif msg.action == "write":
                 assert self.propagation is not None
@@ -229,19 +222,30 @@ def test_each_gateway_routes_a_workers_input_to_that_worker(monkeypatch: pytest.
                 assert self.propagation is not None
                 self.propagation.set_write_eof()
 
-    gateway = types.ModuleType("ClusterShell.Gateway")
-    gateway.GatewayChannel = Channel  # type: ignore[attr-defined]
-    gateway.gateway_main = lambda: None  # type: ignore[attr-defined]
-    communication = types.ModuleType("ClusterShell.Communication")
-    communication.ControlMessage = types.SimpleNamespace(ident="CTL")  # type: ignore[attr-defined]
-    package = types.ModuleType("ClusterShell")
-    package.Gateway, package.Communication = gateway, communication  # type: ignore[attr-defined]
-    for name, module in (("ClusterShell", package), ("ClusterShell.Gateway", gateway),
-                         ("ClusterShell.Communication", communication)):  # fmt: skip
+    # ClusterShell's modules as far as the gateway code uses them; its main does nothing (`int`): the
+    # channel is driven below.
+    stubs = {
+        "ClusterShell": {},
+        "ClusterShell.Gateway": {"GatewayChannel": Channel, "TreeWorker": Worker, "gateway_main": int},
+        "ClusterShell.Communication": {"ControlMessage": types.SimpleNamespace(ident="CTL")},
+        "ClusterShell.NodeSet": {"NodeSet": list},
+        "ClusterShell.Propagation": {"RouteResolvingError": RuntimeError},
+        "ClusterShell.Worker": {},
+        "ClusterShell.Worker.Tree": {"TreeWorker": Worker},
+        "ClusterShell.Worker.Worker": {"DistantWorker": object},
+    }
+    for name, names in stubs.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(names)
         monkeypatch.setitem(sys.modules, name, module)
+    gateway = sys.modules["ClusterShell.Gateway"]
     monkeypatch.setenv("CLUSTERSHELL_GW_PYTHON_EXECUTABLE", "/opt/py/bin/python3")
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    command = clush.invoke_gateway()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "ssh_config").write_text("")
+    (tmp_path / "run" / "known_hosts").write_text("")
+    command = clush.invoke_gateway("~/run")  # the gateway starts only where the run's files are
     words = shlex.split(command)
     assert words[:2] == ["/opt/py/bin/python3", "-c"]
     exec(words[2], {})  # what the gateway's python runs: the channel patched, then the gateway's main
@@ -256,4 +260,4 @@ def test_each_gateway_routes_a_workers_input_to_that_worker(monkeypatch: pytest.
         channel.recv_ctl(msg(action, srcid, buf))
     first, second = channel.started
     assert first.input == ["gpu-003's request", "EOF"] and second.input == ["gpu-004's request", "EOF"]
-    assert first.invoke_gateway == second.invoke_gateway == command  # the next level runs the same fix
+    assert first.launched_with == second.launched_with == command  # the next level runs the same fix
