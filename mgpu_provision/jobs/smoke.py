@@ -519,11 +519,16 @@ class PeerStop:
         found = dict(outcomes)
         for host, by in self.stopped.items():
             got = found[host]
-            own = got.value is not None and got.value.get("kind") in PRE_RUN_KINDS
-            if got.status == "ok" and got.value is not None and not got.value.get("ok") and not own:
-                value = {**got.value, "kind": STOPPED, "diagnosis": f"stopped after {by} failed"}
-                found[host] = dataclasses.replace(got, value=value)
+            value = got.value or {}
+            failed = got.status == "ok" and value and not value.get("ok")
+            if failed and value.get("kind") not in PRE_RUN_KINDS:  # a pre-run failure was its own
+                found[host] = dataclasses.replace(got, value={**value, **stopped_reply(by)})
         return found
+
+
+def stopped_reply(by: str) -> dict[str, Any]:
+    """What a peer's smoke call says when PeerStop ended it for `by`."""
+    return {"ok": False, "kind": STOPPED, "diagnosis": f"stopped after {by} failed"}
 
 
 class SmokeRun:
@@ -597,7 +602,7 @@ class SmokeRun:
                 if by is None:
                     result = read_reply(session, "smoke", args, SmokeReply, self.timeout).model_dump()
                 else:  # its run would only wait for the node that failed
-                    result = {"ok": False, "kind": STOPPED, "diagnosis": f"stopped after {by} failed"}
+                    result = stopped_reply(by)
             except Exception:
                 peers.done(name, False)
                 if report and self.on_node_done is not None:
