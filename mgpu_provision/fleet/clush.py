@@ -61,6 +61,27 @@ GATEWAY_PYTHON = "python3"  # ClusterShell's default is the head's interpreter n
 # What a gateway says, before it starts ClusterShell's gateway, when the run's files are not in its folder.
 TREE_FILES_MISSING = "mgpu-provision: this gateway has no copy of the run's ssh_config and known_hosts"
 TREE_RECORD = "gateways.json"  # in the head's own copy of a run's folder: the gateways that hold it
+# A run's folder that no run has used for this long is removed, on the head and on each gateway, by the next
+# tree run there: every change of the hosts or of known_hosts (accept-new adds to it) makes a new folder.
+STALE_AFTER_S = 14 * 24 * 3600
+
+# Run where a tree run starts, on the head and on each gateway (in `_GATEWAY`): this run's folder is marked
+# as used now, then the folders beside it that no run used for `stale_after` seconds go, with any upload an
+# interrupted run left in them. Best effort: a folder that cannot be removed now is tried again next run.
+_PRUNE = """\
+import os, shutil, time
+def prune(held, stale_after):
+    try:
+        os.utime(held)
+        limit = time.time() - stale_after
+        with os.scandir(os.path.dirname(held)) as entries:
+            for entry in entries:
+                if entry.path != held and entry.is_dir(follow_symlinks=False):
+                    if entry.stat(follow_symlinks=False).st_mtime < limit:
+                        shutil.rmtree(entry.path, ignore_errors=True)
+    except OSError:
+        pass
+"""
 
 
 def ssh_config(targets: list[HostTarget], user_config: Path | None) -> str:
@@ -183,6 +204,8 @@ import os, shlex, sys
 held = os.path.expanduser(FOLDER)
 if not all(os.path.isfile(os.path.join(held, name)) for name in ("ssh_config", "known_hosts")):
     sys.exit("%s (%s)" % (MISSING, FOLDER))
+exec(PRUNE)
+prune(held, STALE_AFTER)
 import ClusterShell.Gateway as g
 from ClusterShell.Communication import ControlMessage
 INVOKE = PREFIX + " -c " + shlex.quote("C=%r;exec(C)" % C)
@@ -210,7 +233,10 @@ def invoke_gateway(folder: str) -> str:
     words = [f"{name}={shlex.quote(value)}" for name in passed if (value := os.environ.get(name))]
     python = os.environ.get("CLUSTERSHELL_GW_PYTHON_EXECUTABLE", GATEWAY_PYTHON)
     prefix = " ".join([*words, shlex.quote(python)])
-    names = {"PREFIX": prefix, "FOLDER": folder, "MISSING": TREE_FILES_MISSING, "LOST": GATEWAY_LOST}
+    names = {
+        "PREFIX": prefix, "FOLDER": folder, "MISSING": TREE_FILES_MISSING, "LOST": GATEWAY_LOST,
+        "PRUNE": _PRUNE, "STALE_AFTER": STALE_AFTER_S,
+    }  # fmt: skip
     code = "".join(f"{name} = {value!r}\n" for name, value in names.items())
     code += f"TREE_WORKER = {_TREE_WORKER!r}\n{_GATEWAY}"
     return f"{prefix} -c {shlex.quote(f'C={code!r};exec(C)')}"
@@ -295,6 +321,14 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def prune_beside(folder: Path, stale_after: float = STALE_AFTER_S) -> None:
+    """`folder` marked as used now; the run folders beside it unused for `stale_after` seconds removed
+    (`_PRUNE`, the code each gateway runs too)."""
+    names: dict[str, Any] = {}
+    exec(_PRUNE, names)
+    names["prune"](str(folder), stale_after)
+
+
 def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
@@ -327,6 +361,7 @@ class _GatewayFiles:
         local.mkdir(parents=True, exist_ok=True, mode=0o700)
         for name, data in contents.items():
             _write_atomic(local / name, data)
+        prune_beside(local)
         self.record = local / TREE_RECORD
         self.held = self._recorded()
         self.saved = set(self.held)

@@ -157,10 +157,14 @@ def test_a_gateway_gets_the_runs_files_once_and_again_after_losing_them(lab: Tre
     def gateway_logins() -> list[int]:
         return [len(logins_from(gateway.log())) for gateway in lab.gateways]
 
+    # A folder of another run that none used for a month goes as this run passes the gateway.
+    stale = "~/.cache/mgpu-provision/clush/0ld0ld0ld0ld0ld0"
+    lab.gateways[1].run_in_ns(f"mkdir -p {stale} && touch -d '30 days ago' {stale}")
     before = gateway_logins()
     code, plan = run(lab, tmp_path, "plan", argv)
     assert code == 2 and {e["status"] for e in plan["hosts"].values()} == {"ok"}, plan
     assert [now - then for now, then in zip(gateway_logins(), before, strict=True)] == [1, 1]
+    assert lab.gateways[1].run_in_ns(f"ls -d {stale} 2>/dev/null || echo gone").stdout.strip() == "gone"
 
     gw1 = lab.gateways[0]
     gw1.run_in_ns("rm -rf ~/.cache/mgpu-provision/clush")  # gw1's cache wiped; the head's record names it

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,6 +130,51 @@ def test_a_gateway_gets_the_runs_files_once_and_again_where_the_record_lacks_it(
     assert statuses(facts(tree, NODES)) == dict.fromkeys(NODES, "ok")
     assert tree.connections() == {"gw1": 2, "gw2": 2, **dict.fromkeys(NODES, 1)}
     assert len(tree.records()) == 2 and len(tree.gateway_folders("gw1")) == 2
+
+
+def age(folder: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(folder, (then, then))
+
+
+def test_run_folders_unused_for_two_weeks_go_on_the_head_and_the_gateways_the_runs_own_stays(
+    tree: Tree,
+) -> None:
+    """Every change of the hosts or of known_hosts is a new folder; without pruning they pile up under each
+    home. A tree run marks its own folder as used and removes the others no run used for STALE_AFTER_S, on
+    the head and on each gateway it goes through; a fresh one (another run's) stays."""
+    assert statuses(facts(tree, NODES)) == dict.fromkeys(NODES, "ok")
+    (own,) = tree.gateway_folders("gw1")
+    (own2,) = tree.gateway_folders("gw2")
+    (head_own,) = (r.parent for r in tree.records())
+    stale = clush.STALE_AFTER_S + 3600
+    planted = {}
+    for home in (tree.head, tree.homes / "gw1", tree.homes / "gw2"):
+        old, fresh = (
+            home / ".cache/mgpu-provision/clush/old0123456789ab",
+            home / ".cache/mgpu-provision/clush/new0123456789ab",
+        )
+        for folder in (old, fresh):
+            (folder / ".up.XXXXXX").mkdir(parents=True)  # with what an interrupted upload left
+            (folder / "ssh_config").write_text("Host gone\n")
+        age(old, stale)
+        age(fresh, clush.STALE_AFTER_S - 3600)
+        planted[home] = (old, fresh)
+    for folder in (own, own2, head_own):
+        age(folder, stale)  # this run's own, unused as long: used again now, so kept
+    assert statuses(facts(tree, NODES)) == dict.fromkeys(NODES, "ok")
+    for home, (old, fresh) in planted.items():
+        assert not old.exists(), home
+        assert fresh.is_dir(), home
+    for folder in (own, own2, head_own):
+        assert (folder / "ssh_config").is_file()
+        assert time.time() - folder.stat().st_mtime < 600
+    # A file or a link beside the folders is nobody's run folder: left alone.
+    stray = tree.head / ".cache/mgpu-provision/clush/notes.txt"
+    stray.write_text("mine")
+    age(stray, stale)
+    clush.prune_beside(head_own)
+    assert stray.read_text() == "mine"
 
 
 def test_a_gateway_that_lost_its_copy_gets_it_again_and_its_hosts_run_once_more(tree: Tree) -> None:
