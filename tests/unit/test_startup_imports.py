@@ -311,3 +311,45 @@ def test_a_runs_agent_is_read_and_hashed_once(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(bundle, "agent_files", lambda: reads.append(1) or read_sources())
     first, second = build_agent(), build_agent()
     assert first is second and len(reads) <= 1  # 0 when an earlier test of this process built it
+
+
+# Runs the real CLI; writes the modules loaded when main() returned and those loaded by the end of the
+# interpreter's exit handlers (registered first, this one runs last).
+_CLI_THEN_MODULES_AT_EXIT = (
+    "import atexit, json, sys\n"
+    "seen = {}\n"
+    "def report():\n"
+    "    seen['exit'] = sorted(sys.modules)\n"
+    "    with open(sys.argv[1], 'w') as out:\n"
+    "        json.dump(seen, out)\n"
+    "atexit.register(report)\n"
+    "from mgpu_provision.cli import main\n"
+    "seen['code'] = main(sys.argv[2:])\n"
+    "seen['returned'] = sorted(sys.modules)\n"
+)
+
+
+def test_a_plan_with_nothing_new_to_keep_loads_nothing_on_its_way_out(
+    tmp_path: Path, bundles: Path, local_rig: Path
+) -> None:
+    """The rendered files' cache is written back at exit only when the run rendered something afresh; the
+    run that did not must not pay for that writer's imports either (uuid, and the platform module uuid
+    loads: ~2 ms of every plan's CPU)."""
+    report = tmp_path / "exit.json"
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(bundles)}
+    runs = []
+    for _ in range(2):
+        argv = [
+            sys.executable,
+            "-c",
+            _CLI_THEN_MODULES_AT_EXIT,
+            str(report),
+            "plan",
+            str(local_rig),
+            "--json",
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert report.exists(), done.stderr
+        runs.append(json.loads(report.read_text()))
+    assert [r["code"] for r in runs] == [2, 2]
+    assert set(runs[1]["exit"]) - set(runs[1]["returned"]) == set()
