@@ -167,24 +167,24 @@ _CLI_COUNTING_TEMPLATE_PARSES = (
 )
 
 
-def test_templates_are_compiled_once_not_on_every_run(tmp_path: Path, bundles: Path, local_rig: Path) -> None:
-    """Issue 32: jinja2's bytecode cache keeps the compiled templates: a later run parses none."""
-    report = tmp_path / "parses.txt"
-    env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+def plans_reported(tmp_path: Path, cache: Path, script: str, rig: Path) -> list[str]:
+    """Two `plan RIG --json` runs, each a fresh interpreter running `script` (the CLI with something
+    watching it), HOME in tmp; what each wrote to the report file its first argument names."""
+    report = tmp_path / "report.txt"
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(cache)}
     runs = []
     for _ in range(2):
-        argv = [
-            sys.executable,
-            "-c",
-            _CLI_COUNTING_TEMPLATE_PARSES,
-            str(report),
-            "plan",
-            str(local_rig),
-            "--json",
-        ]
+        argv = [sys.executable, "-c", script, str(report), "plan", str(rig), "--json"]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
         assert report.exists(), done.stderr
         runs.append(report.read_text())
+        report.unlink()
+    return runs
+
+
+def test_templates_are_compiled_once_not_on_every_run(tmp_path: Path, bundles: Path, local_rig: Path) -> None:
+    """Issue 32: jinja2's bytecode cache keeps the compiled templates: a later run parses none."""
+    runs = plans_reported(tmp_path, tmp_path / "xdg", _CLI_COUNTING_TEMPLATE_PARSES, local_rig)
     assert runs[0] != "2 0" and runs[0].startswith("2 ")  # the first run parsed every template it rendered
     assert runs[1] == "2 0"
 
@@ -335,21 +335,6 @@ def test_a_plan_with_nothing_new_to_keep_loads_nothing_on_its_way_out(
     """The rendered files' cache is written back at exit only when the run rendered something afresh; the
     run that did not must not pay for that writer's imports either (uuid, and the platform module uuid
     loads: ~2 ms of every plan's CPU)."""
-    report = tmp_path / "exit.json"
-    env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(bundles)}
-    runs = []
-    for _ in range(2):
-        argv = [
-            sys.executable,
-            "-c",
-            _CLI_THEN_MODULES_AT_EXIT,
-            str(report),
-            "plan",
-            str(local_rig),
-            "--json",
-        ]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-        assert report.exists(), done.stderr
-        runs.append(json.loads(report.read_text()))
+    runs = [json.loads(r) for r in plans_reported(tmp_path, bundles, _CLI_THEN_MODULES_AT_EXIT, local_rig)]
     assert [r["code"] for r in runs] == [2, 2]
     assert set(runs[1]["exit"]) - set(runs[1]["returned"]) == set()
