@@ -79,6 +79,18 @@ def logins_from(host_log: str) -> list[str]:
     return re.findall(r"Accepted publickey for \S+ from (\S+)", host_log)
 
 
+def facts_with_one_login_a_node(lab: TreeLab, tmp_path: Path, argv: list[str]) -> None:
+    """A facts run once every node has the agent: all answer (gpu-003 on its older driver), each node
+    logged in to once."""
+    before = {name: len(logins_from(node.log())) for name, (_, node) in lab.nodes.items()}
+    code, facts = run(lab, tmp_path, "facts", argv)
+    assert code == 0, facts
+    assert facts["hosts"]["gpu-003"]["facts"]["driver"]["version"] == "535.161.08"
+    assert {n: len(logins_from(h.log())) - before[n] for n, (_, h) in lab.nodes.items()} == dict.fromkeys(
+        before, 1
+    )
+
+
 def test_plan_through_two_gateways_the_head_only_reaches_them(lab: TreeLab, tmp_path: Path) -> None:
     argv = setup(lab, tmp_path)
     head_cannot = lab.run_head(["facts", *argv[:-4]], tmp_path / "head-home")  # flat: no route to a node
@@ -103,13 +115,7 @@ def test_plan_through_two_gateways_the_head_only_reaches_them(lab: TreeLab, tmp_
         assert "Host gpu-001" in gateway.run_in_ns("cat ~/.cache/mgpu-provision/clush/*/ssh_config").stdout
 
     # The agent is cached now: one login per node for the whole facts run (one worker per gateway).
-    before = {name: len(logins_from(node.log())) for name, (_, node) in lab.nodes.items()}
-    code, facts = run(lab, tmp_path, "facts", argv)
-    assert code == 0, facts
-    assert facts["hosts"]["gpu-003"]["facts"]["driver"]["version"] == "535.161.08"
-    assert {n: len(logins_from(h.log())) - before[n] for n, (_, h) in lab.nodes.items()} == dict.fromkeys(
-        before, 1
-    )
+    facts_with_one_login_a_node(lab, tmp_path, argv)
 
     # reclaim through the tree too: its `reclaim` round, one login per node, each from its own gateway
     # (nothing ended here, so no `facts` round: the flat e2e, test_clush_reclaim_e2e.py, ends processes).
@@ -269,3 +275,41 @@ def test_a_gateway_frozen_before_the_run_and_a_slow_node_end_in_bounds(lab: Tree
         assert "gw1" in hosts[name]["error"], hosts[name]
     # The bound: the longest command limit (5 s) and the connect timeout per level, then 5 s.
     assert elapsed < 5 + CONNECT_S * 2 + 5 + 8, elapsed
+
+
+def test_plan_through_a_gateway_behind_a_gateway_on_real_sshds(lab: TreeLab, tmp_path: Path) -> None:
+    """Two levels: rack 2's nodes sit behind sub2, a gateway in their own rack that only gw2 reaches from
+    above. sub2 gets the run's files from gw2's level and runs ClusterShell's gateway started by gw2's;
+    its nodes see logins only from inside their rack (where only sub2 runs clients), never from gw2; the
+    head still logs in only at gw1 and gw2."""
+    argv = setup(lab, tmp_path)
+    sub = lab.factory.start("sub2", netns=lab.rack_ns[1].prefix, address=lab.node_address(2, 7))
+    config = Path(argv[argv.index("--ssh-config") + 1])
+    config.write_text(
+        config.read_text()
+        + f"\nHost sub2\n  HostName {sub.address}\n  Port {sub.port}\n  User root\n"
+        + f"  IdentityFile {lab.factory.client_key}\n  IdentitiesOnly yes\n"
+    )
+    topology = Path(argv[argv.index("--topology") + 1])
+    topology.write_text("[routes]\nhead: gw[1-2]\ngw1: gpu-[001-002]\ngw2: sub2\nsub2: gpu-[003-004]\n")
+
+    code, plan = run(lab, tmp_path, "plan", argv)  # first contact: the copies, then the agent uploads
+    assert code == 2, plan
+    assert {n: e["status"] for n, e in plan["hosts"].items()} == dict.fromkeys(
+        ["gpu-001", "gpu-002", "gpu-003", "gpu-004"], "ok"
+    ), plan
+    assert ("driver", "update") in [(c["resource"], c["action"]) for c in plan["hosts"]["gpu-003"]["changes"]]
+    rack2 = {lab.node_address(2, i) for i in range(lab.nodes_per_rack)}
+    for name, (rack, node) in lab.nodes.items():
+        seen = set(logins_from(node.log()))
+        if rack == 1:
+            assert seen == {lab.gateway_address(1)}, (name, node.log()[-800:])
+        else:  # from inside rack 2, where only sub2 runs clients (its source: the rack's first address)
+            assert seen and seen <= rack2, (name, node.log()[-800:])
+    assert set(logins_from(sub.log())) == {lab.gateway_address(2)}, sub.log()[-800:]
+    for g, gateway in enumerate(lab.gateways, start=1):
+        assert set(logins_from(gateway.log())) == {f"10.41.{g}.1"}, gateway.log()[-800:]
+    assert "Host gpu-003" in sub.run_in_ns("cat ~/.cache/mgpu-provision/clush/*/ssh_config").stdout
+
+    # Recorded on the head: the second run goes straight through both levels, one login a node.
+    facts_with_one_login_a_node(lab, tmp_path, argv)
