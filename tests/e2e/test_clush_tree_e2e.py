@@ -284,12 +284,7 @@ def test_plan_through_a_gateway_behind_a_gateway_on_real_sshds(lab: TreeLab, tmp
     head still logs in only at gw1 and gw2."""
     argv = setup(lab, tmp_path)
     sub = lab.factory.start("sub2", netns=lab.rack_ns[1].prefix, address=lab.node_address(2, 7))
-    config = Path(argv[argv.index("--ssh-config") + 1])
-    config.write_text(
-        config.read_text()
-        + f"\nHost sub2\n  HostName {sub.address}\n  Port {sub.port}\n  User root\n"
-        + f"  IdentityFile {lab.factory.client_key}\n  IdentitiesOnly yes\n"
-    )
+    lab.write_ssh_config(Path(argv[argv.index("--ssh-config") + 1]), also=[sub])
     topology = Path(argv[argv.index("--topology") + 1])
     topology.write_text("[routes]\nhead: gw[1-2]\ngw1: gpu-[001-002]\ngw2: sub2\nsub2: gpu-[003-004]\n")
 

@@ -207,12 +207,13 @@ class TreeLab:
         path.write_text("\n".join(lines) + "\n")
         return path
 
-    def write_ssh_config(self, path: Path) -> Path:
-        """How the head reaches its gateways (they are not hosts of the rig): the user's --ssh-config."""
+    def write_ssh_config(self, path: Path, also: Sequence[TestHost] = ()) -> Path:
+        """How the head reaches its gateways (they are not hosts of the rig), and `also` (gateways behind
+        them): the user's --ssh-config."""
         blocks = [
             f"Host {gw.name}\n  HostName {gw.address}\n  Port {gw.port}\n  User root\n"
             f"  IdentityFile {self.factory.client_key}\n  IdentitiesOnly yes\n"
-            for gw in self.gateways
+            for gw in [*self.gateways, *also]
         ]
         path.write_text("\n".join(blocks))
         return path
