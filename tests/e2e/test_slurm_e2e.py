@@ -704,7 +704,9 @@ def test_the_launcher_takes_rank_count_and_master_from_srun_and_a_failing_rank_e
 
     def run(**env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["srun", *srun, LAUNCHER, str(script)], env={**cluster.env(), **env}, capture_output=True,
+            # TMPDIR: torchrun's torchelastic_* folder on each node lands in the test's own, not /tmp.
+            ["srun", *srun, LAUNCHER, str(script)], env={**cluster.env(), "TMPDIR": str(tmp_path), **env},
+            capture_output=True,
             text=True, timeout=120, check=False,
         )  # fmt: skip
 

@@ -95,3 +95,26 @@ def test_nodes_that_share_tmp_prepare_the_same_folder_at_once(
     assert all(r["ok"] for r in results), results
     folder = Path(slurm_smoke.workdir("mgpu-smoke-abc"))
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "mgpu_smoke_program.py", "out"]
+
+
+def test_the_steps_temporary_files_go_into_the_runs_folder_that_collect_removes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchrun makes a torchelastic_* folder under TMPDIR on every node and never removes it: each
+    `smoke --via srun` left one per node in /tmp. srun passes its environment on to the tasks, so the step
+    gets TMPDIR set to the run's own folder, the one `collect` removes."""
+    fake = tmp_path / "srun"
+    seen = tmp_path / "tmpdir"
+    fake.write_text(f'#!/bin/sh\nprintf %s "$TMPDIR" > {seen}\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(slurm_smoke, "find_tool", lambda name: str(fake))
+    monkeypatch.setattr(slurm_smoke.tempfile, "tempdir", str(tmp_path))
+    args = {**ARGS, "run_id": "mgpu-smoke-tmp"}
+    assert slurm_smoke.run(protocol.check_args("slurm-smoke", {**args, "action": "prepare"}))["ok"]
+    assert slurm_smoke.run(protocol.check_args("slurm-smoke", {**args, "action": "run", "nodes": ["na"]}))[
+        "ok"
+    ]
+    folder = slurm_smoke.workdir("mgpu-smoke-tmp")
+    assert seen.read_text() == folder and folder.startswith(str(tmp_path))
+    slurm_smoke.run(protocol.check_args("slurm-smoke", {**args, "action": "collect"}))
+    assert not Path(folder).exists()

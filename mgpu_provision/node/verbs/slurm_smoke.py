@@ -95,6 +95,9 @@ def run_step(req: smoke.Request, nodes: List[str], options: List[str]) -> Dict[s
         raise AgentFailure("slurm", "srun is not installed on this node (Debian: slurm-client)")
     env = smoke.child_environment(req, dict(os.environ), rig_env=False)
     env.pop("SLURM_JOB_ID", None)  # a step of its own allocation, never of the agent's caller's job
+    # srun passes the environment on to every node's task: torchrun's log folder (torchelastic_*, never
+    # deleted by torch) goes into the run's folder there, which `collect` removes, as `smoke` does.
+    env["TMPDIR"] = workdir(req.run_id)
     started = time.monotonic()
     process = subprocess.Popen(
         srun_command(srun, req, nodes, options), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
