@@ -49,6 +49,16 @@ def _not_the_machines_state_folder(
     monkeypatch.setattr(twin, "DEFAULT_STATE_DIR", str(tmp_path_factory.getbasetemp() / "node-state"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _ansible_temp_in_the_sessions_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The product points Ansible's controller temp folder at the system's (rig/inventory.py), where Ansible
+    removes its `ansible-local-*` only at exit: a worker ended by a stopped run would leave one in /tmp. In
+    tests it lives under pytest's own folder instead (a test of that default clears the variable itself)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ANSIBLE_LOCAL_TEMP", str(tmp_path_factory.getbasetemp() / "ansible-local"))
+        yield
+
+
 MACHINE_STATE_DIR = Path("/var/lib/mgpu-provision")
 
 
