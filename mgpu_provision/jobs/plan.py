@@ -53,6 +53,8 @@ class HostPlan:
 
 @dataclass(frozen=True)
 class PlanTotals:
+    """What the plan's summary line counts, over every host."""
+
     to_change: int  # create + update
     checks_failed: int
     warnings: int
@@ -65,6 +67,8 @@ class PlanTotals:
 
 @dataclass(frozen=True)
 class FleetPlan:
+    """Every chosen host's plan, in the order of the targets."""
+
     hosts: tuple[HostPlan, ...]
 
     @property

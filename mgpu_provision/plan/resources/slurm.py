@@ -352,6 +352,8 @@ def node_notes(host: Host, rig: Rig, facts: Facts) -> list[str]:
 
 @dataclass(frozen=True)
 class GresSeen:
+    """The gpu entry of the controller's Gres= for the node: its type, its count, whether it names sockets."""
+
     type: str | None
     count: int
     affinity: bool
