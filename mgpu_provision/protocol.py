@@ -176,6 +176,22 @@ def baseline_record(required: bool = False) -> Arg:
     return Arg(words, _is_baseline_record, required)
 
 
+def _is_facts_after(value: Any) -> bool:
+    if value is None:
+        return True
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("args"), dict)
+        and positive().ok(value.get("timeout_s"))
+    )
+
+
+def facts_after() -> Arg:
+    """apply's `then_facts`: the facts arguments to read once the steps are done, and how long it may take."""
+    words = "null or an object with the facts arguments `args` and a positive `timeout_s`"
+    return Arg(words, _is_facts_after)
+
+
 def user_name() -> Arg:
     ok = lambda v: v is None or (_is_text(v) and v != "" and not any(c.isspace() or c in ":/" for c in v))  # noqa: E731
     return Arg("a user name or null", ok)
@@ -221,6 +237,9 @@ VERB_ARGS: Dict[str, Dict[str, Arg]] = {
         "lock_wait_s": with_default(number(), LOCK_WAIT_S),
         "steps": with_default(objects(), []),
         "simulated": flag(),  # null: not checked
+        # null: none; else the reply's `facts` is the reply of a `facts` call with these arguments, made by a
+        # new agent process once the steps are done and the lock released (one login fewer a host)
+        "then_facts": facts_after(),
     },
     # lock null: no lock is waited for
     "reboot": {"lock": line(), "lock_wait_s": with_default(number(), LOCK_WAIT_S), "simulated": flag()},
@@ -299,6 +318,12 @@ def check_request(verb: str, request: Dict[str, Any]) -> None:
     args = check_args(verb, request.get("args") or {})
     if verb == "apply":
         args["steps"] = [check_step(index, step) for index, step in enumerate(args["steps"])]
+        if args["then_facts"] is not None:
+            try:
+                then = args["then_facts"]
+                args["then_facts"] = dict(then, args=check_args("facts", then["args"]))
+            except BadRequest as exc:
+                raise BadRequest("apply: `then_facts`: {}".format(exc)) from None
     request["args"] = args
 
 
@@ -676,11 +701,20 @@ def reboot_step() -> Dict[str, Any]:
 
 
 def apply_request(
-    lock: str, lock_wait_s: float, steps: List[Dict[str, Any]], simulated: bool
+    lock: str,
+    lock_wait_s: float,
+    steps: List[Dict[str, Any]],
+    simulated: bool,
+    then_facts: Optional[Dict[str, Any]] = None,
+    facts_timeout_s: float = 60.0,
 ) -> Dict[str, Any]:
     """Carry out `steps` in order under the host lock `lock`, waiting up to `lock_wait_s` for it; only on a
-    node that is (`simulated`) what its facts said it is."""
-    return {"lock": lock, "lock_wait_s": lock_wait_s, "steps": steps, "simulated": simulated}
+    node that is (`simulated`) what its facts said it is. With `then_facts` (facts arguments), the reply
+    also holds the facts read afterwards by a new agent process, within `facts_timeout_s`."""
+    then = None if then_facts is None else {"args": then_facts, "timeout_s": facts_timeout_s}
+    return {
+        "lock": lock, "lock_wait_s": lock_wait_s, "steps": steps, "simulated": simulated, "then_facts": then,
+    }  # fmt: skip
 
 
 def gpu_reset_request(

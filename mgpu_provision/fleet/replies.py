@@ -30,6 +30,9 @@ class StepOutcome(Reply):
 
 class ApplyReply(Reply):
     results: list[StepOutcome]
+    # The reply envelope of the facts read afterwards, when the request asked for them (`then_facts`); read
+    # as a facts reply is (jobs/apply.py), and absent from an agent that predates it.
+    facts: dict[str, Any] | None = None
 
 
 class RebootReply(Reply):

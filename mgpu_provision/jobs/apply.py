@@ -3,11 +3,14 @@
 Per host (`converge_steps`), everything the plan can carry out goes to the node in ONE agent `apply` call, so
 the agent holds the host's lock for the whole change; a driver that needs a reboot gets one (when the rig and
 the playbook allow it); on the machine running this tool (fleet/here.py) neither a driver install nor a reboot
-is sent without --allow-control-machine. Then facts are read again and whatever
-the plan still shows is reported. Across hosts (`rollout`), batches from `--serial` run one after another and
-`--max-fail-percent` stops the later ones. `fleet_plan` is the plan shown for confirmation before anything
-runs, and the one the rollout carries out. Each host's work is written once as steps (jobs/steps.py): one
-session a host, or under `--via clush` the batch's hosts in lockstep through the batch seam.
+is sent without --allow-control-machine. Then facts are read again and whatever the plan still shows is
+reported: without a reboot between, the `apply` call itself brings them back (its `then_facts`, read by a new
+agent process), so a host costs one call, and under `--via clush` one login, fewer; an agent that could not
+read them gets a facts call of its own. Across hosts (`rollout`), batches from `--serial` run one after
+another and `--max-fail-percent` stops the later ones. `fleet_plan` is the plan shown for confirmation
+before anything runs, and the one the rollout carries out. Each host's work is written once as steps
+(jobs/steps.py): one session a host, or under `--via clush` the batch's hosts in lockstep through the batch
+seam.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .. import protocol
 from ..errors import ConnectionFailed, ProvisionError
@@ -24,7 +27,8 @@ from ..fleet.here import Here, address_is_here, control_machine
 from ..fleet.options import FleetOptions
 from ..fleet.pool import HostOutcome
 from ..fleet.replies import ApplyReply, RebootReply
-from ..fleet.targets import HostTarget
+from ..fleet.session import validated
+from ..fleet.targets import HostTarget, describe
 from ..plan.change import Change
 from ..plan.files import node_path
 from ..plan.host import facts_request, plan_host
@@ -184,27 +188,49 @@ def _planned(loaded: LoadedRig, host: Host, facts: Facts, steps: tuple[str, ...]
 
 
 def _run_steps(
-    target: HostTarget, changes: list[Change], lock: str, settings: ApplySettings, simulated: bool
-) -> Steps[tuple[list[str], str | None]]:
-    """One agent `apply` call for every non-reboot step: what changed, and the failed step's error if any."""
+    target: HostTarget,
+    changes: list[Change],
+    lock: str,
+    settings: ApplySettings,
+    simulated: bool,
+    then_facts: dict[str, Any] | None,
+) -> Steps[tuple[list[str], str | None, Facts | None]]:
+    """One agent `apply` call for every non-reboot step: what changed, the failed step's error if any, and
+    (with `then_facts`, facts arguments) the facts the agent read afterwards, None where it could not."""
     steps = [c.agent_step for c in changes if c.agent_step is not None and c.phase != "reboot"]
     if not steps:
-        return [], None
+        return [], None, None
     # The agent may wait lock_wait_s for another apply's lock before its own steps run, and a driver
     # install (a DKMS build) outlasts any ordinary command: cutting it off would leave apt running unseen.
     timeout = target.command_timeout_s + settings.lock_wait_s
     if any(step["kind"] == protocol.DRIVER for step in steps):
         timeout += DRIVER_INSTALL_BOUND_S
-    request = protocol.apply_request(lock, settings.lock_wait_s, steps, simulated)
-    results = (yield from read(target, "apply", request, ApplyReply, timeout)).results
-    done = [f"{r.kind}: {r.message}" for r in results if r.changed]
-    failed = next((r for r in results if r.error), None)
+    if then_facts is not None:  # within the agent's own bound on them, so the steps' outcome always comes
+        timeout += target.command_timeout_s
+    request = protocol.apply_request(
+        lock, settings.lock_wait_s, steps, simulated, then_facts, target.command_timeout_s
+    )
+    reply = yield from read(target, "apply", request, ApplyReply, timeout)
+    after = _facts_after(target, reply.facts)
+    done = [f"{r.kind}: {r.message}" for r in reply.results if r.changed]
+    failed = next((r for r in reply.results if r.error), None)
     if failed is None:
-        return done, None
+        return done, None, after
     # Name the file a failed file step was writing: the agent's OS error does not always carry it.
     step = steps[failed.index] if failed.index < len(steps) else {}
     what = f"{failed.kind} {step['path']}" if "path" in step else failed.kind
-    return done, f"step {failed.index + 1} ({what}) failed: {failed.error}"
+    return done, f"step {failed.index + 1} ({what}) failed: {failed.error}", after
+
+
+def _facts_after(target: HostTarget, envelope: dict[str, Any] | None) -> Facts | None:
+    """The facts an apply reply carries, or None (not asked for, an older agent, or the agent could not
+    read them): the caller then asks for facts in a call of their own, which says what went wrong."""
+    if envelope is None or envelope.get("ok") is not True or not isinstance(envelope.get("result"), dict):
+        return None
+    try:
+        return validated(envelope["result"], Facts, "facts", describe(target), "facts")
+    except ProvisionError:
+        return None
 
 
 def reboot_steps(
@@ -269,8 +295,9 @@ def converge_steps(
             unreachable=unreachable,
         )
 
-    def planned() -> Steps[tuple[Facts, list[Change]]]:
-        facts = yield from read(target, "facts", request, Facts, what="facts")
+    def planned(after: Facts | None = None) -> Steps[tuple[Facts, list[Change]]]:
+        """The host's plan now: from `after` (the facts apply's own call read), else from a facts call."""
+        facts = after or (yield from read(target, "facts", request, Facts, what="facts"))
         return facts, _planned(loaded, host, facts, settings.steps)
 
     try:
@@ -291,15 +318,19 @@ def converge_steps(
                 todo = [c for c in todo if c not in held]
             if not todo:
                 break
-            applied, error = yield from _run_steps(target, todo, lock, settings, facts.host.simulated)
+            reboots = any(c.agent_step is not None and c.phase == "reboot" for c in todo)
+            # The facts after the steps come in the apply call itself, unless a reboot comes between.
+            then = None if reboots else request
+            simulated = facts.host.simulated
+            applied, error, after = yield from _run_steps(target, todo, lock, settings, simulated, then)
             done += applied
             if error is not None:
-                _, changes = yield from planned()
+                _, changes = yield from planned(after)
                 return end(error)
-            if any(c.agent_step is not None and c.phase == "reboot" for c in todo):
+            if reboots:
                 yield from reboot_steps(target, lock, settings, progress, facts.host.simulated)
                 rebooted = True
-            facts, changes = yield from planned()
+            facts, changes = yield from planned(after)
             if not rebooted:
                 break
     except ConnectionFailed as exc:

@@ -20,7 +20,8 @@ steps differ on every host (its env files name it), so a bundle would send each 
 files — at 1,000 hosts and ~1.5 KB of steps each, 1.5 MB to every host for 1.5 KB it reads, and a change
 to the agent's protocol. Measured at 8 hosts (apply --json --yes, files and persistence drifted, median of
 3 on a 2-core machine at load 7-10): Fabric 5.1 s wall and 1.1 CPU-s, --via clush 7.6 s and 1.5 CPU-s,
-with 2 and 4 logins a host (each call is a connection of its own under ClusterShell).
+with 2 and 4 logins a host (each call is a connection of its own under ClusterShell); since the apply call
+brings back the facts after its steps (jobs/apply.py), 2 and 3.
 """
 
 from __future__ import annotations

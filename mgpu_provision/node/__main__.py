@@ -129,6 +129,9 @@ def handle(
         twin = simulation_target(request.get("simulate"), login_simulate)
         state = state_folder(request)
         result, after = VERBS[verb](request.get("args") or {}, lambda: select_backend(twin, state))
+        then = request["args"].get("then_facts") if verb == "apply" else None
+        if then is not None:
+            result = dict(result, facts=facts_in_a_new_agent(then["args"], twin, then["timeout_s"]))
         return {"ok": True, "agent_version": __version__, "result": result}, after
     except AgentFailure as exc:
         return _error(exc.kind, exc.message), None
@@ -137,6 +140,38 @@ def handle(
 
         traceback.print_exc()
         return _error("internal", f"{type(exc).__name__}: {exc}"), None
+
+
+def facts_in_a_new_agent(args: Dict[str, Any], twin: Optional[str], timeout_s: float) -> Dict[str, Any]:
+    """The reply envelope of a `facts` call with `args`, made by a new agent process as the control side's
+    own call would be: a driver that apply just installed is read as a new process reads it (this one may
+    hold the old NVML library), never from this process's state. The agent is this file's package root, run
+    by this interpreter with its flags (`-S -I`)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    flags = [flag for flag, on in (("-S", sys.flags.no_site), ("-I", sys.flags.isolated)) if on]
+    request = json.dumps({"args": args, "simulate": twin})
+    try:
+        done = subprocess.run(
+            [sys.executable, *flags, root, "facts"],
+            input=request,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            universal_newlines=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return _error("internal", "facts after apply took longer than {:g} s".format(timeout_s))
+    except OSError as exc:
+        return _error("internal", "facts after apply could not start: {}".format(exc))
+    try:
+        reply = json.loads(done.stdout)
+    except ValueError:
+        said = [line for line in done.stderr.splitlines() if line.strip()]
+        last = said[-1].strip() if said else "no error output"
+        return _error("internal", "facts after apply exited {}: {}".format(done.returncode, last))
+    return reply if isinstance(reply, dict) else _error("internal", "facts after apply answered no object")
 
 
 def _error(kind: str, message: str) -> Dict[str, Any]:

@@ -142,12 +142,14 @@ def test_connection_stalls_mid_apply(
 ) -> None:
     trial.area, trial.tried = "fault", "one host's connection stalls mid-apply (sshd sessions SIGSTOPped)"
     trial.expect = (
-        "per-host timeout error (command_timeout_s + lock wait), other host converges, next converges"
+        "per-host timeout error (command_timeout_s + lock wait + the facts after), other host converges, "
+        "next converges"
     )
     bad, good, rig = pair(test_hosts, tmp_path)
     set_defaults(rig, command_timeout_s=5)
     want = want_files(rig, bad, test_hosts)
-    # The apply verb's limit is command_timeout_s plus the lock wait: 5 + 10 s.
+    # The apply verb's limit is command_timeout_s plus the lock wait, plus command_timeout_s for the facts
+    # its reply brings back (jobs/apply.py): 5 + 10 + 5 s.
     proc = mid_apply(test_hosts, bad, rig, lock_holder, lock_wait=10)
     stopped = session_sshds(bad)
     signal_all(stopped, signal.SIGSTOP)
@@ -157,9 +159,9 @@ def test_connection_stalls_mid_apply(
     finally:
         signal_all(stopped, signal.SIGCONT)
     elapsed = time.monotonic() - started
-    trial.figures.update(hosts=2, limit_s=15, seconds_to_error=round(elapsed, 1))
-    check_outcome(trial, run, bad, good, "within 15s")
-    assert elapsed < 15 + 10, f"the stalled host held the run for {elapsed:.0f}s after the stall"
+    trial.figures.update(hosts=2, limit_s=20, seconds_to_error=round(elapsed, 1))
+    check_outcome(trial, run, bad, good, "within 20s")
+    assert elapsed < 20 + 10, f"the stalled host held the run for {elapsed:.0f}s after the stall"
     release(lock_holder, bad)
     assert_no_partial_files(bad, want, {PROFILE: OLD_PROFILE})
     converge_again(trial, rig, test_hosts, bad, good)

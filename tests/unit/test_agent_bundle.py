@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_provision import protocol
 from mgpu_provision.facts import Facts
 from mgpu_provision.fleet.bundle import build_agent
+from mgpu_provision.node.__main__ import unpack_beside
 from tests.support.agent import NODE_PYTHON, ROOT, TWINS, run_agent
 
 
@@ -144,3 +147,62 @@ def test_facts_imports_only_what_it_needs() -> None:
         "mgpu_provision.node.verbs.smoke",
         "mgpu_provision.fleet.bundle",
     }
+
+
+@pytest.mark.parametrize("form", ["zipapp", "unpacked"])
+def test_apply_then_facts_reads_the_changed_node_in_a_new_agent(pyz: Path, tmp_path: Path, form: str) -> None:
+    """apply's `then_facts`: the reply carries the facts of the node after its steps, read by a new agent
+    process (the zipapp or the folder it unpacks to, whichever ran), so a plan needs no call of its own."""
+    twin = tmp_path / "twin.yaml"
+    shutil.copy(TWINS / "h100-hgx.yaml", twin)
+    agent = pyz if form == "zipapp" else Path(unpack_beside(str(shutil.copy(pyz, tmp_path / pyz.name))) or "")
+    state = tmp_path / "lock"
+    facts_args = protocol.facts_request(state_dir=str(state))
+    apply_args = protocol.apply_request(
+        str(state / "apply.lock"),
+        1,
+        [{"kind": "persistence", "gpus": [0, 2], "enabled": True}],
+        True,
+        facts_args,
+        30,
+    )
+    reply = run_agent(agent, "apply", {"args": apply_args, "simulate": str(twin)})
+    assert reply["ok"] and reply["result"]["results"][0]["changed"], reply
+    after = reply["result"]["facts"]
+    assert after["ok"] is True, after
+    gpus = Facts.model_validate(after["result"]).gpus
+    assert [g.persistence_mode for g in gpus][:3] == [True, False, True]
+    # The same as a facts call of its own reads.
+    alone = run_agent(agent, "facts", {"args": facts_args, "simulate": str(twin)})
+    assert [g["persistence_mode"] for g in alone["result"]["gpus"]] == [
+        g["persistence_mode"] for g in after["result"]["gpus"]
+    ]
+
+
+def test_facts_after_apply_that_overrun_their_time_are_an_error_envelope_the_steps_stand(
+    pyz: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "etc" / "mgpu.env"
+    steps = [{"kind": "file", "path": str(target), "content": "A=1\n", "mode": "0600"}]
+    args = protocol.apply_request(str(tmp_path / "lock"), 1, steps, False, protocol.facts_request(), 0.001)
+    reply = run_agent(pyz, "apply", {"args": args})
+    assert reply["ok"] and reply["result"]["results"][0]["changed"] and target.read_text() == "A=1\n"
+    assert reply["result"]["facts"] == {
+        "ok": False,
+        "agent_version": reply["agent_version"],
+        "error": {"kind": "internal", "message": "facts after apply took longer than 0.001 s"},
+    }
+
+
+def test_then_facts_with_facts_arguments_of_the_wrong_kind_is_a_bad_request(
+    pyz: Path, tmp_path: Path
+) -> None:
+    args = protocol.apply_request(str(tmp_path / "lock"), 1, [], False, {"files": "not a list"}, 30)
+    reply = run_agent(pyz, "apply", {"args": args})
+    assert reply["error"] == {
+        "kind": "bad-request",
+        "message": "apply: `then_facts`: facts: `files` must be a list of strings, got 'not a list'",
+    }
+    args["then_facts"] = {"args": {}}  # no timeout
+    reply = run_agent(pyz, "apply", {"args": args})
+    assert reply["error"]["kind"] == "bad-request" and "then_facts" in reply["error"]["message"], reply

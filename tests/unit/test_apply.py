@@ -77,6 +77,9 @@ class Box:
     timeouts: dict[str, float | None] = field(default_factory=dict)  # the last timeout given per verb
     writes: int = 0
     steps_seen: list[list[str]] = field(default_factory=list)
+    # apply's `then_facts`: answered as the agent does, ignored (an older agent), or failed (facts that
+    # overran their time)
+    facts_after: str = "answers"
 
     def facts(self, args: dict[str, Any]) -> dict[str, Any]:
         mismatch = self.installed != self.loaded
@@ -139,7 +142,13 @@ class Box:
                 self.persistence = step["enabled"]
                 entry.update(changed=True, message="persistence on")
             results.append(entry)
-        return {"results": results}
+        then = args.get("then_facts")
+        if then is None or self.facts_after == "ignores":
+            return {"results": results}
+        if self.facts_after == "fails":
+            error = {"kind": "internal", "message": "facts after apply took longer than 60 s"}
+            return {"results": results, "facts": {"ok": False, "error": error}}
+        return {"results": results, "facts": {"ok": True, "result": self.facts(then["args"])}}
 
     def answer(self, verb: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One agent call, as the box's session carries it."""
@@ -222,6 +231,29 @@ def by_host(result: apply.ApplyResult) -> dict[str, HostRecap]:
     return {r.host: r for r in result.recaps}
 
 
+def test_a_box_with_no_reboot_to_wait_for_has_its_facts_read_in_the_apply_call(
+    tmp_path: Path, boxes: Boxes
+) -> None:
+    """The facts after the steps come back in the `apply` call itself (`then_facts`, read by a new agent
+    process): one call fewer a host than facts of their own, one login fewer under --via clush."""
+    boxes.update({"gpu-a": Box(), "gpu-b": Box(), "gpu-c": Box(persistence=False)})
+    result = run(boxes, load(tmp_path))
+    assert result.exit_code == 0, result
+    assert by_host(result)["gpu-c"].status == "changed"
+    assert boxes["gpu-c"].calls == ["facts", "facts", "apply"]  # the plan's, the rollout's, apply's
+
+
+@pytest.mark.parametrize("facts_after", ["ignores", "fails"])
+def test_an_apply_reply_without_readable_facts_gets_a_facts_call_of_its_own(
+    tmp_path: Path, boxes: Boxes, facts_after: str
+) -> None:
+    boxes.update({"gpu-a": Box(), "gpu-b": Box(), "gpu-c": Box(persistence=False, facts_after=facts_after)})
+    result = run(boxes, load(tmp_path))
+    assert result.exit_code == 0, result
+    assert by_host(result)["gpu-c"].status == "changed"
+    assert boxes["gpu-c"].calls == ["facts", "facts", "apply", "facts"]
+
+
 def test_drifted_boxes_converge_with_one_apply_call_and_one_reboot(tmp_path: Path, boxes: Boxes) -> None:
     boxes.update({"gpu-a": drifted(), "gpu-b": Box(), "gpu-c": Box(persistence=False)})
     result = run(boxes, load(tmp_path))
@@ -234,10 +266,12 @@ def test_drifted_boxes_converge_with_one_apply_call_and_one_reboot(tmp_path: Pat
     assert boxes["gpu-a"].steps_seen == [["file", "file", "file", "persistence", "driver"]]
     assert (boxes["gpu-a"].installed, boxes["gpu-a"].loaded) == ("550.54.15", "550.54.15")
     assert "persistence: persistence on" in recaps["gpu-c"].done
-    # A driver install (a DKMS build) gets its own bound; a persistence change only the ordinary one.
+    # A driver install (a DKMS build) gets its own bound; a persistence change only the ordinary one, and
+    # the facts its call brings back a facts call's (gpu-a's reboot comes between its steps and its facts).
     driver_timeout, plain_timeout = boxes["gpu-a"].timeouts["apply"], boxes["gpu-c"].timeouts["apply"]
-    assert driver_timeout is not None and plain_timeout is not None
-    assert driver_timeout - plain_timeout == apply.DRIVER_INSTALL_BOUND_S
+    facts_timeout = boxes["gpu-c"].timeouts["facts"]
+    assert driver_timeout is not None and plain_timeout is not None and facts_timeout is not None
+    assert driver_timeout - apply.DRIVER_INSTALL_BOUND_S == plain_timeout - facts_timeout
 
 
 def test_a_second_apply_changes_and_writes_nothing(tmp_path: Path, boxes: Boxes) -> None:
@@ -721,12 +755,12 @@ def test_apply_via_clush_is_one_call_many_a_phase_and_ends_as_the_fabric_apply(
     assert recaps["gpu-c"].error == "the connection to gpu-c was lost during agent apply"
     assert [(verb, names) for verb, names, _, _ in lockstep.rounds] == [  # gpu-d: the plan's facts only
         ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
-        ("apply", ["gpu-a", "gpu-b", "gpu-c"]),
-        ("facts", ["gpu-a", "gpu-b"]),  # after a failed step too: the recap's plan is read again
+        ("apply", ["gpu-a", "gpu-b", "gpu-c"]),  # with the facts after (a failed step's host's too)
     ]
     _, _, wire, timeouts = lockstep.rounds[1]
     assert len(set(wire)) == 1, wire  # the same steps: one request for all three
-    assert timeouts == [300.0 + 60.0] * 3  # each host's own: its command_timeout_s and the lock wait
+    # Each host's own: its command_timeout_s and the lock wait, and its command_timeout_s for the facts.
+    assert timeouts == [300.0 + 60.0 + 300.0] * 3
 
 
 def test_hosts_with_other_steps_send_other_requests_and_each_its_own_limit(
@@ -757,8 +791,7 @@ def test_a_reboot_over_the_batch_seam_waits_for_the_new_boot_id_while_the_others
     assert [(verb, names) for verb, names, _, _ in lockstep.rounds] == [
         ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
         ("apply", ["gpu-a", "gpu-b", "gpu-c"]),
-        ("reboot", ["gpu-a"]),
-        ("facts", ["gpu-b", "gpu-c"]),  # the others are done here
+        ("reboot", ["gpu-a"]),  # the others are done: their facts came with apply's reply
         ("facts", ["gpu-a"]),  # down: refused
         ("facts", ["gpu-a"]),  # down: refused
         ("facts", ["gpu-a"]),  # back, with a new boot id
@@ -775,7 +808,7 @@ def test_serial_batches_over_the_batch_seam(tmp_path: Path, monkeypatch: pytest.
     lockstep["gpu-a"].fail_kind = "file"
     result = run(lockstep, load(tmp_path), serial=Serial(2, False), max_fail=0)
     assert [r.status for r in result.recaps] == ["failed", "changed", "skipped"]
-    assert [names for _, names, _, _ in lockstep.rounds] == [["gpu-a", "gpu-b"]] * 3
+    assert [names for _, names, _, _ in lockstep.rounds] == [["gpu-a", "gpu-b"]] * 2  # facts, apply
     assert lockstep["gpu-c"].calls == ["facts"]  # the plan alone
 
 
@@ -853,8 +886,7 @@ def test_drain_slurm_over_the_batch_seam_is_the_fabric_drain(
         ("slurm-node", ["gpu-b", "gpu-c"]),  # show: gpu-b DRAINED
         ("slurm-node", ["gpu-c"]),  # show: gpu-c DRAINED
         ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
-        ("apply", ["gpu-a", "gpu-b", "gpu-c"]),
-        ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
+        ("apply", ["gpu-a", "gpu-b", "gpu-c"]),  # and the facts after
         ("slurm-node", ["gpu-a", "gpu-b", "gpu-c"]),  # resume
         ("facts", ["gpu-a", "gpu-b", "gpu-c"]),
     ]
