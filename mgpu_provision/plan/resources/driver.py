@@ -9,8 +9,7 @@ reboot), gets the same reboot Change alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ... import protocol
 from ...catalog import families, names, sources
@@ -23,8 +22,7 @@ if TYPE_CHECKING:
     from ...rig.models import Driver, Host, Rig
 
 
-@dataclass(frozen=True)
-class Source:
+class Source(NamedTuple):
     """Where a host's driver comes from: the rig's choice, else the one its os-release suggests."""
 
     name: str | None  # None for runfile installs

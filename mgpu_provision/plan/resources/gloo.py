@@ -11,11 +11,10 @@ networks.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class GlooInterface:
+class GlooInterface(NamedTuple):
     """The resolved name, or why there is none (`problem`, shown as a failed check)."""
 
     name: str | None

@@ -23,7 +23,7 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from ... import protocol
 from ...catalog.cpulist import parse_cpu_list
@@ -91,8 +91,7 @@ def refused(cores: set[int], sockets: int, per_socket: int, rule: Rule) -> str |
     return None
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """The box as one slurm.conf node line counts it: `grouping` says what Slurm calls a socket, `widen`
     whether a GPU's cores grow to whole Slurm sockets, `rule` what slurmctld accepts."""
 
@@ -156,8 +155,7 @@ def ranges(numbers: Iterable[int]) -> str:
     return ",".join(out)
 
 
-@dataclass(frozen=True)
-class GpuCores:
+class GpuCores(NamedTuple):
     """One GPU's `Cores=` (None: none written) and, when Slurm would refuse its own cores, why."""
 
     cores: str | None
@@ -371,8 +369,7 @@ def _int(value: str | None) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
-@dataclass(frozen=True)
-class NodeLine:
+class NodeLine(NamedTuple):
     """The fields of `scontrol show node -o` the checks read."""
 
     state: str

@@ -10,7 +10,7 @@ and torch.distributed.run itself, which the launcher runs, exists since torch 1.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...facts import Facts
 from ..change import Change, HostContext, check_failed
@@ -20,8 +20,7 @@ HYPHEN_FLAGS_SINCE = (2, 0)
 TORCH_NCCL_NAMES_SINCE = (2, 2)
 
 
-@dataclass(frozen=True)
-class Spelling:
+class Spelling(NamedTuple):
     """What the node's torch reads: the async-error variable's name and torchrun's flag style."""
 
     async_error_handling: str = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
