@@ -328,7 +328,7 @@ def converge_steps(
                 _, changes = yield from planned(after)
                 return end(error)
             if reboots:
-                yield from reboot_steps(target, lock, settings, progress, facts.host.simulated)
+                yield from reboot_steps(target, lock, settings, progress, simulated)
                 rebooted = True
             facts, changes = yield from planned(after)
             if not rebooted:
