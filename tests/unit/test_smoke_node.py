@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from mgpu_provision.node.core.errors import AgentFailure
 from mgpu_provision.node.host import files
 from mgpu_provision.node.verbs import smoke as node
 from mgpu_provision.protocol import BadRequest, check_args
+from tests.support.factories import FAKE_TORCH
 from tests.support.smoke_helpers import (
     FAIL_TIMEOUT_S,
     free_port,
@@ -749,3 +751,43 @@ def test_a_data_parallel_process_that_hangs_fails_the_node_and_is_ended(
     assert result["diagnosis"].startswith("data_parallel: no result within 1 s")
     assert result["data_parallel"]["ok"] is False and len(records(record)) == 1
     assert processes_of_run(args["run_id"]) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_agent_ends_its_run_and_removes_its_folder(
+    tmp_path: Path, node_tmp: Path, signum: int
+) -> None:
+    """A SIGTERM to the agent's process group (a service manager, a cancelled CI job) or a SIGHUP used to
+    end the agent at once: the ranks, in a session of their own, ran on to their deadline and the work folder
+    stayed. Now the verb unwinds as it does on Ctrl-C."""
+    python = tmp_path / "torch-python"  # answers the torch probe; the run is the launcher's
+    python.write_text(FAKE_TORCH)
+    python.chmod(0o755)
+    launcher = tmp_path / "launcher"
+    launcher.write_text("#!/bin/sh\nexec sleep 120\n")
+    launcher.chmod(0o755)
+    rid = run_id()
+    args = node_args(rid, free_port(), 0, python=str(python), launcher=str(launcher), timeout_s=120)
+    code = (
+        "import json, sys\nfrom mgpu_provision.node.verbs import smoke\nsmoke.run(json.loads(sys.argv[1]))\n"
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-c", code, json.dumps(protocol.check_args("smoke", args))],
+        env={**os.environ, "TMPDIR": str(node_tmp)},
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not processes_of_run(rid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_of_run(rid), "the launcher never started"
+        (folder,) = node_tmp.iterdir()
+        assert folder.name.startswith(f"mgpu-smoke-{rid}-0-")
+        agent.send_signal(signum)
+        assert agent.wait(timeout=30) == 128 + signum
+    finally:
+        agent.kill()
+        for pid in processes_of_run(rid):
+            os.kill(pid, signal.SIGKILL)
+    assert processes_of_run(rid) == []
+    assert list(node_tmp.iterdir()) == []

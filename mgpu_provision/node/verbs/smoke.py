@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -507,9 +508,28 @@ def run(args: dict[str, Any], simulated: bool = False, backend: Backend | None =
         prefix="mgpu-smoke-%s-%d-" % (re.sub(r"[^\w.-]", "_", req.run_id)[:64], req.node_rank)
     )
     try:
+        previous = {sig: signal.signal(sig, _stopped) for sig in STOP_SIGNALS}
+    except ValueError:  # not the main thread (a caller in this process): its signals stay its own
+        previous = {}
+    try:
         return _run_in(req, workdir, backend)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# A SIGTERM (a process group stopped: a service manager, a cancelled CI job, a local run's parent) or a
+# SIGHUP (a terminal's session gone) ended the agent at once, and the ranks, in a session of their own,
+# ran on to their deadline while the work folder stayed. Either now unwinds the verb as Ctrl-C does: the
+# run's processes are ended and its folder removed; a second signal during that cleanup is ignored.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _stopped(signum: int, frame: object) -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 def nccl_logs(workdir: str, log: str) -> str:
