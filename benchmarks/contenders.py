@@ -362,7 +362,12 @@ class Tool:
         if fleet.topology is None or fleet.gateways_ssh_config is None:
             raise ValueError(f"{self.name} needs the fleet's topology and the gateways' ssh_config")
         tree = ("--topology", str(fleet.topology), "--ssh-config", str(fleet.gateways_ssh_config))
-        env = {"CLUSTERSHELL_GW_PYTHON_EXECUTABLE": fleet.gateway_python}
+        # ClusterShell's gateway logs to /tmp/<gateway>.gw.log unless told otherwise, and the bench's gateways
+        # share this machine's /tmp: their logs go to the size's own folder instead.
+        env = {
+            "CLUSTERSHELL_GW_PYTHON_EXECUTABLE": fleet.gateway_python,
+            "CLUSTERSHELL_GW_LOG_DIR": str(fleet.workdir),
+        }
         return [Spawn((*argv, *tree), env=env, netns=fleet.head)]
 
     def problem(self, fleet: Fleet, usage: Usage) -> str | None:
