@@ -18,7 +18,7 @@ import pytest
 from mgpu_provision import cli
 from tests.support.dcgm import ARGV, FIXTURES, dcgmi_on_host
 from tests.support.factories import rtx3090_twin
-from tests.support.hosts import HostFactory, TestHost
+from tests.support.hosts import HostFactory, over_ssh
 
 FIXTURE = FIXTURES / "dcgm4-r2-pcie-fail-thermal-monitor.json"
 COMMAND = "/usr/local/bin/mgpu-provision-check"
@@ -29,16 +29,6 @@ PAIR = {
     "driver": {"version": "550.54.15", "reboot": "never"},
     "health": {"dcgm_diag": {"level": 2, "budget_s": BUDGET_S}},
 }
-
-
-def over_ssh(factory: HostFactory, host: TestHost, command: str) -> subprocess.CompletedProcess[str]:
-    """`command` on the box through OpenSSH, as an admin (or a cron job on another machine) runs it."""
-    argv = [
-        "ssh", "-i", str(factory.client_key), "-o", f"UserKnownHostsFile={factory.known_hosts}",
-        "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-        "-p", str(host.port), f"root@{host.address}", command,
-    ]  # fmt: skip
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
 def test_the_installed_check_runs_the_boxs_dcgmi_within_its_budget(

@@ -18,7 +18,7 @@ from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.pool import run_fleet
 from mgpu_provision.fleet.session import AgentSession
 from mgpu_provision.fleet.targets import HostTarget
-from tests.support.hosts import FakeAgent, HostFactory, TestHost, fake_agent
+from tests.support.hosts import FakeAgent, HostFactory, TestHost, fake_agent, over_ssh
 
 
 def target(host: TestHost, factory: HostFactory, **changes: Any) -> HostTarget:
@@ -403,3 +403,16 @@ def test_dash_v_shows_each_ssh_step_with_its_time(test_hosts: HostFactory, tmp_p
     assert logged(r"mgpu_provision\.fleet\.pool: gpu-a: connected and logged in after "), lines
     assert logged(r"paramiko\.transport: Authentication \(publickey\) successful"), lines
     assert logged(r"mgpu_provision\.fleet\.pool: gpu-a: done after "), lines
+
+
+def test_a_login_on_a_test_host_keeps_its_temporary_files_in_the_factorys_folder(
+    test_hosts: HostFactory,
+) -> None:
+    """What an agent leaves in its temporary folder when its host is killed under it (a smoke's work
+    folder, torchrun's torchelastic_*) goes with the test's hosts, never to this machine's /tmp: every
+    login's TMPDIR is the factory's `node_tmp`, beside the twin that logins simulate."""
+    host = test_hosts.start("gpu-a")
+    done = over_ssh(test_hosts, host, 'python3 -c "import tempfile; print(tempfile.gettempdir())" && '
+                    'printf "%s\\n" "$MGPU_PROVISION_SIMULATE"')  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [str(test_hosts.node_tmp), str(host.twin_path)]

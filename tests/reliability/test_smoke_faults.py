@@ -111,11 +111,13 @@ def smoke_cut_off(
     return hosts, report
 
 
-def check_nothing_left(trial: Trial, report: dict[str, Any]) -> None:
+def check_nothing_left(trial: Trial, report: dict[str, Any], factory: HostFactory) -> None:
     run_id, endpoint = report["run_id"], report["groups"][0]["endpoint"]
     gone = lambda: not helpers.processes_of_run(run_id)  # noqa: E731
     wait_for(gone, f"the processes of {run_id} to end", timeout=MARGIN_S)
-    assert not glob.glob(f"/tmp/mgpu-smoke-{run_id}-*"), "a work folder of the run was left"
+    assert factory.node_tmp.is_dir()  # the nodes' TMPDIR, where their work folders go
+    for tmp in (factory.node_tmp, Path("/tmp")):
+        assert not glob.glob(f"{tmp}/mgpu-smoke-{run_id}-*"), f"a work folder of the run was left in {tmp}"
     assert not helpers.listening(int(endpoint.rsplit(":", 1)[1]))
     trial.figures["left behind"] = "nothing"
 
@@ -141,7 +143,7 @@ def test_one_nodes_torchrun_sigkilled_mid_smoke(
     nodes = report["groups"][0]["nodes"]
     assert nodes[1]["kind"] == "crash" and "code -9" in nodes[1]["diagnosis"], nodes[1]
     assert all(not node["ok"] and node["diagnosis"] for node in nodes), nodes  # their peer's ranks vanished
-    check_nothing_left(trial, report)
+    check_nothing_left(trial, report, test_hosts)
 
 
 def test_one_nodes_sshd_killed_mid_smoke(test_hosts: HostFactory, tmp_path: Path, trial: Trial) -> None:
@@ -155,4 +157,4 @@ def test_one_nodes_sshd_killed_mid_smoke(test_hosts: HostFactory, tmp_path: Path
     lost = report["groups"][0]["nodes"][1]
     assert lost["kind"] == "failed" and "gpu-1" in lost["diagnosis"], lost
     wait_for(lambda: not agent_pids(hosts[1], "smoke"), "gpu-1's orphaned agent to end", timeout=MARGIN_S)
-    check_nothing_left(trial, report)
+    check_nothing_left(trial, report, test_hosts)

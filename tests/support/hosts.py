@@ -319,6 +319,13 @@ class HostFactory:
         """known_hosts listing every host started so far (rewritten on each start)."""
         return self.root / "known_hosts"
 
+    @property
+    def node_tmp(self) -> Path:
+        """The TMPDIR of every login on this factory's hosts (sshd's SetEnv): what an agent leaves in its
+        temporary folder (a smoke killed with its host) goes with the factory's folder, never to /tmp. One
+        folder for all the hosts, as the machine's /tmp was: a Slurm step finds the folder its job named."""
+        return self.root / "node-tmp"
+
     def start(
         self,
         name: str,
@@ -359,7 +366,9 @@ class HostFactory:
             fake = host_dir / "managed" / str(MANAGED_DIRS.index("/usr/local/bin")) / "sudo"
             fake.write_text(_FAKE_SUDO[sudo])
             fake.chmod(0o755)
-        config = _sshd_config(host, host_dir / "authorized_keys") + extra_sshd_config
+        self.node_tmp.mkdir(mode=0o1777, exist_ok=True)
+        self.node_tmp.chmod(0o1777)  # a login user's too, as /tmp is (mkdir's mode passes the umask)
+        config = _sshd_config(host, host_dir / "authorized_keys", tmpdir=self.node_tmp) + extra_sshd_config
         if not sftp:
             config = config.replace("Subsystem sftp internal-sftp\n", "")
         (host_dir / "sshd_config").write_text(config)
@@ -546,8 +555,12 @@ def _rig_of_twin(twin: Mapping[str, Any]) -> dict[str, Any]:
     return {"gpus": {"model": model, "count": max(len(gpus), 1)}}
 
 
-def _sshd_config(host: TestHost, authorized_keys: Path, simulated: bool = True) -> str:
-    simulate = f"SetEnv MGPU_PROVISION_SIMULATE={host.twin_path}\n" if simulated else ""
+def _sshd_config(
+    host: TestHost, authorized_keys: Path, simulated: bool = True, tmpdir: Path | None = None
+) -> str:
+    pairs = [f"MGPU_PROVISION_SIMULATE={host.twin_path}"] if simulated else []
+    pairs += [f"TMPDIR={tmpdir}"] if tmpdir is not None else []
+    simulate = f"SetEnv {' '.join(pairs)}\n" if pairs else ""
     return f"""\
 ListenAddress {host.address}
 Port {host.port}
@@ -618,6 +631,16 @@ class ClientKey:
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def over_ssh(factory: HostFactory, host: TestHost, command: str) -> subprocess.CompletedProcess[str]:
+    """`command` on the box through OpenSSH, as an admin (or a cron job on another machine) runs it."""
+    argv = [
+        "ssh", "-i", str(factory.client_key), "-o", f"UserKnownHostsFile={factory.known_hosts}",
+        "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+        "-p", str(host.port), f"root@{host.address}", command,
+    ]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
 def host_factory(client: ClientKey, pool: _AddressPool) -> Iterator[HostFactory]:
