@@ -30,6 +30,7 @@ ClusterShell is an optional extra, imported only here and only under `--via clus
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import hashlib
 import io
@@ -129,8 +130,10 @@ if not getattr(fastsubprocess.Popen._execute_child, "mgpu_spawn", False):
 """
 
 
+@functools.cache
 def spawn_clients() -> None:
-    """ClusterShell's clients started with posix_spawn from now on in this process (`_SPAWN`)."""
+    """ClusterShell's clients started with posix_spawn from now on in this process (`_SPAWN`): once per
+    process, not once per round (apply's lockstep runs several)."""
     exec(_SPAWN, {})
 
 
