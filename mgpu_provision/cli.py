@@ -53,7 +53,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line; with `only`, the other commands are names without options (not imported)."""
+    """The whole command line; with `only`, that command's parser alone (no other command is imported or
+    given a parser: ~0.1 ms each, and the line already names its command)."""
     parser = Parser(
         prog="mgpu-provision",
         description="Declarative provisioning for multi-GPU training boxes.",
@@ -68,7 +69,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         if only is not None and name != only:
-            sub.add_parser(name)
             continue
         try:
             module = importlib.import_module(f"mgpu_provision.commands.{name.replace('-', '_')}")
@@ -77,6 +77,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 continue  # command not built yet
             raise
         module.register(sub)
+    if only is not None:
+        return parser
     helper = sub.add_parser(
         "help",
         help="show the help of a command: mgpu-provision help COMMAND",

@@ -35,6 +35,12 @@ def test_every_commands_help_is_for_users(name: str) -> None:
     assert max(len(line) for line in text.splitlines()) <= 110, f"{name} --help has overlong lines"
 
 
+def test_a_line_that_names_its_command_builds_that_commands_parser_alone() -> None:
+    """Issue 41: a parser per command is ~0.1 ms, 1.3 ms of every run for the twelve it does not run."""
+    (sub,) = (a for a in build_parser("plan")._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == {"plan"}
+
+
 def test_a_provision_error_is_one_line_exit_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["validate", str(tmp_path / "missing.yaml")]) == 1
     out, err = capsys.readouterr()
