@@ -8,11 +8,9 @@ targets and the `FleetOptions`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import ProvisionError
@@ -20,6 +18,7 @@ from ..fleet.options import MAX_FORKS, FleetOptions
 from ..fleet.targets import HostTarget, targets_for
 from ..rig import LoadedRig, nodesets, select_hosts
 from ..rig.cache import load_rig
+from ..typing_lite import NamedTuple
 from . import paths
 
 if TYPE_CHECKING:
@@ -104,8 +103,7 @@ def add_via_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass(frozen=True)
-class FleetRun:
+class FleetRun(NamedTuple):
     """Everything a host-facing command needs before it runs: the rig, its chosen hosts, how to reach them."""
 
     loaded: LoadedRig
@@ -170,7 +168,7 @@ def prepare(args: argparse.Namespace) -> FleetRun:
     hosts = select_hosts(loaded, args.limit)
     targets = targets_for(loaded, hosts)
     if args.timeout is not None:
-        targets = [dataclasses.replace(t, connect_timeout_s=args.timeout) for t in targets]
+        targets = [t._replace(connect_timeout_s=args.timeout) for t in targets]
     options = fleet_options(args)
     if options.topology is not None:  # checked against the whole rig before any host is asked
         from ..fleet.clush_tree import read_topology

@@ -13,7 +13,6 @@ markup. The text views import rich inside their functions, so that `--json` neve
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -185,7 +184,7 @@ def _diffs(variants: Variants) -> list[Text]:
 def _variant(change: Change, host: str) -> Change:
     """The change as hosts share it: its diff with the host's name as HOST_MARK."""
     diff = _without_host(change.diff, host)
-    return change if diff == change.diff else dataclasses.replace(change, diff=diff)
+    return change if diff == change.diff else change._replace(diff=diff)
 
 
 def fleet_lines(plan: FleetPlan, diffs: bool = False) -> list[Text]:

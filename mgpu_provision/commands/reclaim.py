@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from .. import protocol
 from ..errors import ProvisionError
@@ -26,6 +26,7 @@ from ..jobs.reclaim import (
     exit_code,
     reclaim_fleet,
 )
+from ..typing_lite import NamedTuple
 from . import options
 from .output import JSON_FORMAT_VERSION, make_console, plain_table, shown
 

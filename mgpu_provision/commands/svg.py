@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
 from xml.sax.saxutils import escape, quoteattr
 
 from ..errors import ProvisionError
+from ..typing_lite import NamedTuple
 
 FONT = "DejaVu Sans, Verdana, sans-serif"
 CHAR_WIDTH = 0.6  # of the font size: a wide estimate, so backing boxes never cut a label short

@@ -17,10 +17,10 @@ import functools
 import hashlib
 import importlib.util
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..control_cache import control_cache_dir
+from ..typing_lite import NamedTuple
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
@@ -31,8 +31,7 @@ _SHIPPED = ("__init__.py", "protocol.py", "typing_lite.py")
 _SHIPPED_PACKAGES = ("node", "judge", "catalog")
 
 
-@dataclass(frozen=True)
-class AgentBundle:
+class AgentBundle(NamedTuple):
     data: bytes
     digest: str
     name: str

@@ -43,9 +43,10 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from ..errors import AgentError, ProvisionError
+from ..typing_lite import NamedTuple
 from . import options as fleet_options
 from .clush_tree import Topology, read_topology
 from .options import AgentPayload, FleetOptions, Timeouts

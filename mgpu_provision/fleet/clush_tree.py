@@ -18,9 +18,10 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..errors import ProvisionError
+from ..typing_lite import NamedTuple
 
 _ROUTE = re.compile(r"^(?P<src>[^\s#;:=][^:=]*?)\s*[:=]\s*(?P<dst>.*?)\s*$")
 _SECTION = re.compile(r"^\[(?P<name>[^\]]*)\]\s*$")

@@ -13,9 +13,10 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ..typing_lite import NamedTuple
 
 if TYPE_CHECKING:
     from ..facts import Facts
@@ -32,8 +33,7 @@ def _read(path: Path) -> str | None:
         return None
 
 
-@dataclass(frozen=True)
-class Here:
+class Here(NamedTuple):
     """This machine's identity, read once per run."""
 
     machine_id: str | None

@@ -6,8 +6,9 @@ Everything below this module (SSH, sessions, the worker pool) takes targets, nev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
+
+from ..typing_lite import NamedTuple
 
 if TYPE_CHECKING:
     import fabric
@@ -18,8 +19,7 @@ if TYPE_CHECKING:
 DEFAULT_PYTHON = "python3"
 
 
-@dataclass(frozen=True)
-class HostTarget:
+class HostTarget(NamedTuple):
     """Everything needed to reach one host and run its agent; built from the rig by `targets_for`."""
 
     name: str

@@ -21,6 +21,7 @@ from ..fleet.session import validated
 from ..fleet.targets import HostTarget, describe
 from ..plan.change import Change
 from ..plan.host import facts_request, plan_host
+from ..typing_lite import NamedTuple
 
 if TYPE_CHECKING:
     from ..rig.rig import LoadedRig
@@ -51,8 +52,7 @@ class HostPlan:
         return sum(1 for c in self.changes if c.action in actions)
 
 
-@dataclass(frozen=True)
-class PlanTotals:
+class PlanTotals(NamedTuple):
     """What the plan's summary line counts, over every host."""
 
     to_change: int  # create + update

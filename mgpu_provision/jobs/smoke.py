@@ -670,8 +670,7 @@ class SmokeRun:
 
     def trial_parts(self, nodes: tuple[str, ...], trial_id: str, index: int) -> dict[str, NodePart]:
         first = self.by_host[nodes[0]]
-        rendezvous = dataclasses.replace(
-            first.rendezvous,
+        rendezvous = first.rendezvous._replace(
             master=nodes[0],
             members=nodes,
             master_addr=self.loaded.host(nodes[0]).target,
@@ -680,7 +679,7 @@ class SmokeRun:
         )
         parts = {}
         for rank, name in enumerate(nodes):
-            own = dataclasses.replace(rendezvous, node_rank=rank)
+            own = rendezvous._replace(node_rank=rank)
             args = {**self.sent[name], **own.settings(), "run_id": trial_id, "launcher": None, "files": []}
             parts[name] = dataclasses.replace(self.by_host[name], rendezvous=own, args=args, floor_gbps=None)
         return parts

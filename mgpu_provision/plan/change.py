@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..catalog.topology import TopoMatrix
 from ..facts import Facts
 from ..judge.records import WARN, Expectation, Finding
+from ..typing_lite import NamedTuple
 from .expectation import for_rig
 
 if TYPE_CHECKING:
@@ -24,8 +25,7 @@ Phase = Literal["checks", "env", "sli", "persistence", "driver", "containers", "
 PHASES: tuple[Phase, ...] = ("checks", "env", "sli", "persistence", "driver", "containers", "reboot")
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
     """One difference between the rig file and a box, and (when apply can make it) the agent step for it."""
 
     resource: str

@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol
@@ -26,6 +25,7 @@ from ..errors import ProvisionError
 from ..facts import Facts, ManagedFile
 from ..judge.files import same_digest
 from ..rig.envvalues import value_problem
+from ..typing_lite import NamedTuple
 from .change import Change, HostContext, Phase
 
 if TYPE_CHECKING:
@@ -46,8 +46,7 @@ class EnvFileError(ProvisionError):
     """A value cannot be written safely into a node's env file or launcher."""
 
 
-@dataclass(frozen=True)
-class DesiredFile:
+class DesiredFile(NamedTuple):
     """A managed file as the rig file wants it on one node."""
 
     path: str
@@ -60,8 +59,7 @@ class DesiredFile:
         return hashlib.sha256(self.content.encode()).hexdigest()
 
 
-@dataclass(frozen=True)
-class ManagedFiles:
+class ManagedFiles(NamedTuple):
     """One resource's files, as the registry (`plan/host.FILES`) holds them: the facts request asks for
     `paths`, the plan diffs `desired` (or runs `diff`, for a resource that also enables a unit, restarts a
     daemon or removes what is no longer wanted), and the node check holds the digests of `checked` ones."""

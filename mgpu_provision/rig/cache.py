@@ -23,10 +23,11 @@ import pickle
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..control_cache import control_cache_dir
+from ..typing_lite import NamedTuple
 
 if TYPE_CHECKING:
     from .rig import LoadedRig

@@ -13,9 +13,10 @@ Base Mosaic, which spans the displays without SLI rendering (NVIDIA X driver REA
 from __future__ import annotations
 
 import re
-from typing import Literal, NamedTuple, TypeVar
+from typing import Literal, TypeVar
 
 from ..catalog import sources
+from ..typing_lite import NamedTuple
 
 CardClass = Literal["geforce", "professional", "unknown"]
 T = TypeVar("T")

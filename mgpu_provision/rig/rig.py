@@ -8,7 +8,6 @@ smoke runs that launcher, so the two can never disagree about ranks, sizes or th
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ProvisionError
+from ..typing_lite import NamedTuple
 from .files import resolve_path
 
 if TYPE_CHECKING:  # the rig cache unpickles a LoadedRig of plain records: no model, no pydantic
@@ -23,8 +23,7 @@ if TYPE_CHECKING:  # the rig cache unpickles a LoadedRig of plain records: no mo
     from .models import Cdi, DcgmDiag, Host, ImexDomain, NodeCheck, Rig, RigFile
 
 
-@dataclass(frozen=True)
-class Rendezvous:
+class Rendezvous(NamedTuple):
     """How one host joins its DDP group: torchrun's rendezvous settings and the host's place in the group."""
 
     master: str  # the master host's name: the group's id
@@ -149,7 +148,7 @@ class LoadedRig:
         if ddp is None:
             return None
         group = self._rendezvous_by_master[ddp.master]
-        return dataclasses.replace(group, node_rank=group.members.index(host.name))
+        return group._replace(node_rank=group.members.index(host.name))
 
     def visible_indices(self, host: Host, gpu_uuids: Sequence[str] | None = None) -> list[int] | None:
         """NVML indices CUDA may see on `host`; None means all.

@@ -3,7 +3,6 @@ commands per facts call, and how the wait for a command's answer is spent."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 from collections.abc import Iterator
@@ -107,7 +106,7 @@ def test_waiting_for_a_command_sleeps_instead_of_polling(
 
 def test_a_run_through_a_jump_host_leaves_no_connection_open(test_hosts: HostFactory) -> None:
     jump, inner = test_hosts.start("bastion"), test_hosts.start("gpu-b")
-    via = dataclasses.replace(target(inner, test_hosts), jump=f"root@{jump.address}:{jump.port}")
+    via = target(inner, test_hosts)._replace(jump=f"root@{jump.address}:{jump.port}")
     before = set(threading.enumerate())
     options = FleetOptions(known_hosts=test_hosts.known_hosts, agent=fake_agent("jump"))
     outcome = run_fleet([via], lambda s: s.call("facts", {}), options)["gpu-b"]

@@ -36,7 +36,7 @@ def target(host: TestHost, factory: HostFactory, **changes: Any) -> HostTarget:
         connect_timeout_s=2.0,
         command_timeout_s=20.0,
     )
-    return dataclasses.replace(base, **changes)
+    return base._replace(**changes)
 
 
 def options(factory: HostFactory, agent: FakeAgent, **changes: Any) -> FleetOptions:
@@ -272,9 +272,8 @@ def test_jump_host_is_a_gateway_with_its_key_checked(test_hosts: HostFactory, tm
 
 def test_a_jump_host_that_cannot_reach_the_target_is_named(test_hosts: HostFactory) -> None:
     jump, dead = test_hosts.start("bastion"), test_hosts.dead_address()
-    via = dataclasses.replace(
-        target(jump, test_hosts, name="gpu-b", address=dead), jump=f"root@{jump.address}:{jump.port}"
-    )
+    hop = f"root@{jump.address}:{jump.port}"
+    via = target(jump, test_hosts, name="gpu-b", address=dead)._replace(jump=hop)
     outcome = run_fleet([via], call("facts"), options(test_hosts, fake_agent()))["gpu-b"]
     assert outcome.status == "unreachable"
     assert (outcome.error or "").startswith(

@@ -278,7 +278,7 @@ def test_only_the_failed_nodes_own_group_is_stopped_and_only_once(tmp_path: Path
     (first, *_) = plan(tmp_path, HOSTS)
 
     def rendezvous(master: str) -> Any:
-        return dataclasses.replace(first.rendezvous, master=master)
+        return first.rendezvous._replace(master=master)
 
     masters = {"a1": "a1", "a2": "a1", "a3": "a1", "c1": "c1", "c2": "c1"}
     parts = {

@@ -3,7 +3,6 @@ connection checks only its own host's keys; accepting a new key stays locked."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from pathlib import Path
 
@@ -32,7 +31,7 @@ def known_hosts_file(tmp_path: Path) -> Path:
 def test_connections_of_one_run_share_one_parse_but_each_holds_only_its_hosts_keys(tmp_path: Path) -> None:
     options = FleetOptions(known_hosts=known_hosts_file(tmp_path))
     first = make_connection(ssh_target(name="a"), options)
-    second = make_connection(dataclasses.replace(ssh_target(name="b"), address="10.0.0.2"), options)
+    second = make_connection(ssh_target(name="b")._replace(address="10.0.0.2"), options)
     assert first.config is not second.config  # invoke writes into a Connection's config: not thread-safe
     assert first.config.base_ssh_config is second.config.base_ssh_config  # ssh_config parsed once
     assert list(first.client.get_host_keys().keys()) == ["[10.0.0.1]:2222"]

@@ -9,13 +9,14 @@ reboot), gets the same reboot Change alone.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from ... import protocol
 from ...catalog import families, names, sources
 from ...facts import HostInfo
 from ...judge import driver as judge
 from ...rig.cards import nvlink5_hgx, open_modules_only
+from ...typing_lite import NamedTuple
 from ..change import Action, Change, HostContext, check_failed
 
 if TYPE_CHECKING:

@@ -11,7 +11,8 @@ networks.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+
+from ...typing_lite import NamedTuple
 
 
 class GlooInterface(NamedTuple):

@@ -22,13 +22,13 @@ import math
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal
 
 from ... import protocol
 from ...catalog.cpulist import parse_cpu_list
 from ...catalog.pci import pci_key
 from ...facts import Facts, Gpu, Machine, SlurmNode
+from ...typing_lite import NamedTuple
 from ..change import Change, HostContext, check_failed
 from ..files import DesiredFile, diff_file, diff_files, render
 
@@ -348,12 +348,12 @@ def node_notes(host: Host, rig: Rig, facts: Facts) -> list[str]:
 # --- the controller's node line, typed -----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GresSeen:
-    """The gpu entry of the controller's Gres= for the node: its type, its count, whether it names sockets."""
+class GresSeen(NamedTuple):
+    """The gpu entry of the controller's Gres= for the node: its type, its count of GPUs, whether it names
+    sockets."""
 
     type: str | None
-    count: int
+    gpus: int  # not `count`, which would hide tuple.count
     affinity: bool
 
 
@@ -445,12 +445,12 @@ def missing_devices(state: SlurmNode) -> list[Change]:
 def gres_count(gres_type: str, facts: Facts, line: NodeLine) -> list[Change]:
     seen = controller_gres(line.gres)
     have = f"gpu:{gres_type}:{len(facts.gpus)}"
-    if seen is not None and seen.count == len(facts.gpus) and seen.type in (None, gres_type):
+    if seen is not None and seen.gpus == len(facts.gpus) and seen.type in (None, gres_type):
         return []
-    said = "no gpu" if seen is None else f"gpu:{seen.type or '(no type)'}:{seen.count}"
+    said = "no gpu" if seen is None else f"gpu:{seen.type or '(no type)'}:{seen.gpus}"
     consequence = (
         "slurmd would make the node INVAL (count reported lower than configured)"
-        if seen is not None and seen.count > len(facts.gpus)
+        if seen is not None and seen.gpus > len(facts.gpus)
         else "the GPUs Slurm schedules are not the box's"
     )
     return [

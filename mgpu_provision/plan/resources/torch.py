@@ -10,9 +10,9 @@ and torch.distributed.run itself, which the launcher runs, exists since torch 1.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
 
 from ...facts import Facts
+from ...typing_lite import NamedTuple
 from ..change import Change, HostContext, check_failed
 
 TORCHRUN_SINCE = (1, 9)
