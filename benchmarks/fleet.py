@@ -332,14 +332,16 @@ Paramiko connection per host: the floor of a tool on that library), `pyinfra` is
 --parallel 64 --` (pyinfra 3, its own venv); both check host keys against the same file.
 Median of {repeat} alternating runs (the order rotates each round), after one warm-up each below {warm_up}
 hosts (from {warm_up} on, converging warmed hosts and client).
-Client CPU and peak RSS come from GNU time around each client process (with its reaped children; for `ssh`,
-CPU summed over the per-host clients and RSS of the largest). Logins and SSH commands per host are counted
-in the hosts' sshd logs (LogLevel VERBOSE), with the address each login came from (and the gateways' logs:
-the tree's head logs in only there); the gateways' CPU comes from GNU time around ClusterShell's gateway
-(its `CLUSTERSHELL_GW_PYTHON_EXECUTABLE`). The hosts' agents and sshds run on the same CPUs as the
-clients, so node-side work is in every figure. plan's torch check ran against {smoke_python}; `smoke` runs
-real torch (this venv's, Gloo on loopback, 2 ranks per host) and a `sitecustomize` hook on the smoke
-python's PYTHONPATH notes when each of its processes started and imported torch (smoke_clock.py)."""
+Client CPU is each client process's rusage from `wait4`, in microseconds (with its reaped children), less the
+cost of the namespace prefix and GNU time around it (measured in the same run); peak RSS comes from GNU time
+(for `ssh`, CPU summed over the per-host clients and RSS of the largest). Logins and SSH commands per host
+are counted in the hosts' sshd logs (LogLevel VERBOSE), with the address each login came from (and the
+gateways' logs: the tree's head logs in only there); the gateways' CPU comes from GNU time around
+ClusterShell's gateway (its `CLUSTERSHELL_GW_PYTHON_EXECUTABLE`). The hosts' agents and sshds run on the
+same CPUs as the clients, so node-side work is in every figure. plan's torch check ran against
+{smoke_python}; `smoke` runs real torch (this venv's, Gloo on loopback, 2 ranks per host) and a
+`sitecustomize` hook on the smoke python's PYTHONPATH notes when each of its processes started and imported
+torch (smoke_clock.py)."""
 
 
 def context_lines(info: dict[str, object]) -> list[str]:

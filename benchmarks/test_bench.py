@@ -33,7 +33,7 @@ from contenders import (
 )
 from fleet import DEFAULT_ANSIBLE, BenchmarkError, contenders_for, parse_sizes, rotated
 from hotspots import collapse, import_bill, summary
-from measure import Finished, Spawn, Usage, parse_time_report, run_together
+from measure import Finished, Spawn, Usage, parse_time_report, run_together, wrapper_cpu_s
 from report import (
     Row,
     Sample,
@@ -358,6 +358,17 @@ def test_run_together_reports_output_exit_cpu_and_memory() -> None:
     assert usage.cpu_s > 0
 
 
+def test_cpu_comes_in_microseconds_without_the_chain_around_the_client() -> None:
+    """Issue 41: GNU time prints CPU in 10 ms steps, too coarse for a 1.2x target at ~0.2 CPU-s."""
+    burn = "import time\nend = time.process_time() + 0.043\nwhile time.process_time() < end: pass\n"
+    usage = run_together([Spawn((sys.executable, "-c", burn)), Spawn(("true",), netns=("env",))])
+    burner, nothing = usage.processes
+    assert 0.043 < burner.cpu_s < 0.2
+    assert round(burner.cpu_s, 2) != burner.cpu_s  # not GNU time's two decimals
+    assert 0 < wrapper_cpu_s(("env",)) < 0.05  # `env` and GNU time around `true`, less `true`
+    assert nothing.cpu_s < 0.005
+
+
 def test_peak_memory_is_the_clients_own_not_inherited_from_the_benchmark() -> None:
     ballast = bytearray(200 << 20)  # this process is now well over 200 MiB
     usage = run_together([Spawn(("true",))])
@@ -366,7 +377,7 @@ def test_peak_memory_is_the_clients_own_not_inherited_from_the_benchmark() -> No
 
 
 def test_time_report_parsing() -> None:
-    assert parse_time_report("Command exited with non-zero status 3\n0.50 1.25 0.25 2048\n") == (1.5, 2048)
+    assert parse_time_report("Command exited with non-zero status 3\n0.50 1.25 0.25 2048\n") == 2048
     with pytest.raises(ValueError, match="GNU time wrote no report"):
         parse_time_report("")
 
@@ -660,7 +671,10 @@ def test_tree_contender_runs_from_the_head_through_the_gateways(tmp_path: Path) 
         "--via", "clush", "--topology", str(tmp_path / "topology.conf"), "--ssh-config",
         str(tmp_path / "gw.ssh_config"),
     )  # fmt: skip
-    assert tree.env == {"CLUSTERSHELL_GW_PYTHON_EXECUTABLE": "/x/gateway-python"}
+    assert tree.env == {  # the gateways log into the size's folder, not this machine's /tmp
+        "CLUSTERSHELL_GW_PYTHON_EXECUTABLE": "/x/gateway-python",
+        "CLUSTERSHELL_GW_LOG_DIR": str(fleet.workdir),
+    }
     for name in ("ssh", "plan", "clush", "fabric", "pyinfra", "ansible"):  # every other one: the flat client
         assert {s.netns for s in select([name])[0].spawns(fleet)} == {("enter", "flat")}, name
 
