@@ -470,10 +470,11 @@ class PeerStop:
     waiting for it at the rendezvous or in the process group's first collective until their timeout (half
     the smoke timeout): every run with a bad node, and every round of the search for it, cost that much.
     Its failure now ends the peers' runs at once, and those peers are reported as stopped by it, not as
-    failures of their own: a peer that has not started its smoke call yet does not start it (`stops`),
-    and the run's processes on the others are ended by `end` (the smoke-cleanup verb), again every
-    `every_s` while a peer is still in its call (one still checking its files or torch has no process to
-    end yet), for at most `for_s`. A peer that failed before its ranks ran (no torch, a stale launcher)
+    failures of their own: the run's processes on the others are ended by `end` (the smoke-cleanup verb),
+    again every `every_s` while a peer is still in its call (one still reading its facts, checking its
+    files or torch has no process to end yet), for at most `for_s`. A peer still reading its facts makes
+    its call all the same: skipping it (as before) reported a node without torch as stopped, one bad
+    node named of two. A peer that failed before its ranks ran (no torch, a stale launcher)
     keeps its own reason; one whose ranks failed by themselves in the same instant may be reported as
     stopped (the search still finds it: its next run has no bad peer)."""
 
@@ -489,11 +490,6 @@ class PeerStop:
         self.stopped: dict[str, str] = {}  # peer -> the node whose failure stopped it
         self.end, self.for_s, self.every_s = end, for_s, every_s
         self.lock = threading.Lock()
-
-    def stops(self, host: str) -> str | None:
-        """The node whose failure stopped `host` before its call, if one did."""
-        with self.lock:
-            return self.stopped.get(host)
 
     def done(self, host: str, ok: bool) -> None:
         with self.lock:
@@ -598,11 +594,9 @@ class SmokeRun:
             called.add(name)
             try:
                 args = args_of(session)
-                by = peers.stops(name)
-                if by is None:
-                    result = read_reply(session, "smoke", args, SmokeReply, self.timeout).model_dump()
-                else:  # its run would only wait for the node that failed
-                    result = stopped_reply(by)
+                # Even when a peer failed already: a run it starts is ended (`end`), and its own
+                # pre-run failure (no torch, a stale launcher) names it too.
+                result = read_reply(session, "smoke", args, SmokeReply, self.timeout).model_dump()
             except Exception:
                 peers.done(name, False)
                 if report and self.on_node_done is not None:

@@ -24,6 +24,7 @@ from mgpu_provision.commands.output import make_console
 from mgpu_provision.commands.smoke import nodes_table, render_human
 from mgpu_provision.errors import ConnectionFailed, ProvisionError
 from mgpu_provision.fleet.pool import HostOutcome
+from mgpu_provision.fleet.session import AgentSession
 from mgpu_provision.fleet.targets import HostTarget
 from mgpu_provision.jobs import smoke as control
 from mgpu_provision.plan.change import HostContext
@@ -272,6 +273,48 @@ def test_a_node_that_fails_ends_its_groups_run_at_once_and_its_peers_are_not_bla
     table = piped(lambda console: console.print(nodes_table(group)))
     results = [line.split(" │ ")[2].strip() for line in table if line.startswith("gpu-")]
     assert results == ["stopped", "FAIL", "stopped"], table
+
+
+def test_a_peer_still_reading_its_facts_when_a_node_fails_reports_its_own_failure(tmp_path: Path) -> None:
+    """Seen in CI: two nodes without torch, and the second was still reading its facts when the first
+    failed. It never made its smoke call and was reported "stopped after gpu-0 failed": the run named one
+    bad node of two. A peer stopped before its call now still makes it; its own pre-run failure is kept,
+    and a run it starts is ended like any peer's (`end`, every `every_s`)."""
+    loaded = load_rig(rig_file(tmp_path, HOSTS))
+    hosts = list(loaded.spec.hosts)
+    targets = [HostTarget(h.name, "x", None, None, None, None, False, "p", "ssh", None, 1, 1) for h in hosts]
+    parts = {p.host: p for p in control.plan_smoke(loaded, hosts, "run-1")}
+    ended = {name: threading.Event() for name in parts}
+
+    def node(target: HostTarget) -> factories.Answer:
+        def answer(verb: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+            if verb == "smoke-cleanup":
+                ended[target.name].set()
+                return {"marker": f"{args['run_id']}/{args['node_rank']}", "leftover_pids": []}
+            if target.name == "gpu-b":
+                return {"ok": False, "kind": "crash", "diagnosis": "rank 0 died before the process group"}
+            if target.name == "gpu-a":
+                return {"ok": False, "kind": "torch-missing", "diagnosis": "torch is not installed in p"}
+            ended[target.name].wait(10)
+            return {"ok": False, "kind": "crash", "diagnosis": "torchrun ended by SIGTERM"}
+
+        return answer
+
+    prepared = control.prepared(parts)
+
+    def args_of(session: AgentSession) -> dict[str, Any]:
+        if session.target.name == "gpu-a":  # its facts come back only after gpu-b failed and was seen to
+            assert ended["gpu-a"].wait(10)
+        return prepared(session)
+
+    run = control.SmokeRun(loaded, list(parts.values()), targets, factories.fake_fleet(node), None)
+    outcomes = run.run(parts, args_of)
+    reports = {name: control.node_report(parts[name], outcomes[name]) for name in parts}
+    assert {name: (r.kind, r.diagnosis) for name, r in reports.items()} == {
+        "gpu-a": ("torch-missing", "torch is not installed in p"),
+        "gpu-b": ("crash", "rank 0 died before the process group"),
+        "gpu-c": ("stopped", "stopped after gpu-b failed"),
+    }
 
 
 def test_only_the_failed_nodes_own_group_is_stopped_and_only_once(tmp_path: Path) -> None:
