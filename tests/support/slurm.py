@@ -254,6 +254,13 @@ class SlurmCluster:
     def stop(self) -> None:
         for node in self.nodes:
             self.stop_slurmd(node)
+        # A step's slurmstepd runs in a session of its own and outlives its slurmd (by design: a slurmd
+        # restart keeps running jobs); one that slurmd started just before it stopped works in this
+        # cluster's folder, which the caller removes next.
+        for _ in range(3):
+            if not _end_processes_working_in(self.dir):
+                break
+            time.sleep(0.2)
         for process in (self._ctld, self._munged):
             if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -313,6 +320,23 @@ class SlurmCluster:
             time.sleep(0.05)
         text = log.read_text(errors="replace")[-3000:] if log.exists() else ""
         raise RuntimeError(f"{what} did not start within {timeout_s}s: {text}")
+
+
+def _end_processes_working_in(folder: Path) -> int:
+    """SIGKILL every process whose working folder is inside `folder` (also once it is deleted); how many."""
+    inside, ended = str(folder.resolve()), 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd").removesuffix(" (deleted)")
+        except OSError:
+            continue
+        if cwd == inside or cwd.startswith(inside + "/"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                ended += 1
+    return ended
 
 
 def _alive(pid: int) -> bool:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+from pathlib import Path
+
 import pytest
 
-from tests.support import hosts
+from tests.support import hosts, slurm
 
 
 def test_missing_harness_skips_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,3 +39,22 @@ def test_addresses_are_loopback_unique_and_skip_busy_ones() -> None:
     with hosts.SilentServer(pool.take()) as busy:
         nxt = pool.take()
         assert nxt != busy.address
+
+
+def test_a_slurm_clusters_stop_ends_what_still_works_in_its_folder_even_once_it_is_deleted(
+    tmp_path: Path,
+) -> None:
+    """A SIGTERM'd CI run left two `slurmstepd: [1.0]` running: a step's slurmstepd, in a session of its
+    own, outlives slurmd, and its working folder (the cluster's) was removed by the teardown, so .ci/run's
+    sweep read its cwd as `… (deleted)` and passed it by. The cluster's stop ends such processes itself."""
+    folder = tmp_path / "mgpu-slurm-x"
+    folder.mkdir()
+    step = subprocess.Popen(["sleep", "60"], cwd=folder, start_new_session=True)
+    try:
+        folder.rmdir()  # as the teardown does, before anything ends the step
+        assert slurm._end_processes_working_in(folder) == 1
+        assert step.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        if step.poll() is None:
+            step.kill()
+            step.wait()
