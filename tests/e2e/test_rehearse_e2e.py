@@ -72,15 +72,15 @@ def test_readmes_rehearsal_on_2_and_8_hosts(tmp_path: Path, count: int) -> None:
         if (work / "mgpu-rehearsal" / "rehearsal.json").exists():  # a failed step: stop the hosts anyway
             subprocess.run(["bash", "-c", commands[-1]], cwd=work, env=env, capture_output=True, timeout=60)
     up, first_plan, applied, second_plan, smoke, check, down = outputs
-    assert f"Rehearsal up: {count} simulated hosts" in up
-    assert f"on {count} hosts: node-[01-{count:02d}]" in first_plan
-    assert "simulated: node-[01-" in first_plan and "timer is not installed" in first_plan
-    assert "mgpu-provision-check.timer" not in first_plan  # no systemd unit on a simulated node
-    assert f"batch {count}: applying on node-{count:02d}" in applied  # --serial 1: one host per batch
-    assert f"{count} hosts match the rig file" in second_plan
-    assert f"Smoke pass: world size {count} of {count}" in smoke
-    assert "OK: node-01 is healthy and as the rig says" in check
-    assert f"stopped {count} of {count} hosts" in down
+    assert f"Rehearsal up: {count} simulated hosts" in up, up
+    assert f"on {count} hosts: node-[01-{count:02d}]" in first_plan, first_plan
+    assert "simulated: node-[01-" in first_plan and "timer is not installed" in first_plan, first_plan
+    assert "mgpu-provision-check.timer" not in first_plan, first_plan  # no systemd unit on a simulated node
+    assert f"batch {count}: applying on node-{count:02d}" in applied, applied  # --serial 1: a host a batch
+    assert f"{count} hosts match the rig file" in second_plan, second_plan
+    assert f"Smoke pass: world size {count} of {count}" in smoke, smoke
+    assert "OK: node-01 is healthy and as the rig says" in check, check
+    assert f"stopped {count} of {count} hosts" in down, down
     assert not (work / "mgpu-rehearsal").exists()
     alive = subprocess.run(["pgrep", "-f", str(work / "mgpu-rehearsal")], capture_output=True, text=True)
     assert alive.stdout == "", f"rehearsal sshd left running: {alive.stdout}"
