@@ -329,19 +329,23 @@ def exec_channel(
         # Both streams drained as data comes: an unread stream would fill the channel's shared window and
         # stall the other.
         while True:
-            finished = channel.exit_status_ready()  # read before draining: data always precedes the status
+            # Read before draining. The end is the EOF (or the close), not the exit status: sshd sends the
+            # status when the command's process exits, which can come before the last of its output (a
+            # child that still holds stdout, or an sshd slow to read the pipe), and no data follows an EOF.
+            ended = channel.eof_received or channel.closed
+            finished = channel.exit_status_ready()
             while channel.recv_ready():
                 out += channel.recv(65536)
             while channel.recv_stderr_ready():
                 err += channel.recv_stderr(65536)
-            if finished:
+            if ended and finished:
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(command)
-            if channel.eof_received:  # no more data can come and the pipe stays readable: wait for the status
+            if ended:  # no more data can come and the pipe stays readable: wait for the status
                 channel.status_event.wait(remaining)
-            else:
+            else:  # readable at the next data or at the EOF
                 select.select([ready], [], [], remaining)
         return channel.recv_exit_status(), out.decode(errors="replace"), err.decode(errors="replace")
     finally:

@@ -105,6 +105,19 @@ def test_waiting_for_a_command_sleeps_instead_of_polling(
     assert checks < 40
 
 
+def test_output_that_comes_after_the_exit_status_is_kept(test_hosts: HostFactory) -> None:
+    """sshd sends the exit status when the command's process ends; a child still holding its stdout writes
+    afterwards. The answer is all the output up to the EOF, not what had come when the status did."""
+    host = test_hosts.start("gpu-a")
+    conn = open_connection(target(host, test_hosts), FleetOptions(known_hosts=test_hosts.known_hosts))
+    try:
+        command = "(sleep 0.3; echo late; sleep 0.3; echo later; echo on stderr >&2) & exit 4"
+        answer = exec_channel(conn.client.get_transport(), command, b"", 10.0)
+    finally:
+        conn.close()
+    assert answer == (4, "late\nlater\n", "on stderr\n")
+
+
 def test_a_run_through_a_jump_host_leaves_no_connection_open(test_hosts: HostFactory) -> None:
     jump, inner = test_hosts.start("bastion"), test_hosts.start("gpu-b")
     via = target(inner, test_hosts)._replace(jump=f"root@{jump.address}:{jump.port}")
