@@ -78,6 +78,25 @@ def cache_folder(stdout: str) -> str:
     return lines[-1] if lines and lines[-1].startswith("/") else CACHE_DIR
 
 
+def folder_chain(folder: str) -> list[str]:
+    """Each folder from the top down to `folder`, absolute or relative as `folder` is: a relative one is
+    under the login home, where SFTP starts, and must not be made at the server's root instead."""
+    root = "/" if folder.startswith("/") else ""
+    parts = [part for part in folder.split("/") if part]
+    return [root + "/".join(parts[:depth]) for depth in range(1, len(parts) + 1)]
+
+
+def _first_missing(sftp: paramiko.SFTPClient, folder: str, refused: dict[str, OSError]) -> OSError:
+    """Why `folder` is not there: the first folder of its chain that is missing, with the error its mkdir
+    met (a chmod's "No such file" names neither). Costs round trips only when the upload has failed."""
+    for path in folder_chain(folder):
+        try:
+            sftp.stat(path)
+        except OSError:
+            return OSError(f"cannot make {path}: {refused.get(path, 'it vanished')}")
+    return FileNotFoundError(f"{folder} vanished during the upload")
+
+
 def parse_response(where: str, verb: str, exit_code: int, stdout: str, stderr: str) -> dict[str, Any]:
     """The agent's `result`, or an AgentError that says in plain words what went wrong."""
     if exit_code == AGENT_MISSING:
@@ -199,12 +218,16 @@ class SshAgentSession(AgentSession):
             self._upload_through_shell(folder, partial, final)
             return
         try:
-            path = ""
-            for part in folder.strip("/").split("/"):
-                path = f"{path}/{part}"
-                with contextlib.suppress(OSError):  # already there
+            refused: dict[str, OSError] = {}
+            for path in folder_chain(folder):
+                try:
                     sftp.mkdir(path, mode=0o700)
-            sftp.chmod(folder, 0o700)
+                except OSError as exc:  # most often: it is there already
+                    refused[path] = exc
+            try:
+                sftp.chmod(folder, 0o700)
+            except FileNotFoundError:
+                raise _first_missing(sftp, folder, refused) from None
             with sftp.open(partial, "wb") as out:
                 out.write(self.agent.data)
             sftp.chmod(partial, 0o600)

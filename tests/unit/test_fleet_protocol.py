@@ -15,7 +15,15 @@ import pytest
 from mgpu_provision.errors import AgentError
 from mgpu_provision.fleet.options import FleetOptions
 from mgpu_provision.fleet.pool import run_fleet
-from mgpu_provision.fleet.session import AGENT_MISSING, agent_command, cache_folder, parse_response
+from mgpu_provision.fleet.session import (
+    AGENT_MISSING,
+    CACHE_DIR,
+    SshAgentSession,
+    agent_command,
+    cache_folder,
+    folder_chain,
+    parse_response,
+)
 from mgpu_provision.fleet.ssh import connect_error_message, known_hosts_name, make_connection
 from mgpu_provision.fleet.targets import targets_for
 from mgpu_provision.rig import load_rig
@@ -69,6 +77,81 @@ def test_agent_command_prefers_the_unpacked_folder_and_passes_the_login_simulati
 )
 def test_the_upload_goes_where_the_command_said_it_looks(stdout: str, folder: str) -> None:
     assert cache_folder(stdout) == folder
+
+
+@pytest.mark.parametrize(
+    ("folder", "chain"),
+    [
+        ("/home/ops/.cache/x", ["/home", "/home/ops", "/home/ops/.cache", "/home/ops/.cache/x"]),
+        (CACHE_DIR, [".cache", ".cache/mgpu-provision"]),
+        ("//srv//x/", ["/srv", "/srv/x"]),
+    ],
+)
+def test_folder_chain_keeps_a_relative_folder_relative(folder: str, chain: list[str]) -> None:
+    assert folder_chain(folder) == chain
+
+
+class FolderSftp:
+    """Paramiko's SFTPClient calls an upload makes, on a local folder: absolute paths under `root`,
+    relative ones under the login home (where OpenSSH's sftp-server starts)."""
+
+    def __init__(self, root: Path, refuse: str = "") -> None:
+        self.root, self.home, self.refuse = root, root / "home" / "ops", refuse
+        self.home.mkdir(parents=True)
+
+    def _at(self, path: str) -> Path:
+        return self.root / path.lstrip("/") if path.startswith("/") else self.home / path
+
+    def mkdir(self, path: str, mode: int) -> None:
+        if path == self.refuse:
+            raise PermissionError(13, "Permission denied")
+        self._at(path).mkdir(mode=mode)
+
+    def chmod(self, path: str, mode: int) -> None:
+        self._at(path).chmod(mode)
+
+    def stat(self, path: str) -> object:
+        return self._at(path).stat()
+
+    def open(self, path: str, how: str) -> Any:
+        return self._at(path).open(how)
+
+    def posix_rename(self, old: str, new: str) -> None:
+        self._at(old).rename(self._at(new))
+
+
+class SftpConnection:
+    host, port, user = "10.0.0.1", 2222, "ops"
+
+    def __init__(self, sftp: FolderSftp) -> None:
+        self._sftp = sftp
+
+    def sftp(self) -> FolderSftp:
+        return self._sftp
+
+
+def test_an_upload_to_the_relative_cache_folder_lands_in_the_login_home(tmp_path: Path) -> None:
+    """Where the command printed no absolute folder (a login shell's noise cut it), the upload used to make
+    /.cache at the server's root and then fail with "[Errno 2]" on the folder it never made."""
+    sftp = FolderSftp(tmp_path)
+    agent = fake_agent("relative")
+    session = SshAgentSession(ssh_target(), agent, SftpConnection(sftp))  # type: ignore[arg-type]
+    session._upload(CACHE_DIR)
+    cache = sftp.home / CACHE_DIR
+    assert (cache / agent.name).read_bytes() == agent.data
+    assert cache.stat().st_mode & 0o777 == 0o700
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+
+
+def test_a_folder_the_upload_cannot_make_is_named_with_its_error(tmp_path: Path) -> None:
+    sftp = FolderSftp(tmp_path, refuse="/home/ops/.cache")
+    session = SshAgentSession(ssh_target(), fake_agent(), SftpConnection(sftp))  # type: ignore[arg-type]
+    with pytest.raises(AgentError) as caught:
+        session._upload("/home/ops/.cache/mgpu-provision")
+    assert str(caught.value) == (
+        "cannot upload the agent to /home/ops/.cache/mgpu-provision on me (10.0.0.1:2222): "
+        "cannot make /home/ops/.cache: [Errno 13] Permission denied"
+    )
 
 
 def test_agent_command_runs_python_under_sudo_with_become() -> None:
